@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Single-process training throughput: distrain vs TensorFlow Keras, same run.
+
+Model MLP 784-1024-1024-10 (ReLU), softmax cross-entropy, Adam, float32,
+batch 256, on CPU. Both sides train on in-memory synthetic data of the same
+shape; both are timed over the same number of steps after a warm-up, so data
+generation, start-up and graph tracing are excluded. Peak RSS is the whole
+process's (wait4's ru_maxrss).
+
+  bench/single_process_throughput.py [--steps 200] [--warmup 40] [--repeats 2]
+
+Prints each figure, the ratio distrain/TF, and exits 0 (not a pass/fail test).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
+                        "peers-venv", "bin", "python")
+
+JOB = """apiVersion: distrain.io/v1alpha1
+kind: DistributedTrainingJob
+metadata: {{name: bench-mlp}}
+spec:
+  strategy: OneDevice
+  replicaSpecs:
+    Worker: {{replicas: 1}}
+  training:
+    model: {{type: mlp, hiddenUnits: [1024, 1024]}}
+    dataset: {{type: synthetic, numFeatures: 784, numClasses: 10, numExamples: {examples}, numEvalExamples: 1000}}
+    optimizer: {{type: adam, learningRate: 0.001}}
+    globalBatchSize: 256
+    steps: {steps}
+    logEverySteps: {log_every}
+"""
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd, returns (stdout+stderr text, peak RSS in MiB, wall seconds)."""
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+    out = proc.stdout.read()
+    _, status, rusage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.exit(f"{cmd[0]} failed with exit code {code}:\n{out}")
+    return out, rusage.ru_maxrss / 1024.0, time.time() - t0
+
+
+def distrain_examples_per_second(steps, warmup):
+    worker = os.path.join(BUILD, "worker", "distrain-worker")
+    with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "job.yaml")
+        with open(job, "w") as f:
+            # Log every `warmup` steps: the first interval is the warm-up, the rest are measured.
+            f.write(JOB.format(examples=20000, steps=steps + warmup, log_every=warmup))
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)
+        out, rss, _ = run_measured([worker, "--config", job], env)
+    rates = [float(m) for m in re.findall(r"step \d+/\d+ .*examples/s (\d+)", out)]
+    if len(rates) < 2:
+        sys.exit(f"could not read examples/s from distrain-worker output:\n{out}")
+    measured = rates[1:]
+    # Each interval has `warmup` steps; the mean of interval rates is the rate over them all.
+    return statistics.mean(measured), rss
+
+
+def tf_examples_per_second(steps, warmup):
+    script = os.path.join(ROOT, "bench", "peers", "tf_keras_mlp.py")
+    py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
+    out, rss, _ = run_measured([py, script, "--steps", str(steps), "--warmup", str(warmup)])
+    m = re.search(r"^RESULT (\{.*\})$", out, re.M)
+    if not m:
+        sys.exit(f"TensorFlow peer printed no RESULT line:\n{out}")
+    return json.loads(m.group(1))["examples_per_second"], rss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=2, help="alternate the two this many times; best of each")
+    args = ap.parse_args()
+    d_rates, d_rss, t_rates, t_rss = [], [], [], []
+    for i in range(args.repeats):
+        r, rss = distrain_examples_per_second(args.steps, args.warmup)
+        d_rates.append(r)
+        d_rss.append(rss)
+        print(f"  round {i + 1}: distrain {r:9.0f} examples/s, peak RSS {rss:6.0f} MiB", flush=True)
+        r, rss = tf_examples_per_second(args.steps, args.warmup)
+        t_rates.append(r)
+        t_rss.append(rss)
+        print(f"  round {i + 1}: tf-keras {r:9.0f} examples/s, peak RSS {rss:6.0f} MiB", flush=True)
+    d, t = max(d_rates), max(t_rates)
+    print()
+    print("single-process MLP 784-1024-1024-10, batch 256, Adam, float32, CPU "
+          f"({os.cpu_count()} cores), {args.steps} timed steps after {args.warmup} warm-up")
+    print(f"{'':12}{'examples/s':>12}{'peak RSS MiB':>14}")
+    print(f"{'distrain':12}{d:12.0f}{max(d_rss):14.0f}")
+    print(f"{'tf-keras':12}{t:12.0f}{max(t_rss):14.0f}")
+    print(f"ratio distrain/tf-keras: {d / t:.2f}x examples/s, {max(d_rss) / max(t_rss):.2f}x RSS")
+
+
+if __name__ == "__main__":
+    main()

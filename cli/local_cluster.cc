@@ -1,0 +1,98 @@
+#include "cli/local_cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
+
+namespace distrain {
+
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count) {
+  std::vector<int> fds;
+  std::vector<int> ports;
+  absl::Status error;
+  for (int i = 0; i < count && error.ok(); ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) {
+      error = absl::InternalError(absl::StrCat("socket(): ", std::strerror(errno)));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      error = absl::UnavailableError(absl::StrCat("cannot find a free port on 127.0.0.1: ",
+                                                  std::strerror(errno)));
+      break;
+    }
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) ::close(fd);
+  if (!error.ok()) return error;
+  return ports;
+}
+
+bool IsCoordinator(const JobConfig& config, const LocalReplica& replica) {
+  if (config.replicas_of(ReplicaType::kChief) > 0) return replica.type == ReplicaType::kChief;
+  return replica.type == ReplicaType::kWorker && replica.index == 0;
+}
+
+absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,
+                                                           const LocalClusterOptions& options) {
+  const ReplicaType kOrder[] = {ReplicaType::kChief, ReplicaType::kWorker, ReplicaType::kPS,
+                                ReplicaType::kEvaluator};
+  int total = 0;
+  for (ReplicaType t : kOrder) total += config.replicas_of(t);
+  auto ports = FreeLoopbackPorts(2 * total);
+  if (!ports.ok()) return ports.status();
+
+  std::map<std::string, std::vector<std::string>> jobs;
+  std::vector<LocalReplica> replicas;
+  int next_port = 0;
+  for (ReplicaType t : kOrder) {
+    for (int i = 0; i < config.replicas_of(t); ++i) {
+      LocalReplica r;
+      r.type = t;
+      r.index = i;
+      r.label = absl::StrCat(ReplicaTaskType(t), "-", i);
+      r.name = absl::StrCat(config.name, "-", r.label);
+      jobs[ReplicaTaskType(t)].push_back(absl::StrCat("127.0.0.1:", (*ports)[next_port++]));
+      r.env["DISTRAIN_METRICS_PORT"] = absl::StrCat((*ports)[next_port++]);
+      replicas.push_back(std::move(r));
+    }
+  }
+
+  // Processes share the machine's cores; without this each BLAS pool would
+  // start one thread per core in every process and thrash.
+  int cores = options.cpu_cores > 0 ? options.cpu_cores
+                                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int blas_threads = std::max(1, cores / std::max(1, total));
+  const std::string job_json = JobConfigToJson(config);
+  for (LocalReplica& r : replicas) {
+    auto spec = ClusterSpec::Create(jobs, TaskId{ReplicaTaskType(r.type), r.index});
+    if (!spec.ok()) return spec.status();
+    r.env["TF_CONFIG"] = spec->ToJson();
+    r.env["DISTRAIN_JOB_CONFIG"] = job_json;
+    r.env["DISTRAIN_CHECKPOINT_DIR"] = options.checkpoint_dir;
+    r.env["DISTRAIN_STATUS_FILE"] = absl::StrCat(options.work_dir, "/", r.label, ".status.json");
+    r.env["POD_NAME"] = r.name;
+    r.env["POD_NAMESPACE"] = config.namespace_;
+    r.env["OPENBLAS_NUM_THREADS"] = absl::StrCat(blas_threads);
+  }
+  return replicas;
+}
+
+}  // namespace distrain

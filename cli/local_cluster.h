@@ -1,0 +1,45 @@
+#ifndef DISTRAIN_CLI_LOCAL_CLUSTER_H_
+#define DISTRAIN_CLI_LOCAL_CLUSTER_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+
+namespace distrain {
+
+// One replica process of a local run, with exactly the environment the
+// operator gives the corresponding pod (DESIGN.md §5), addresses on 127.0.0.1.
+struct LocalReplica {
+  std::string name;  // "<job>-worker-0": the pod name the operator would use
+  std::string label; // "worker-0": the prefix of its output lines
+  ReplicaType type = ReplicaType::kWorker;
+  int index = 0;
+  std::map<std::string, std::string> env;
+};
+
+struct LocalClusterOptions {
+  std::string work_dir;        // status files live here
+  std::string checkpoint_dir;  // DISTRAIN_CHECKPOINT_DIR for every replica
+  int cpu_cores = 0;           // 0: detect; spreads BLAS threads over the replicas
+};
+
+// Lays out the job on this machine: one free loopback port per task for
+// TF_CONFIG, one for metrics, replicas in TF_CONFIG order (chief, worker, ps,
+// evaluator). Ports are reserved by binding them all before releasing any, so
+// no two tasks share one.
+absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,
+                                                           const LocalClusterOptions& options);
+
+// The replica whose success means the job's success under the Default policy:
+// the chief, or worker 0 when there is no chief.
+bool IsCoordinator(const JobConfig& config, const LocalReplica& replica);
+
+// Allocates `count` distinct free TCP ports on 127.0.0.1.
+absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_CLI_LOCAL_CLUSTER_H_

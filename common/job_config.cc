@@ -1,0 +1,1224 @@
+#include "common/job_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cfloat>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/yaml_json.h"
+#include "nlohmann/json.hpp"
+
+namespace distrain {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kApiVersion[] = "distrain.io/v1alpha1";
+constexpr char kKind[] = "DistributedTrainingJob";
+
+// ---------------------------------------------------------------------------
+// Enum spellings, exactly as in crds/ (case-sensitive).
+
+template <typename E>
+struct EnumName {
+  const char* name;
+  E value;
+};
+
+constexpr EnumName<StrategyKind> kStrategies[] = {
+    {"OneDevice", StrategyKind::kOneDevice},
+    {"Mirrored", StrategyKind::kMirrored},
+    {"MultiWorkerMirrored", StrategyKind::kMultiWorkerMirrored},
+    {"ParameterServer", StrategyKind::kParameterServer},
+    {"CentralStorage", StrategyKind::kCentralStorage},
+    {"TPU", StrategyKind::kTPU},
+    {"Auto", StrategyKind::kAuto},
+};
+constexpr EnumName<ReplicaType> kReplicaTypes[] = {
+    {"Chief", ReplicaType::kChief},
+    {"Worker", ReplicaType::kWorker},
+    {"PS", ReplicaType::kPS},
+    {"Evaluator", ReplicaType::kEvaluator},
+};
+constexpr EnumName<RestartPolicy> kRestartPolicies[] = {
+    {"Never", RestartPolicy::kNever},
+    {"OnFailure", RestartPolicy::kOnFailure},
+    {"Always", RestartPolicy::kAlways},
+    {"ExitCode", RestartPolicy::kExitCode},
+};
+constexpr EnumName<DatasetType> kDatasetTypes[] = {
+    {"synthetic", DatasetType::kSynthetic},
+    {"idx", DatasetType::kIdx},
+    {"csv", DatasetType::kCsv},
+};
+constexpr EnumName<AutoShardPolicy> kAutoShardPolicies[] = {
+    {"AUTO", AutoShardPolicy::kAuto},
+    {"DATA", AutoShardPolicy::kData},
+    {"FILE", AutoShardPolicy::kFile},
+    {"OFF", AutoShardPolicy::kOff},
+};
+constexpr EnumName<OptimizerType> kOptimizerTypes[] = {
+    {"sgd", OptimizerType::kSgd},
+    {"momentum", OptimizerType::kMomentum},
+    {"adam", OptimizerType::kAdam},
+};
+constexpr EnumName<CollectiveImplementation> kImplementations[] = {
+    {"Auto", CollectiveImplementation::kAuto},
+    {"Ring", CollectiveImplementation::kRing},
+    {"NCCL", CollectiveImplementation::kNccl},
+};
+constexpr EnumName<CleanPodPolicy> kCleanPodPolicies[] = {
+    {"None", CleanPodPolicy::kNone},
+    {"Running", CleanPodPolicy::kRunning},
+    {"All", CleanPodPolicy::kAll},
+};
+constexpr EnumName<SuccessPolicy> kSuccessPolicies[] = {
+    {"Default", SuccessPolicy::kDefault},
+    {"AllWorkers", SuccessPolicy::kAllWorkers},
+};
+
+template <typename E, size_t N>
+std::vector<std::string> Names(const EnumName<E> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const auto& entry : table) names.push_back(entry.name);
+  return names;
+}
+
+template <typename E, size_t N>
+std::optional<E> FromName(const EnumName<E> (&table)[N], const std::string& name) {
+  for (const auto& entry : table) {
+    if (name == entry.name) return entry.value;
+  }
+  return std::nullopt;
+}
+
+template <typename E, size_t N>
+const char* ToName(const EnumName<E> (&table)[N], E value) {
+  for (const auto& entry : table) {
+    if (value == entry.value) return entry.name;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Errors: every problem found, each with the path of the field.
+
+std::string Show(const Json& value) {
+  std::string s = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string Quote(const std::string& s) { return Show(Json(s)); }
+
+struct Issue {
+  std::string path;  // "spec.training.steps"; "" for the whole document
+  std::string message;
+};
+
+class Issues {
+ public:
+  void Add(std::string path, std::string message) { issues_.push_back({std::move(path), std::move(message)}); }
+  bool empty() const { return issues_.empty(); }
+
+  // One line per issue; with `locations`, each line starts with the YAML line
+  // of the field (or of its nearest parent that the document has).
+  absl::Status ToStatus(const std::map<std::string, YamlLocation>* locations) const {
+    std::vector<std::string> lines;
+    for (const Issue& issue : issues_) {
+      std::string line = issue.path.empty() ? issue.message : absl::StrCat(issue.path, ": ", issue.message);
+      if (locations != nullptr) {
+        if (std::optional<YamlLocation> at = Find(*locations, issue.path)) {
+          line = absl::StrCat("line ", at->line, ": ", line);
+        }
+      }
+      lines.push_back(std::move(line));
+    }
+    return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+  }
+
+ private:
+  static std::optional<YamlLocation> Find(const std::map<std::string, YamlLocation>& locations,
+                                          std::string path) {
+    while (true) {
+      if (auto it = locations.find(path); it != locations.end()) return it->second;
+      if (path.empty()) return std::nullopt;
+      const size_t cut = path.find_last_of(".[");
+      path = cut == std::string::npos ? "" : path.substr(0, cut);
+    }
+  }
+
+  std::vector<Issue> issues_;
+};
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The candidate (a relative dotted path such as "optimizer.learningRate")
+// whose last component is closest to `key`, or "" when none is close.
+std::string ClosestName(const std::string& key, const std::vector<std::string>& candidates) {
+  const std::string lower_key = Lower(key);
+  const size_t allowed = std::max<size_t>(1, std::min<size_t>(3, key.size() / 3));
+  std::string best;
+  size_t best_score = SIZE_MAX;
+  for (const std::string& candidate : candidates) {
+    const size_t dot = candidate.rfind('.');
+    const std::string last = Lower(dot == std::string::npos ? candidate : candidate.substr(dot + 1));
+    size_t distance = EditDistance(lower_key, last);
+    if (distance > allowed && lower_key.size() >= 4 &&
+        (last.find(lower_key) != std::string::npos || lower_key.find(last) != std::string::npos)) {
+      distance = allowed;  // "batchSize" for "globalBatchSize"
+    }
+    if (distance > allowed) continue;
+    // Prefer closer names, then siblings over nested fields.
+    const size_t depth = static_cast<size_t>(std::count(candidate.begin(), candidate.end(), '.'));
+    const size_t score = distance * 16 + depth;
+    if (score < best_score) {
+      best_score = score;
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+std::string UnknownFieldMessage(const std::string& key, const std::vector<std::string>& candidates,
+                                const std::vector<std::string>& siblings) {
+  std::string closest = ClosestName(key, candidates);
+  if (!closest.empty()) return absl::StrCat("unknown field; did you mean \"", closest, "\"?");
+  return absl::StrCat("unknown field; known fields here: ", absl::StrJoin(siblings, ", "));
+}
+
+// ---------------------------------------------------------------------------
+// Value rules: the type and bounds of one field, checked the same way for a
+// YAML document, DISTRAIN_JOB_CONFIG and a JobConfig built in code.
+
+enum class Kind { kInteger, kNumber, kBoolean, kString, kArray };
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kInteger: return "integer";
+    case Kind::kNumber: return "number";
+    case Kind::kBoolean: return "boolean";
+    case Kind::kString: return "string";
+    case Kind::kArray: return "array";
+  }
+  return "";
+}
+
+struct Rule {
+  Kind kind = Kind::kString;
+  Kind item_kind = Kind::kString;  // arrays
+  // Declared bounds (also in the CRD); for arrays they apply to each item.
+  std::optional<double> min;
+  std::optional<double> max;
+  bool exclusive_min = false;
+  bool exclusive_max = false;
+  std::vector<std::string> enum_values;
+  // Bounds of the C++ type the value lands in (int, int64_t, float).
+  int64_t int_min = INT64_MIN;
+  int64_t int_max = INT64_MAX;
+  double number_abs_max = DBL_MAX;
+};
+
+std::string FormatNumber(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// "a positive integer", "one of \"sgd\", \"adam\"", ...
+std::string Describe(const Rule& rule, Kind kind) {
+  switch (kind) {
+    case Kind::kInteger:
+      if (rule.min && rule.max) {
+        return absl::StrCat("an integer in [", FormatNumber(*rule.min), ", ", FormatNumber(*rule.max), "]");
+      }
+      if (rule.min && *rule.min == 1) return "a positive integer";
+      if (rule.min && *rule.min == 0) return "a non-negative integer";
+      if (rule.min) return absl::StrCat("an integer >= ", FormatNumber(*rule.min));
+      if (rule.max) return absl::StrCat("an integer <= ", FormatNumber(*rule.max));
+      return "an integer";
+    case Kind::kNumber:
+      if (rule.min && rule.max) {
+        return absl::StrCat("a number in ", rule.exclusive_min ? "(" : "[", FormatNumber(*rule.min), ", ",
+                            FormatNumber(*rule.max), rule.exclusive_max ? ")" : "]");
+      }
+      if (rule.min && *rule.min == 0) return rule.exclusive_min ? "a positive number" : "a non-negative number";
+      if (rule.min) return absl::StrCat("a number ", rule.exclusive_min ? "> " : ">= ", FormatNumber(*rule.min));
+      if (rule.max) return absl::StrCat("a number ", rule.exclusive_max ? "< " : "<= ", FormatNumber(*rule.max));
+      return "a number";
+    case Kind::kBoolean:
+      return "true or false";
+    case Kind::kString:
+      if (!rule.enum_values.empty()) {
+        std::vector<std::string> quoted;
+        for (const std::string& v : rule.enum_values) quoted.push_back(Quote(v));
+        return absl::StrCat("one of ", absl::StrJoin(quoted, ", "));
+      }
+      return "a string";
+    case Kind::kArray: {
+      if (rule.item_kind == Kind::kString) return "a list of strings";
+      if (rule.item_kind == Kind::kInteger && rule.min && *rule.min == 1 && !rule.max) {
+        return "a list of positive integers";
+      }
+      return absl::StrCat("a list of ", KindName(rule.item_kind), "s");
+    }
+  }
+  return "";
+}
+
+bool ParsesAsNumber(const std::string& s) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && !std::isspace(static_cast<unsigned char>(s[0]));
+}
+
+// Checks a scalar against `rule` as `kind`; returns "" or the problem.
+std::string ScalarProblem(const Rule& rule, Kind kind, const Json& v) {
+  const std::string expected = absl::StrCat("must be ", Describe(rule, kind), ", got ", Show(v));
+  switch (kind) {
+    case Kind::kInteger: {
+      if (!v.is_number_integer()) {
+        if (v.is_string() && ParsesAsNumber(v.get<std::string>())) {
+          return absl::StrCat(expected, "; remove the quotes so it is read as a number");
+        }
+        if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+            v.get<double>() == std::floor(v.get<double>())) {
+          return absl::StrCat(expected, "; write it without a decimal point");
+        }
+        if (v.is_array() && v.size() == 1) return absl::StrCat(expected, "; write a single value, not a list");
+        return expected;
+      }
+      if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(rule.int_max)) {
+        return absl::StrCat(expected, "; the largest allowed value is ", rule.int_max);
+      }
+      const int64_t i = v.get<int64_t>();
+      if (i > rule.int_max) return absl::StrCat(expected, "; the largest allowed value is ", rule.int_max);
+      if (i < rule.int_min) return absl::StrCat(expected, "; the smallest allowed value is ", rule.int_min);
+      const double d = static_cast<double>(i);
+      if ((rule.min && d < *rule.min) || (rule.max && d > *rule.max)) return expected;
+      return "";
+    }
+    case Kind::kNumber: {
+      if (!v.is_number()) {
+        if (v.is_string() && ParsesAsNumber(v.get<std::string>())) {
+          return absl::StrCat(expected, "; remove the quotes so it is read as a number");
+        }
+        return expected;
+      }
+      const double d = v.get<double>();
+      if (!std::isfinite(d)) return expected;
+      if (std::fabs(d) > rule.number_abs_max) {
+        return absl::StrCat(expected, "; the largest allowed magnitude is ", FormatNumber(rule.number_abs_max));
+      }
+      if (rule.min && (rule.exclusive_min ? d <= *rule.min : d < *rule.min)) return expected;
+      if (rule.max && (rule.exclusive_max ? d >= *rule.max : d > *rule.max)) return expected;
+      return "";
+    }
+    case Kind::kBoolean: {
+      if (v.is_boolean()) return "";
+      if (v.is_string()) {
+        const std::string s = Lower(v.get<std::string>());
+        if (s == "true" || s == "false") return absl::StrCat(expected, "; remove the quotes");
+        if (s == "yes" || s == "no" || s == "on" || s == "off" || s == "y" || s == "n") {
+          return absl::StrCat(expected, "; write true or false");
+        }
+      }
+      return expected;
+    }
+    case Kind::kString: {
+      if (!v.is_string()) {
+        if (v.is_number() || v.is_boolean()) return absl::StrCat(expected, "; put it in quotes");
+        return expected;
+      }
+      if (rule.enum_values.empty()) return "";
+      const std::string s = v.get<std::string>();
+      for (const std::string& allowed : rule.enum_values) {
+        if (s == allowed) return "";
+      }
+      for (const std::string& allowed : rule.enum_values) {
+        if (Lower(s) == Lower(allowed)) return absl::StrCat(expected, "; values are case-sensitive: write \"", allowed, "\"");
+      }
+      return expected;
+    }
+    case Kind::kArray:
+      break;
+  }
+  return expected;
+}
+
+// Checks `v` against `rule`; reports each problem under `path`. Returns
+// whether `v` is fine.
+bool Check(const Rule& rule, const Json& v, const std::string& path, Issues* issues) {
+  if (rule.kind != Kind::kArray) {
+    std::string problem = ScalarProblem(rule, rule.kind, v);
+    if (problem.empty()) return true;
+    issues->Add(path, std::move(problem));
+    return false;
+  }
+  if (!v.is_array()) {
+    std::string problem = absl::StrCat("must be ", Describe(rule, Kind::kArray), ", got ", Show(v));
+    if (v.is_primitive()) absl::StrAppend(&problem, "; write a list such as [", Show(v), "]");
+    issues->Add(path, std::move(problem));
+    return false;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::string problem = ScalarProblem(rule, rule.item_kind, v[i]);
+    if (!problem.empty()) {
+      issues->Add(JoinYamlPath(path, i), std::move(problem));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+// Shortest decimal that reads back as the same float, so that 0.001f is
+// written as 0.001 and not 0.0010000000474974513.
+Json FloatJson(float f) {
+  char buffer[64];
+  auto result = std::to_chars(buffer, buffer + sizeof(buffer), f);
+  return Json(std::strtod(std::string(buffer, result.ptr).c_str(), nullptr));
+}
+
+// ---------------------------------------------------------------------------
+// The field table: every leaf of spec except replicaSpecs and elasticPolicy,
+// with its rule and its place in JobConfig. Decoding, encoding, validation
+// of configs built in code and JobSpecFields() all read this one table.
+
+struct FieldSpec {
+  std::string path;  // relative to spec: "training.dataset.numExamples"
+  Rule rule;
+  bool optional_value = false;  // lands in a std::optional; absent means unset
+  std::function<void(const Json&, JobConfig*)> set;   // called with checked values only
+  std::function<std::optional<Json>(const JobConfig&)> get;  // nullopt: unset
+};
+
+template <typename T>
+constexpr bool kIsOptionalInt = std::is_same_v<T, std::optional<int>> || std::is_same_v<T, std::optional<int64_t>>;
+
+template <typename T>
+void SetIntegerBounds(Rule* rule) {
+  rule->kind = Kind::kInteger;
+  rule->int_min = std::numeric_limits<T>::min();
+  rule->int_max = std::numeric_limits<T>::max();
+}
+
+// `ref` is a generic lambda returning a reference into JobConfig (const or not).
+template <typename Ref>
+FieldSpec Field(std::string path, Ref ref, Rule rule = {}) {
+  using T = std::remove_cvref_t<decltype(ref(std::declval<JobConfig&>()))>;
+  FieldSpec f;
+  f.path = std::move(path);
+  f.rule = std::move(rule);
+  if constexpr (std::is_same_v<T, bool>) {
+    f.rule.kind = Kind::kBoolean;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<bool>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, int> || std::is_same_v<T, int64_t>) {
+    SetIntegerBounds<T>(&f.rule);
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<T>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    // Kubernetes integers are int64, so a seed is one too.
+    SetIntegerBounds<int64_t>(&f.rule);
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = static_cast<uint64_t>(v.get<int64_t>()); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (kIsOptionalInt<T>) {
+    using V = typename T::value_type;
+    SetIntegerBounds<V>(&f.rule);
+    f.optional_value = true;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<V>(); };
+    f.get = [ref](const JobConfig& c) -> std::optional<Json> {
+      if (!ref(c).has_value()) return std::nullopt;
+      return Json(*ref(c));
+    };
+  } else if constexpr (std::is_same_v<T, float>) {
+    f.rule.kind = Kind::kNumber;
+    f.rule.number_abs_max = FLT_MAX;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = static_cast<float>(v.get<double>()); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(FloatJson(ref(c))); };
+  } else if constexpr (std::is_same_v<T, double>) {
+    f.rule.kind = Kind::kNumber;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<double>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    f.rule.kind = Kind::kString;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<std::string>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    f.rule.kind = Kind::kArray;
+    f.rule.item_kind = Kind::kInteger;
+    f.rule.int_min = INT_MIN;
+    f.rule.int_max = INT_MAX;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<std::vector<int>>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    f.rule.kind = Kind::kArray;
+    f.rule.item_kind = Kind::kString;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<std::vector<std::string>>(); };
+    f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else {
+    static_assert(sizeof(T) == 0, "no JSON binding for this field type");
+  }
+  return f;
+}
+
+template <typename Ref, typename E, size_t N>
+FieldSpec EnumField(std::string path, Ref ref, const EnumName<E> (&table)[N]) {
+  FieldSpec f;
+  f.path = std::move(path);
+  f.rule.kind = Kind::kString;
+  f.rule.enum_values = Names(table);
+  f.set = [ref, &table](const Json& v, JobConfig* c) { ref(*c) = *FromName(table, v.get<std::string>()); };
+  f.get = [ref, &table](const JobConfig& c) {
+    const char* name = ToName(table, ref(c));
+    // An out-of-range enum built in code: show it so that Check rejects it.
+    return std::optional<Json>(name ? Json(name) : Json(absl::StrCat("<invalid ", static_cast<int>(ref(c)), ">")));
+  };
+  return f;
+}
+
+Rule Min(double min) {
+  Rule r;
+  r.min = min;
+  return r;
+}
+Rule Above(double min) {
+  Rule r;
+  r.min = min;
+  r.exclusive_min = true;
+  return r;
+}
+Rule UnitInterval() {  // [0, 1)
+  Rule r;
+  r.min = 0;
+  r.max = 1;
+  r.exclusive_max = true;
+  return r;
+}
+Rule OneOf(std::vector<std::string> values) {
+  Rule r;
+  r.enum_values = std::move(values);
+  return r;
+}
+
+#define DISTRAIN_REF(member) [](auto& c) -> auto& { return c.member; }
+
+const std::vector<FieldSpec>& SpecFields() {
+  static const std::vector<FieldSpec>* const kFields = new std::vector<FieldSpec>{
+      EnumField("strategy", DISTRAIN_REF(strategy), kStrategies),
+      EnumField("successPolicy", DISTRAIN_REF(success_policy), kSuccessPolicies),
+      Field("runPolicy.backoffLimit", DISTRAIN_REF(run_policy.backoff_limit), Min(0)),
+      Field("runPolicy.activeDeadlineSeconds", DISTRAIN_REF(run_policy.active_deadline_seconds), Min(1)),
+      Field("runPolicy.ttlSecondsAfterFinished", DISTRAIN_REF(run_policy.ttl_seconds_after_finished), Min(0)),
+      EnumField("runPolicy.cleanPodPolicy", DISTRAIN_REF(run_policy.clean_pod_policy), kCleanPodPolicies),
+      Field("runPolicy.suspend", DISTRAIN_REF(run_policy.suspend)),
+      Field("runPolicy.scheduling.gang", DISTRAIN_REF(run_policy.scheduling.gang)),
+      Field("runPolicy.scheduling.minAvailable", DISTRAIN_REF(run_policy.scheduling.min_available), Min(1)),
+      Field("runPolicy.scheduling.queue", DISTRAIN_REF(run_policy.scheduling.queue)),
+      Field("runPolicy.scheduling.priorityClass", DISTRAIN_REF(run_policy.scheduling.priority_class)),
+      Field("runPolicy.scheduling.schedulerName", DISTRAIN_REF(run_policy.scheduling.scheduler_name)),
+
+      Field("training.model.type", DISTRAIN_REF(training.model.type), OneOf({"mlp"})),
+      Field("training.model.hiddenUnits", DISTRAIN_REF(training.model.hidden_units), Min(1)),
+      Field("training.model.activation", DISTRAIN_REF(training.model.activation), OneOf({"relu"})),
+
+      EnumField("training.dataset.type", DISTRAIN_REF(training.dataset.type), kDatasetTypes),
+      Field("training.dataset.numExamples", DISTRAIN_REF(training.dataset.num_examples), Min(1)),
+      Field("training.dataset.numEvalExamples", DISTRAIN_REF(training.dataset.num_eval_examples), Min(0)),
+      Field("training.dataset.numFeatures", DISTRAIN_REF(training.dataset.num_features), Min(1)),
+      Field("training.dataset.numClasses", DISTRAIN_REF(training.dataset.num_classes), Min(2)),
+      Field("training.dataset.noise", DISTRAIN_REF(training.dataset.noise), Min(0)),
+      Field("training.dataset.trainFiles", DISTRAIN_REF(training.dataset.train_files)),
+      Field("training.dataset.trainLabelFiles", DISTRAIN_REF(training.dataset.train_label_files)),
+      Field("training.dataset.evalFiles", DISTRAIN_REF(training.dataset.eval_files)),
+      Field("training.dataset.evalLabelFiles", DISTRAIN_REF(training.dataset.eval_label_files)),
+      Field("training.dataset.labelColumn", DISTRAIN_REF(training.dataset.label_column), Min(0)),
+      Field("training.dataset.csvHeader", DISTRAIN_REF(training.dataset.csv_header)),
+      Field("training.dataset.scale", DISTRAIN_REF(training.dataset.scale), Above(0)),
+      EnumField("training.dataset.autoShardPolicy", DISTRAIN_REF(training.dataset.auto_shard_policy),
+                kAutoShardPolicies),
+      Field("training.dataset.shuffle", DISTRAIN_REF(training.dataset.shuffle)),
+      Field("training.dataset.prefetchBatches", DISTRAIN_REF(training.dataset.prefetch_batches), Min(0)),
+
+      EnumField("training.optimizer.type", DISTRAIN_REF(training.optimizer.type), kOptimizerTypes),
+      Field("training.optimizer.learningRate", DISTRAIN_REF(training.optimizer.learning_rate), Above(0)),
+      Field("training.optimizer.momentum", DISTRAIN_REF(training.optimizer.momentum), UnitInterval()),
+      Field("training.optimizer.nesterov", DISTRAIN_REF(training.optimizer.nesterov)),
+      Field("training.optimizer.beta1", DISTRAIN_REF(training.optimizer.beta1), UnitInterval()),
+      Field("training.optimizer.beta2", DISTRAIN_REF(training.optimizer.beta2), UnitInterval()),
+      Field("training.optimizer.epsilon", DISTRAIN_REF(training.optimizer.epsilon), Above(0)),
+
+      Field("training.checkpoint.dir", DISTRAIN_REF(training.checkpoint.dir)),
+      Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps), Min(0)),
+      Field("training.checkpoint.keep", DISTRAIN_REF(training.checkpoint.keep), Min(1)),
+
+      EnumField("training.communication.implementation", DISTRAIN_REF(training.communication.implementation),
+                kImplementations),
+      Field("training.communication.timeoutSeconds", DISTRAIN_REF(training.communication.timeout_seconds),
+            Above(0)),
+      Field("training.communication.bytesPerPack", DISTRAIN_REF(training.communication.bytes_per_pack), Min(1)),
+
+      Field("training.globalBatchSize", DISTRAIN_REF(training.global_batch_size), Min(1)),
+      Field("training.steps", DISTRAIN_REF(training.steps), Min(1)),
+      Field("training.seed", DISTRAIN_REF(training.seed), Min(0)),
+      Field("training.logEverySteps", DISTRAIN_REF(training.log_every_steps), Min(0)),
+      Field("training.evalEverySteps", DISTRAIN_REF(training.eval_every_steps), Min(0)),
+      Field("training.localReplicas", DISTRAIN_REF(training.local_replicas), Min(0)),
+  };
+  return *kFields;
+}
+
+#undef DISTRAIN_REF
+
+// Rules of the fields that the table does not hold.
+Rule ReplicasRule() {
+  Rule r = Min(0);
+  SetIntegerBounds<int>(&r);
+  return r;
+}
+Rule RestartPolicyRule() { return OneOf(Names(kRestartPolicies)); }
+Rule ElasticBoundRule() {
+  Rule r = Min(1);
+  SetIntegerBounds<int>(&r);
+  return r;
+}
+
+const FieldSpec* FindField(const std::string& path) {
+  static const auto* const kIndex = [] {
+    auto* index = new std::map<std::string, const FieldSpec*>;
+    for (const FieldSpec& f : SpecFields()) (*index)[f.path] = &f;
+    return index;
+  }();
+  auto it = kIndex->find(path);
+  return it == kIndex->end() ? nullptr : it->second;
+}
+
+// Relative paths of every field and object below `prefix` ("" for spec).
+std::vector<std::string> PathsBelow(const std::string& prefix) {
+  std::vector<std::string> paths;
+  std::set<std::string> seen;
+  for (const FieldSpec& f : SpecFields()) {
+    if (!prefix.empty() && f.path.rfind(prefix + ".", 0) != 0) continue;
+    const std::string rel = prefix.empty() ? f.path : f.path.substr(prefix.size() + 1);
+    // Every object on the way is a candidate too ("optimizer" for "optimizer.type").
+    for (size_t dot = rel.find('.'); dot != std::string::npos; dot = rel.find('.', dot + 1)) {
+      if (seen.insert(rel.substr(0, dot)).second) paths.push_back(rel.substr(0, dot));
+    }
+    if (seen.insert(rel).second) paths.push_back(rel);
+  }
+  return paths;
+}
+
+bool IsObjectPath(const std::string& path) {
+  for (const FieldSpec& f : SpecFields()) {
+    if (f.path.rfind(path + ".", 0) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> DirectChildren(const std::vector<std::string>& paths) {
+  std::vector<std::string> children;
+  for (const std::string& p : paths) {
+    if (p.find('.') == std::string::npos) children.push_back(p);
+  }
+  return children;
+}
+
+// Decodes the table's fields below `rel` from `object` into `config`.
+// `display` is the user's path of `object`; `extras` are keys of `object`
+// that the caller decodes itself.
+void DecodeObject(const Json& object, const std::string& rel, const std::string& display,
+                  const std::vector<std::string>& extras, JobConfig* config, Issues* issues) {
+  for (const auto& [key, value] : object.items()) {
+    const std::string child_display = JoinYamlPath(display, key);
+    if (rel.empty() && std::find(extras.begin(), extras.end(), key) != extras.end()) continue;
+    const std::string child_rel = rel.empty() ? key : absl::StrCat(rel, ".", key);
+    if (value.is_null()) continue;  // like the API server: null is absent
+    if (const FieldSpec* field = FindField(child_rel)) {
+      if (Check(field->rule, value, child_display, issues)) field->set(value, config);
+    } else if (IsObjectPath(child_rel)) {
+      if (!value.is_object()) {
+        issues->Add(child_display, absl::StrCat("must be a mapping, got ", Show(value)));
+      } else {
+        DecodeObject(value, child_rel, child_display, {}, config, issues);
+      }
+    } else {
+      std::vector<std::string> candidates = PathsBelow(rel);
+      if (rel.empty()) candidates.insert(candidates.end(), extras.begin(), extras.end());
+      issues->Add(child_display, UnknownFieldMessage(key, candidates, DirectChildren(candidates)));
+    }
+  }
+}
+
+std::vector<std::string> ReplicaTypeNames() { return Names(kReplicaTypes); }
+
+std::optional<ReplicaType> ReplicaTypeFromKey(const std::string& key, const std::string& path, Issues* issues) {
+  std::optional<ReplicaType> type = FromName(kReplicaTypes, key);
+  if (!type) {
+    std::string closest = ClosestName(key, ReplicaTypeNames());
+    issues->Add(path, absl::StrCat("unknown replica type; expected one of ", absl::StrJoin(ReplicaTypeNames(), ", "),
+                                   closest.empty() ? "" : absl::StrCat(" (did you mean \"", closest, "\"?)")));
+  }
+  return type;
+}
+
+// spec.replicaSpecs: {Worker: {replicas, restartPolicy, template}, ...}
+void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* config, Issues* issues) {
+  if (!specs.is_object()) {
+    issues->Add(path, absl::StrCat("must be a mapping of replica type (", absl::StrJoin(ReplicaTypeNames(), ", "),
+                                   ") to its spec, got ", Show(specs)));
+    return;
+  }
+  const std::vector<std::string> known = {"replicas", "restartPolicy", "template"};
+  for (const auto& [key, value] : specs.items()) {
+    const std::string type_path = JoinYamlPath(path, key);
+    std::optional<ReplicaType> type = ReplicaTypeFromKey(key, type_path, issues);
+    if (!type || value.is_null()) continue;
+    if (!value.is_object()) {
+      issues->Add(type_path, absl::StrCat("must be a mapping with replicas, restartPolicy and template, got ",
+                                          Show(value)));
+      continue;
+    }
+    ReplicaSpec spec;
+    for (const auto& [field, v] : value.items()) {
+      const std::string field_path = JoinYamlPath(type_path, field);
+      if (v.is_null()) continue;
+      if (field == "replicas") {
+        if (Check(ReplicasRule(), v, field_path, issues)) spec.replicas = v.get<int>();
+      } else if (field == "restartPolicy") {
+        if (Check(RestartPolicyRule(), v, field_path, issues)) {
+          spec.restart_policy = *FromName(kRestartPolicies, v.get<std::string>());
+        }
+      } else if (field == "template") {
+        // A PodTemplateSpec: the operator reads it; here it only has to be one.
+        if (!v.is_object()) {
+          issues->Add(field_path, absl::StrCat("must be a pod template (a mapping with metadata and spec), got ",
+                                               Show(v)));
+        }
+      } else {
+        issues->Add(field_path, UnknownFieldMessage(field, known, known));
+      }
+    }
+    config->replicas[*type] = spec;
+  }
+}
+
+// spec.elasticPolicy: {minReplicas, maxReplicas}, both required.
+void DecodeElasticPolicy(const Json& policy, const std::string& path, JobConfig* config, Issues* issues) {
+  if (policy.is_null()) return;
+  if (!policy.is_object()) {
+    issues->Add(path, absl::StrCat("must be a mapping with minReplicas and maxReplicas, got ", Show(policy)));
+    return;
+  }
+  const std::vector<std::string> known = {"minReplicas", "maxReplicas"};
+  for (const auto& [key, value] : policy.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      issues->Add(JoinYamlPath(path, key), UnknownFieldMessage(key, known, known));
+    }
+  }
+  ElasticPolicy elastic;
+  bool ok = true;
+  for (const auto& [name, target] :
+       {std::pair{"minReplicas", &elastic.min_replicas}, std::pair{"maxReplicas", &elastic.max_replicas}}) {
+    auto it = policy.find(name);
+    if (it == policy.end() || it->is_null()) {
+      issues->Add(JoinYamlPath(path, name), "required when elasticPolicy is set");
+      ok = false;
+    } else if (Check(ElasticBoundRule(), *it, JoinYamlPath(path, name), issues)) {
+      *target = it->get<int>();
+    } else {
+      ok = false;
+    }
+  }
+  if (ok) config->elastic_policy = elastic;
+}
+
+// DNS-1123 label: what Kubernetes needs for names that become host names.
+bool IsDnsLabel(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return s.front() != '-' && s.back() != '-';
+}
+
+std::string DnsLabelProblem(const Json& v) {
+  return absl::StrCat("must be a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a "
+                      "letter or digit, at most 63 characters), got ",
+                      Show(v));
+}
+
+// Decodes metadata.name / metadata.namespace into `out`.
+void DecodeName(const Json& v, const std::string& path, std::string* out, Issues* issues) {
+  if (!v.is_string() || !IsDnsLabel(v.get<std::string>())) {
+    issues->Add(path, DnsLabelProblem(v));
+    return;
+  }
+  *out = v.get<std::string>();
+}
+
+// The whole DistributedTrainingJob document.
+JobConfig DecodeDocument(const Json& root, Issues* issues) {
+  JobConfig config;
+  if (root.is_null()) {
+    issues->Add("", "the document is empty; expected a DistributedTrainingJob with apiVersion, kind, metadata and spec");
+    return config;
+  }
+  if (!root.is_object()) {
+    issues->Add("", absl::StrCat("the document must be a mapping with apiVersion, kind, metadata and spec, got ",
+                                 Show(root)));
+    return config;
+  }
+  const std::vector<std::string> known = {"apiVersion", "kind", "metadata", "spec", "status"};
+  for (const auto& [key, value] : root.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      issues->Add(key, UnknownFieldMessage(key, known, known));
+    }
+  }
+  for (const auto& [field, expected] : {std::pair{"apiVersion", kApiVersion}, std::pair{"kind", kKind}}) {
+    auto it = root.find(field);
+    if (it == root.end() || it->is_null()) {
+      issues->Add(field, absl::StrCat("required; add \"", field, ": ", expected, "\""));
+    } else if (!it->is_string() || it->get<std::string>() != expected) {
+      issues->Add(field, absl::StrCat("must be \"", expected, "\", got ", Show(*it), "; set ", field, ": ", expected));
+    }
+  }
+
+  auto metadata = root.find("metadata");
+  if (metadata == root.end() || metadata->is_null()) {
+    issues->Add("metadata", "required; add metadata: {name: <job name>}");
+  } else if (!metadata->is_object()) {
+    issues->Add("metadata", absl::StrCat("must be a mapping with name (and namespace), got ", Show(*metadata)));
+  } else {
+    // Other ObjectMeta fields (labels, uid, ...) are the API server's business.
+    auto name = metadata->find("name");
+    if (name == metadata->end() || name->is_null()) {
+      issues->Add("metadata.name", "required; name the job with a DNS-1123 label such as \"mnist\"");
+    } else {
+      DecodeName(*name, "metadata.name", &config.name, issues);
+    }
+    if (auto ns = metadata->find("namespace"); ns != metadata->end() && !ns->is_null()) {
+      DecodeName(*ns, "metadata.namespace", &config.namespace_, issues);
+    }
+  }
+
+  auto spec = root.find("spec");
+  if (spec == root.end() || spec->is_null()) {
+    issues->Add("spec", "required; add spec with strategy, replicaSpecs and training");
+    return config;
+  }
+  if (!spec->is_object()) {
+    issues->Add("spec", absl::StrCat("must be a mapping, got ", Show(*spec)));
+    return config;
+  }
+  auto replica_specs = spec->find("replicaSpecs");
+  if (replica_specs == spec->end() || replica_specs->is_null()) {
+    issues->Add("spec.replicaSpecs", "required; add at least replicaSpecs: {Worker: {replicas: 1}}");
+  } else {
+    DecodeReplicaSpecs(*replica_specs, "spec.replicaSpecs", &config, issues);
+  }
+  if (auto elastic = spec->find("elasticPolicy"); elastic != spec->end()) {
+    DecodeElasticPolicy(*elastic, "spec.elasticPolicy", &config, issues);
+  }
+  DecodeObject(*spec, "", "spec", {"replicaSpecs", "elasticPolicy"}, &config, issues);
+  return config;
+}
+
+std::string StripJsonExceptionPrefix(const std::string& what) {
+  if (!what.empty() && what[0] == '[') {
+    size_t end = what.find("] ");
+    if (end != std::string::npos) return what.substr(end + 2);
+  }
+  return what;
+}
+
+// Sets root[a][b][c] for the path "a.b.c", creating objects on the way in
+// insertion order.
+void SetPath(Json* root, const std::string& path, Json value) {
+  Json* node = root;
+  for (absl::string_view part : absl::StrSplit(path, '.')) node = &(*node)[std::string(part)];
+  *node = std::move(value);
+}
+
+std::string SpecPath(const std::string& rel) { return absl::StrCat("spec.", rel); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+const char* StrategyName(StrategyKind kind) {
+  const char* name = ToName(kStrategies, kind);
+  return name ? name : "Unknown";
+}
+
+std::optional<StrategyKind> ParseStrategyName(const std::string& name) { return FromName(kStrategies, name); }
+
+const char* ReplicaTypeName(ReplicaType type) {
+  const char* name = ToName(kReplicaTypes, type);
+  return name ? name : "Unknown";
+}
+
+const char* ReplicaTaskType(ReplicaType type) {
+  switch (type) {
+    case ReplicaType::kChief: return "chief";
+    case ReplicaType::kWorker: return "worker";
+    case ReplicaType::kPS: return "ps";
+    case ReplicaType::kEvaluator: return "evaluator";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
+  absl::StatusOr<YamlJson> yaml = YamlToJson(yaml_text);
+  if (!yaml.ok()) return yaml.status();
+  Issues issues;
+  JobConfig config = DecodeDocument(yaml->value, &issues);
+  if (!issues.empty()) return issues.ToStatus(&yaml->locations);
+  return config;
+}
+
+absl::StatusOr<JobConfig> LoadJobYamlFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int error = errno;
+    std::string message = absl::StrCat(path, ": cannot read the job file: ", std::strerror(error));
+    return error == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  absl::StatusOr<JobConfig> config = ParseJobYaml(buffer.str());
+  if (config.ok()) return config;
+  std::vector<std::string> lines = absl::StrSplit(config.status().message(), '\n');
+  for (std::string& line : lines) line = absl::StrCat(path, ": ", line);
+  return absl::Status(config.status().code(), absl::StrJoin(lines, "\n"));
+}
+
+std::string JobConfigToJson(const JobConfig& config) {
+  Json root = Json::object();
+  root["name"] = config.name;
+  root["namespace"] = config.namespace_;
+  root["strategy"] = StrategyName(config.strategy);
+  Json replicas = Json::object();
+  Json restart_policies = Json::object();
+  for (const auto& [type, spec] : config.replicas) {
+    replicas[ReplicaTypeName(type)] = spec.replicas;
+    const char* policy = ToName(kRestartPolicies, spec.restart_policy);
+    restart_policies[ReplicaTypeName(type)] = policy ? policy : "<invalid>";
+  }
+  root["replicas"] = std::move(replicas);
+  root["restartPolicies"] = std::move(restart_policies);
+  for (const FieldSpec& field : SpecFields()) {
+    if (std::optional<Json> value = field.get(config)) SetPath(&root, field.path, std::move(*value));
+  }
+  if (config.elastic_policy) {
+    root["elasticPolicy"] = {{"minReplicas", config.elastic_policy->min_replicas},
+                             {"maxReplicas", config.elastic_policy->max_replicas}};
+  }
+  return root.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
+  Json root;
+  try {
+    root = Json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    const auto* parse_error = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+    return absl::InvalidArgumentError(absl::StrCat("DISTRAIN_JOB_CONFIG: invalid JSON",
+                                                   parse_error ? absl::StrCat(" at byte ", parse_error->byte) : "",
+                                                   ": ", StripJsonExceptionPrefix(e.what())));
+  }
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DISTRAIN_JOB_CONFIG: must be a JSON object with strategy, replicas and training, got ",
+                     Show(root)));
+  }
+  Issues issues;
+  JobConfig config;
+  if (auto name = root.find("name"); name != root.end() && !name->is_null()) {
+    DecodeName(*name, "metadata.name", &config.name, &issues);
+  }
+  if (auto ns = root.find("namespace"); ns != root.end() && !ns->is_null()) {
+    DecodeName(*ns, "metadata.namespace", &config.namespace_, &issues);
+  }
+  auto replicas = root.find("replicas");
+  if (replicas == root.end() || replicas->is_null()) {
+    issues.Add("spec.replicaSpecs", "required; DISTRAIN_JOB_CONFIG has no \"replicas\"");
+  } else if (!replicas->is_object()) {
+    issues.Add("spec.replicaSpecs", absl::StrCat("\"replicas\" must map replica type to count, got ", Show(*replicas)));
+  } else {
+    for (const auto& [key, value] : replicas->items()) {
+      const std::string path = absl::StrCat("spec.replicaSpecs.", key);
+      std::optional<ReplicaType> type = ReplicaTypeFromKey(key, path, &issues);
+      if (type && Check(ReplicasRule(), value, path + ".replicas", &issues)) {
+        config.replicas[*type].replicas = value.get<int>();
+      }
+    }
+  }
+  if (auto policies = root.find("restartPolicies"); policies != root.end() && !policies->is_null()) {
+    if (!policies->is_object()) {
+      issues.Add("spec.replicaSpecs",
+                 absl::StrCat("\"restartPolicies\" must map replica type to policy, got ", Show(*policies)));
+    } else {
+      for (const auto& [key, value] : policies->items()) {
+        const std::string path = absl::StrCat("spec.replicaSpecs.", key);
+        std::optional<ReplicaType> type = ReplicaTypeFromKey(key, path, &issues);
+        if (!type) continue;
+        auto spec = config.replicas.find(*type);
+        if (spec == config.replicas.end()) {
+          issues.Add(path + ".restartPolicy", "has a policy but no replica count in \"replicas\"");
+        } else if (Check(RestartPolicyRule(), value, path + ".restartPolicy", &issues)) {
+          spec->second.restart_policy = *FromName(kRestartPolicies, value.get<std::string>());
+        }
+      }
+    }
+  }
+  if (auto elastic = root.find("elasticPolicy"); elastic != root.end()) {
+    DecodeElasticPolicy(*elastic, "spec.elasticPolicy", &config, &issues);
+  }
+  DecodeObject(root, "", "spec", {"name", "namespace", "replicas", "restartPolicies", "elasticPolicy"}, &config,
+               &issues);
+  if (!issues.empty()) return issues.ToStatus(nullptr);
+  return config;
+}
+
+absl::Status ValidateJobConfig(const JobConfig& config) {
+  Issues issues;
+  if (!IsDnsLabel(config.name)) issues.Add("metadata.name", DnsLabelProblem(Json(config.name)));
+  if (!IsDnsLabel(config.namespace_)) issues.Add("metadata.namespace", DnsLabelProblem(Json(config.namespace_)));
+
+  // Single-field rules, for configs that did not come through a parser.
+  for (const FieldSpec& field : SpecFields()) {
+    if (std::optional<Json> value = field.get(config)) Check(field.rule, *value, SpecPath(field.path), &issues);
+  }
+  for (const auto& [type, spec] : config.replicas) {
+    const std::string path = absl::StrCat("spec.replicaSpecs.", ReplicaTypeName(type));
+    Check(ReplicasRule(), Json(spec.replicas), path + ".replicas", &issues);
+    if (!ToName(kRestartPolicies, spec.restart_policy)) {
+      issues.Add(path + ".restartPolicy", absl::StrCat("must be ", Describe(RestartPolicyRule(), Kind::kString)));
+    }
+  }
+
+  // Replica counts per strategy.
+  const int chiefs = config.replicas_of(ReplicaType::kChief);
+  const int workers = config.replicas_of(ReplicaType::kWorker);
+  const int ps = config.replicas_of(ReplicaType::kPS);
+  const int evaluators = config.replicas_of(ReplicaType::kEvaluator);
+  const std::string strategy = StrategyName(config.strategy);
+  if (!config.replicas.count(ReplicaType::kWorker)) {
+    issues.Add("spec.replicaSpecs.Worker", "required; every strategy needs at least one Worker");
+  } else if (workers < 1) {
+    issues.Add("spec.replicaSpecs.Worker.replicas",
+               absl::StrCat("every strategy needs at least 1 Worker, got ", workers));
+  }
+  if (chiefs > 1) {
+    issues.Add("spec.replicaSpecs.Chief.replicas",
+               absl::StrCat("must be 0 or 1, got ", chiefs, "; TensorFlow allows one chief"));
+  }
+  if (evaluators > 1) {
+    issues.Add("spec.replicaSpecs.Evaluator.replicas",
+               absl::StrCat("must be 0 or 1, got ", evaluators, "; TensorFlow allows one evaluator"));
+  }
+  switch (config.strategy) {
+    case StrategyKind::kOneDevice:
+    case StrategyKind::kMirrored:
+    case StrategyKind::kCentralStorage:
+      if (workers > 1) {
+        issues.Add("spec.replicaSpecs.Worker.replicas",
+                   absl::StrCat(strategy, " runs in one pod and needs exactly 1 Worker, got ", workers,
+                                "; use MultiWorkerMirrored or ParameterServer for several workers"));
+      }
+      if (chiefs > 0) {
+        issues.Add("spec.replicaSpecs.Chief",
+                   absl::StrCat(strategy, " takes no Chief, got ", chiefs, "; remove it or use MultiWorkerMirrored"));
+      }
+      if (ps > 0) {
+        issues.Add("spec.replicaSpecs.PS",
+                   absl::StrCat(strategy, " takes no PS, got ", ps, "; remove it or use ParameterServer"));
+      }
+      break;
+    case StrategyKind::kMultiWorkerMirrored:
+      if (ps > 0) {
+        issues.Add("spec.replicaSpecs.PS", absl::StrCat("MultiWorkerMirrored takes no PS, got ", ps,
+                                                        "; remove it or use ParameterServer"));
+      }
+      break;
+    case StrategyKind::kParameterServer:
+      if (ps < 1) {
+        issues.Add("spec.replicaSpecs.PS.replicas",
+                   absl::StrCat("ParameterServer needs at least 1 PS to hold the variables, got ", ps));
+      }
+      if (chiefs == 0) {
+        issues.Add("spec.replicaSpecs.Chief.replicas",
+                   "ParameterServer needs exactly 1 Chief (the coordinator), got 0; add Chief: {replicas: 1}");
+      }
+      break;
+    case StrategyKind::kTPU:
+      if (ps > 0) issues.Add("spec.replicaSpecs.PS", absl::StrCat("TPU takes no PS, got ", ps, "; remove it"));
+      break;
+    case StrategyKind::kAuto:
+      break;
+  }
+
+  if (config.elastic_policy) {
+    const ElasticPolicy& elastic = *config.elastic_policy;
+    Check(ElasticBoundRule(), Json(elastic.min_replicas), "spec.elasticPolicy.minReplicas", &issues);
+    Check(ElasticBoundRule(), Json(elastic.max_replicas), "spec.elasticPolicy.maxReplicas", &issues);
+    if (config.strategy != StrategyKind::kMultiWorkerMirrored && config.strategy != StrategyKind::kParameterServer) {
+      issues.Add("spec.elasticPolicy", absl::StrCat("only MultiWorkerMirrored and ParameterServer jobs can be elastic, "
+                                                    "got strategy ",
+                                                    strategy, "; remove elasticPolicy"));
+    }
+    if (elastic.min_replicas > elastic.max_replicas) {
+      issues.Add("spec.elasticPolicy.minReplicas", absl::StrCat("must be <= maxReplicas, got minReplicas ",
+                                                                elastic.min_replicas, " > maxReplicas ",
+                                                                elastic.max_replicas));
+    } else if (workers < elastic.min_replicas || workers > elastic.max_replicas) {
+      issues.Add("spec.replicaSpecs.Worker.replicas",
+                 absl::StrCat("must be within spec.elasticPolicy [minReplicas, maxReplicas] = [",
+                              elastic.min_replicas, ", ", elastic.max_replicas, "], got ", workers));
+    }
+  }
+
+  // The global batch is split evenly across the replicas that step together.
+  const TrainingConfig& t = config.training;
+  if (t.global_batch_size >= 1) {
+    int64_t in_sync = 0;
+    std::string how;
+    const int local = t.local_replicas > 0 ? t.local_replicas : 1;
+    if (config.strategy == StrategyKind::kMultiWorkerMirrored && workers >= 1) {
+      const int chief = chiefs > 0 ? 1 : 0;
+      in_sync = static_cast<int64_t>(chief + workers) * local;
+      how = absl::StrCat("(", chief, chief == 1 ? " Chief + " : " Chiefs + ", workers,
+                         workers == 1 ? " Worker) x " : " Workers) x ", local,
+                         local == 1 ? " local replica" : " local replicas");
+    } else if ((config.strategy == StrategyKind::kMirrored || config.strategy == StrategyKind::kCentralStorage) &&
+               t.local_replicas > 0) {
+      in_sync = t.local_replicas;
+      how = "spec.training.localReplicas";
+    }
+    if (in_sync > 1 && t.global_batch_size % in_sync != 0) {
+      const int64_t lower = t.global_batch_size / in_sync * in_sync;
+      issues.Add("spec.training.globalBatchSize",
+                 absl::StrCat(t.global_batch_size, " is not divisible by the ", in_sync, " replicas in sync (", how,
+                              "); use a multiple of ", in_sync, " such as ",
+                              lower > 0 ? absl::StrCat(lower, " or ") : "", lower + in_sync));
+    }
+  }
+
+  // Files per dataset type.
+  const DatasetConfig& d = t.dataset;
+  const std::string ds = "spec.training.dataset.";
+  switch (d.type) {
+    case DatasetType::kIdx:
+      if (d.train_files.empty()) {
+        issues.Add(ds + "trainFiles", "required for dataset type idx; list the IDX image files");
+      }
+      if (d.train_label_files.empty()) {
+        issues.Add(ds + "trainLabelFiles", "required for dataset type idx; list the IDX label files");
+      }
+      if (!d.train_files.empty() && !d.train_label_files.empty() &&
+          d.train_files.size() != d.train_label_files.size()) {
+        issues.Add(ds + "trainLabelFiles",
+                   absl::StrCat("has ", d.train_label_files.size(), " files but trainFiles has ", d.train_files.size(),
+                                "; give one label file per image file"));
+      }
+      if (d.eval_files.size() != d.eval_label_files.size()) {
+        issues.Add(ds + "evalLabelFiles",
+                   absl::StrCat("has ", d.eval_label_files.size(), " files but evalFiles has ", d.eval_files.size(),
+                                "; give one label file per image file"));
+      }
+      break;
+    case DatasetType::kCsv:
+      if (d.train_files.empty()) issues.Add(ds + "trainFiles", "required for dataset type csv; list the CSV files");
+      if (!d.train_label_files.empty() || !d.eval_label_files.empty()) {
+        issues.Add(ds + (d.train_label_files.empty() ? "evalLabelFiles" : "trainLabelFiles"),
+                   "csv files carry their labels in labelColumn; remove the label files");
+      }
+      break;
+    case DatasetType::kSynthetic:
+      if (!d.train_files.empty() || !d.train_label_files.empty() || !d.eval_files.empty() ||
+          !d.eval_label_files.empty()) {
+        issues.Add(ds + "type", "synthetic reads no files; remove the file lists or set type to idx or csv");
+      }
+      break;
+  }
+
+  if (issues.empty()) return absl::OkStatus();
+  return issues.ToStatus(nullptr);
+}
+
+const std::vector<JobSpecField>& JobSpecFields() {
+  static const std::vector<JobSpecField>* const kFields = [] {
+    auto* fields = new std::vector<JobSpecField>;
+    auto add = [fields](const std::string& path, const Rule& rule, std::optional<Json> default_value) {
+      JobSpecField f;
+      f.path = SpecPath(path);
+      f.type = KindName(rule.kind);
+      if (rule.kind == Kind::kArray) f.item_type = KindName(rule.item_kind);
+      f.enum_values = rule.enum_values;
+      f.minimum = rule.min;
+      f.maximum = rule.max;
+      f.exclusive_minimum = rule.exclusive_min;
+      f.exclusive_maximum = rule.exclusive_max;
+      if (default_value) f.default_json = default_value->dump();
+      fields->push_back(std::move(f));
+    };
+    const JobConfig defaults;
+    const ReplicaSpec replica_defaults;
+    for (const FieldSpec& field : SpecFields()) {
+      add(field.path, field.rule, field.get(defaults));
+      if (field.path == "strategy") {
+        add("replicaSpecs.*.replicas", ReplicasRule(), Json(replica_defaults.replicas));
+        add("replicaSpecs.*.restartPolicy", RestartPolicyRule(),
+            Json(ToName(kRestartPolicies, replica_defaults.restart_policy)));
+      }
+      if (field.path == "runPolicy.scheduling.schedulerName") {
+        add("elasticPolicy.minReplicas", ElasticBoundRule(), std::nullopt);
+        add("elasticPolicy.maxReplicas", ElasticBoundRule(), std::nullopt);
+      }
+    }
+    return fields;
+  }();
+  return *kFields;
+}
+
+}  // namespace distrain

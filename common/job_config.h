@@ -1,0 +1,221 @@
+#ifndef DISTRAIN_COMMON_JOB_CONFIG_H_
+#define DISTRAIN_COMMON_JOB_CONFIG_H_
+
+// Typed view of a DistributedTrainingJob (distrain.io/v1alpha1), with the
+// defaults of crds/ applied. One place for every knob the worker and
+// `distrain run` read; the operator's API types (operator/api) build on it.
+//
+// Sources:
+//   * a DistributedTrainingJob YAML file (distrain run, tests);
+//   * DISTRAIN_JOB_CONFIG, the JSON the operator puts in every pod:
+//     {"strategy": "...", "training": {...}, "replicas": {"Worker": 2, ...}}.
+// Every error names the field path and the fix, e.g.
+//   spec.training.globalBatchSize: must be a positive integer, got "abc"
+// Unknown fields are errors (with a "did you mean" hint), never silently ignored.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace distrain {
+
+enum class StrategyKind {
+  kOneDevice,
+  kMirrored,
+  kMultiWorkerMirrored,
+  kParameterServer,
+  kCentralStorage,
+  kTPU,
+  kAuto,
+};
+const char* StrategyName(StrategyKind kind);  // "MultiWorkerMirrored"
+std::optional<StrategyKind> ParseStrategyName(const std::string& name);
+
+// Replica types as spelled in spec.replicaSpecs keys.
+enum class ReplicaType { kChief, kWorker, kPS, kEvaluator };
+const char* ReplicaTypeName(ReplicaType type);    // "Chief", "Worker", "PS", "Evaluator"
+const char* ReplicaTaskType(ReplicaType type);    // TF_CONFIG task type: "chief", "worker", "ps", "evaluator"
+
+enum class RestartPolicy { kNever, kOnFailure, kAlways, kExitCode };
+
+struct ReplicaSpec {
+  int replicas = 1;
+  RestartPolicy restart_policy = RestartPolicy::kExitCode;  // default per crds/
+  bool operator==(const ReplicaSpec&) const = default;
+};
+
+// spec.training.model
+struct ModelConfig {
+  std::string type = "mlp";              // only "mlp" today
+  std::vector<int> hidden_units = {128};  // sizes of the hidden Dense layers
+  std::string activation = "relu";       // only "relu" today
+  bool operator==(const ModelConfig&) const = default;
+};
+
+enum class DatasetType { kSynthetic, kIdx, kCsv };
+enum class AutoShardPolicy { kAuto, kData, kFile, kOff };
+
+// spec.training.dataset
+struct DatasetConfig {
+  DatasetType type = DatasetType::kSynthetic;
+  // synthetic: Gaussian class clusters, deterministic in (seed, index).
+  int64_t num_examples = 60000;
+  int64_t num_eval_examples = 10000;
+  int num_features = 784;
+  int num_classes = 10;
+  float noise = 1.0f;  // per-feature std-dev around the class centre
+  // idx: MNIST-format image/label files; csv: files with the label column.
+  std::vector<std::string> train_files;  // idx: images files; csv: csv files
+  std::vector<std::string> train_label_files;  // idx only, parallel to train_files
+  std::vector<std::string> eval_files;
+  std::vector<std::string> eval_label_files;
+  int label_column = 0;       // csv
+  bool csv_header = false;    // csv: skip the first line of each file
+  float scale = 1.0f / 255;   // idx: pixel multiplier
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::kAuto;
+  bool shuffle = true;
+  int prefetch_batches = 2;
+  bool operator==(const DatasetConfig&) const = default;
+};
+
+enum class OptimizerType { kSgd, kMomentum, kAdam };
+
+// spec.training.optimizer — Keras semantics for every update rule.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdam;
+  float learning_rate = 0.001f;
+  float momentum = 0.9f;      // momentum
+  bool nesterov = false;      // momentum
+  float beta1 = 0.9f;         // adam
+  float beta2 = 0.999f;       // adam
+  float epsilon = 1e-7f;      // adam (Keras default)
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// spec.training.checkpoint
+struct CheckpointConfig {
+  std::string dir;          // empty: DISTRAIN_CHECKPOINT_DIR, else no checkpoints
+  int64_t every_steps = 0;  // 0: only the final (and SIGTERM) save
+  int keep = 3;
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+// spec.training.communication (TF's CommunicationOptions)
+enum class CollectiveImplementation { kAuto, kRing, kNccl };
+struct CommunicationConfig {
+  CollectiveImplementation implementation = CollectiveImplementation::kAuto;
+  double timeout_seconds = 60;
+  int64_t bytes_per_pack = 4 << 20;
+  bool operator==(const CommunicationConfig&) const = default;
+};
+
+// spec.training
+struct TrainingConfig {
+  ModelConfig model;
+  DatasetConfig dataset;
+  OptimizerConfig optimizer;
+  CheckpointConfig checkpoint;
+  CommunicationConfig communication;
+  int64_t global_batch_size = 256;
+  int64_t steps = 1000;
+  uint64_t seed = 42;
+  int64_t log_every_steps = 50;
+  int64_t eval_every_steps = 0;  // 0: evaluate once at the end
+  int local_replicas = 0;        // Mirrored/CentralStorage: 0 = one per local device
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+// spec.runPolicy: what the operator does around the job (Kubeflow's RunPolicy).
+enum class CleanPodPolicy { kNone, kRunning, kAll };
+struct SchedulingPolicy {
+  bool gang = false;                  // create all pods as one gang (PodGroup)
+  std::optional<int> min_available;   // gang size; unset: every replica
+  std::string queue;
+  std::string priority_class;
+  std::string scheduler_name;         // empty: the cluster's default scheduler
+  bool operator==(const SchedulingPolicy&) const = default;
+};
+struct RunPolicy {
+  std::optional<int64_t> backoff_limit;             // unset: no limit on restarts
+  std::optional<int64_t> active_deadline_seconds;   // unset: no deadline
+  std::optional<int64_t> ttl_seconds_after_finished;  // unset: keep the finished job
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kNone;
+  bool suspend = false;
+  SchedulingPolicy scheduling;
+  bool operator==(const RunPolicy&) const = default;
+};
+
+// spec.successPolicy. kDefault: the chief succeeds, or worker 0 when there is
+// no chief; kAllWorkers: every worker succeeds.
+enum class SuccessPolicy { kDefault, kAllWorkers };
+
+// spec.elasticPolicy: bounds on spec.replicaSpecs.Worker.replicas.
+struct ElasticPolicy {
+  int min_replicas = 1;
+  int max_replicas = 1;
+  bool operator==(const ElasticPolicy&) const = default;
+};
+
+struct JobConfig {
+  std::string name = "job";  // metadata.name
+  std::string namespace_ = "default";
+  StrategyKind strategy = StrategyKind::kOneDevice;
+  std::map<ReplicaType, ReplicaSpec> replicas;  // spec.replicaSpecs
+  TrainingConfig training;
+  RunPolicy run_policy;                         // spec.runPolicy
+  SuccessPolicy success_policy = SuccessPolicy::kDefault;  // spec.successPolicy
+  std::optional<ElasticPolicy> elastic_policy;  // spec.elasticPolicy
+  bool operator==(const JobConfig&) const = default;
+
+  int replicas_of(ReplicaType type) const {
+    auto it = replicas.find(type);
+    return it == replicas.end() ? 0 : it->second.replicas;
+  }
+};
+
+// Parses a DistributedTrainingJob YAML document (apiVersion/kind/metadata/spec)
+// and checks every field on its own (types, enums, bounds; all errors, one per
+// line, each prefixed with the line of the YAML). Cross-field rules are
+// ValidateJobConfig's job: call both.
+absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text);
+absl::StatusOr<JobConfig> LoadJobYamlFile(const std::string& path);
+
+// DISTRAIN_JOB_CONFIG round trip. Field paths in errors start at "spec." so a
+// user sees the same path as in their YAML. The JSON carries every field:
+//   {"name", "namespace", "strategy", "replicas": {"Worker": 2, ...},
+//    "restartPolicies": {"Worker": "ExitCode", ...}, "successPolicy",
+//    "runPolicy": {...}, "training": {...}, "elasticPolicy": {...} (when set)}
+// with the camelCase names of the YAML. Parse(ToJson(c)) == c.
+std::string JobConfigToJson(const JobConfig& config);
+absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text);
+
+// Cross-field rules shared by every source (also enforced by the CRD's CEL
+// rules): replica counts per strategy, batch divisibility, file lists, ...
+absl::Status ValidateJobConfig(const JobConfig& config);
+
+// One field of spec that the parser accepts, so that other descriptions of
+// the API (the CRD in crds/, docs) can be checked against this parser.
+struct JobSpecField {
+  std::string path;       // "spec.training.dataset.type"; "*" stands for each replica type
+  std::string type;       // OpenAPI type: "integer", "number", "boolean", "string", "array"
+  std::string item_type;  // arrays: the items' type
+  std::vector<std::string> enum_values;  // allowed strings (case-sensitive); empty: any
+  // Bounds; for arrays they apply to each item.
+  std::optional<double> minimum;
+  std::optional<double> maximum;
+  bool exclusive_minimum = false;
+  bool exclusive_maximum = false;
+  // The default as compact JSON ("0.001", "\"adam\"", "[128]"); nullopt when an
+  // absent field stays unset (std::optional) or the field is required.
+  std::optional<std::string> default_json;
+};
+// Every leaf field of spec, in documentation order.
+const std::vector<JobSpecField>& JobSpecFields();
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_COMMON_JOB_CONFIG_H_

@@ -1,0 +1,66 @@
+#include "common/metrics_server.h"
+
+#include <cpprest/http_listener.h>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+
+namespace distrain {
+
+using web::http::http_request;
+using web::http::methods;
+using web::http::status_codes;
+using web::http::experimental::listener::http_listener;
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    std::function<bool()> healthy) {
+  if (port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics port: must be in 1..65535, got ", port,
+                     "; set DISTRAIN_METRICS_PORT to a free port"));
+  }
+  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  server->registry_ = std::move(registry);
+  server->healthy_ = std::move(healthy);
+  server->port_ = port;
+  try {
+    server->listener_ = std::make_unique<http_listener>(
+        utility::conversions::to_string_t(absl::StrCat("http://", host, ":", port, "/")));
+    MetricsServer* self = server.get();
+    server->listener_->support(methods::GET, [self](http_request request) {
+      const std::string path = utility::conversions::to_utf8string(request.relative_uri().path());
+      if (path == "/metrics" || path == "/metrics/") {
+        prometheus::TextSerializer serializer;
+        request.reply(status_codes::OK, serializer.Serialize(self->registry_->Collect()),
+                      "text/plain; version=0.0.4; charset=utf-8");
+      } else if (path == "/healthz" || path == "/readyz") {
+        if (self->healthy_()) {
+          request.reply(status_codes::OK, "ok\n", "text/plain");
+        } else {
+          request.reply(status_codes::ServiceUnavailable, "unhealthy\n", "text/plain");
+        }
+      } else {
+        request.reply(status_codes::NotFound, "try /metrics or /healthz\n", "text/plain");
+      }
+    });
+    server->listener_->open().wait();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics server: cannot listen on ", host, ":", port,
+                                               ": ", e.what(),
+                                               "; is the port in use? set DISTRAIN_METRICS_PORT"));
+  }
+  return server;
+}
+
+MetricsServer::~MetricsServer() {
+  if (listener_ != nullptr) {
+    try {
+      listener_->close().wait();
+    } catch (const std::exception&) {
+      // Shutting down anyway; nothing useful to do with a close error.
+    }
+  }
+}
+
+}  // namespace distrain

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Installs everything distrain's build, tests and benchmarks need. Idempotent: a
+# second run checks and returns in seconds. Heavy artefacts are cached under
+# ${DISTRAIN_CACHE:-~/.cache/distrain}, keyed by version.
+#
+#   scripts/setup.sh            build + test + benchmark dependencies
+#   scripts/setup.sh --no-peers skip the benchmark peers (TensorFlow, Open MPI)
+#   scripts/setup.sh --no-cuda  skip the CUDA/NCCL wheels (CPU-only build)
+set -euo pipefail
+
+CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
+PROM_VERSION=1.0.2
+CUDA_WHEELS_KEY=cuda13-2026a   # bump when the wheel set below changes
+WITH_PEERS=1
+WITH_CUDA=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-peers) WITH_PEERS=0 ;;
+    --no-cuda) WITH_CUDA=0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$CACHE"
+log() { printf '[setup] %s\n' "$*"; }
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# 1. Debian packages.
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libcpprest-dev libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
+  libgtest-dev libgmock-dev libopenblas-dev libcli11-dev libspdlog-dev
+  libcivetweb-dev civetweb zlib1g-dev dpkg-dev curl procps
+)
+if [ "$WITH_PEERS" = 1 ]; then APT_PACKAGES+=(openmpi-bin libopenmpi-dev); fi
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+else
+  log "Debian packages: all present"
+fi
+
+# 2. prometheus-cpp. Debian 12 does not package it; Debian 13 does. Use the
+# binary package when apt has one, else build Debian's source tarball (fetched
+# with apt-get source from the next release) into the cache.
+PROM_PREFIX="$CACHE/prometheus-cpp-$PROM_VERSION"
+if [ -f "$PROM_PREFIX/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake" ]; then
+  log "prometheus-cpp $PROM_VERSION: cached"
+elif apt-cache policy libprometheus-cpp-dev 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  log "prometheus-cpp: installing Debian's libprometheus-cpp-dev"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q libprometheus-cpp-dev
+  mkdir -p "$PROM_PREFIX/lib/cmake/prometheus-cpp"
+  # CMake finds the system package itself; the marker stops this branch re-running.
+  echo 'include(CMakeFindDependencyMacro)
+find_dependency(prometheus-cpp CONFIG PATHS /usr/lib/x86_64-linux-gnu/cmake NO_DEFAULT_PATH)' \
+    > "$PROM_PREFIX/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake"
+else
+  log "prometheus-cpp $PROM_VERSION: building Debian's source into $PROM_PREFIX"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  mkdir -p "$work/lists/partial"
+  echo "deb-src http://deb.debian.org/debian trixie main" > "$work/sources.list"
+  APTOPT=(-o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+          -o Dir::State::Lists="$work/lists")
+  apt-get "${APTOPT[@]}" update -q >/dev/null 2>&1
+  (cd "$work" && apt-get "${APTOPT[@]}" source --download-only prometheus-cpp >/dev/null 2>&1 || true)
+  # Only the upstream tarball is needed; the Debian packaging files may lag the index.
+  tarball=$(ls "$work"/prometheus-cpp_"$PROM_VERSION".orig.tar.* 2>/dev/null | head -1 || true)
+  if [ -z "$tarball" ]; then
+    echo "setup.sh: could not fetch Debian's prometheus-cpp $PROM_VERSION source; install libprometheus-cpp-dev and re-run" >&2
+    exit 1
+  fi
+  tar -xf "$tarball" -C "$work"
+  cmake -S "$work/prometheus-cpp-$PROM_VERSION" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DENABLE_PUSH=OFF -DENABLE_PULL=OFF -DENABLE_COMPRESSION=OFF -DUSE_THIRDPARTY_LIBRARIES=OFF \
+    -DENABLE_TESTING=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DCMAKE_INSTALL_PREFIX="$PROM_PREFIX" >/dev/null
+  ninja -C "$work/build" install >/dev/null
+  log "prometheus-cpp $PROM_VERSION: installed"
+fi
+
+# 3. CUDA 13 + NCCL. A system toolkit in /usr/local/cuda wins; otherwise the
+# PyPI wheels, arranged as a toolkit tree (bin/ include/ lib/ nvvm/) so nvcc and
+# CMake find everything in one place.
+CUDA_TREE="$CACHE/cuda13"
+if [ "$WITH_CUDA" = 0 ]; then
+  log "CUDA: skipped (--no-cuda)"
+elif [ -x /usr/local/cuda/bin/nvcc ]; then
+  log "CUDA: using /usr/local/cuda"
+elif [ -f "$CUDA_TREE/.key" ] && [ "$(cat "$CUDA_TREE/.key")" = "$CUDA_WHEELS_KEY" ]; then
+  log "CUDA: cached wheels in $CUDA_TREE"
+else
+  log "CUDA: installing the CUDA 13 + NCCL wheels from PyPI into $CACHE/cuda13-wheels"
+  rm -rf "$CACHE/cuda13-wheels" "$CUDA_TREE"
+  python3 -m pip install -q --disable-pip-version-check --target "$CACHE/cuda13-wheels" \
+    nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cublas nvidia-nccl-cu13 nvidia-cuda-cccl
+  W="$CACHE/cuda13-wheels/nvidia"
+  mkdir -p "$CUDA_TREE/include" "$CUDA_TREE/lib"
+  ln -s "$W/cu13/bin" "$CUDA_TREE/bin"
+  ln -s "$W/cu13/nvvm" "$CUDA_TREE/nvvm"
+  for d in "$W/cu13/include" "$W/nccl/include"; do
+    for f in "$d"/*; do ln -sf "$f" "$CUDA_TREE/include/"; done
+  done
+  for d in "$W/cu13/lib" "$W/nccl/lib"; do
+    for f in "$d"/*; do ln -sf "$f" "$CUDA_TREE/lib/"; done
+  done
+  # The wheels ship only versioned sonames; the linker wants the plain names.
+  (cd "$CUDA_TREE/lib" && for f in lib*.so.*; do base="${f%%.so.*}.so"; [ -e "$base" ] || ln -s "$f" "$base"; done)
+  ln -s lib "$CUDA_TREE/lib64"
+  echo "$CUDA_WHEELS_KEY" > "$CUDA_TREE/.key"
+  log "CUDA: toolkit tree ready in $CUDA_TREE"
+fi
+
+# 4. Benchmark peers (not needed to build or test): TensorFlow in its own venv.
+if [ "$WITH_PEERS" = 1 ]; then
+  VENV="$CACHE/peers-venv"
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import tensorflow' >/dev/null 2>&1; then
+    log "peers: TensorFlow venv cached"
+  else
+    log "peers: installing tensorflow-cpu into $VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check tensorflow-cpu
+  fi
+fi
+log "done"

@@ -1,0 +1,101 @@
+// `distrain run` end to end: real distrain and distrain-worker processes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "tests/integration/subprocess.h"
+
+namespace distrain {
+namespace {
+
+using testing::DistrainBinary;
+using testing::SourceDir;
+using testing::Subprocess;
+namespace fs = std::filesystem;
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("distrain_run_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+  std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The example file with a substitution, so tests track the example itself.
+std::string ExampleWith(const std::string& from, const std::string& to) {
+  std::ifstream in(SourceDir() + "/examples/onedevice.yaml");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string text = buf.str();
+  auto pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << "examples/onedevice.yaml has no '" << from << "'";
+  if (pos != std::string::npos) text.replace(pos, from.size(), to);
+  return text;
+}
+
+TEST(DistrainRunTest, OneDeviceExampleSucceedsAndPrintsTheFinalAccuracy) {
+  Subprocess run({DistrainBinary(), "run", SourceDir() + "/examples/onedevice.yaml", "--no-progress"});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << "distrain run did not finish in 300 s:\n" << run.output();
+  EXPECT_EQ(*rc, 0) << run.output();
+  const std::string out = run.output();
+  EXPECT_NE(out.find("[worker-0] "), std::string::npos) << "replica output is not prefixed:\n" << out;
+  EXPECT_NE(out.find("Succeeded"), std::string::npos) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(eval accuracy\s+([0-9.]+))"))) << out;
+  EXPECT_GE(std::stod(m[1]), 0.95) << out;
+}
+
+TEST(DistrainRunTest, BadFieldIsRejectedWithItsPathBeforeAnyProcessStarts) {
+  const std::string dir = TempDir("badfield");
+  std::string job = WriteFile(dir, "bad.yaml", ExampleWith("globalBatchSize: 64", "globalBatchSize: abc"));
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress"});
+  auto rc = run.Wait(60);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 3) << run.output();
+  EXPECT_NE(run.output().find("spec.training.globalBatchSize"), std::string::npos) << run.output();
+  EXPECT_EQ(run.output().find("[worker-0]"), std::string::npos) << "a replica started:\n" << run.output();
+  fs::remove_all(dir);
+}
+
+TEST(DistrainRunTest, SigtermStopsTheJobWithACheckpointAndARerunResumesFromIt) {
+  const std::string dir = TempDir("resume");
+  std::string job = WriteFile(dir, "long.yaml", ExampleWith("steps: 400", "steps: 1000000"));
+  const std::string ckpt = dir + "/ckpt";
+  {
+    Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", ckpt});
+    ASSERT_TRUE(run.WaitForOutput("step 100/", 120)) << run.output();
+    run.Signal(SIGTERM);
+    auto rc = run.Wait(60);
+    ASSERT_TRUE(rc.has_value()) << "SIGTERM did not stop the job:\n" << run.output();
+    EXPECT_EQ(*rc, 143) << run.output();
+    EXPECT_NE(run.output().find("checkpoint step"), std::string::npos) << run.output();
+  }
+  Subprocess rerun({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", ckpt});
+  ASSERT_TRUE(rerun.WaitForOutput("resumed from checkpoint step", 120)) << rerun.output();
+  std::smatch m;
+  std::string out = rerun.output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(resumed from checkpoint step (\d+))")));
+  EXPECT_GE(std::stoll(m[1]), 100) << "resumed from an earlier step than the job had reached";
+  rerun.Signal(SIGTERM);
+  EXPECT_TRUE(rerun.Wait(60).has_value());
+  fs::remove_all(dir);
+}
+
+TEST(DistrainRunTest, MissingJobFileIsAUsageError) {
+  Subprocess run({DistrainBinary(), "run", "/nonexistent/job.yaml"});
+  auto rc = run.Wait(30);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 2) << run.output();
+  EXPECT_NE(run.output().find("/nonexistent/job.yaml"), std::string::npos) << run.output();
+}
+
+}  // namespace
+}  // namespace distrain

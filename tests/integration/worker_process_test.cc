@@ -1,0 +1,101 @@
+// distrain-worker as the operator runs it: env contract in, metrics out.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "tests/integration/subprocess.h"
+
+namespace distrain {
+namespace {
+
+using testing::SourceDir;
+using testing::Subprocess;
+using testing::WorkerBinary;
+
+// Minimal HTTP/1.0 GET on loopback; returns "" when nothing answers.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  ::send(fd, req.data(), req.size(), 0);
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) resp.append(buf, n);
+  ::close(fd);
+  return resp;
+}
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
+  const int port = FreePort();
+  Subprocess worker({WorkerBinary(), "--config", SourceDir() + "/examples/onedevice.yaml"},
+                    {{"DISTRAIN_METRICS_PORT", std::to_string(port)},
+                     {"TF_CONFIG", R"({"cluster":{"worker":["localhost:2222"]},"task":{"type":"worker","index":0}})"}});
+  ASSERT_TRUE(worker.WaitForOutput("step ", 120)) << worker.output();
+  std::string health = HttpGet(port, "/healthz");
+  EXPECT_NE(health.find("200 OK"), std::string::npos) << health;
+  std::string metrics = HttpGet(port, "/metrics");
+  for (const char* name : {"distrain_steps_total", "distrain_examples_total", "distrain_loss",
+                           "distrain_step_duration_seconds_bucket", "distrain_total_steps"}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing:\n" << metrics;
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(metrics, m, std::regex(R"(\ndistrain_steps_total ([0-9.e+]+))"))) << metrics;
+  EXPECT_GT(std::stod(m[1]), 0) << "steps counter never moved";
+  EXPECT_NE(HttpGet(port, "/nope").find("404"), std::string::npos);
+  auto rc = worker.Wait(300);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 0) << worker.output();
+}
+
+TEST(WorkerProcessTest, InvalidTfConfigExitsWithConfigCodeAndNamesTheField) {
+  Subprocess worker({WorkerBinary(), "--config", SourceDir() + "/examples/onedevice.yaml"},
+                    {{"TF_CONFIG", R"({"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":5}})"}});
+  auto rc = worker.Wait(30);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 3) << worker.output();
+  EXPECT_NE(worker.output().find("task.index"), std::string::npos) << worker.output();
+}
+
+TEST(WorkerProcessTest, MissingJobConfigExitsWithConfigCodeAndSaysWhatToSet) {
+  Subprocess worker({WorkerBinary()}, {{"DISTRAIN_JOB_CONFIG", ""}});
+  auto rc = worker.Wait(30);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 3) << worker.output();
+  EXPECT_NE(worker.output().find("DISTRAIN_JOB_CONFIG"), std::string::npos) << worker.output();
+}
+
+TEST(WorkerProcessTest, TpuStrategyIsRefusedWithAnExplanation) {
+  Subprocess worker({WorkerBinary(), "--config", SourceDir() + "/examples/tpu.yaml"});
+  auto rc = worker.Wait(30);
+  ASSERT_TRUE(rc.has_value());
+  EXPECT_EQ(*rc, 5) << worker.output();
+  EXPECT_NE(worker.output().find("TPU"), std::string::npos) << worker.output();
+}
+
+}  // namespace
+}  // namespace distrain

@@ -1,0 +1,151 @@
+#include "worker/tensor/cpu_math.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace distrain::cpu {
+namespace {
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(static_cast<int>(gen() % 2001) - 1000) / 500.0f;
+  return v;
+}
+
+struct GemmCase {
+  bool trans_a;
+  bool trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+};
+
+class GemmTest : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmTest, MatchesNaiveTripleLoop) {
+  const GemmCase& p = GetParam();
+  const std::vector<float> a = RandomVector(p.m * p.k, 1);
+  const std::vector<float> b = RandomVector(p.k * p.n, 2);
+  std::vector<float> c = RandomVector(p.m * p.n, 3);
+  if (p.beta == 0.0f) {
+    // beta == 0 must ignore C's old contents entirely, NaN included.
+    std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+  }
+  std::vector<double> want(p.m * p.n);
+  for (int64_t i = 0; i < p.m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double acc = 0;
+      for (int64_t l = 0; l < p.k; ++l) {
+        const double av = p.trans_a ? a[l * p.m + i] : a[i * p.k + l];
+        const double bv = p.trans_b ? b[j * p.k + l] : b[l * p.n + j];
+        acc += av * bv;
+      }
+      want[i * p.n + j] = p.alpha * acc + (p.beta == 0.0f ? 0.0 : p.beta * c[i * p.n + j]);
+    }
+  }
+  Gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a.data(), b.data(), p.beta, c.data());
+  for (int64_t i = 0; i < p.m * p.n; ++i) {
+    EXPECT_NEAR(c[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << "element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTransposes, GemmTest,
+    ::testing::Values(GemmCase{false, false, 7, 5, 3, 1.0f, 0.0f},
+                      GemmCase{true, false, 7, 5, 3, 1.0f, 0.0f},
+                      GemmCase{false, true, 7, 5, 3, 1.0f, 0.0f},
+                      GemmCase{true, true, 7, 5, 3, 1.0f, 0.0f},
+                      GemmCase{false, false, 7, 5, 3, 0.5f, 2.0f},
+                      GemmCase{true, false, 3, 7, 5, -1.5f, 1.0f},
+                      GemmCase{false, true, 5, 3, 7, 2.0f, -0.5f},
+                      GemmCase{true, true, 1, 9, 4, 0.25f, 1.0f},
+                      GemmCase{false, false, 33, 65, 17, 1.0f, 1.0f}));
+
+TEST(GemmEdgeTest, ZeroInnerDimensionScalesC) {
+  std::vector<float> c = {1, 2, 3, 4};
+  Gemm(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 3.0f, c.data());
+  EXPECT_EQ(c, (std::vector<float>{3, 6, 9, 12}));
+  std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+  Gemm(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 0.0f, c.data());
+  EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST(RowOpsTest, BroadcastAddAndColumnSums) {
+  const std::vector<float> v = {1, -2, 3};
+  std::vector<float> x(2 * 3, 7.0f);
+  BroadcastRow(2, 3, v.data(), x.data());
+  EXPECT_EQ(x, (std::vector<float>{1, -2, 3, 1, -2, 3}));
+  AddRowVector(2, 3, v.data(), x.data());
+  EXPECT_EQ(x, (std::vector<float>{2, -4, 6, 2, -4, 6}));
+  const std::vector<float> m = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // [4, 3]
+  std::vector<float> sums(3, 99.0f);
+  ColumnSums(4, 3, m.data(), sums.data());
+  EXPECT_EQ(sums, (std::vector<float>{22, 26, 30}));
+}
+
+TEST(ElementwiseTest, AxpyScaleRelu) {
+  std::vector<float> y = {1, 2, 3, 4, 5};
+  const std::vector<float> x = {1, 1, 1, 1, -1};
+  Axpy(5, 2.0f, x.data(), y.data());
+  EXPECT_EQ(y, (std::vector<float>{3, 4, 5, 6, 3}));
+  Scale(5, -0.5f, y.data());
+  EXPECT_EQ(y, (std::vector<float>{-1.5f, -2, -2.5f, -3, -1.5f}));
+
+  const std::vector<float> in = {-1, 0, 2, -0.5f, 3};
+  std::vector<float> out(5);
+  Relu(5, in.data(), out.data());
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 2, 0, 3}));
+  const std::vector<float> g = {10, 20, 30, 40, 50};
+  std::vector<float> gi(5);
+  ReluGrad(5, out.data(), g.data(), gi.data());
+  EXPECT_EQ(gi, (std::vector<float>{0, 0, 30, 0, 50}));
+}
+
+// n = 11 covers both the 4-wide SIMD body and the scalar tail.
+TEST(AdamUpdateTest, EveryElementFollowsTheScalarRule) {
+  const int64_t n = 11;
+  const std::vector<float> g = RandomVector(n, 4);
+  std::vector<float> m = RandomVector(n, 5), v = RandomVector(n, 6), w = RandomVector(n, 7);
+  for (float& x : v) x = std::abs(x);
+  const std::vector<float> m0 = m, v0 = v, w0 = w;
+  const float lr = 0.01f, b1 = 0.9f, b2 = 0.999f, eps = 1e-7f;
+  AdamUpdate(n, lr, b1, b2, eps, g.data(), m.data(), v.data(), w.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double mi = 0.9 * m0[i] + 0.1 * g[i];
+    const double vi = 0.999 * v0[i] + 0.001 * g[i] * g[i];
+    EXPECT_NEAR(m[i], mi, 1e-6) << i;
+    EXPECT_NEAR(v[i], vi, 1e-6) << i;
+    EXPECT_NEAR(w[i], w0[i] - 0.01 * mi / (std::sqrt(vi) + 1e-7), 1e-5) << i;
+  }
+}
+
+TEST(MomentumUpdateTest, PlainAndNesterov) {
+  const std::vector<float> g = {1, -2, 0.5f, 4, 0, 3};
+  for (bool nesterov : {false, true}) {
+    std::vector<float> v = {0.5f, 0.5f, -1, 0, 2, 1};
+    std::vector<float> w = {1, 1, 1, 1, 1, 1};
+    const std::vector<float> v0 = v;
+    MomentumUpdate(6, 0.1f, 0.9f, nesterov, g.data(), v.data(), w.data());
+    for (int i = 0; i < 6; ++i) {
+      const double vi = 0.9 * v0[i] - 0.1 * g[i];
+      EXPECT_NEAR(v[i], vi, 1e-6);
+      EXPECT_NEAR(w[i], nesterov ? 1 + 0.9 * vi - 0.1 * g[i] : 1 + vi, 1e-6);
+    }
+  }
+}
+
+TEST(BlasThreadsTest, SetAndRestore) {
+  const int before = BlasThreads();
+  ASSERT_GE(before, 1);
+  SetBlasThreads(1);
+  EXPECT_EQ(BlasThreads(), 1);
+  SetBlasThreads(before);
+  EXPECT_EQ(BlasThreads(), before);
+}
+
+}  // namespace
+}  // namespace distrain::cpu

@@ -1,0 +1,125 @@
+#include "worker/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+
+#include "common/exit_codes.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/strategy/one_device.h"
+
+namespace distrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+ClusterSpec LoneWorker() {
+  auto spec = ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+JobConfig SmallJob(int64_t steps) {
+  JobConfig c;
+  c.name = "small";
+  c.strategy = StrategyKind::kOneDevice;
+  c.replicas[ReplicaType::kWorker].replicas = 1;
+  c.training.steps = steps;
+  c.training.global_batch_size = 32;
+  c.training.log_every_steps = 10;
+  c.training.model.hidden_units = {32};
+  c.training.dataset.num_features = 16;
+  c.training.dataset.num_classes = 4;
+  c.training.dataset.num_examples = 2000;
+  c.training.dataset.num_eval_examples = 500;
+  c.training.optimizer.type = OptimizerType::kAdam;
+  c.training.optimizer.learning_rate = 0.01f;
+  return c;
+}
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() /
+               ("distrain_trainer_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+TrainOutcome Train(const JobConfig& config, const std::string& checkpoint_dir, bool stop = false) {
+  TrainerEnv env;
+  env.checkpoint_dir = checkpoint_dir;
+  Trainer trainer(config, LoneWorker(), env, std::make_unique<OneDeviceStrategy>());
+  std::atomic<bool> stop_flag{stop};
+  return trainer.Run(stop_flag);
+}
+
+TEST(TrainerTest, OneDeviceExampleReaches95PercentWithinItsStepBudget) {
+  auto config = LoadJobYamlFile(std::string(DISTRAIN_SOURCE_DIR) + "/examples/onedevice.yaml");
+  ASSERT_TRUE(config.ok()) << config.status();
+  TrainOutcome out = Train(*config, "");
+  ASSERT_EQ(out.exit_code, kExitOk) << out.status;
+  EXPECT_EQ(out.steps_done, config->training.steps);
+  ASSERT_TRUE(out.eval_accuracy.has_value());
+  EXPECT_GE(*out.eval_accuracy, 0.95);
+}
+
+// Resume must be exact: same data order from the resumed step and the same
+// optimizer slots, so an interrupted job ends where an uninterrupted one does.
+TEST(TrainerTest, ResumedRunEndsBitIdenticalToUninterruptedRun) {
+  const std::string straight = TempDir("straight");
+  const std::string resumed = TempDir("resumed");
+  ASSERT_EQ(Train(SmallJob(40), straight).exit_code, kExitOk);
+  ASSERT_EQ(Train(SmallJob(17), resumed).exit_code, kExitOk);
+  ASSERT_EQ(Train(SmallJob(40), resumed).exit_code, kExitOk);
+
+  auto a = CheckpointManager(straight, 3).RestoreLatest();
+  auto b = CheckpointManager(resumed, 3).RestoreLatest();
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ASSERT_TRUE(b.ok() && b->has_value());
+  EXPECT_EQ((*a)->step, 40);
+  EXPECT_EQ((*b)->step, 40);
+  ASSERT_EQ((*a)->tensors.size(), (*b)->tensors.size());
+  for (const auto& [name, ta] : (*a)->tensors) {
+    const Tensor& tb = (*b)->tensors.at(name);
+    ASSERT_TRUE(ta.SameShape(tb)) << name;
+    EXPECT_EQ(std::memcmp(ta.data(), tb.data(), ta.bytes()), 0) << name << " differs after resume";
+  }
+  fs::remove_all(straight);
+  fs::remove_all(resumed);
+}
+
+TEST(TrainerTest, StopRequestWritesCheckpointAndExitsRetryable) {
+  const std::string dir = TempDir("stop");
+  TrainOutcome out = Train(SmallJob(1000), dir, /*stop=*/true);
+  EXPECT_EQ(out.exit_code, kExitTerminated);
+  EXPECT_TRUE(IsRetryableExitCode(out.exit_code));
+  EXPECT_FALSE(CheckpointManager(dir, 3).ListSteps().empty()) << "no checkpoint written on stop";
+  fs::remove_all(dir);
+}
+
+TEST(TrainerTest, MissingDataFileFailsWithDataExitCodeNamingTheFile) {
+  JobConfig c = SmallJob(10);
+  c.training.dataset.type = DatasetType::kIdx;
+  c.training.dataset.train_files = {"/nonexistent/train-images.idx"};
+  c.training.dataset.train_label_files = {"/nonexistent/train-labels.idx"};
+  TrainOutcome out = Train(c, "");
+  EXPECT_EQ(out.exit_code, kExitInvalidData);
+  EXPECT_NE(std::string(out.status.message()).find("/nonexistent/train-images.idx"), std::string::npos)
+      << out.status;
+}
+
+TEST(TrainerTest, CheckpointOfAnotherModelIsRejectedNotSilentlyReused) {
+  const std::string dir = TempDir("othermodel");
+  ASSERT_EQ(Train(SmallJob(5), dir).exit_code, kExitOk);
+  JobConfig wider = SmallJob(10);
+  wider.training.model.hidden_units = {64};
+  TrainOutcome out = Train(wider, dir);
+  EXPECT_EQ(out.exit_code, kExitCheckpoint);
+  EXPECT_NE(std::string(out.status.message()).find("dense_0/kernel"), std::string::npos) << out.status;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace distrain

@@ -1,0 +1,159 @@
+// distrain-worker: one replica of a distributed training job.
+//
+// Reads the pod contract (DESIGN.md §5) from the environment:
+//   TF_CONFIG               cluster spec + this task (absent: a lone worker)
+//   DISTRAIN_JOB_CONFIG     spec.training + strategy as JSON (or --config job.yaml)
+//   DISTRAIN_METRICS_PORT   Prometheus /metrics and /healthz (absent: no server)
+//   DISTRAIN_CHECKPOINT_DIR where checkpoints go (spec.training.checkpoint.dir wins)
+//   DISTRAIN_STATUS_FILE    progress JSON for `distrain run` (optional)
+//   POD_NAME, POD_NAMESPACE for log lines
+// Exit codes: common/exit_codes.h (0 done, 1-127 permanent, 128+ retryable).
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "common/cluster_spec.h"
+#include "common/exit_codes.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "common/metrics_server.h"
+#include "spdlog/spdlog.h"
+#include "worker/strategy/strategy.h"
+#include "worker/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
+
+void OnSignal(int sig) {
+  if (g_stop.exchange(true)) {
+    // Second signal: the user means it. Skip the final checkpoint.
+    std::_Exit(128 + sig);
+  }
+  g_signal.store(sig);
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace distrain;
+  CLI::App app{"distrain-worker: runs one replica (chief, worker, ps or evaluator) of a "
+               "DistributedTrainingJob. Configured by TF_CONFIG and DISTRAIN_JOB_CONFIG "
+               "(see README.md, 'Operator -> worker contract')."};
+  std::string config_file, tf_config_flag, checkpoint_dir_flag, log_level = "info";
+  int metrics_port_flag = -1;
+  bool version = false;
+  app.add_option("--config", config_file,
+                 "DistributedTrainingJob YAML to read instead of DISTRAIN_JOB_CONFIG");
+  app.add_option("--tf-config", tf_config_flag, "TF_CONFIG JSON (overrides the environment)");
+  app.add_option("--metrics-port", metrics_port_flag,
+                 "port for /metrics and /healthz (overrides DISTRAIN_METRICS_PORT; 0 = off)");
+  app.add_option("--checkpoint-dir", checkpoint_dir_flag,
+                 "checkpoint directory (overrides DISTRAIN_CHECKPOINT_DIR)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_flag("--version", version, "print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+  if (version) {
+    std::cout << "distrain-worker " << DISTRAIN_VERSION << "\n";
+    return kExitOk;
+  }
+  InitLogging(log_level);
+
+  // 1. Job config.
+  absl::StatusOr<JobConfig> config = absl::InvalidArgumentError(
+      "no job configuration: set DISTRAIN_JOB_CONFIG (the operator does) or pass --config job.yaml");
+  if (!config_file.empty()) {
+    config = LoadJobYamlFile(config_file);
+  } else if (std::string json = Env("DISTRAIN_JOB_CONFIG"); !json.empty()) {
+    config = ParseJobConfigJson(json);
+  }
+  if (config.ok()) {
+    if (absl::Status s = ValidateJobConfig(*config); !s.ok()) config = s;
+  }
+  if (!config.ok()) {
+    spdlog::error("invalid job configuration: {}", config.status().message());
+    return kExitInvalidConfig;
+  }
+
+  // 2. Cluster spec.
+  std::string tf_config = tf_config_flag.empty() ? Env("TF_CONFIG") : tf_config_flag;
+  absl::StatusOr<ClusterSpec> cluster =
+      tf_config.empty() ? ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0})
+                        : ClusterSpec::Parse(tf_config);
+  if (!cluster.ok()) {
+    spdlog::error("invalid TF_CONFIG: {}", cluster.status().message());
+    return kExitInvalidConfig;
+  }
+  spdlog::info("distrain-worker {} job {}/{} task {} strategy {}", DISTRAIN_VERSION,
+               config->namespace_, config->name, cluster->task().ToString(),
+               StrategyName(config->strategy));
+
+  // 3. Strategy (refuses TPU and strategies this build lacks).
+  auto strategy = CreateStrategy(*config);
+  if (!strategy.ok()) {
+    spdlog::error("{}", strategy.status().message());
+    return strategy.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig
+                                                                           : kExitUnsupported;
+  }
+
+  // 4. Metrics + health.
+  auto registry = std::make_shared<prometheus::Registry>();
+  TrainingMetrics metrics(*registry);
+  std::unique_ptr<MetricsServer> metrics_server;
+  int metrics_port = metrics_port_flag;
+  if (metrics_port < 0) {
+    std::string env_port = Env("DISTRAIN_METRICS_PORT");
+    if (env_port.empty()) {
+      metrics_port = 0;
+    } else if (!absl::SimpleAtoi(env_port, &metrics_port) || metrics_port < 0 || metrics_port > 65535) {
+      spdlog::error("DISTRAIN_METRICS_PORT: must be a port number 0..65535, got \"{}\"", env_port);
+      return kExitInvalidConfig;
+    }
+  }
+  if (metrics_port > 0) {
+    auto server = MetricsServer::Start("0.0.0.0", metrics_port, registry);
+    if (!server.ok()) {
+      spdlog::error("{}", server.status().message());
+      return kExitInvalidConfig;
+    }
+    metrics_server = std::move(*server);
+    spdlog::info("metrics on :{}/metrics, health on :{}/healthz", metrics_port, metrics_port);
+  }
+
+  // 5. Train.
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  TrainerEnv env;
+  env.checkpoint_dir = !config->training.checkpoint.dir.empty() ? config->training.checkpoint.dir
+                       : !checkpoint_dir_flag.empty()          ? checkpoint_dir_flag
+                                                               : Env("DISTRAIN_CHECKPOINT_DIR");
+  env.status_file = Env("DISTRAIN_STATUS_FILE");
+  env.metrics = &metrics;
+  Trainer trainer(*config, *cluster, env, std::move(*strategy));
+  TrainOutcome outcome = trainer.Run(g_stop);
+  if (outcome.exit_code == kExitTerminated && g_signal.load() == SIGINT) {
+    outcome.exit_code = kExitInterrupted;
+  }
+  if (!outcome.status.ok() && outcome.exit_code != kExitTerminated &&
+      outcome.exit_code != kExitInterrupted) {
+    spdlog::error("{} (exit code {}{})", outcome.status.message(), outcome.exit_code,
+                  IsRetryableExitCode(outcome.exit_code) ? ", retryable" : ", permanent");
+  }
+  return outcome.exit_code;
+}

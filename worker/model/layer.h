@@ -1,0 +1,73 @@
+#ifndef DISTRAIN_WORKER_MODEL_LAYER_H_
+#define DISTRAIN_WORKER_MODEL_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/tensor/tensor.h"
+
+namespace distrain {
+
+// A trainable variable and its gradient. `name` is stable across runs and
+// processes ("dense_0/kernel") — checkpoints, collectives and parameter
+// servers key on it.
+struct Parameter {
+  std::string name;
+  Tensor value;
+  Tensor grad;  // same shape as value; written by Layer::Backward
+};
+
+// One layer of a feed-forward model. Inputs are [batch, features...].
+//
+// Forward caches what Backward needs, so a Layer instance serves one replica
+// at a time (replicas own separate Model copies). Not thread-safe.
+// Designed so Conv2D/pooling can follow: shapes are N-D, the layer reports
+// its output shape, and parameters are generic.
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual const std::string& name() const = 0;
+  virtual std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const = 0;
+  virtual void Forward(const Tensor& input, Tensor* output) = 0;
+  // Given dL/d(output), overwrites each parameter's grad with dL/d(param) and,
+  // when grad_input is not null, writes dL/d(input).
+  virtual void Backward(const Tensor& grad_output, Tensor* grad_input) = 0;
+  virtual std::vector<Parameter*> parameters() { return {}; }
+};
+
+// y = x W + b, W: [in, out] ("<name>/kernel"), b: [out] ("<name>/bias").
+// Initialised like Keras: Glorot-uniform kernel, zero bias, from `seed`.
+class Dense : public Layer {
+ public:
+  Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed);
+  const std::string& name() const override { return name_; }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
+  void Forward(const Tensor& input, Tensor* output) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  std::vector<Parameter*> parameters() override { return {&kernel_, &bias_}; }
+
+ private:
+  std::string name_;
+  Parameter kernel_;
+  Parameter bias_;
+  const Tensor* input_ = nullptr;  // borrowed from the caller until Backward
+};
+
+class ReLU : public Layer {
+ public:
+  explicit ReLU(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& s) const override { return s; }
+  void Forward(const Tensor& input, Tensor* output) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+
+ private:
+  std::string name_;
+  Tensor output_;  // cached activation (mask source)
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_MODEL_LAYER_H_

@@ -1,0 +1,247 @@
+#include "worker/model/optimizer.h"
+
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/check.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain {
+
+void Optimizer::Apply(absl::Span<Parameter* const> params) {
+  ++iterations_;
+  for (Parameter* p : params) {
+    DISTRAIN_CHECK(p->grad.SameShape(p->value))
+        << p->name << ": grad " << p->grad.ShapeString() << " vs value " << p->value.ShapeString();
+    ApplyDense(p->name, p->value.span(), p->grad.span(), iterations_);
+  }
+}
+
+namespace {
+
+absl::Status CheckRange(const char* field, float value, bool zero_ok, bool below_one) {
+  const bool ok = std::isfinite(value) && (zero_ok ? value >= 0.0f : value > 0.0f) &&
+                  (!below_one || value < 1.0f);
+  if (ok) return absl::OkStatus();
+  const char* range = below_one ? (zero_ok ? "in [0, 1)" : "in (0, 1)") : "> 0";
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.training.optimizer.", field, ": must be ", range, ", got ", value));
+}
+
+// Slot variables of one optimizer: for every variable name, `slot_names.size()`
+// zero-initialised tensors sized like the variable.
+class SlotTable {
+ public:
+  explicit SlotTable(std::vector<std::string> slot_names) : slot_names_(std::move(slot_names)) {}
+
+  // The slots of `var`, created zero-filled with n elements on first use.
+  std::vector<Tensor>& Get(const std::string& var, int64_t n) {
+    auto [it, inserted] = slots_.try_emplace(var);
+    if (inserted) {
+      for (size_t s = 0; s < slot_names_.size(); ++s) it->second.emplace_back(std::vector<int64_t>{n});
+    }
+    for (size_t s = 0; s < slot_names_.size(); ++s) {
+      // A restored slot that does not match the live variable means the
+      // checkpoint belongs to another model; the checkpoint loader compares
+      // variable shapes first, so reaching this is a bug.
+      DISTRAIN_CHECK_EQ(it->second[s].size(), n)
+          << "slot " << var << "/" << slot_names_[s] << " does not match its variable";
+    }
+    return it->second;
+  }
+
+  std::map<std::string, Tensor> State() const {
+    std::map<std::string, Tensor> out;
+    for (const auto& [var, tensors] : slots_) {
+      for (size_t s = 0; s < slot_names_.size(); ++s) {
+        out.emplace(absl::StrCat(var, "/", slot_names_[s]), tensors[s]);
+      }
+    }
+    return out;
+  }
+
+  // Validates the whole map first, so a bad checkpoint leaves the table as it
+  // was.
+  absl::Status Restore(const std::map<std::string, Tensor>& state, const char* optimizer) {
+    absl::flat_hash_map<std::string, std::vector<Tensor>> restored;
+    const std::string expected =
+        slot_names_.empty() ? "none"
+                            : absl::StrCat("<variable>/",
+                                           absl::StrJoin(slot_names_, " or <variable>/"));
+    for (const auto& [name, tensor] : state) {
+      const size_t slash = name.rfind('/');
+      int slot = -1;
+      if (slash != std::string::npos && slash > 0) {
+        for (size_t s = 0; s < slot_names_.size(); ++s) {
+          if (name.compare(slash + 1, std::string::npos, slot_names_[s]) == 0) slot = static_cast<int>(s);
+        }
+      }
+      if (slot < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state: slot \"", name, "\" is not a slot of the ", optimizer, " optimizer (expected ",
+            expected, "); the checkpoint was written with a different "
+            "spec.training.optimizer.type — restore with the same optimizer or start fresh"));
+      }
+      if (tensor.rank() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("optimizer state: slot \"", name,
+                                                       "\" has shape ", tensor.ShapeString(),
+                                                       ", want a 1-D tensor"));
+      }
+      std::vector<Tensor>& slots = restored[name.substr(0, slash)];
+      slots.resize(slot_names_.size());
+      slots[slot] = tensor;
+    }
+    for (const auto& [var, slots] : restored) {
+      for (size_t s = 0; s < slot_names_.size(); ++s) {
+        if (slots[s].rank() != 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("optimizer state: variable \"", var, "\" has no \"", var, "/",
+                           slot_names_[s], "\" slot; the checkpoint is incomplete"));
+        }
+        if (slots[s].size() != slots[0].size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "optimizer state: slots \"", var, "/", slot_names_[0], "\" ",
+              slots[0].ShapeString(), " and \"", var, "/", slot_names_[s], "\" ",
+              slots[s].ShapeString(), " differ in size"));
+        }
+      }
+      auto live = slots_.find(var);
+      if (live != slots_.end() && live->second[0].size() != slots[0].size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state: slot \"", var, "/", slot_names_[0], "\" has shape ",
+            slots[0].ShapeString(), " but variable \"", var, "\" has ", live->second[0].size(),
+            " elements; the checkpoint belongs to a different model"));
+      }
+    }
+    slots_ = std::move(restored);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::string> slot_names_;
+  absl::flat_hash_map<std::string, std::vector<Tensor>> slots_;
+};
+
+absl::Status CheckIterations(int64_t iterations) {
+  if (iterations >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer state: iterations must be >= 0, got ", iterations));
+}
+
+class SgdOptimizer : public Optimizer {
+ public:
+  explicit SgdOptimizer(float lr) : lr_(lr), slots_({}) {}
+
+  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
+                  int64_t iteration) override {
+    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+    cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr_, grad.data(), value.data());
+  }
+  std::map<std::string, Tensor> SlotState() const override { return {}; }
+  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
+                            int64_t iterations) override {
+    if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
+    if (absl::Status s = slots_.Restore(slots, "sgd"); !s.ok()) return s;
+    iterations_ = iterations;
+    return absl::OkStatus();
+  }
+
+ private:
+  float lr_;
+  SlotTable slots_;  // always empty; validates that a checkpoint has no slots
+};
+
+class MomentumOptimizer : public Optimizer {
+ public:
+  MomentumOptimizer(float lr, float momentum, bool nesterov)
+      : lr_(lr), momentum_(momentum), nesterov_(nesterov), slots_({"momentum"}) {}
+
+  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
+                  int64_t iteration) override {
+    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+    const int64_t n = static_cast<int64_t>(value.size());
+    std::vector<Tensor>& s = slots_.Get(name, n);
+    cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data(), value.data());
+  }
+  std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
+  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
+                            int64_t iterations) override {
+    if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
+    if (absl::Status s = slots_.Restore(slots, "momentum"); !s.ok()) return s;
+    iterations_ = iterations;
+    return absl::OkStatus();
+  }
+
+ private:
+  float lr_;
+  float momentum_;
+  bool nesterov_;
+  SlotTable slots_;
+};
+
+class AdamOptimizer : public Optimizer {
+ public:
+  AdamOptimizer(float lr, float beta1, float beta2, float epsilon)
+      : lr_(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon), slots_({"m", "v"}) {}
+
+  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
+                  int64_t iteration) override {
+    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+    DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
+    const int64_t n = static_cast<int64_t>(value.size());
+    std::vector<Tensor>& s = slots_.Get(name, n);
+    const double t = static_cast<double>(iteration);
+    const float lr_t = static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
+                                          (1.0 - std::pow(double{beta1_}, t)));
+    cpu::AdamUpdate(n, lr_t, beta1_, beta2_, epsilon_, grad.data(), s[0].data(), s[1].data(),
+                    value.data());
+  }
+  std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
+  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
+                            int64_t iterations) override {
+    if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
+    if (absl::Status s = slots_.Restore(slots, "adam"); !s.ok()) return s;
+    iterations_ = iterations;
+    return absl::OkStatus();
+  }
+
+ private:
+  double lr_;
+  float beta1_;
+  float beta2_;
+  float epsilon_;
+  SlotTable slots_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config) {
+  // Only the fields the chosen rule reads are checked; the others keep their
+  // (valid) defaults or are ignored, as in Keras.
+  if (absl::Status s = CheckRange("learningRate", config.learning_rate, false, false); !s.ok()) {
+    return s;
+  }
+  switch (config.type) {
+    case OptimizerType::kSgd:
+      return std::unique_ptr<Optimizer>(new SgdOptimizer(config.learning_rate));
+    case OptimizerType::kMomentum:
+      if (absl::Status s = CheckRange("momentum", config.momentum, true, true); !s.ok()) return s;
+      return std::unique_ptr<Optimizer>(
+          new MomentumOptimizer(config.learning_rate, config.momentum, config.nesterov));
+    case OptimizerType::kAdam:
+      if (absl::Status s = CheckRange("beta1", config.beta1, true, true); !s.ok()) return s;
+      if (absl::Status s = CheckRange("beta2", config.beta2, true, true); !s.ok()) return s;
+      if (absl::Status s = CheckRange("epsilon", config.epsilon, false, false); !s.ok()) return s;
+      return std::unique_ptr<Optimizer>(new AdamOptimizer(config.learning_rate, config.beta1,
+                                                          config.beta2, config.epsilon));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("spec.training.optimizer.type: unknown type ",
+                                                 static_cast<int>(config.type),
+                                                 "; use sgd, momentum or adam"));
+}
+
+}  // namespace distrain

@@ -1,0 +1,183 @@
+#include "worker/tensor/cpu_math.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/check.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace distrain::cpu {
+
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c) {
+  DISTRAIN_CHECK(m >= 0 && n >= 0 && k >= 0) << "m=" << m << " n=" << n << " k=" << k;
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // BLAS leaves C untouched when k == 0 only if beta == 1; be explicit.
+    if (beta == 0.0f) {
+      std::fill(c, c + m * n, 0.0f);
+    } else {
+      Scale(m * n, beta, c);
+    }
+    return;
+  }
+  const blasint lda = static_cast<blasint>(trans_a ? m : k);
+  const blasint ldb = static_cast<blasint>(trans_b ? k : n);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, lda, b, ldb, beta, c,
+              static_cast<blasint>(n));
+}
+
+void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x) {
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(x + r * cols, v, cols * sizeof(float));
+}
+
+void AddRowVector(int64_t rows, int64_t cols, const float* v, float* x) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* __restrict row = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] += v[c];
+  }
+}
+
+void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out) {
+  std::fill(out, out + cols, 0.0f);
+  float* __restrict o = out;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict row = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) o[c] += row[c];
+  }
+}
+
+void Axpy(int64_t n, float alpha, const float* x, float* y) {
+  const float* __restrict xs = x;
+  float* __restrict ys = y;
+  for (int64_t i = 0; i < n; ++i) ys[i] += alpha * xs[i];
+}
+
+void Scale(int64_t n, float alpha, float* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+}
+
+void Relu(int64_t n, const float* in, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+void ReluGrad(int64_t n, const float* out, const float* grad_out, float* grad_in) {
+  for (int64_t i = 0; i < n; ++i) grad_in[i] = out[i] > 0.0f ? grad_out[i] : 0.0f;
+}
+
+double SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
+                           const int32_t* labels, float grad_scale, float* grad,
+                           int64_t* correct) {
+  double loss_sum = 0;
+  int64_t hits = 0;
+  for (int64_t r = 0; r < batch; ++r) {
+    const float* x = logits + r * classes;
+    const int32_t label = labels[r];
+    DISTRAIN_CHECK(label >= 0 && label < classes) << "label " << label << " at row " << r;
+    // First argmax, like tf.argmax; also the shift that keeps exp() finite.
+    int64_t argmax = 0;
+    float max = x[0];
+    for (int64_t c = 1; c < classes; ++c) {
+      if (x[c] > max) {
+        max = x[c];
+        argmax = c;
+      }
+    }
+    if (argmax == label) ++hits;
+    double sum = 0;
+    if (grad != nullptr) {
+      float* g = grad + r * classes;
+      for (int64_t c = 0; c < classes; ++c) {
+        g[c] = std::exp(x[c] - max);
+        sum += g[c];
+      }
+      const float inv = static_cast<float>(grad_scale / sum);
+      for (int64_t c = 0; c < classes; ++c) g[c] *= inv;
+      g[label] -= grad_scale;
+    } else {
+      for (int64_t c = 0; c < classes; ++c) sum += std::exp(x[c] - max);
+    }
+    // -log softmax[label] = log(sum exp(x - max)) - (x[label] - max)
+    loss_sum += std::log(sum) - (static_cast<double>(x[label]) - max);
+  }
+  *correct += hits;
+  return loss_sum;
+}
+
+void SgdUpdate(int64_t n, float lr, const float* g, float* w) { Axpy(n, -lr, g, w); }
+
+void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const float* g,
+                    float* v, float* w) {
+  const float* __restrict gs = g;
+  float* __restrict vs = v;
+  float* __restrict ws = w;
+  if (nesterov) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float vi = momentum * vs[i] - lr * gs[i];
+      vs[i] = vi;
+      ws[i] += momentum * vi - lr * gs[i];
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float vi = momentum * vs[i] - lr * gs[i];
+      vs[i] = vi;
+      ws[i] += vi;
+    }
+  }
+}
+
+void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
+                float* m, float* v, float* w) {
+  const float* __restrict gs = g;
+  float* __restrict ms = m;
+  float* __restrict vs = v;
+  float* __restrict ws = w;
+  const float one_minus_b1 = 1.0f - beta1;
+  const float one_minus_b2 = 1.0f - beta2;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  // Explicit SIMD: std::sqrt may set errno, which stops GCC from vectorising
+  // the scalar loop unless the whole build uses -fno-math-errno. _mm_sqrt_ps
+  // is IEEE-exact like sqrtf, so both paths round identically.
+  const __m128 b1 = _mm_set1_ps(beta1), b2 = _mm_set1_ps(beta2);
+  const __m128 c1 = _mm_set1_ps(one_minus_b1), c2 = _mm_set1_ps(one_minus_b2);
+  const __m128 lr = _mm_set1_ps(lr_t), eps = _mm_set1_ps(epsilon);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 gi = _mm_loadu_ps(gs + i);
+    const __m128 mi =
+        _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(ms + i)), _mm_mul_ps(c1, gi));
+    const __m128 vi = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(vs + i)),
+                                 _mm_mul_ps(c2, _mm_mul_ps(gi, gi)));
+    _mm_storeu_ps(ms + i, mi);
+    _mm_storeu_ps(vs + i, vi);
+    const __m128 step = _mm_div_ps(_mm_mul_ps(lr, mi), _mm_add_ps(_mm_sqrt_ps(vi), eps));
+    _mm_storeu_ps(ws + i, _mm_sub_ps(_mm_loadu_ps(ws + i), step));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float gi = gs[i];
+    const float mi = beta1 * ms[i] + one_minus_b1 * gi;
+    const float vi = beta2 * vs[i] + one_minus_b2 * (gi * gi);
+    ms[i] = mi;
+    vs[i] = vi;
+    ws[i] -= (lr_t * mi) / (std::sqrt(vi) + epsilon);
+  }
+}
+
+void SetBlasThreads(int threads) {
+  DISTRAIN_CHECK_GE(threads, 1);
+  openblas_set_num_threads(threads);
+}
+
+int BlasThreads() { return openblas_get_num_threads(); }
+
+}  // namespace distrain::cpu

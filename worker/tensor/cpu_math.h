@@ -1,0 +1,72 @@
+#ifndef DISTRAIN_WORKER_TENSOR_CPU_MATH_H_
+#define DISTRAIN_WORKER_TENSOR_CPU_MATH_H_
+
+// Host math kernels on raw row-major float32 buffers: the one set of
+// primitives layers, losses and optimizers are written against, so the CUDA
+// device (worker/tensor/cuda, a later issue) mirrors this file function for
+// function. Matrix products go to OpenBLAS (cblas_sgemm); everything else is a
+// plain loop the compiler vectorises.
+//
+// Conventions: every matrix is row-major and dense (leading dimension = its
+// column count); sizes are element counts; outputs may not alias inputs unless
+// a function says so. No function allocates.
+// Thread-safety: the functions are reentrant; OpenBLAS runs its own thread pool
+// (see SetBlasThreads).
+
+#include <cstdint>
+
+namespace distrain::cpu {
+
+// C[m, n] = alpha * op(A) * op(B) + beta * C, where op(A) is [m, k] and op(B)
+// is [k, n]. A is stored [m, k] (or [k, m] when trans_a), B is stored [k, n]
+// (or [n, k] when trans_b). With beta == 0, C's old contents are ignored (may
+// be uninitialised, even NaN).
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c);
+
+// x[r, :] = v for every row of x[rows, cols].
+void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x);
+// x[r, :] += v for every row of x[rows, cols].
+void AddRowVector(int64_t rows, int64_t cols, const float* v, float* x);
+// out[c] = sum_r x[r, c]; out is overwritten.
+void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out);
+// y += alpha * x.
+void Axpy(int64_t n, float alpha, const float* x, float* y);
+// x *= alpha.
+void Scale(int64_t n, float alpha, float* x);
+
+// out = max(in, 0). out may alias in.
+void Relu(int64_t n, const float* in, float* out);
+// grad_in = grad_out where out > 0, else 0 (`out` is the forward output).
+// grad_in may alias grad_out.
+void ReluGrad(int64_t n, const float* out, const float* grad_out, float* grad_in);
+
+// Softmax + sparse cross-entropy over logits[batch, classes], one pass per
+// row. Returns the summed (not mean) loss in double and adds the number of
+// rows whose first argmax equals the label to *correct. When grad is not
+// null, grad = (softmax - onehot) * grad_scale. Labels must be in range.
+double SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
+                           const int32_t* labels, float grad_scale, float* grad,
+                           int64_t* correct);
+
+// Optimizer updates (Keras rules, see worker/model/optimizer.h), each one
+// fused pass over the variable.
+// w -= lr * g
+void SgdUpdate(int64_t n, float lr, const float* g, float* w);
+// v = momentum * v - lr * g; w += v (nesterov: w += momentum * v - lr * g).
+void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const float* g,
+                    float* v, float* w);
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr_t * m / (sqrt(v) + eps).
+// lr_t already carries Adam's bias correction.
+void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
+                float* m, float* v, float* w);
+
+// Caps OpenBLAS's thread pool (process-wide). Strategies that run several
+// replicas as threads in one process call this so they do not oversubscribe
+// the cores; the default is one BLAS thread per core.
+void SetBlasThreads(int threads);
+int BlasThreads();
+
+}  // namespace distrain::cpu
+
+#endif  // DISTRAIN_WORKER_TENSOR_CPU_MATH_H_

@@ -1,0 +1,308 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/exit_codes.h"
+#include "common/logging.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/data/batcher.h"
+#include "worker/data/dataset.h"
+
+namespace distrain {
+namespace {
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+TrainOutcome Fail(int exit_code, absl::Status status) {
+  TrainOutcome outcome;
+  outcome.exit_code = exit_code;
+  outcome.status = std::move(status);
+  return outcome;
+}
+
+// Peers that vanish or time out are retryable; everything else the strategy
+// reports is a permanent problem with the job.
+int ExitCodeForStrategyError(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+      return kExitPeerLost;
+    case absl::StatusCode::kUnimplemented:
+      return kExitUnsupported;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+      return kExitInvalidConfig;
+    default:
+      return kExitInternal;
+  }
+}
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+EvalResult EvaluateDataset(Model& model, const Dataset& data) {
+  constexpr int64_t kEvalBatch = 1024;
+  const int64_t n = data.size();
+  const int f = data.num_features();
+  Tensor features;
+  std::vector<int32_t> labels;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < n; begin += kEvalBatch) {
+    const int64_t b = std::min(kEvalBatch, n - begin);
+    features.Resize({b, f});
+    labels.resize(b);
+    for (int64_t i = 0; i < b; ++i) data.Get(begin + i, features.data() + i * f, &labels[i]);
+    LossResult r = model.Evaluate(features, labels);
+    loss_sum += r.loss * b;
+    correct += r.correct;
+  }
+  return {n > 0 ? loss_sum / n : 0, n > 0 ? static_cast<double>(correct) / n : 0};
+}
+
+// Copies rows [begin, end) of a batch into a replica's slice.
+void SliceBatch(const Batch& batch, int64_t begin, int64_t end, Tensor* features,
+                std::vector<int32_t>* labels) {
+  const int64_t f = batch.features.dim(1);
+  features->Resize({end - begin, f});
+  std::memcpy(features->data(), batch.features.data() + begin * f, (end - begin) * f * sizeof(float));
+  labels->assign(batch.labels.begin() + begin, batch.labels.begin() + end);
+}
+
+}  // namespace
+
+Trainer::Trainer(JobConfig config, ClusterSpec cluster, TrainerEnv env,
+                 std::unique_ptr<Strategy> strategy)
+    : config_(std::move(config)),
+      cluster_(std::move(cluster)),
+      env_(std::move(env)),
+      strategy_(std::move(strategy)) {}
+
+void Trainer::WriteStatus(const std::string& state, int64_t step, double loss,
+                          double examples_per_second, const TrainOutcome* final_outcome,
+                          const std::string& message) {
+  if (env_.status_file.empty()) return;
+  nlohmann::json j = {{"state", state},
+                      {"step", step},
+                      {"totalSteps", config_.training.steps},
+                      {"loss", loss},
+                      {"examplesPerSecond", examples_per_second},
+                      {"wallSeconds", NowSeconds() - start_seconds_},
+                      {"message", message}};
+  if (final_outcome != nullptr) {
+    if (final_outcome->eval_accuracy) j["evalAccuracy"] = *final_outcome->eval_accuracy;
+    if (final_outcome->eval_loss) j["evalLoss"] = *final_outcome->eval_loss;
+  }
+  // Readers must never see a half-written file: write aside, then rename.
+  const std::string tmp = env_.status_file + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out) {
+      spdlog::warn("cannot write status file {}: {}", tmp, std::strerror(errno));
+      return;
+    }
+  }
+  std::rename(tmp.c_str(), env_.status_file.c_str());
+}
+
+TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
+  start_seconds_ = NowSeconds();
+  const TrainingConfig& tc = config_.training;
+  auto fail = [&](int code, absl::Status s) {
+    WriteStatus("Failed", 0, 0, 0, nullptr, std::string(s.message()));
+    return Fail(code, std::move(s));
+  };
+
+  if (absl::Status s = strategy_->Init(cluster_, config_); !s.ok()) {
+    return fail(ExitCodeForStrategyError(s), s);
+  }
+  const bool chief = strategy_->is_chief();
+
+  // 1. This process's data shard and the held-out set.
+  auto input = OpenTrainingInput(tc.dataset, tc.seed, strategy_->input_shard_index(),
+                                 strategy_->num_input_shards());
+  if (!input.ok()) return fail(kExitInvalidData, input.status());
+  std::shared_ptr<const Dataset> train_data = std::move(input->dataset);
+  std::unique_ptr<Dataset> eval_data;
+  if (chief) {
+    auto eval = OpenEvalDataset(tc.dataset, tc.seed);
+    if (!eval.ok()) return fail(kExitInvalidData, eval.status());
+    eval_data = std::move(*eval);
+  }
+  int num_classes = train_data->num_classes();
+  if (eval_data != nullptr) num_classes = std::max(num_classes, eval_data->num_classes());
+  if (eval_data != nullptr && eval_data->num_features() != train_data->num_features()) {
+    return fail(kExitInvalidData,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "spec.training.dataset.evalFiles: eval examples have ",
+                    eval_data->num_features(), " features but training examples have ",
+                    train_data->num_features())));
+  }
+
+  // 2. Variables, identical on every replica.
+  const int num_features = train_data->num_features();
+  ModelFactory factory = [&]() {
+    return Model::Create(tc.model, num_features, num_classes, tc.seed);
+  };
+  if (absl::Status s = strategy_->CreateVariables(factory, tc.optimizer); !s.ok()) {
+    return fail(ExitCodeForStrategyError(s), s);
+  }
+  spdlog::info("strategy {} | {} | replicas in sync {} | this process: shard {}/{}, {} local replica(s)",
+               strategy_->name(), strategy_->primary_model()->Summary(),
+               strategy_->num_replicas_in_sync(), strategy_->input_shard_index(),
+               strategy_->num_input_shards(), strategy_->num_local_replicas());
+
+  // 3. Resume from the newest valid checkpoint.
+  std::unique_ptr<CheckpointManager> checkpoints;
+  int64_t start_step = 0;
+  if (!env_.checkpoint_dir.empty()) {
+    checkpoints = std::make_unique<CheckpointManager>(env_.checkpoint_dir, tc.checkpoint.keep);
+    auto restored = checkpoints->RestoreLatest();
+    if (!restored.ok()) return fail(kExitCheckpoint, restored.status());
+    if (restored->has_value()) {
+      if (absl::Status s = strategy_->RestoreState(**restored); !s.ok()) {
+        return fail(kExitCheckpoint, s);
+      }
+      start_step = (*restored)->step;
+      spdlog::info("resumed from checkpoint step {} in {}", start_step, env_.checkpoint_dir);
+    }
+  }
+  auto save = [&](int64_t step) -> absl::Status {
+    if (!chief || checkpoints == nullptr) return absl::OkStatus();
+    const double t0 = NowSeconds();
+    auto state = strategy_->SaveState(step);
+    if (!state.ok()) return state.status();
+    state->metadata["strategy"] = strategy_->name();
+    if (absl::Status s = checkpoints->Save(*state); !s.ok()) return s;
+    if (env_.metrics) env_.metrics->checkpoint_duration.Observe(NowSeconds() - t0);
+    spdlog::info("checkpoint step {} written to {} ({:.0f} ms)", step, checkpoints->PathForStep(step),
+                 (NowSeconds() - t0) * 1000);
+    return absl::OkStatus();
+  };
+
+  // 4. The loop.
+  const int64_t per_process_batch = strategy_->per_process_batch_size(tc.global_batch_size);
+  std::unique_ptr<BatchSource> source = std::make_unique<ShardedBatcher>(
+      train_data, input->effective_policy, strategy_->input_shard_index(),
+      strategy_->num_input_shards(), per_process_batch, tc.seed, tc.dataset.shuffle, start_step);
+  if (tc.dataset.prefetch_batches > 0) {
+    source = std::make_unique<PrefetchingBatchSource>(std::move(source), tc.dataset.prefetch_batches);
+  }
+  if (env_.metrics) env_.metrics->total_steps.Set(static_cast<double>(tc.steps));
+
+  const int local_replicas = strategy_->num_local_replicas();
+  std::vector<Tensor> slice_features(local_replicas);
+  std::vector<std::vector<int32_t>> slice_labels(local_replicas);
+  TrainOutcome outcome;
+  int64_t step = start_step;
+  double last_loss = 0;
+  double window_start = NowSeconds();
+  int64_t window_examples = 0;
+  double examples_per_second = 0;
+  WriteStatus("Running", step, 0, 0, nullptr, "");
+
+  while (step < tc.steps) {
+    if (stop.load()) {
+      spdlog::warn("stop requested at step {}; saving a checkpoint before exiting", step);
+      if (absl::Status s = save(step); !s.ok()) spdlog::error("final checkpoint failed: {}", s.ToString());
+      WriteStatus("Terminated", step, last_loss, examples_per_second, nullptr, "stopped by signal");
+      outcome.exit_code = kExitTerminated;
+      outcome.status = absl::CancelledError(absl::StrCat("stopped by signal at step ", step));
+      outcome.steps_done = step;
+      outcome.final_loss = last_loss;
+      return outcome;
+    }
+    const double t0 = NowSeconds();
+    Batch batch = source->Next();
+    const int64_t b = static_cast<int64_t>(batch.labels.size());
+    StepFn step_fn = [&](ReplicaContext& ctx) {
+      if (local_replicas == 1) {
+        return ctx.model->TrainStep(batch.features, batch.labels, ctx.on_layer_grads_ready);
+      }
+      const int64_t per_replica = b / local_replicas;
+      const int r = ctx.local_replica;
+      SliceBatch(batch, r * per_replica, (r + 1) * per_replica, &slice_features[r], &slice_labels[r]);
+      return ctx.model->TrainStep(slice_features[r], slice_labels[r], ctx.on_layer_grads_ready);
+    };
+    auto out = strategy_->Run(step_fn, b);
+    if (!out.ok()) {
+      return fail(ExitCodeForStrategyError(out.status()), out.status());
+    }
+    ++step;
+    last_loss = out->loss;
+    const double dt = NowSeconds() - t0;
+    window_examples += out->examples;
+    if (env_.metrics) {
+      env_.metrics->steps.Increment();
+      env_.metrics->examples.Increment(static_cast<double>(out->examples));
+      env_.metrics->step_duration.Observe(dt);
+      env_.metrics->loss.Set(out->loss);
+    }
+    const bool log_now = tc.log_every_steps > 0 && (step % tc.log_every_steps == 0 || step == tc.steps);
+    if (log_now) {
+      const double now = NowSeconds();
+      examples_per_second = window_examples / std::max(now - window_start, 1e-9);
+      window_start = now;
+      window_examples = 0;
+      if (env_.metrics) env_.metrics->examples_per_second.Set(examples_per_second);
+      spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,
+                   out->loss, out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0,
+                   examples_per_second);
+      WriteStatus("Running", step, last_loss, examples_per_second, nullptr, "");
+    }
+    if (chief && eval_data != nullptr && tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 &&
+        step < tc.steps) {
+      EvalResult ev = EvaluateDataset(*strategy_->primary_model(), *eval_data);
+      if (env_.metrics) {
+        env_.metrics->eval_accuracy.Set(ev.accuracy);
+        env_.metrics->eval_loss.Set(ev.loss);
+      }
+      spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f}", step, ev.loss, ev.accuracy);
+    }
+    if (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0 && step < tc.steps) {
+      if (absl::Status s = save(step); !s.ok()) return fail(kExitCheckpoint, s);
+    }
+  }
+
+  // 5. Final evaluation and checkpoint.
+  outcome.steps_done = step;
+  outcome.final_loss = last_loss;
+  if (chief && eval_data != nullptr) {
+    EvalResult ev = EvaluateDataset(*strategy_->primary_model(), *eval_data);
+    outcome.eval_accuracy = ev.accuracy;
+    outcome.eval_loss = ev.loss;
+    if (env_.metrics) {
+      env_.metrics->eval_accuracy.Set(ev.accuracy);
+      env_.metrics->eval_loss.Set(ev.loss);
+    }
+  }
+  if (absl::Status s = save(step); !s.ok()) return fail(kExitCheckpoint, s);
+  strategy_->Shutdown();
+  outcome.wall_seconds = NowSeconds() - start_seconds_;
+  if (outcome.eval_accuracy) {
+    spdlog::info("training complete: steps {} loss {:.4f} eval_loss {:.4f} eval_accuracy {:.4f} wall {:.1f}s",
+                 step, last_loss, *outcome.eval_loss, *outcome.eval_accuracy, outcome.wall_seconds);
+  } else {
+    spdlog::info("training complete: steps {} loss {:.4f} wall {:.1f}s", step, last_loss,
+                 outcome.wall_seconds);
+  }
+  WriteStatus("Succeeded", step, last_loss, examples_per_second, &outcome, "");
+  return outcome;
+}
+
+}  // namespace distrain

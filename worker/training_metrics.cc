@@ -1,0 +1,61 @@
+#include "worker/training_metrics.h"
+
+namespace distrain {
+namespace {
+
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (int i = 0; i < count; ++i, start *= factor) b.push_back(start);
+  return b;
+}
+
+}  // namespace
+
+TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
+    : steps(prometheus::BuildCounter()
+                .Name("distrain_steps_total")
+                .Help("Training steps completed by this process")
+                .Register(registry)
+                .Add({})),
+      examples(prometheus::BuildCounter()
+                   .Name("distrain_examples_total")
+                   .Help("Training examples consumed by this process")
+                   .Register(registry)
+                   .Add({})),
+      step_duration(prometheus::BuildHistogram()
+                        .Name("distrain_step_duration_seconds")
+                        .Help("Wall time of one training step")
+                        .Register(registry)
+                        .Add({}, ExponentialBuckets(0.0005, 2, 16))),
+      loss(prometheus::BuildGauge()
+               .Name("distrain_loss")
+               .Help("Training loss of the latest step")
+               .Register(registry)
+               .Add({})),
+      examples_per_second(prometheus::BuildGauge()
+                              .Name("distrain_examples_per_second")
+                              .Help("Training throughput of this process over the last log interval")
+                              .Register(registry)
+                              .Add({})),
+      total_steps(prometheus::BuildGauge()
+                      .Name("distrain_total_steps")
+                      .Help("Number of steps the job trains for")
+                      .Register(registry)
+                      .Add({})),
+      eval_accuracy(prometheus::BuildGauge()
+                        .Name("distrain_eval_accuracy")
+                        .Help("Accuracy of the latest evaluation")
+                        .Register(registry)
+                        .Add({})),
+      eval_loss(prometheus::BuildGauge()
+                    .Name("distrain_eval_loss")
+                    .Help("Loss of the latest evaluation")
+                    .Register(registry)
+                    .Add({})),
+      checkpoint_duration(prometheus::BuildHistogram()
+                              .Name("distrain_checkpoint_duration_seconds")
+                              .Help("Time to write one checkpoint")
+                              .Register(registry)
+                              .Add({}, ExponentialBuckets(0.001, 2, 16))) {}
+
+}  // namespace distrain

@@ -1,0 +1,42 @@
+#ifndef DISTRAIN_WORKER_TRAINING_METRICS_H_
+#define DISTRAIN_WORKER_TRAINING_METRICS_H_
+
+#include <memory>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace distrain {
+
+// The worker's Prometheus metrics (served by MetricsServer on
+// DISTRAIN_METRICS_PORT). Names are stable API: the operator, the Grafana
+// dashboard and alerts read them.
+//   distrain_steps_total                 counter   training steps completed
+//   distrain_examples_total              counter   examples consumed by this process
+//   distrain_step_duration_seconds       histogram wall time per step
+//   distrain_loss                        gauge     loss of the latest step
+//   distrain_examples_per_second         gauge     throughput over the last log interval
+//   distrain_total_steps                 gauge     steps the job asked for
+//   distrain_eval_accuracy / _eval_loss  gauge     latest evaluation
+//   distrain_checkpoint_duration_seconds histogram time to write a checkpoint
+// Owns nothing but references into `registry`; prometheus-cpp metrics are
+// thread-safe.
+struct TrainingMetrics {
+  explicit TrainingMetrics(prometheus::Registry& registry);
+
+  prometheus::Counter& steps;
+  prometheus::Counter& examples;
+  prometheus::Histogram& step_duration;
+  prometheus::Gauge& loss;
+  prometheus::Gauge& examples_per_second;
+  prometheus::Gauge& total_steps;
+  prometheus::Gauge& eval_accuracy;
+  prometheus::Gauge& eval_loss;
+  prometheus::Histogram& checkpoint_duration;
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_TRAINING_METRICS_H_
