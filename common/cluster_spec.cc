@@ -55,7 +55,8 @@ std::string AddressProblem(const std::string& address) {
   size_t colon;
   if (address[0] == '[') {  // [IPv6]:port
     size_t close = address.find(']');
-    if (close == std::string::npos) return absl::StrCat(quoted, " has an unclosed '['; expected [ipv6]:port");
+    if (close == std::string::npos)
+      return absl::StrCat(quoted, " has an unclosed '['; expected [ipv6]:port");
     if (close + 1 >= address.size() || address[close + 1] != ':') {
       return absl::StrCat(quoted, " has no port; expected [ipv6]:port");
     }
@@ -87,7 +88,8 @@ std::string AddressProblem(const std::string& address) {
 
 // TensorFlow's rules for a cluster and a task (see the header). Paths are
 // written as TF_CONFIG paths because that is where every spec ends up.
-absl::Status Validate(const std::map<std::string, std::vector<std::string>>& jobs, const TaskId& task) {
+absl::Status Validate(const std::map<std::string, std::vector<std::string>>& jobs,
+                      const TaskId& task) {
   std::map<std::string, std::string> seen;  // address -> "cluster.worker[0]"
   for (const auto& [type, addresses] : jobs) {
     const std::string job_path = absl::StrCat(kRoot, ".cluster.", type);
@@ -96,8 +98,8 @@ absl::Status Validate(const std::map<std::string, std::vector<std::string>>& job
                                                      "\"; expected one of ", AllowedTaskTypes()));
     }
     if ((type == "chief" || type == "evaluator") && addresses.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(job_path, ": has ", addresses.size(),
-                                                     " tasks; TensorFlow allows at most one ", type));
+      return absl::InvalidArgumentError(absl::StrCat(
+          job_path, ": has ", addresses.size(), " tasks; TensorFlow allows at most one ", type));
     }
     for (size_t i = 0; i < addresses.size(); ++i) {
       const std::string path = absl::StrCat(job_path, "[", i, "]");
@@ -106,7 +108,8 @@ absl::Status Validate(const std::map<std::string, std::vector<std::string>>& job
       }
       auto [it, inserted] = seen.emplace(addresses[i], absl::StrCat("cluster.", type, "[", i, "]"));
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": \"", addresses[i], "\" is also ", it->second,
+        return absl::InvalidArgumentError(absl::StrCat(path, ": \"", addresses[i], "\" is also ",
+                                                       it->second,
                                                        "; every task needs its own address"));
       }
     }
@@ -116,8 +119,9 @@ absl::Status Validate(const std::map<std::string, std::vector<std::string>>& job
         kRoot, ".cluster: has no chief and no worker; training needs at least one worker task"));
   }
   if (!IsTaskType(task.type)) {
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.type: unknown task type \"", task.type,
-                                                   "\"; expected one of ", AllowedTaskTypes()));
+    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.type: unknown task type \"",
+                                                   task.type, "\"; expected one of ",
+                                                   AllowedTaskTypes()));
   }
   auto it = jobs.find(task.type);
   if (it == jobs.end()) {
@@ -125,15 +129,15 @@ absl::Status Validate(const std::map<std::string, std::vector<std::string>>& job
     for (const char* t : kTaskTypes) {
       if (jobs.count(t)) names.push_back(t);
     }
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.type: \"", task.type, "\" is not a job in ",
-                                                   kRoot, ".cluster (jobs: ", absl::StrJoin(names, ", "),
-                                                   ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ".task.type: \"", task.type, "\" is not a job in ", kRoot,
+                     ".cluster (jobs: ", absl::StrJoin(names, ", "), ")"));
   }
   const int n = static_cast<int>(it->second.size());
   if (task.index < 0 || task.index >= n) {
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.index: ", task.index,
-                                                   " is out of range, cluster.", task.type, " has ", n,
-                                                   n == 1 ? " task" : " tasks", " (0..", n - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ".task.index: ", task.index, " is out of range, cluster.", task.type,
+                     " has ", n, n == 1 ? " task" : " tasks", " (0..", n - 1, ")"));
   }
   return absl::OkStatus();
 }
@@ -150,21 +154,22 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kRoot, ": must be a JSON object {\"cluster\": ..., \"task\": ..., \"environment\": ...}, got ",
+        kRoot,
+        ": must be a JSON object {\"cluster\": ..., \"task\": ..., \"environment\": ...}, got ",
         Show(root)));
   }
   for (const auto& [key, value] : root.items()) {
     if (key != "cluster" && key != "task" && key != "environment" && key != "rpc_layer") {
-      return absl::InvalidArgumentError(absl::StrCat(kRoot, ".", key,
-                                                     ": unknown field; expected cluster, task, environment"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kRoot, ".", key, ": unknown field; expected cluster, task, environment"));
     }
   }
 
   std::map<std::string, std::vector<std::string>> jobs;
   auto cluster = root.find("cluster");
   if (cluster == root.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kRoot, ".cluster: required; set {\"worker\": [\"host:port\", ...]}"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ".cluster: required; set {\"worker\": [\"host:port\", ...]}"));
   }
   if (!cluster->is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -183,8 +188,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
     std::vector<std::string> addresses;
     for (size_t i = 0; i < list.size(); ++i) {
       if (!list[i].is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(job_path, "[", i,
-                                                       "]: must be a \"host:port\" string, got ", Show(list[i])));
+        return absl::InvalidArgumentError(absl::StrCat(
+            job_path, "[", i, "]: must be a \"host:port\" string, got ", Show(list[i])));
       }
       addresses.push_back(list[i].get<std::string>());
     }
@@ -199,8 +204,9 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
         absl::StrCat(kRoot, ".task: required; set {\"type\": \"worker\", \"index\": 0}"));
   }
   if (!task_json->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kRoot, ".task: must be an object {\"type\": \"worker\", \"index\": 0}, got ", Show(*task_json)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ".task: must be an object {\"type\": \"worker\", \"index\": 0}, got ",
+                     Show(*task_json)));
   }
   for (const auto& [key, value] : task_json->items()) {
     if (key != "type" && key != "index") {
@@ -220,23 +226,24 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
   task.type = type->get<std::string>();
   auto index = task_json->find("index");
   if (index == task_json->end()) {
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.index: required; the task's position in ",
-                                                   "cluster.", task.type));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kRoot, ".task.index: required; the task's position in ", "cluster.", task.type));
   }
   if (!index->is_number_integer() || (!index->is_number_unsigned() && index->get<int64_t>() < 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(kRoot, ".task.index: must be a non-negative integer, got ", Show(*index)));
   }
   if (index->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ".task.index: ", Show(*index), " is out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ".task.index: ", Show(*index), " is out of range"));
   }
   task.index = index->get<int>();
 
   std::string environment = "cloud";
   if (auto env = root.find("environment"); env != root.end()) {
     if (!env->is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kRoot, ".environment: must be a string such as \"cloud\", got ", Show(*env)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          kRoot, ".environment: must be a string such as \"cloud\", got ", Show(*env)));
     }
     environment = env->get<std::string>();
   }
@@ -247,8 +254,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
   return Create(std::move(jobs), std::move(task), std::move(environment));
 }
 
-absl::StatusOr<ClusterSpec> ClusterSpec::Create(std::map<std::string, std::vector<std::string>> jobs,
-                                                TaskId task, std::string environment) {
+absl::StatusOr<ClusterSpec> ClusterSpec::Create(
+    std::map<std::string, std::vector<std::string>> jobs, TaskId task, std::string environment) {
   for (auto it = jobs.begin(); it != jobs.end();) {
     it = it->second.empty() ? jobs.erase(it) : std::next(it);
   }
@@ -292,7 +299,9 @@ std::optional<std::string> ClusterSpec::address(const TaskId& task) const {
   return it->second[task.index];
 }
 
-TaskId ClusterSpec::chief_task() const { return has_chief() ? TaskId{"chief", 0} : TaskId{"worker", 0}; }
+TaskId ClusterSpec::chief_task() const {
+  return has_chief() ? TaskId{"chief", 0} : TaskId{"worker", 0};
+}
 
 std::optional<int> ClusterSpec::TrainingRank(const TaskId& task) const {
   if (task.index < 0) return std::nullopt;

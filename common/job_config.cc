@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -136,7 +137,9 @@ struct Issue {
 
 class Issues {
  public:
-  void Add(std::string path, std::string message) { issues_.push_back({std::move(path), std::move(message)}); }
+  void Add(std::string path, std::string message) {
+    issues_.push_back({std::move(path), std::move(message)});
+  }
   bool empty() const { return issues_.empty(); }
 
   // One line per issue; with `locations`, each line starts with the YAML line
@@ -144,7 +147,8 @@ class Issues {
   absl::Status ToStatus(const std::map<std::string, YamlLocation>* locations) const {
     std::vector<std::string> lines;
     for (const Issue& issue : issues_) {
-      std::string line = issue.path.empty() ? issue.message : absl::StrCat(issue.path, ": ", issue.message);
+      std::string line =
+          issue.path.empty() ? issue.message : absl::StrCat(issue.path, ": ", issue.message);
       if (locations != nullptr) {
         if (std::optional<YamlLocation> at = Find(*locations, issue.path)) {
           line = absl::StrCat("line ", at->line, ": ", line);
@@ -198,7 +202,8 @@ std::string ClosestName(const std::string& key, const std::vector<std::string>& 
   size_t best_score = SIZE_MAX;
   for (const std::string& candidate : candidates) {
     const size_t dot = candidate.rfind('.');
-    const std::string last = Lower(dot == std::string::npos ? candidate : candidate.substr(dot + 1));
+    const std::string last =
+        Lower(dot == std::string::npos ? candidate : candidate.substr(dot + 1));
     size_t distance = EditDistance(lower_key, last);
     if (distance > allowed && lower_key.size() >= 4 &&
         (last.find(lower_key) != std::string::npos || lower_key.find(last) != std::string::npos)) {
@@ -231,11 +236,16 @@ enum class Kind { kInteger, kNumber, kBoolean, kString, kArray };
 
 const char* KindName(Kind kind) {
   switch (kind) {
-    case Kind::kInteger: return "integer";
-    case Kind::kNumber: return "number";
-    case Kind::kBoolean: return "boolean";
-    case Kind::kString: return "string";
-    case Kind::kArray: return "array";
+    case Kind::kInteger:
+      return "integer";
+    case Kind::kNumber:
+      return "number";
+    case Kind::kBoolean:
+      return "boolean";
+    case Kind::kString:
+      return "string";
+    case Kind::kArray:
+      return "array";
   }
   return "";
 }
@@ -266,7 +276,8 @@ std::string Describe(const Rule& rule, Kind kind) {
   switch (kind) {
     case Kind::kInteger:
       if (rule.min && rule.max) {
-        return absl::StrCat("an integer in [", FormatNumber(*rule.min), ", ", FormatNumber(*rule.max), "]");
+        return absl::StrCat("an integer in [", FormatNumber(*rule.min), ", ",
+                            FormatNumber(*rule.max), "]");
       }
       if (rule.min && *rule.min == 1) return "a positive integer";
       if (rule.min && *rule.min == 0) return "a non-negative integer";
@@ -275,12 +286,17 @@ std::string Describe(const Rule& rule, Kind kind) {
       return "an integer";
     case Kind::kNumber:
       if (rule.min && rule.max) {
-        return absl::StrCat("a number in ", rule.exclusive_min ? "(" : "[", FormatNumber(*rule.min), ", ",
-                            FormatNumber(*rule.max), rule.exclusive_max ? ")" : "]");
+        return absl::StrCat("a number in ", rule.exclusive_min ? "(" : "[", FormatNumber(*rule.min),
+                            ", ", FormatNumber(*rule.max), rule.exclusive_max ? ")" : "]");
       }
-      if (rule.min && *rule.min == 0) return rule.exclusive_min ? "a positive number" : "a non-negative number";
-      if (rule.min) return absl::StrCat("a number ", rule.exclusive_min ? "> " : ">= ", FormatNumber(*rule.min));
-      if (rule.max) return absl::StrCat("a number ", rule.exclusive_max ? "< " : "<= ", FormatNumber(*rule.max));
+      if (rule.min && *rule.min == 0)
+        return rule.exclusive_min ? "a positive number" : "a non-negative number";
+      if (rule.min)
+        return absl::StrCat("a number ",
+                            rule.exclusive_min ? "> " : ">= ", FormatNumber(*rule.min));
+      if (rule.max)
+        return absl::StrCat("a number ",
+                            rule.exclusive_max ? "< " : "<= ", FormatNumber(*rule.max));
       return "a number";
     case Kind::kBoolean:
       return "true or false";
@@ -303,7 +319,10 @@ std::string Describe(const Rule& rule, Kind kind) {
 }
 
 bool ParsesAsNumber(const std::string& s) {
-  if (s.empty()) return false;
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-' || s[0] == '+' ||
+                     s[0] == '.')) {
+    return false;  // also keeps "nan" and "inf" out
+  }
   char* end = nullptr;
   errno = 0;
   std::strtod(s.c_str(), &end);
@@ -323,15 +342,18 @@ std::string ScalarProblem(const Rule& rule, Kind kind, const Json& v) {
             v.get<double>() == std::floor(v.get<double>())) {
           return absl::StrCat(expected, "; write it without a decimal point");
         }
-        if (v.is_array() && v.size() == 1) return absl::StrCat(expected, "; write a single value, not a list");
+        if (v.is_array() && v.size() == 1)
+          return absl::StrCat(expected, "; write a single value, not a list");
         return expected;
       }
       if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(rule.int_max)) {
         return absl::StrCat(expected, "; the largest allowed value is ", rule.int_max);
       }
       const int64_t i = v.get<int64_t>();
-      if (i > rule.int_max) return absl::StrCat(expected, "; the largest allowed value is ", rule.int_max);
-      if (i < rule.int_min) return absl::StrCat(expected, "; the smallest allowed value is ", rule.int_min);
+      if (i > rule.int_max)
+        return absl::StrCat(expected, "; the largest allowed value is ", rule.int_max);
+      if (i < rule.int_min)
+        return absl::StrCat(expected, "; the smallest allowed value is ", rule.int_min);
       const double d = static_cast<double>(i);
       if ((rule.min && d < *rule.min) || (rule.max && d > *rule.max)) return expected;
       return "";
@@ -346,7 +368,8 @@ std::string ScalarProblem(const Rule& rule, Kind kind, const Json& v) {
       const double d = v.get<double>();
       if (!std::isfinite(d)) return expected;
       if (std::fabs(d) > rule.number_abs_max) {
-        return absl::StrCat(expected, "; the largest allowed magnitude is ", FormatNumber(rule.number_abs_max));
+        return absl::StrCat(expected, "; the largest allowed magnitude is ",
+                            FormatNumber(rule.number_abs_max));
       }
       if (rule.min && (rule.exclusive_min ? d <= *rule.min : d < *rule.min)) return expected;
       if (rule.max && (rule.exclusive_max ? d >= *rule.max : d > *rule.max)) return expected;
@@ -374,7 +397,8 @@ std::string ScalarProblem(const Rule& rule, Kind kind, const Json& v) {
         if (s == allowed) return "";
       }
       for (const std::string& allowed : rule.enum_values) {
-        if (Lower(s) == Lower(allowed)) return absl::StrCat(expected, "; values are case-sensitive: write \"", allowed, "\"");
+        if (Lower(s) == Lower(allowed))
+          return absl::StrCat(expected, "; values are case-sensitive: write \"", allowed, "\"");
       }
       return expected;
     }
@@ -426,13 +450,14 @@ Json FloatJson(float f) {
 struct FieldSpec {
   std::string path;  // relative to spec: "training.dataset.numExamples"
   Rule rule;
-  bool optional_value = false;  // lands in a std::optional; absent means unset
-  std::function<void(const Json&, JobConfig*)> set;   // called with checked values only
+  bool optional_value = false;                       // lands in a std::optional; absent means unset
+  std::function<void(const Json&, JobConfig*)> set;  // called with checked values only
   std::function<std::optional<Json>(const JobConfig&)> get;  // nullopt: unset
 };
 
 template <typename T>
-constexpr bool kIsOptionalInt = std::is_same_v<T, std::optional<int>> || std::is_same_v<T, std::optional<int64_t>>;
+constexpr bool kIsOptionalInt =
+    std::is_same_v<T, std::optional<int>> || std::is_same_v<T, std::optional<int64_t>>;
 
 template <typename T>
 void SetIntegerBounds(Rule* rule) {
@@ -459,7 +484,9 @@ FieldSpec Field(std::string path, Ref ref, Rule rule = {}) {
   } else if constexpr (std::is_same_v<T, uint64_t>) {
     // Kubernetes integers are int64, so a seed is one too.
     SetIntegerBounds<int64_t>(&f.rule);
-    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = static_cast<uint64_t>(v.get<int64_t>()); };
+    f.set = [ref](const Json& v, JobConfig* c) {
+      ref(*c) = static_cast<uint64_t>(v.get<int64_t>());
+    };
     f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
   } else if constexpr (kIsOptionalInt<T>) {
     using V = typename T::value_type;
@@ -507,11 +534,14 @@ FieldSpec EnumField(std::string path, Ref ref, const EnumName<E> (&table)[N]) {
   f.path = std::move(path);
   f.rule.kind = Kind::kString;
   f.rule.enum_values = Names(table);
-  f.set = [ref, &table](const Json& v, JobConfig* c) { ref(*c) = *FromName(table, v.get<std::string>()); };
+  f.set = [ref, &table](const Json& v, JobConfig* c) {
+    ref(*c) = *FromName(table, v.get<std::string>());
+  };
   f.get = [ref, &table](const JobConfig& c) {
     const char* name = ToName(table, ref(c));
     // An out-of-range enum built in code: show it so that Check rejects it.
-    return std::optional<Json>(name ? Json(name) : Json(absl::StrCat("<invalid ", static_cast<int>(ref(c)), ">")));
+    return std::optional<Json>(
+        name ? Json(name) : Json(absl::StrCat("<invalid ", static_cast<int>(ref(c)), ">")));
   };
   return f;
 }
@@ -547,15 +577,21 @@ const std::vector<FieldSpec>& SpecFields() {
       EnumField("strategy", DISTRAIN_REF(strategy), kStrategies),
       EnumField("successPolicy", DISTRAIN_REF(success_policy), kSuccessPolicies),
       Field("runPolicy.backoffLimit", DISTRAIN_REF(run_policy.backoff_limit), Min(0)),
-      Field("runPolicy.activeDeadlineSeconds", DISTRAIN_REF(run_policy.active_deadline_seconds), Min(1)),
-      Field("runPolicy.ttlSecondsAfterFinished", DISTRAIN_REF(run_policy.ttl_seconds_after_finished), Min(0)),
-      EnumField("runPolicy.cleanPodPolicy", DISTRAIN_REF(run_policy.clean_pod_policy), kCleanPodPolicies),
+      Field("runPolicy.activeDeadlineSeconds", DISTRAIN_REF(run_policy.active_deadline_seconds),
+            Min(1)),
+      Field("runPolicy.ttlSecondsAfterFinished",
+            DISTRAIN_REF(run_policy.ttl_seconds_after_finished), Min(0)),
+      EnumField("runPolicy.cleanPodPolicy", DISTRAIN_REF(run_policy.clean_pod_policy),
+                kCleanPodPolicies),
       Field("runPolicy.suspend", DISTRAIN_REF(run_policy.suspend)),
       Field("runPolicy.scheduling.gang", DISTRAIN_REF(run_policy.scheduling.gang)),
-      Field("runPolicy.scheduling.minAvailable", DISTRAIN_REF(run_policy.scheduling.min_available), Min(1)),
+      Field("runPolicy.scheduling.minAvailable", DISTRAIN_REF(run_policy.scheduling.min_available),
+            Min(1)),
       Field("runPolicy.scheduling.queue", DISTRAIN_REF(run_policy.scheduling.queue)),
-      Field("runPolicy.scheduling.priorityClass", DISTRAIN_REF(run_policy.scheduling.priority_class)),
-      Field("runPolicy.scheduling.schedulerName", DISTRAIN_REF(run_policy.scheduling.scheduler_name)),
+      Field("runPolicy.scheduling.priorityClass",
+            DISTRAIN_REF(run_policy.scheduling.priority_class)),
+      Field("runPolicy.scheduling.schedulerName",
+            DISTRAIN_REF(run_policy.scheduling.scheduler_name)),
 
       Field("training.model.type", DISTRAIN_REF(training.model.type), OneOf({"mlp"})),
       Field("training.model.hiddenUnits", DISTRAIN_REF(training.model.hidden_units), Min(1)),
@@ -563,7 +599,8 @@ const std::vector<FieldSpec>& SpecFields() {
 
       EnumField("training.dataset.type", DISTRAIN_REF(training.dataset.type), kDatasetTypes),
       Field("training.dataset.numExamples", DISTRAIN_REF(training.dataset.num_examples), Min(1)),
-      Field("training.dataset.numEvalExamples", DISTRAIN_REF(training.dataset.num_eval_examples), Min(0)),
+      Field("training.dataset.numEvalExamples", DISTRAIN_REF(training.dataset.num_eval_examples),
+            Min(0)),
       Field("training.dataset.numFeatures", DISTRAIN_REF(training.dataset.num_features), Min(1)),
       Field("training.dataset.numClasses", DISTRAIN_REF(training.dataset.num_classes), Min(2)),
       Field("training.dataset.noise", DISTRAIN_REF(training.dataset.noise), Min(0)),
@@ -574,28 +611,33 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.dataset.labelColumn", DISTRAIN_REF(training.dataset.label_column), Min(0)),
       Field("training.dataset.csvHeader", DISTRAIN_REF(training.dataset.csv_header)),
       Field("training.dataset.scale", DISTRAIN_REF(training.dataset.scale), Above(0)),
-      EnumField("training.dataset.autoShardPolicy", DISTRAIN_REF(training.dataset.auto_shard_policy),
-                kAutoShardPolicies),
+      EnumField("training.dataset.autoShardPolicy",
+                DISTRAIN_REF(training.dataset.auto_shard_policy), kAutoShardPolicies),
       Field("training.dataset.shuffle", DISTRAIN_REF(training.dataset.shuffle)),
-      Field("training.dataset.prefetchBatches", DISTRAIN_REF(training.dataset.prefetch_batches), Min(0)),
+      Field("training.dataset.prefetchBatches", DISTRAIN_REF(training.dataset.prefetch_batches),
+            Min(0)),
 
       EnumField("training.optimizer.type", DISTRAIN_REF(training.optimizer.type), kOptimizerTypes),
-      Field("training.optimizer.learningRate", DISTRAIN_REF(training.optimizer.learning_rate), Above(0)),
-      Field("training.optimizer.momentum", DISTRAIN_REF(training.optimizer.momentum), UnitInterval()),
+      Field("training.optimizer.learningRate", DISTRAIN_REF(training.optimizer.learning_rate),
+            Above(0)),
+      Field("training.optimizer.momentum", DISTRAIN_REF(training.optimizer.momentum),
+            UnitInterval()),
       Field("training.optimizer.nesterov", DISTRAIN_REF(training.optimizer.nesterov)),
       Field("training.optimizer.beta1", DISTRAIN_REF(training.optimizer.beta1), UnitInterval()),
       Field("training.optimizer.beta2", DISTRAIN_REF(training.optimizer.beta2), UnitInterval()),
       Field("training.optimizer.epsilon", DISTRAIN_REF(training.optimizer.epsilon), Above(0)),
 
       Field("training.checkpoint.dir", DISTRAIN_REF(training.checkpoint.dir)),
-      Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps), Min(0)),
+      Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps),
+            Min(0)),
       Field("training.checkpoint.keep", DISTRAIN_REF(training.checkpoint.keep), Min(1)),
 
-      EnumField("training.communication.implementation", DISTRAIN_REF(training.communication.implementation),
-                kImplementations),
-      Field("training.communication.timeoutSeconds", DISTRAIN_REF(training.communication.timeout_seconds),
-            Above(0)),
-      Field("training.communication.bytesPerPack", DISTRAIN_REF(training.communication.bytes_per_pack), Min(1)),
+      EnumField("training.communication.implementation",
+                DISTRAIN_REF(training.communication.implementation), kImplementations),
+      Field("training.communication.timeoutSeconds",
+            DISTRAIN_REF(training.communication.timeout_seconds), Above(0)),
+      Field("training.communication.bytesPerPack",
+            DISTRAIN_REF(training.communication.bytes_per_pack), Min(1)),
 
       Field("training.globalBatchSize", DISTRAIN_REF(training.global_batch_size), Min(1)),
       Field("training.steps", DISTRAIN_REF(training.steps), Min(1)),
@@ -691,21 +733,26 @@ void DecodeObject(const Json& object, const std::string& rel, const std::string&
 
 std::vector<std::string> ReplicaTypeNames() { return Names(kReplicaTypes); }
 
-std::optional<ReplicaType> ReplicaTypeFromKey(const std::string& key, const std::string& path, Issues* issues) {
+std::optional<ReplicaType> ReplicaTypeFromKey(const std::string& key, const std::string& path,
+                                              Issues* issues) {
   std::optional<ReplicaType> type = FromName(kReplicaTypes, key);
   if (!type) {
     std::string closest = ClosestName(key, ReplicaTypeNames());
-    issues->Add(path, absl::StrCat("unknown replica type; expected one of ", absl::StrJoin(ReplicaTypeNames(), ", "),
-                                   closest.empty() ? "" : absl::StrCat(" (did you mean \"", closest, "\"?)")));
+    issues->Add(
+        path, absl::StrCat(
+                  "unknown replica type; expected one of ", absl::StrJoin(ReplicaTypeNames(), ", "),
+                  closest.empty() ? "" : absl::StrCat(" (did you mean \"", closest, "\"?)")));
   }
   return type;
 }
 
 // spec.replicaSpecs: {Worker: {replicas, restartPolicy, template}, ...}
-void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* config, Issues* issues) {
+void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* config,
+                        Issues* issues) {
   if (!specs.is_object()) {
-    issues->Add(path, absl::StrCat("must be a mapping of replica type (", absl::StrJoin(ReplicaTypeNames(), ", "),
-                                   ") to its spec, got ", Show(specs)));
+    issues->Add(path, absl::StrCat("must be a mapping of replica type (",
+                                   absl::StrJoin(ReplicaTypeNames(), ", "), ") to its spec, got ",
+                                   Show(specs)));
     return;
   }
   const std::vector<std::string> known = {"replicas", "restartPolicy", "template"};
@@ -714,8 +761,9 @@ void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* c
     std::optional<ReplicaType> type = ReplicaTypeFromKey(key, type_path, issues);
     if (!type || value.is_null()) continue;
     if (!value.is_object()) {
-      issues->Add(type_path, absl::StrCat("must be a mapping with replicas, restartPolicy and template, got ",
-                                          Show(value)));
+      issues->Add(type_path,
+                  absl::StrCat("must be a mapping with replicas, restartPolicy and template, got ",
+                               Show(value)));
       continue;
     }
     ReplicaSpec spec;
@@ -731,8 +779,10 @@ void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* c
       } else if (field == "template") {
         // A PodTemplateSpec: the operator reads it; here it only has to be one.
         if (!v.is_object()) {
-          issues->Add(field_path, absl::StrCat("must be a pod template (a mapping with metadata and spec), got ",
-                                               Show(v)));
+          issues->Add(
+              field_path,
+              absl::StrCat("must be a pod template (a mapping with metadata and spec), got ",
+                           Show(v)));
         }
       } else {
         issues->Add(field_path, UnknownFieldMessage(field, known, known));
@@ -743,10 +793,12 @@ void DecodeReplicaSpecs(const Json& specs, const std::string& path, JobConfig* c
 }
 
 // spec.elasticPolicy: {minReplicas, maxReplicas}, both required.
-void DecodeElasticPolicy(const Json& policy, const std::string& path, JobConfig* config, Issues* issues) {
+void DecodeElasticPolicy(const Json& policy, const std::string& path, JobConfig* config,
+                         Issues* issues) {
   if (policy.is_null()) return;
   if (!policy.is_object()) {
-    issues->Add(path, absl::StrCat("must be a mapping with minReplicas and maxReplicas, got ", Show(policy)));
+    issues->Add(path, absl::StrCat("must be a mapping with minReplicas and maxReplicas, got ",
+                                   Show(policy)));
     return;
   }
   const std::vector<std::string> known = {"minReplicas", "maxReplicas"};
@@ -757,8 +809,8 @@ void DecodeElasticPolicy(const Json& policy, const std::string& path, JobConfig*
   }
   ElasticPolicy elastic;
   bool ok = true;
-  for (const auto& [name, target] :
-       {std::pair{"minReplicas", &elastic.min_replicas}, std::pair{"maxReplicas", &elastic.max_replicas}}) {
+  for (const auto& [name, target] : {std::pair{"minReplicas", &elastic.min_replicas},
+                                     std::pair{"maxReplicas", &elastic.max_replicas}}) {
     auto it = policy.find(name);
     if (it == policy.end() || it->is_null()) {
       issues->Add(JoinYamlPath(path, name), "required when elasticPolicy is set");
@@ -782,9 +834,10 @@ bool IsDnsLabel(const std::string& s) {
 }
 
 std::string DnsLabelProblem(const Json& v) {
-  return absl::StrCat("must be a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a "
-                      "letter or digit, at most 63 characters), got ",
-                      Show(v));
+  return absl::StrCat(
+      "must be a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a "
+      "letter or digit, at most 63 characters), got ",
+      Show(v));
 }
 
 // Decodes metadata.name / metadata.namespace into `out`.
@@ -800,12 +853,16 @@ void DecodeName(const Json& v, const std::string& path, std::string* out, Issues
 JobConfig DecodeDocument(const Json& root, Issues* issues) {
   JobConfig config;
   if (root.is_null()) {
-    issues->Add("", "the document is empty; expected a DistributedTrainingJob with apiVersion, kind, metadata and spec");
+    issues->Add("",
+                "the document is empty; expected a DistributedTrainingJob with apiVersion, kind, "
+                "metadata and spec");
     return config;
   }
   if (!root.is_object()) {
-    issues->Add("", absl::StrCat("the document must be a mapping with apiVersion, kind, metadata and spec, got ",
-                                 Show(root)));
+    issues->Add("",
+                absl::StrCat(
+                    "the document must be a mapping with apiVersion, kind, metadata and spec, got ",
+                    Show(root)));
     return config;
   }
   const std::vector<std::string> known = {"apiVersion", "kind", "metadata", "spec", "status"};
@@ -814,12 +871,14 @@ JobConfig DecodeDocument(const Json& root, Issues* issues) {
       issues->Add(key, UnknownFieldMessage(key, known, known));
     }
   }
-  for (const auto& [field, expected] : {std::pair{"apiVersion", kApiVersion}, std::pair{"kind", kKind}}) {
+  for (const auto& [field, expected] :
+       {std::pair{"apiVersion", kApiVersion}, std::pair{"kind", kKind}}) {
     auto it = root.find(field);
     if (it == root.end() || it->is_null()) {
       issues->Add(field, absl::StrCat("required; add \"", field, ": ", expected, "\""));
     } else if (!it->is_string() || it->get<std::string>() != expected) {
-      issues->Add(field, absl::StrCat("must be \"", expected, "\", got ", Show(*it), "; set ", field, ": ", expected));
+      issues->Add(field, absl::StrCat("must be \"", expected, "\", got ", Show(*it), "; set ",
+                                      field, ": ", expected));
     }
   }
 
@@ -827,12 +886,14 @@ JobConfig DecodeDocument(const Json& root, Issues* issues) {
   if (metadata == root.end() || metadata->is_null()) {
     issues->Add("metadata", "required; add metadata: {name: <job name>}");
   } else if (!metadata->is_object()) {
-    issues->Add("metadata", absl::StrCat("must be a mapping with name (and namespace), got ", Show(*metadata)));
+    issues->Add("metadata",
+                absl::StrCat("must be a mapping with name (and namespace), got ", Show(*metadata)));
   } else {
     // Other ObjectMeta fields (labels, uid, ...) are the API server's business.
     auto name = metadata->find("name");
     if (name == metadata->end() || name->is_null()) {
-      issues->Add("metadata.name", "required; name the job with a DNS-1123 label such as \"mnist\"");
+      issues->Add("metadata.name",
+                  "required; name the job with a DNS-1123 label such as \"mnist\"");
     } else {
       DecodeName(*name, "metadata.name", &config.name, issues);
     }
@@ -852,7 +913,8 @@ JobConfig DecodeDocument(const Json& root, Issues* issues) {
   }
   auto replica_specs = spec->find("replicaSpecs");
   if (replica_specs == spec->end() || replica_specs->is_null()) {
-    issues->Add("spec.replicaSpecs", "required; add at least replicaSpecs: {Worker: {replicas: 1}}");
+    issues->Add("spec.replicaSpecs",
+                "required; add at least replicaSpecs: {Worker: {replicas: 1}}");
   } else {
     DecodeReplicaSpecs(*replica_specs, "spec.replicaSpecs", &config, issues);
   }
@@ -890,7 +952,9 @@ const char* StrategyName(StrategyKind kind) {
   return name ? name : "Unknown";
 }
 
-std::optional<StrategyKind> ParseStrategyName(const std::string& name) { return FromName(kStrategies, name); }
+std::optional<StrategyKind> ParseStrategyName(const std::string& name) {
+  return FromName(kStrategies, name);
+}
 
 const char* ReplicaTypeName(ReplicaType type) {
   const char* name = ToName(kReplicaTypes, type);
@@ -899,10 +963,14 @@ const char* ReplicaTypeName(ReplicaType type) {
 
 const char* ReplicaTaskType(ReplicaType type) {
   switch (type) {
-    case ReplicaType::kChief: return "chief";
-    case ReplicaType::kWorker: return "worker";
-    case ReplicaType::kPS: return "ps";
-    case ReplicaType::kEvaluator: return "evaluator";
+    case ReplicaType::kChief:
+      return "chief";
+    case ReplicaType::kWorker:
+      return "worker";
+    case ReplicaType::kPS:
+      return "ps";
+    case ReplicaType::kEvaluator:
+      return "evaluator";
   }
   return "unknown";
 }
@@ -917,6 +985,11 @@ absl::StatusOr<JobConfig> ParseJobYaml(const std::string& yaml_text) {
 }
 
 absl::StatusOr<JobConfig> LoadJobYamlFile(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": is a directory; give a job YAML file such as examples/onedevice.yaml"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
@@ -947,7 +1020,8 @@ std::string JobConfigToJson(const JobConfig& config) {
   root["replicas"] = std::move(replicas);
   root["restartPolicies"] = std::move(restart_policies);
   for (const FieldSpec& field : SpecFields()) {
-    if (std::optional<Json> value = field.get(config)) SetPath(&root, field.path, std::move(*value));
+    if (std::optional<Json> value = field.get(config))
+      SetPath(&root, field.path, std::move(*value));
   }
   if (config.elastic_policy) {
     root["elasticPolicy"] = {{"minReplicas", config.elastic_policy->min_replicas},
@@ -962,14 +1036,15 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
     root = Json::parse(json_text);
   } catch (const nlohmann::json::exception& e) {
     const auto* parse_error = dynamic_cast<const nlohmann::json::parse_error*>(&e);
-    return absl::InvalidArgumentError(absl::StrCat("DISTRAIN_JOB_CONFIG: invalid JSON",
-                                                   parse_error ? absl::StrCat(" at byte ", parse_error->byte) : "",
-                                                   ": ", StripJsonExceptionPrefix(e.what())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DISTRAIN_JOB_CONFIG: invalid JSON",
+                     parse_error ? absl::StrCat(" at byte ", parse_error->byte) : "", ": ",
+                     StripJsonExceptionPrefix(e.what())));
   }
   if (!root.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DISTRAIN_JOB_CONFIG: must be a JSON object with strategy, replicas and training, got ",
-                     Show(root)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DISTRAIN_JOB_CONFIG: must be a JSON object with strategy, replicas and training, got ",
+        Show(root)));
   }
   Issues issues;
   JobConfig config;
@@ -983,7 +1058,8 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
   if (replicas == root.end() || replicas->is_null()) {
     issues.Add("spec.replicaSpecs", "required; DISTRAIN_JOB_CONFIG has no \"replicas\"");
   } else if (!replicas->is_object()) {
-    issues.Add("spec.replicaSpecs", absl::StrCat("\"replicas\" must map replica type to count, got ", Show(*replicas)));
+    issues.Add("spec.replicaSpecs",
+               absl::StrCat("\"replicas\" must map replica type to count, got ", Show(*replicas)));
   } else {
     for (const auto& [key, value] : replicas->items()) {
       const std::string path = absl::StrCat("spec.replicaSpecs.", key);
@@ -993,10 +1069,12 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
       }
     }
   }
-  if (auto policies = root.find("restartPolicies"); policies != root.end() && !policies->is_null()) {
+  if (auto policies = root.find("restartPolicies");
+      policies != root.end() && !policies->is_null()) {
     if (!policies->is_object()) {
       issues.Add("spec.replicaSpecs",
-                 absl::StrCat("\"restartPolicies\" must map replica type to policy, got ", Show(*policies)));
+                 absl::StrCat("\"restartPolicies\" must map replica type to policy, got ",
+                              Show(*policies)));
     } else {
       for (const auto& [key, value] : policies->items()) {
         const std::string path = absl::StrCat("spec.replicaSpecs.", key);
@@ -1014,7 +1092,8 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
   if (auto elastic = root.find("elasticPolicy"); elastic != root.end()) {
     DecodeElasticPolicy(*elastic, "spec.elasticPolicy", &config, &issues);
   }
-  DecodeObject(root, "", "spec", {"name", "namespace", "replicas", "restartPolicies", "elasticPolicy"}, &config,
+  DecodeObject(root, "", "spec",
+               {"name", "namespace", "replicas", "restartPolicies", "elasticPolicy"}, &config,
                &issues);
   if (!issues.empty()) return issues.ToStatus(nullptr);
   return config;
@@ -1023,17 +1102,20 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
 absl::Status ValidateJobConfig(const JobConfig& config) {
   Issues issues;
   if (!IsDnsLabel(config.name)) issues.Add("metadata.name", DnsLabelProblem(Json(config.name)));
-  if (!IsDnsLabel(config.namespace_)) issues.Add("metadata.namespace", DnsLabelProblem(Json(config.namespace_)));
+  if (!IsDnsLabel(config.namespace_))
+    issues.Add("metadata.namespace", DnsLabelProblem(Json(config.namespace_)));
 
   // Single-field rules, for configs that did not come through a parser.
   for (const FieldSpec& field : SpecFields()) {
-    if (std::optional<Json> value = field.get(config)) Check(field.rule, *value, SpecPath(field.path), &issues);
+    if (std::optional<Json> value = field.get(config))
+      Check(field.rule, *value, SpecPath(field.path), &issues);
   }
   for (const auto& [type, spec] : config.replicas) {
     const std::string path = absl::StrCat("spec.replicaSpecs.", ReplicaTypeName(type));
     Check(ReplicasRule(), Json(spec.replicas), path + ".replicas", &issues);
     if (!ToName(kRestartPolicies, spec.restart_policy)) {
-      issues.Add(path + ".restartPolicy", absl::StrCat("must be ", Describe(RestartPolicyRule(), Kind::kString)));
+      issues.Add(path + ".restartPolicy",
+                 absl::StrCat("must be ", Describe(RestartPolicyRule(), Kind::kString)));
     }
   }
 
@@ -1054,25 +1136,28 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
                absl::StrCat("must be 0 or 1, got ", chiefs, "; TensorFlow allows one chief"));
   }
   if (evaluators > 1) {
-    issues.Add("spec.replicaSpecs.Evaluator.replicas",
-               absl::StrCat("must be 0 or 1, got ", evaluators, "; TensorFlow allows one evaluator"));
+    issues.Add(
+        "spec.replicaSpecs.Evaluator.replicas",
+        absl::StrCat("must be 0 or 1, got ", evaluators, "; TensorFlow allows one evaluator"));
   }
   switch (config.strategy) {
     case StrategyKind::kOneDevice:
     case StrategyKind::kMirrored:
     case StrategyKind::kCentralStorage:
       if (workers > 1) {
-        issues.Add("spec.replicaSpecs.Worker.replicas",
-                   absl::StrCat(strategy, " runs in one pod and needs exactly 1 Worker, got ", workers,
-                                "; use MultiWorkerMirrored or ParameterServer for several workers"));
+        issues.Add(
+            "spec.replicaSpecs.Worker.replicas",
+            absl::StrCat(strategy, " runs in one pod and needs exactly 1 Worker, got ", workers,
+                         "; use MultiWorkerMirrored or ParameterServer for several workers"));
       }
       if (chiefs > 0) {
         issues.Add("spec.replicaSpecs.Chief",
-                   absl::StrCat(strategy, " takes no Chief, got ", chiefs, "; remove it or use MultiWorkerMirrored"));
+                   absl::StrCat(strategy, " takes no Chief, got ", chiefs,
+                                "; remove it or use MultiWorkerMirrored"));
       }
       if (ps > 0) {
-        issues.Add("spec.replicaSpecs.PS",
-                   absl::StrCat(strategy, " takes no PS, got ", ps, "; remove it or use ParameterServer"));
+        issues.Add("spec.replicaSpecs.PS", absl::StrCat(strategy, " takes no PS, got ", ps,
+                                                        "; remove it or use ParameterServer"));
       }
       break;
     case StrategyKind::kMultiWorkerMirrored:
@@ -1083,16 +1168,20 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
       break;
     case StrategyKind::kParameterServer:
       if (ps < 1) {
-        issues.Add("spec.replicaSpecs.PS.replicas",
-                   absl::StrCat("ParameterServer needs at least 1 PS to hold the variables, got ", ps));
+        issues.Add(
+            "spec.replicaSpecs.PS.replicas",
+            absl::StrCat("ParameterServer needs at least 1 PS to hold the variables, got ", ps));
       }
       if (chiefs == 0) {
         issues.Add("spec.replicaSpecs.Chief.replicas",
-                   "ParameterServer needs exactly 1 Chief (the coordinator), got 0; add Chief: {replicas: 1}");
+                   "ParameterServer needs exactly 1 Chief (the coordinator), got 0; add Chief: "
+                   "{replicas: 1}");
       }
       break;
     case StrategyKind::kTPU:
-      if (ps > 0) issues.Add("spec.replicaSpecs.PS", absl::StrCat("TPU takes no PS, got ", ps, "; remove it"));
+      if (ps > 0)
+        issues.Add("spec.replicaSpecs.PS",
+                   absl::StrCat("TPU takes no PS, got ", ps, "; remove it"));
       break;
     case StrategyKind::kAuto:
       break;
@@ -1100,21 +1189,26 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   if (config.elastic_policy) {
     const ElasticPolicy& elastic = *config.elastic_policy;
-    Check(ElasticBoundRule(), Json(elastic.min_replicas), "spec.elasticPolicy.minReplicas", &issues);
-    Check(ElasticBoundRule(), Json(elastic.max_replicas), "spec.elasticPolicy.maxReplicas", &issues);
-    if (config.strategy != StrategyKind::kMultiWorkerMirrored && config.strategy != StrategyKind::kParameterServer) {
-      issues.Add("spec.elasticPolicy", absl::StrCat("only MultiWorkerMirrored and ParameterServer jobs can be elastic, "
-                                                    "got strategy ",
-                                                    strategy, "; remove elasticPolicy"));
+    Check(ElasticBoundRule(), Json(elastic.min_replicas), "spec.elasticPolicy.minReplicas",
+          &issues);
+    Check(ElasticBoundRule(), Json(elastic.max_replicas), "spec.elasticPolicy.maxReplicas",
+          &issues);
+    if (config.strategy != StrategyKind::kMultiWorkerMirrored &&
+        config.strategy != StrategyKind::kParameterServer) {
+      issues.Add("spec.elasticPolicy",
+                 absl::StrCat("only MultiWorkerMirrored and ParameterServer jobs can be elastic, "
+                              "got strategy ",
+                              strategy, "; remove elasticPolicy"));
     }
     if (elastic.min_replicas > elastic.max_replicas) {
-      issues.Add("spec.elasticPolicy.minReplicas", absl::StrCat("must be <= maxReplicas, got minReplicas ",
-                                                                elastic.min_replicas, " > maxReplicas ",
-                                                                elastic.max_replicas));
+      issues.Add("spec.elasticPolicy.minReplicas",
+                 absl::StrCat("must be <= maxReplicas, got minReplicas ", elastic.min_replicas,
+                              " > maxReplicas ", elastic.max_replicas));
     } else if (workers < elastic.min_replicas || workers > elastic.max_replicas) {
-      issues.Add("spec.replicaSpecs.Worker.replicas",
-                 absl::StrCat("must be within spec.elasticPolicy [minReplicas, maxReplicas] = [",
-                              elastic.min_replicas, ", ", elastic.max_replicas, "], got ", workers));
+      issues.Add(
+          "spec.replicaSpecs.Worker.replicas",
+          absl::StrCat("must be within spec.elasticPolicy [minReplicas, maxReplicas] = [",
+                       elastic.min_replicas, ", ", elastic.max_replicas, "], got ", workers));
     }
   }
 
@@ -1130,17 +1224,19 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
       how = absl::StrCat("(", chief, chief == 1 ? " Chief + " : " Chiefs + ", workers,
                          workers == 1 ? " Worker) x " : " Workers) x ", local,
                          local == 1 ? " local replica" : " local replicas");
-    } else if ((config.strategy == StrategyKind::kMirrored || config.strategy == StrategyKind::kCentralStorage) &&
+    } else if ((config.strategy == StrategyKind::kMirrored ||
+                config.strategy == StrategyKind::kCentralStorage) &&
                t.local_replicas > 0) {
       in_sync = t.local_replicas;
       how = "spec.training.localReplicas";
     }
     if (in_sync > 1 && t.global_batch_size % in_sync != 0) {
       const int64_t lower = t.global_batch_size / in_sync * in_sync;
-      issues.Add("spec.training.globalBatchSize",
-                 absl::StrCat(t.global_batch_size, " is not divisible by the ", in_sync, " replicas in sync (", how,
-                              "); use a multiple of ", in_sync, " such as ",
-                              lower > 0 ? absl::StrCat(lower, " or ") : "", lower + in_sync));
+      issues.Add(
+          "spec.training.globalBatchSize",
+          absl::StrCat(t.global_batch_size, " is not divisible by the ", in_sync,
+                       " replicas in sync (", how, "); use a multiple of ", in_sync, " such as ",
+                       lower > 0 ? absl::StrCat(lower, " or ") : "", lower + in_sync));
     }
   }
 
@@ -1153,22 +1249,24 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
         issues.Add(ds + "trainFiles", "required for dataset type idx; list the IDX image files");
       }
       if (d.train_label_files.empty()) {
-        issues.Add(ds + "trainLabelFiles", "required for dataset type idx; list the IDX label files");
+        issues.Add(ds + "trainLabelFiles",
+                   "required for dataset type idx; list the IDX label files");
       }
       if (!d.train_files.empty() && !d.train_label_files.empty() &&
           d.train_files.size() != d.train_label_files.size()) {
         issues.Add(ds + "trainLabelFiles",
-                   absl::StrCat("has ", d.train_label_files.size(), " files but trainFiles has ", d.train_files.size(),
-                                "; give one label file per image file"));
+                   absl::StrCat("has ", d.train_label_files.size(), " files but trainFiles has ",
+                                d.train_files.size(), "; give one label file per image file"));
       }
       if (d.eval_files.size() != d.eval_label_files.size()) {
         issues.Add(ds + "evalLabelFiles",
-                   absl::StrCat("has ", d.eval_label_files.size(), " files but evalFiles has ", d.eval_files.size(),
-                                "; give one label file per image file"));
+                   absl::StrCat("has ", d.eval_label_files.size(), " files but evalFiles has ",
+                                d.eval_files.size(), "; give one label file per image file"));
       }
       break;
     case DatasetType::kCsv:
-      if (d.train_files.empty()) issues.Add(ds + "trainFiles", "required for dataset type csv; list the CSV files");
+      if (d.train_files.empty())
+        issues.Add(ds + "trainFiles", "required for dataset type csv; list the CSV files");
       if (!d.train_label_files.empty() || !d.eval_label_files.empty()) {
         issues.Add(ds + (d.train_label_files.empty() ? "evalLabelFiles" : "trainLabelFiles"),
                    "csv files carry their labels in labelColumn; remove the label files");
@@ -1177,7 +1275,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     case DatasetType::kSynthetic:
       if (!d.train_files.empty() || !d.train_label_files.empty() || !d.eval_files.empty() ||
           !d.eval_label_files.empty()) {
-        issues.Add(ds + "type", "synthetic reads no files; remove the file lists or set type to idx or csv");
+        issues.Add(ds + "type",
+                   "synthetic reads no files; remove the file lists or set type to idx or csv");
       }
       break;
   }
@@ -1189,7 +1288,8 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 const std::vector<JobSpecField>& JobSpecFields() {
   static const std::vector<JobSpecField>* const kFields = [] {
     auto* fields = new std::vector<JobSpecField>;
-    auto add = [fields](const std::string& path, const Rule& rule, std::optional<Json> default_value) {
+    auto add = [fields](const std::string& path, const Rule& rule,
+                        std::optional<Json> default_value) {
       JobSpecField f;
       f.path = SpecPath(path);
       f.type = KindName(rule.kind);

@@ -10,6 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+// yaml-cpp 0.7's node headers trip GCC 12's -Wdangling-pointer (a false
+// positive in yaml-cpp's own code).
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic ignored "-Wdangling-pointer"
+#endif
 #include "yaml-cpp/yaml.h"
 
 namespace distrain {
@@ -66,11 +71,12 @@ std::optional<Json> ParseInt(const std::string& s) {
   if (ec == std::errc() && ptr == digits.data() + digits.size()) {
     if (!negative) {
       return magnitude <= static_cast<uint64_t>(INT64_MAX) ? Json(static_cast<int64_t>(magnitude))
-                                                            : Json(magnitude);
+                                                           : Json(magnitude);
     }
     if (magnitude <= static_cast<uint64_t>(INT64_MAX) + 1) {
-      return Json(magnitude == static_cast<uint64_t>(INT64_MAX) + 1 ? INT64_MIN
-                                                                    : -static_cast<int64_t>(magnitude));
+      return Json(magnitude == static_cast<uint64_t>(INT64_MAX) + 1
+                      ? INT64_MIN
+                      : -static_cast<int64_t>(magnitude));
     }
   }
   // Too large for 64 bits: keep the magnitude as a float, like JSON would.
@@ -115,8 +121,8 @@ absl::Status ConvertScalar(const YAML::Node& node, Json* value) {
     if (!parsed) parsed = Json(s);
   }
   if (!parsed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(At(node.Mark()), ": \"", s, "\" is not a valid ", tag.substr(tag.rfind(':') + 1)));
+    return absl::InvalidArgumentError(absl::StrCat(At(node.Mark()), ": \"", s, "\" is not a valid ",
+                                                   tag.substr(tag.rfind(':') + 1)));
   }
   *value = std::move(*parsed);
   return absl::OkStatus();
@@ -147,13 +153,13 @@ absl::Status Convert(const YAML::Node& node, const std::string& path, YamlJson* 
       for (auto it = node.begin(); it != node.end(); ++it) {
         const YAML::Node& key = it->first;
         if (!key.IsScalar()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(At(key.Mark()), ": mapping keys must be plain strings, not lists or mappings"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              At(key.Mark()), ": mapping keys must be plain strings, not lists or mappings"));
         }
         const std::string& name = key.Scalar();
         if (value->contains(name)) {
-          return absl::InvalidArgumentError(absl::StrCat(At(key.Mark()), ": duplicate key \"", name, "\"",
-                                                         path.empty() ? "" : " in ", path,
+          return absl::InvalidArgumentError(absl::StrCat(At(key.Mark()), ": duplicate key \"", name,
+                                                         "\"", path.empty() ? "" : " in ", path,
                                                          "; each key may appear once"));
         }
         const std::string child_path = JoinYamlPath(path, name);
@@ -174,14 +180,17 @@ std::string JoinYamlPath(const std::string& parent, const std::string& key) {
   return parent.empty() ? std::string(key) : absl::StrCat(parent, ".", key);
 }
 
-std::string JoinYamlPath(const std::string& parent, size_t index) { return absl::StrCat(parent, "[", index, "]"); }
+std::string JoinYamlPath(const std::string& parent, size_t index) {
+  return absl::StrCat(parent, "[", index, "]");
+}
 
 absl::StatusOr<YamlJson> YamlToJson(const std::string& yaml_text) {
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("YAML syntax error at ", At(e.mark), ": ", e.msg));
+    return absl::InvalidArgumentError(
+        absl::StrCat("YAML syntax error at ", At(e.mark), ": ", e.msg));
   }
   const YAML::Node* document = nullptr;
   int count = 0;

@@ -23,7 +23,7 @@
 namespace distrain {
 
 struct YamlLocation {
-  int line = 0;  // 1-based
+  int line = 0;    // 1-based
   int column = 0;  // 1-based
 };
 

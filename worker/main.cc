@@ -22,6 +22,9 @@
 #include "spdlog/spdlog.h"
 #include "worker/strategy/strategy.h"
 #include "worker/trainer.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/device_probe.h"
+#endif
 
 namespace {
 
@@ -67,6 +70,14 @@ int main(int argc, char** argv) {
   }
   if (version) {
     std::cout << "distrain-worker " << DISTRAIN_VERSION << "\n";
+#ifdef DISTRAIN_HAVE_CUDA
+    cuda::DeviceInfo cuda_info = cuda::Probe();
+    std::cout << "cuda runtime " << cuda_info.runtime_version << ", nccl " << cuda_info.nccl_version
+              << ", " << cuda_info.device_count << " GPU(s)"
+              << (cuda_info.error.empty() ? "" : " (" + cuda_info.error + ")") << "\n";
+#else
+    std::cout << "cuda: not built (CPU only)\n";
+#endif
     return kExitOk;
   }
   InitLogging(log_level);

@@ -50,9 +50,20 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+// The example with steps raised so the worker is still training while we scrape.
+std::string LongRunningJob() {
+  std::ifstream in(SourceDir() + "/examples/onedevice.yaml");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string text = std::regex_replace(buf.str(), std::regex(R"(\n(\s+)steps: \d+)"), "\n$1steps: 100000000");
+  std::string path = ::testing::TempDir() + "/long_job_" + std::to_string(::getpid()) + ".yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
 TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   const int port = FreePort();
-  Subprocess worker({WorkerBinary(), "--config", SourceDir() + "/examples/onedevice.yaml"},
+  Subprocess worker({WorkerBinary(), "--config", LongRunningJob()},
                     {{"DISTRAIN_METRICS_PORT", std::to_string(port)},
                      {"TF_CONFIG", R"({"cluster":{"worker":["localhost:2222"]},"task":{"type":"worker","index":0}})"}});
   ASSERT_TRUE(worker.WaitForOutput("step ", 120)) << worker.output();
@@ -67,9 +78,10 @@ TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   ASSERT_TRUE(std::regex_search(metrics, m, std::regex(R"(\ndistrain_steps_total ([0-9.e+]+))"))) << metrics;
   EXPECT_GT(std::stod(m[1]), 0) << "steps counter never moved";
   EXPECT_NE(HttpGet(port, "/nope").find("404"), std::string::npos);
-  auto rc = worker.Wait(300);
-  ASSERT_TRUE(rc.has_value());
-  EXPECT_EQ(*rc, 0) << worker.output();
+  worker.Signal(SIGTERM);
+  auto rc = worker.Wait(60);
+  ASSERT_TRUE(rc.has_value()) << "worker ignored SIGTERM";
+  EXPECT_EQ(*rc, 143) << worker.output();
 }
 
 TEST(WorkerProcessTest, InvalidTfConfigExitsWithConfigCodeAndNamesTheField) {

@@ -123,7 +123,9 @@ absl::Status ReadAt(int fd, const std::string& path, uint64_t offset, void* out,
     const ssize_t n = ::pread(fd, p, std::min<uint64_t>(len, 1 << 30), static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno(path, absl::StrCat("read failed at byte ", offset));
-    if (n == 0) return absl::DataLossError(absl::StrCat(path, ": truncated at byte ", offset, " while reading"));
+    if (n == 0)
+      return absl::DataLossError(
+          absl::StrCat(path, ": truncated at byte ", offset, " while reading"));
     p += n;
     offset += static_cast<uint64_t>(n);
     len -= static_cast<uint64_t>(n);
@@ -146,11 +148,14 @@ absl::Status FsyncDir(const std::string& dir) {
 // Step of a final checkpoint file name "ckpt-<digits>.dtc", or -1.
 int64_t StepOfName(std::string_view name) {
   const std::string_view prefix = kPrefix, suffix = kSuffix;
-  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) || !name.ends_with(suffix)) {
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
+      !name.ends_with(suffix)) {
     return -1;
   }
-  const std::string_view digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  const std::string_view digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
   int64_t step = -1;
   auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
   return ec == std::errc() && ptr == digits.data() + digits.size() ? step : -1;
@@ -161,7 +166,8 @@ void RemoveStaleTmpFiles(const std::string& dir) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with(kPrefix) && name.find(std::string(kSuffix) + kTmpMarker) != std::string::npos) {
+    if (name.starts_with(kPrefix) &&
+        name.find(std::string(kSuffix) + kTmpMarker) != std::string::npos) {
       std::error_code rm_ec;
       if (std::filesystem::remove(entry.path(), rm_ec)) {
         spdlog::info("checkpoint: removed leftover temporary file {}", entry.path().string());
@@ -205,7 +211,8 @@ bool IsValidUtf8(std::string_view s) {
 
 }  // namespace
 
-CheckpointManager::CheckpointManager(std::string dir, int keep) : dir_(std::move(dir)), keep_(keep) {}
+CheckpointManager::CheckpointManager(std::string dir, int keep)
+    : dir_(std::move(dir)), keep_(keep) {}
 
 std::string CheckpointManager::PathForStep(int64_t step) const {
   return absl::StrFormat("%s/%s%012d%s", dir_, kPrefix, step, kSuffix);
@@ -218,7 +225,8 @@ std::vector<int64_t> CheckpointManager::ListSteps() const {
     const std::string name = entry.path().filename().string();
     const int64_t step = StepOfName(name);
     // Only the canonical spelling, so PathForStep(step) names this file.
-    if (step >= 0 && std::filesystem::path(PathForStep(step)).filename() == name) steps.push_back(step);
+    if (step >= 0 && std::filesystem::path(PathForStep(step)).filename() == name)
+      steps.push_back(step);
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -300,8 +308,9 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
   const uint64_t size = static_cast<uint64_t>(st.st_size);
 
   if (size < kHeaderSize + kCrcSize + kTrailerSize) {
-    return Corrupt(path, absl::StrCat("truncated: ", size, " bytes is smaller than the ",
-                                      kHeaderSize + kCrcSize + kTrailerSize, "-byte minimum checkpoint"));
+    return Corrupt(path,
+                   absl::StrCat("truncated: ", size, " bytes is smaller than the ",
+                                kHeaderSize + kCrcSize + kTrailerSize, "-byte minimum checkpoint"));
   }
   char head[kHeaderSize];
   if (auto s = ReadAt(fd, path, 0, head, kHeaderSize); !s.ok()) return s;
@@ -310,8 +319,8 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
   }
   const uint32_t version = GetU32(head + 8);
   if (version != kFormatVersion) {
-    return Corrupt(path, absl::StrCat("unsupported format version ", version, " at byte 8 (this build reads ",
-                                      kFormatVersion, ")"));
+    return Corrupt(path, absl::StrCat("unsupported format version ", version,
+                                      " at byte 8 (this build reads ", kFormatVersion, ")"));
   }
   char trailer[kTrailerSize];
   if (auto s = ReadAt(fd, path, size - kTrailerSize, trailer, kTrailerSize); !s.ok()) return s;
@@ -322,8 +331,9 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
   const uint64_t index_len = GetU64(head + 12);
   const uint64_t max_index_len = size - kHeaderSize - kCrcSize - kTrailerSize;
   if (index_len > max_index_len) {
-    return Corrupt(path, absl::StrCat("index length ", index_len, " (at byte 12) runs past the end of the ",
-                                      size, "-byte file"));
+    return Corrupt(
+        path, absl::StrCat("index length ", index_len, " (at byte 12) runs past the end of the ",
+                           size, "-byte file"));
   }
   std::string index_bytes(index_len, '\0');
   if (auto s = ReadAt(fd, path, kHeaderSize, index_bytes.data(), index_len); !s.ok()) return s;
@@ -332,11 +342,13 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
   const uint32_t stored_crc = GetU32(crc_bytes);
   const uint32_t actual_crc = Crc32(index_bytes.data(), index_len);
   if (stored_crc != actual_crc) {
-    return Corrupt(path, absl::StrFormat("index checksum mismatch (stored %08x at byte %d, computed %08x)",
-                                         stored_crc, kHeaderSize + index_len, actual_crc));
+    return Corrupt(
+        path, absl::StrFormat("index checksum mismatch (stored %08x at byte %d, computed %08x)",
+                              stored_crc, kHeaderSize + index_len, actual_crc));
   }
   distrain::v1::CheckpointIndex index;
-  if (!index.ParseFromString(index_bytes)) return Corrupt(path, "the index does not parse as CheckpointIndex");
+  if (!index.ParseFromString(index_bytes))
+    return Corrupt(path, "the index does not parse as CheckpointIndex");
 
   const uint64_t data_start = kHeaderSize + index_len + kCrcSize;
   const uint64_t data_size = size - kTrailerSize - data_start;
@@ -355,12 +367,14 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
     // A default-constructed Tensor has rank 0 and no storage.
     const bool empty_scalar = entry.shape_size() == 0 && entry.byte_size() == 0;
     if (!empty_scalar && elements * sizeof(float) != entry.byte_size()) {
-      return Corrupt(path, absl::StrCat(what, " has ", entry.byte_size(), " bytes but its shape holds ", elements,
-                                        " floats (", elements * sizeof(float), " bytes)"));
+      return Corrupt(path,
+                     absl::StrCat(what, " has ", entry.byte_size(), " bytes but its shape holds ",
+                                  elements, " floats (", elements * sizeof(float), " bytes)"));
     }
     if (entry.offset() > data_size || entry.byte_size() > data_size - entry.offset()) {
-      return Corrupt(path, absl::StrCat(what, " at data offset ", entry.offset(), " (+", entry.byte_size(),
-                                        " bytes) runs past the ", data_size, "-byte data section"));
+      return Corrupt(
+          path, absl::StrCat(what, " at data offset ", entry.offset(), " (+", entry.byte_size(),
+                             " bytes) runs past the ", data_size, "-byte data section"));
     }
     ranges.emplace_back(entry.offset(), entry.offset() + entry.byte_size());
   }
@@ -373,8 +387,8 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
     covered = std::max(covered, ranges[i].second);
   }
   if (covered != data_size) {
-    return Corrupt(path, absl::StrCat("the data section has ", data_size, " bytes but the index describes ",
-                                      covered));
+    return Corrupt(path, absl::StrCat("the data section has ", data_size,
+                                      " bytes but the index describes ", covered));
   }
 
   CheckpointState state;
@@ -384,14 +398,16 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
     const std::string what = absl::StrCat("tensor \"", entry.name(), "\"");
     std::vector<int64_t> shape(entry.shape().begin(), entry.shape().end());
     Tensor tensor = shape.empty() && entry.byte_size() == 0 ? Tensor() : Tensor(std::move(shape));
-    if (auto s = ReadAt(fd, path, data_start + entry.offset(), tensor.data(), entry.byte_size()); !s.ok()) {
+    if (auto s = ReadAt(fd, path, data_start + entry.offset(), tensor.data(), entry.byte_size());
+        !s.ok()) {
       return s;
     }
     const uint32_t crc = Crc32(tensor.data(), entry.byte_size());
     if (crc != entry.crc32()) {
-      return Corrupt(path, absl::StrFormat("%s: checksum mismatch (stored %08x, computed %08x) in bytes %d..%d",
-                                           what, entry.crc32(), crc, data_start + entry.offset(),
-                                           data_start + entry.offset() + entry.byte_size()));
+      return Corrupt(path, absl::StrFormat(
+                               "%s: checksum mismatch (stored %08x, computed %08x) in bytes %d..%d",
+                               what, entry.crc32(), crc, data_start + entry.offset(),
+                               data_start + entry.offset() + entry.byte_size()));
     }
     if (!state.tensors.emplace(entry.name(), std::move(tensor)).second) {
       return Corrupt(path, absl::StrCat(what, " appears twice in the index"));
@@ -402,12 +418,14 @@ absl::StatusOr<CheckpointState> CheckpointManager::ReadFile(const std::string& p
 
 absl::Status CheckpointManager::Save(const CheckpointState& state) {
   if (state.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", state.step));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint step must be >= 0, got ", state.step));
   }
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat(dir_, ": cannot create checkpoint directory: ", ec.message()));
+    return absl::InternalError(
+        absl::StrCat(dir_, ": cannot create checkpoint directory: ", ec.message()));
   }
   RemoveStaleTmpFiles(dir_);
 
@@ -437,7 +455,8 @@ absl::Status CheckpointManager::Save(const CheckpointState& state) {
         std::error_code rm_ec;
         std::filesystem::remove(PathForStep(others[i]), rm_ec);
         if (rm_ec) {
-          spdlog::warn("checkpoint: cannot delete old checkpoint {}: {}", PathForStep(others[i]), rm_ec.message());
+          spdlog::warn("checkpoint: cannot delete old checkpoint {}: {}", PathForStep(others[i]),
+                       rm_ec.message());
         }
       }
     }
@@ -448,14 +467,19 @@ absl::Status CheckpointManager::Save(const CheckpointState& state) {
 absl::StatusOr<std::optional<CheckpointState>> CheckpointManager::RestoreLatest() {
   std::error_code ec;
   if (!std::filesystem::exists(dir_, ec)) {
-    if (ec) return absl::InternalError(absl::StrCat(dir_, ": cannot access checkpoint directory: ", ec.message()));
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat(dir_, ": cannot access checkpoint directory: ", ec.message()));
     return std::optional<CheckpointState>();
   }
   if (!std::filesystem::is_directory(dir_, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(dir_, ": checkpoint path exists but is not a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir_, ": checkpoint path exists but is not a directory"));
   }
   std::filesystem::directory_iterator probe(dir_, ec);
-  if (ec) return absl::InternalError(absl::StrCat(dir_, ": cannot list checkpoint directory: ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat(dir_, ": cannot list checkpoint directory: ", ec.message()));
   RemoveStaleTmpFiles(dir_);
 
   std::vector<int64_t> steps = ListSteps();
@@ -467,7 +491,8 @@ absl::StatusOr<std::optional<CheckpointState>> CheckpointManager::RestoreLatest(
       continue;
     }
     if (state->step != *it) {
-      spdlog::warn("checkpoint: skipping {}: it holds step {} but its name says {}", path, state->step, *it);
+      spdlog::warn("checkpoint: skipping {}: it holds step {} but its name says {}", path,
+                   state->step, *it);
       continue;
     }
     return std::optional<CheckpointState>(*std::move(state));

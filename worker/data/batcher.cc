@@ -12,9 +12,9 @@ constexpr uint64_t kEpochStream = 0x65706f6368000000ULL;  // "epoch"
 
 }  // namespace
 
-ShardedBatcher::ShardedBatcher(std::shared_ptr<const Dataset> dataset, AutoShardPolicy effective_policy,
-                               int shard_index, int num_shards, int64_t batch_size, uint64_t seed,
-                               bool shuffle, int64_t start_step)
+ShardedBatcher::ShardedBatcher(std::shared_ptr<const Dataset> dataset,
+                               AutoShardPolicy effective_policy, int shard_index, int num_shards,
+                               int64_t batch_size, uint64_t seed, bool shuffle, int64_t start_step)
     : dataset_(std::move(dataset)),
       stride_(effective_policy == AutoShardPolicy::kData ? num_shards : 1),
       offset_(effective_policy == AutoShardPolicy::kData ? shard_index : 0),
@@ -24,9 +24,11 @@ ShardedBatcher::ShardedBatcher(std::shared_ptr<const Dataset> dataset, AutoShard
       next_step_(start_step) {
   DISTRAIN_CHECK(dataset_ != nullptr);
   DISTRAIN_CHECK_GT(dataset_->size(), 0);
-  DISTRAIN_CHECK(effective_policy != AutoShardPolicy::kAuto) << "resolve AUTO with OpenTrainingInput";
+  DISTRAIN_CHECK(effective_policy != AutoShardPolicy::kAuto)
+      << "resolve AUTO with OpenTrainingInput";
   DISTRAIN_CHECK_GE(num_shards, 1);
-  DISTRAIN_CHECK(shard_index >= 0 && shard_index < num_shards) << shard_index << " of " << num_shards;
+  DISTRAIN_CHECK(shard_index >= 0 && shard_index < num_shards)
+      << shard_index << " of " << num_shards;
   DISTRAIN_CHECK_GT(batch_size_, 0);
   DISTRAIN_CHECK_GE(start_step, 0);
 }
@@ -38,7 +40,8 @@ const std::vector<int64_t>& ShardedBatcher::EpochOrder(int64_t epoch) {
   std::iota(order_.begin(), order_.end(), int64_t{0});
   if (shuffle_) {
     // Fisher-Yates with PortableRng: the same permutation on every platform.
-    PortableRng rng(PortableRng::MixKey(PortableRng::MixKey(seed_, kEpochStream), static_cast<uint64_t>(epoch)));
+    PortableRng rng(PortableRng::MixKey(PortableRng::MixKey(seed_, kEpochStream),
+                                        static_cast<uint64_t>(epoch)));
     for (int64_t i = n - 1; i > 0; --i) {
       const int64_t j = static_cast<int64_t>(rng.NextBelow(static_cast<uint64_t>(i) + 1));
       std::swap(order_[i], order_[j]);
@@ -106,7 +109,8 @@ void PrefetchingBatchSource::Loop() {
 Batch PrefetchingBatchSource::Next() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](PrefetchingBatchSource* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return !self->ready_.empty(); },
+      +[](PrefetchingBatchSource* self)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return !self->ready_.empty(); },
       this));
   Batch batch = std::move(ready_.front());
   ready_.pop_front();

@@ -12,11 +12,11 @@
 #include <limits>
 #include <memory>
 #include <sstream>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "worker/data/dataset.h"
 
 namespace distrain {
@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadCsvDataset(const std::string& path,
   buffer << in.rdbuf();
   if (in.bad()) return absl::InternalError(absl::StrCat(path, ": read failed"));
   const std::string text = buffer.str();
-  if (text.size() >= 2 && static_cast<uint8_t>(text[0]) == 0x1f && static_cast<uint8_t>(text[1]) == 0x8b) {
+  if (text.size() >= 2 && static_cast<uint8_t>(text[0]) == 0x1f &&
+      static_cast<uint8_t>(text[1]) == 0x8b) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": is gzip-compressed; decompress it first (gunzip ", path, ")"));
   }
@@ -81,18 +82,21 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadCsvDataset(const std::string& path,
     if (num_columns == 0) {
       num_columns = fields.size();
       if (num_columns < 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": found 1 column; a CSV dataset needs the label column and at least one feature column"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": found 1 column; a CSV dataset needs the label column and at least one "
+                         "feature column"));
       }
       if (static_cast<size_t>(label_column) >= num_columns) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": labelColumn ", label_column,
-                                                       " is out of range; the file has ", num_columns,
-                                                       " columns (0-based indexes 0..", num_columns - 1, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": labelColumn ", label_column, " is out of range; the file has ",
+                         num_columns, " columns (0-based indexes 0..", num_columns - 1, ")"));
       }
       if (header) continue;
     } else if (fields.size() != num_columns) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": found ", fields.size(), " columns, expected ",
-                                                     num_columns, " like the ", header ? "header" : "first line"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": found ", fields.size(), " columns, expected ", num_columns,
+                       " like the ", header ? "header" : "first line"));
     }
 
     for (size_t c = 0; c < fields.size(); ++c) {
@@ -100,26 +104,29 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadCsvDataset(const std::string& path,
       if (c == static_cast<size_t>(label_column)) {
         if (!ParseFloat(fields[c], &value) || value != std::floor(value) || value < 0 ||
             value > std::numeric_limits<int32_t>::max()) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": column ", c + 1, ": label \"", fields[c],
-                                                         "\" is not a non-negative integer class id"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": column ", c + 1, ": label \"", fields[c],
+                           "\" is not a non-negative integer class id"));
         }
         if (num_classes > 0 && value >= num_classes) {
-          return absl::InvalidArgumentError(absl::StrCat(where, ": column ", c + 1, ": label ", fields[c],
-                                                         " is not below numClasses ", num_classes));
+          return absl::InvalidArgumentError(absl::StrCat(where, ": column ", c + 1, ": label ",
+                                                         fields[c], " is not below numClasses ",
+                                                         num_classes));
         }
         labels.push_back(static_cast<int32_t>(value));
         max_label = std::max<int64_t>(max_label, labels.back());
       } else {
         if (!ParseFloat(fields[c], &value)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, ": column ", c + 1, ": \"", fields[c], "\" is not a finite number"));
+          return absl::InvalidArgumentError(absl::StrCat(where, ": column ", c + 1, ": \"",
+                                                         fields[c], "\" is not a finite number"));
         }
         features.push_back(static_cast<float>(value));
       }
     }
   }
   if (labels.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": has no data rows"));
-  const int classes = num_classes > 0 ? num_classes : static_cast<int>(std::max<int64_t>(2, max_label + 1));
+  const int classes =
+      num_classes > 0 ? num_classes : static_cast<int>(std::max<int64_t>(2, max_label + 1));
   return std::make_unique<InMemoryDataset>(path, static_cast<int>(num_columns - 1), classes,
                                            std::move(features), std::move(labels));
 }

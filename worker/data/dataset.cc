@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numbers>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,13 +66,20 @@ uint64_t PortableRng::NextBelow(uint64_t bound) {
 }
 
 void PortableRng::NextNormalPair(double* z0, double* z1) {
-  // u1 in (0, 1] so log(u1) is finite.
-  const double u1 = static_cast<double>((NextU64() >> 11) + 1) * 0x1.0p-53;
-  const double u2 = NextDouble();
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double theta = 2.0 * std::numbers::pi * u2;
-  *z0 = r * std::cos(theta);
-  *z1 = r * std::sin(theta);
+  // Marsaglia's polar form of Box-Muller: no sin/cos, about twice as fast,
+  // which matters when materialising tens of millions of features. Each draw
+  // splits one 64-bit output into two 32-bit coordinates in [-1, 1); 32 bits
+  // bound |z| below ~9, far beyond anything a Gaussian cluster needs.
+  double x, y, s;
+  do {
+    const uint64_t bits = NextU64();
+    x = static_cast<double>(bits >> 32) * 0x1.0p-31 - 1.0;
+    y = static_cast<double>(bits & 0xffffffffULL) * 0x1.0p-31 - 1.0;
+    s = x * x + y * y;
+  } while (s >= 1.0 || s == 0.0);
+  const double f = std::sqrt(-2.0 * std::log(s) / s);
+  *z0 = x * f;
+  *z1 = y * f;
 }
 
 // ---------------------------------------------------------------------------
@@ -127,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> Concat(std::vector<std::unique_ptr<Data
   if (parts.empty()) return absl::InvalidArgumentError("no datasets to concatenate");
   int num_classes = min_num_classes;
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("dataset part ", i, " is null"));
+    if (parts[i] == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("dataset part ", i, " is null"));
     if (parts[i]->num_features() != parts[0]->num_features()) {
       return absl::InvalidArgumentError(absl::StrCat(
           parts[i]->description(), " has ", parts[i]->num_features(), " features per example but ",
@@ -141,7 +148,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> Concat(std::vector<std::unique_ptr<Data
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(std::vector<std::unique_ptr<Dataset>> parts) {
+absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(
+    std::vector<std::unique_ptr<Dataset>> parts) {
   if (parts.size() == 1 && parts[0] != nullptr) return std::move(parts[0]);
   return Concat(std::move(parts), 0);
 }
@@ -163,13 +171,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadFiles(const DatasetConfig& config,
                                                    const std::vector<size_t>& indices) {
   if (config.type == DatasetType::kIdx && label_files.size() != files.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kDatasetPath, ".", label_files_field, ": IDX datasets need one labels file per images file in ",
-        kDatasetPath, ".", files_field, " (", files.size(), " images files, ", label_files.size(),
-        " labels files)"));
+        kDatasetPath, ".", label_files_field,
+        ": IDX datasets need one labels file per images file in ", kDatasetPath, ".", files_field,
+        " (", files.size(), " images files, ", label_files.size(), " labels files)"));
   }
   if (config.num_classes < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(kDatasetPath, ".numClasses: must be at least 2, got ",
-                                                   config.num_classes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kDatasetPath, ".numClasses: must be at least 2, got ", config.num_classes));
   }
   std::vector<std::unique_ptr<Dataset>> parts;
   for (size_t i : indices) {
@@ -180,13 +188,14 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadFiles(const DatasetConfig& config,
       part = LoadCsvDataset(files[i], config.label_column, config.csv_header, config.num_classes);
     }
     if (!part.ok()) {
-      return absl::Status(part.status().code(),
-                          absl::StrCat(kDatasetPath, ".", files_field, "[", i, "]: ", part.status().message()));
+      return absl::Status(part.status().code(), absl::StrCat(kDatasetPath, ".", files_field, "[", i,
+                                                             "]: ", part.status().message()));
     }
     if ((*part)->num_classes() > config.num_classes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kDatasetPath, ".numClasses: ", files[i], " has labels up to ", (*part)->num_classes() - 1,
-          " but numClasses is ", config.num_classes, "; set numClasses to at least ", (*part)->num_classes()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(kDatasetPath, ".numClasses: ", files[i], " has labels up to ",
+                       (*part)->num_classes() - 1, " but numClasses is ", config.num_classes,
+                       "; set numClasses to at least ", (*part)->num_classes()));
     }
     parts.push_back(*std::move(part));
   }
@@ -207,9 +216,10 @@ absl::StatusOr<TrainingInput> OpenTrainingInput(const DatasetConfig& config, uin
   if (config.type == DatasetType::kSynthetic) {
     switch (config.auto_shard_policy) {
       case AutoShardPolicy::kFile:
-        return absl::InvalidArgumentError(absl::StrCat(
-            kDatasetPath, ".autoShardPolicy: FILE sharding splits ", kDatasetPath,
-            ".trainFiles across workers, but a synthetic dataset has no files; use DATA (or AUTO)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(kDatasetPath, ".autoShardPolicy: FILE sharding splits ", kDatasetPath,
+                         ".trainFiles across workers, but a synthetic dataset has no files; use "
+                         "DATA (or AUTO)"));
       case AutoShardPolicy::kAuto:
       case AutoShardPolicy::kData:
         input.effective_policy = AutoShardPolicy::kData;
@@ -232,11 +242,13 @@ absl::StatusOr<TrainingInput> OpenTrainingInput(const DatasetConfig& config, uin
   }
   AutoShardPolicy policy = config.auto_shard_policy;
   if (policy == AutoShardPolicy::kAuto) {
-    policy = files.size() >= static_cast<size_t>(num_shards) ? AutoShardPolicy::kFile : AutoShardPolicy::kData;
+    policy = files.size() >= static_cast<size_t>(num_shards) ? AutoShardPolicy::kFile
+                                                             : AutoShardPolicy::kData;
   }
   if (policy == AutoShardPolicy::kFile && files.size() < static_cast<size_t>(num_shards)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kDatasetPath, ".autoShardPolicy: FILE sharding needs at least one file per input pipeline, but ",
+        kDatasetPath,
+        ".autoShardPolicy: FILE sharding needs at least one file per input pipeline, but ",
         kDatasetPath, ".trainFiles has ", files.size(), " for ", num_shards,
         " pipelines; add files, or use DATA (or AUTO)"));
   }
@@ -246,14 +258,16 @@ absl::StatusOr<TrainingInput> OpenTrainingInput(const DatasetConfig& config, uin
       indices.push_back(i);
     }
   }
-  auto dataset = LoadFiles(config, files, config.train_label_files, "trainFiles", "trainLabelFiles", indices);
+  auto dataset =
+      LoadFiles(config, files, config.train_label_files, "trainFiles", "trainLabelFiles", indices);
   if (!dataset.ok()) return dataset.status();
   input.dataset = *std::move(dataset);
   input.effective_policy = policy;
   return input;
 }
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenEvalDataset(const DatasetConfig& config, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Dataset>> OpenEvalDataset(const DatasetConfig& config,
+                                                         uint64_t seed) {
   if (config.type == DatasetType::kSynthetic) {
     if (config.num_eval_examples <= 0) return std::unique_ptr<Dataset>();
     return MakeSyntheticDataset(config, seed, /*eval_split=*/true);
@@ -261,7 +275,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenEvalDataset(const DatasetConfig& co
   if (config.eval_files.empty()) return std::unique_ptr<Dataset>();
   std::vector<size_t> indices(config.eval_files.size());
   for (size_t i = 0; i < indices.size(); ++i) indices[i] = i;
-  return LoadFiles(config, config.eval_files, config.eval_label_files, "evalFiles", "evalLabelFiles", indices);
+  return LoadFiles(config, config.eval_files, config.eval_label_files, "evalFiles",
+                   "evalLabelFiles", indices);
 }
 
 }  // namespace distrain

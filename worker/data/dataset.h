@@ -65,7 +65,7 @@ class PortableRng {
   double NextDouble();
   // Uniform integer in [0, bound), bound > 0 (Lemire's multiply-shift).
   uint64_t NextBelow(uint64_t bound);
-  // Two independent standard normals (Box-Muller).
+  // Two independent standard normals (Box-Muller, polar form).
   void NextNormalPair(double* z0, double* z1);
 
  private:

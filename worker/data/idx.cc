@@ -40,17 +40,20 @@ class FileCloser {
   int fd_;
 };
 
-absl::Status ReadExactly(int fd, const std::string& path, uint64_t offset, uint8_t* out, uint64_t len) {
+absl::Status ReadExactly(int fd, const std::string& path, uint64_t offset, uint8_t* out,
+                         uint64_t len) {
   uint64_t done = 0;
   while (done < len) {
-    const ssize_t n = ::pread(fd, out + done, std::min<uint64_t>(len - done, 1 << 30), offset + done);
+    const ssize_t n =
+        ::pread(fd, out + done, std::min<uint64_t>(len - done, 1 << 30), offset + done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      return absl::InternalError(absl::StrCat(path, ": read failed at byte ", offset + done, ": ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat(path, ": read failed at byte ", offset + done, ": ", std::strerror(errno)));
     }
     if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path, ": truncated at byte ", offset + done, " while reading"));
+      return absl::DataLossError(
+          absl::StrCat(path, ": truncated at byte ", offset + done, " while reading"));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -77,14 +80,15 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int ndims, const char*
   if (::fstat(fd, &st) != 0) {
     return absl::InternalError(absl::StrCat(path, ": stat failed: ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode)) return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  if (!S_ISREG(st.st_mode))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
 
   const uint32_t expected_magic = 0x00000800u | static_cast<uint32_t>(ndims);
   if (size < 4) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: truncated at byte %d, expected a 4-byte IDX magic 0x%08x (%s)", path, size, expected_magic,
-        shape_doc));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: truncated at byte %d, expected a 4-byte IDX magic 0x%08x (%s)", path,
+                        size, expected_magic, shape_doc));
   }
   std::array<uint8_t, 4> magic_bytes;
   if (auto s = ReadExactly(fd, path, 0, magic_bytes.data(), 4); !s.ok()) return s;
@@ -99,9 +103,9 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int ndims, const char*
     std::string hint;
     if (magic == 0x00000801u) hint = "; this looks like a labels file";
     if (magic == 0x00000803u) hint = "; this looks like an images file";
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: bad IDX magic 0x%08x at byte 0, expected 0x%08x (%s)%s", path, magic, expected_magic,
-        shape_doc, hint));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: bad IDX magic 0x%08x at byte 0, expected 0x%08x (%s)%s", path, magic,
+                        expected_magic, shape_doc, hint));
   }
 
   const uint64_t header_len = 4 + 4 * static_cast<uint64_t>(ndims);
@@ -128,12 +132,13 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int ndims, const char*
   const uint64_t expected_size = header_len + count;
   if (size < expected_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: truncated at byte %d, expected %d bytes of %s data (%d-byte header + [%s] values)", path, size,
-        expected_size, what, header_len, absl::StrJoin(out.dims, ", ")));
+        "%s: truncated at byte %d, expected %d bytes of %s data (%d-byte header + [%s] values)",
+        path, size, expected_size, what, header_len, absl::StrJoin(out.dims, ", ")));
   }
   if (size > expected_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d unexpected bytes after the end of the %s data at byte %d (header says [%s]); the file is "
+        "%s: %d unexpected bytes after the end of the %s data at byte %d (header says [%s]); the "
+        "file is "
         "not a single IDX array",
         path, size - expected_size, what, expected_size, absl::StrJoin(out.dims, ", ")));
   }
@@ -145,16 +150,17 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path, int ndims, const char*
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& images_path,
-                                                         const std::string& labels_path, float scale) {
+                                                        const std::string& labels_path,
+                                                        float scale) {
   auto images = ReadIdx(images_path, 3, "image", "uint8 images [n, rows, cols]");
   if (!images.ok()) return images.status();
   auto labels = ReadIdx(labels_path, 1, "label", "uint8 labels [n]");
   if (!labels.ok()) return labels.status();
   const uint64_t n = images->dims[0];
   if (labels->dims[0] != n) {
-    return absl::InvalidArgumentError(absl::StrCat(images_path, " has ", n, " images but ", labels_path,
-                                                   " has ", labels->dims[0],
-                                                   " labels; the files must describe the same examples"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(images_path, " has ", n, " images but ", labels_path, " has ", labels->dims[0],
+                     " labels; the files must describe the same examples"));
   }
   const uint64_t num_features = uint64_t{images->dims[1]} * images->dims[2];
   if (num_features > (1u << 30)) {

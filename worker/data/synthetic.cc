@@ -41,22 +41,23 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSyntheticDataset(const DatasetConfi
         absl::StrCat("spec.training.dataset.", count_field, ": must be positive, got ", count));
   }
   if (config.num_features <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.training.dataset.numFeatures: must be positive, got ", config.num_features));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.dataset.numFeatures: must be positive, got ", config.num_features));
   }
   if (config.num_classes < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.training.dataset.numClasses: must be at least 2, got ", config.num_classes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.dataset.numClasses: must be at least 2, got ", config.num_classes));
   }
   if (!(config.noise >= 0) || !std::isfinite(config.noise)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.training.dataset.noise: must be a finite number >= 0, got ", config.noise));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.dataset.noise: must be a finite number >= 0, got ", config.noise));
   }
   const int64_t nf = config.num_features;
   if (count > kMaxFloats / nf) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.dataset.", count_field, ": ", count, " examples of ", nf,
-        " features would need ", count * nf * 4 / (int64_t{1} << 30), " GiB; use at most ", kMaxFloats / nf));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.training.dataset.", count_field, ": ", count, " examples of ", nf,
+                     " features would need ", count * nf * 4 / (int64_t{1} << 30),
+                     " GiB; use at most ", kMaxFloats / nf));
   }
 
   // Class centres: shared by both splits.
@@ -96,8 +97,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSyntheticDataset(const DatasetConfi
     }
   }
   return std::make_unique<InMemoryDataset>(eval_split ? "synthetic (eval split)" : "synthetic",
-                                           static_cast<int>(nf), config.num_classes, std::move(features),
-                                           std::move(labels));
+                                           static_cast<int>(nf), config.num_classes,
+                                           std::move(features), std::move(labels));
 }
 
 }  // namespace distrain

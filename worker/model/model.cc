@@ -33,8 +33,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
   for (size_t i = 0; i < config.hidden_units.size(); ++i) {
     if (config.hidden_units[i] < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.training.model.hiddenUnits[", i, "]: every hidden layer needs at least 1 unit, got ",
-          config.hidden_units[i]));
+          "spec.training.model.hiddenUnits[", i,
+          "]: every hidden layer needs at least 1 unit, got ", config.hidden_units[i]));
     }
   }
   if (input_dim < 1) {
@@ -57,11 +57,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
     const int layer_index = static_cast<int>(model->layers_.size());
     model->layers_.push_back(std::make_unique<Dense>(absl::StrCat("dense_", d), widths[d],
                                                      widths[d + 1], LayerSeed(seed, layer_index)));
-    if (d + 1 < num_dense) model->layers_.push_back(std::make_unique<ReLU>(absl::StrCat("relu_", d)));
+    if (d + 1 < num_dense) {
+      model->layers_.push_back(std::make_unique<ReLU>(absl::StrCat("relu_", d)));
+    }
   }
   model->activations_.resize(model->layers_.size());
   model->grads_.resize(model->layers_.size());
-  for (auto& layer : model->layers_) model->has_parameters_.push_back(!layer->parameters().empty());
+  for (auto& layer : model->layers_) {
+    model->has_parameters_.push_back(!layer->parameters().empty());
+  }
   model->summary_ =
       absl::StrCat("mlp ", absl::StrJoin(widths, "-"), " (", model->num_parameters(), " params)");
   return model;

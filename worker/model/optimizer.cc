@@ -42,7 +42,9 @@ class SlotTable {
   std::vector<Tensor>& Get(const std::string& var, int64_t n) {
     auto [it, inserted] = slots_.try_emplace(var);
     if (inserted) {
-      for (size_t s = 0; s < slot_names_.size(); ++s) it->second.emplace_back(std::vector<int64_t>{n});
+      for (size_t s = 0; s < slot_names_.size(); ++s) {
+        it->second.emplace_back(std::vector<int64_t>{n});
+      }
     }
     for (size_t s = 0; s < slot_names_.size(); ++s) {
       // A restored slot that does not match the live variable means the
@@ -77,13 +79,15 @@ class SlotTable {
       int slot = -1;
       if (slash != std::string::npos && slash > 0) {
         for (size_t s = 0; s < slot_names_.size(); ++s) {
-          if (name.compare(slash + 1, std::string::npos, slot_names_[s]) == 0) slot = static_cast<int>(s);
+          if (name.compare(slash + 1, std::string::npos, slot_names_[s]) == 0) {
+            slot = static_cast<int>(s);
+          }
         }
       }
       if (slot < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "optimizer state: slot \"", name, "\" is not a slot of the ", optimizer, " optimizer (expected ",
-            expected, "); the checkpoint was written with a different "
+            "optimizer state: slot \"", name, "\" is not a slot of the ", optimizer,
+            " optimizer (expected ", expected, "); the checkpoint was written with a different "
             "spec.training.optimizer.type — restore with the same optimizer or start fresh"));
       }
       if (tensor.rank() != 1) {

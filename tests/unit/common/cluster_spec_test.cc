@@ -22,6 +22,8 @@ struct ValidCase {
   int training_tasks;
 };
 
+void PrintTo(const ValidCase& c, std::ostream* os) { *os << c.name; }
+
 class ClusterSpecValidTest : public ::testing::TestWithParam<ValidCase> {};
 
 TEST_P(ClusterSpecValidTest, ParsesShapeRanksAndChief) {
@@ -42,44 +44,116 @@ TEST_P(ClusterSpecValidTest, ParsesShapeRanksAndChief) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ClusterSpecValidTest,
     ::testing::Values(
-        ValidCase{"WorkerOnly",
-                  R"({"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker", "index": 1}})",
-                  0, 2, 0, 0, {"worker", 0}, 1, false, 2},
-        ValidCase{"WorkerZeroIsChiefWithoutChief",
-                  R"({"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker", "index": 0}})",
-                  0, 2, 0, 0, {"worker", 0}, 0, true, 2},
+        ValidCase{
+            "WorkerOnly",
+            R"({"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker", "index": 1}})",
+            0,
+            2,
+            0,
+            0,
+            {"worker", 0},
+            1,
+            false,
+            2},
+        ValidCase{
+            "WorkerZeroIsChiefWithoutChief",
+            R"({"cluster": {"worker": ["w0:2222", "w1:2222"]}, "task": {"type": "worker", "index": 0}})",
+            0,
+            2,
+            0,
+            0,
+            {"worker", 0},
+            0,
+            true,
+            2},
         ValidCase{"ChiefAndWorkers",
                   R"({"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222", "w2:2222"]},
                       "task": {"type": "worker", "index": 2}, "environment": "cloud"})",
-                  1, 3, 0, 0, {"chief", 0}, 3, false, 4},
-        ValidCase{"ChiefIsRankZero",
-                  R"({"cluster": {"chief": ["c:2222"], "worker": ["w0:2222"]}, "task": {"type": "chief", "index": 0}})",
-                  1, 1, 0, 0, {"chief", 0}, 0, true, 2},
-        ValidCase{"ChiefWorkersPs",
-                  R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p0:1", "p1:1"]},
+                  1,
+                  3,
+                  0,
+                  0,
+                  {"chief", 0},
+                  3,
+                  false,
+                  4},
+        ValidCase{
+            "ChiefIsRankZero",
+            R"({"cluster": {"chief": ["c:2222"], "worker": ["w0:2222"]}, "task": {"type": "chief", "index": 0}})",
+            1,
+            1,
+            0,
+            0,
+            {"chief", 0},
+            0,
+            true,
+            2},
+        ValidCase{
+            "ChiefWorkersPs",
+            R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p0:1", "p1:1"]},
                       "task": {"type": "ps", "index": 1}})",
-                  1, 2, 2, 0, {"chief", 0}, std::nullopt, false, 3},
-        ValidCase{"WithEvaluator",
-                  R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p0:1", "p1:1"],
+            1,
+            2,
+            2,
+            0,
+            {"chief", 0},
+            std::nullopt,
+            false,
+            3},
+        ValidCase{
+            "WithEvaluator",
+            R"({"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p0:1", "p1:1"],
                                   "evaluator": ["e:1"]},
                       "task": {"type": "evaluator", "index": 0}})",
-                  1, 2, 2, 1, {"chief", 0}, std::nullopt, false, 3},
-        ValidCase{"ParameterServerWorker",
-                  R"({"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "ps": ["p0:2222"]},
+            1,
+            2,
+            2,
+            1,
+            {"chief", 0},
+            std::nullopt,
+            false,
+            3},
+        ValidCase{
+            "ParameterServerWorker",
+            R"({"cluster": {"chief": ["c:2222"], "worker": ["w0:2222", "w1:2222"], "ps": ["p0:2222"]},
                       "task": {"type": "worker", "index": 0}})",
-                  1, 2, 1, 0, {"chief", 0}, 1, false, 3},
-        ValidCase{"IPv6AndEmptyEnvironment",
-                  R"({"cluster": {"worker": ["[::1]:2222", "[::1]:2223"]}, "task": {"type": "worker", "index": 0},
+            1,
+            2,
+            1,
+            0,
+            {"chief", 0},
+            1,
+            false,
+            3},
+        ValidCase{
+            "IPv6AndEmptyEnvironment",
+            R"({"cluster": {"worker": ["[::1]:2222", "[::1]:2223"]}, "task": {"type": "worker", "index": 0},
                       "environment": ""})",
-                  0, 2, 0, 0, {"worker", 0}, 0, true, 2},
-        ValidCase{"EmptyJobIsDropped",
-                  R"({"cluster": {"worker": ["w0:2222"], "ps": []}, "task": {"type": "worker", "index": 0},
+            0,
+            2,
+            0,
+            0,
+            {"worker", 0},
+            0,
+            true,
+            2},
+        ValidCase{
+            "EmptyJobIsDropped",
+            R"({"cluster": {"worker": ["w0:2222"], "ps": []}, "task": {"type": "worker", "index": 0},
                       "rpc_layer": "grpc"})",
-                  0, 1, 0, 0, {"worker", 0}, 0, true, 1}),
+            0,
+            1,
+            0,
+            0,
+            {"worker", 0},
+            0,
+            true,
+            1}),
     [](const ::testing::TestParamInfo<ValidCase>& info) { return info.param.name; });
 
 TEST(ClusterSpecTest, EnvironmentDefaultsToCloudAndEmptyIsKept) {
-  auto spec = ClusterSpec::Parse(R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})");
+  auto spec = ClusterSpec::Parse(
+      R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->environment(), "cloud");
   auto empty = ClusterSpec::Parse(
@@ -89,8 +163,8 @@ TEST(ClusterSpecTest, EnvironmentDefaultsToCloudAndEmptyIsKept) {
 }
 
 TEST(ClusterSpecTest, TrainingRanksWithChief) {
-  auto spec = ClusterSpec::Create({{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:1", "w2:1"}}, {"ps", {"p:1"}}},
-                                  {"worker", 0});
+  auto spec = ClusterSpec::Create(
+      {{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:1", "w2:1"}}, {"ps", {"p:1"}}}, {"worker", 0});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->TrainingRank({"chief", 0}), 0);
   EXPECT_EQ(spec->TrainingRank({"worker", 0}), 1);
@@ -121,7 +195,8 @@ TEST(ClusterSpecDeathTest, TaskForTrainingRankOutOfRangeAborts) {
 }
 
 TEST(ClusterSpecTest, AddressLookup) {
-  auto spec = ClusterSpec::Create({{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:2"}}}, {"worker", 1});
+  auto spec =
+      ClusterSpec::Create({{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:2"}}}, {"worker", 1});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->address({"worker", 1}), "w1:2");
   EXPECT_EQ(spec->my_address(), "w1:2");
@@ -133,7 +208,8 @@ TEST(ClusterSpecTest, AddressLookup) {
 
 TEST(ClusterSpecTest, TrainingClusterDropsEvaluatorOnly) {
   auto spec = ClusterSpec::Create(
-      {{"chief", {"c:1"}}, {"worker", {"w:1"}}, {"ps", {"p:1"}}, {"evaluator", {"e:1"}}}, {"worker", 0});
+      {{"chief", {"c:1"}}, {"worker", {"w:1"}}, {"ps", {"p:1"}}, {"evaluator", {"e:1"}}},
+      {"worker", 0});
   ASSERT_TRUE(spec.ok()) << spec.status();
   ClusterSpec training = spec->TrainingCluster();
   EXPECT_EQ(training.num_tasks("evaluator"), 0);
@@ -145,9 +221,11 @@ TEST(ClusterSpecTest, TrainingClusterDropsEvaluatorOnly) {
 }
 
 TEST(ClusterSpecTest, ToJsonHasTensorFlowKeyOrder) {
-  auto spec = ClusterSpec::Create(
-      {{"worker", {"w0:2222", "w1:2222"}}, {"evaluator", {"e:2222"}}, {"ps", {"p:2222"}}, {"chief", {"c:2222"}}},
-      {"ps", 0});
+  auto spec = ClusterSpec::Create({{"worker", {"w0:2222", "w1:2222"}},
+                                   {"evaluator", {"e:2222"}},
+                                   {"ps", {"p:2222"}},
+                                   {"chief", {"c:2222"}}},
+                                  {"ps", 0});
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->ToJson(),
             R"({"cluster":{"chief":["c:2222"],"worker":["w0:2222","w1:2222"],"ps":["p:2222"],)"
@@ -155,8 +233,9 @@ TEST(ClusterSpecTest, ToJsonHasTensorFlowKeyOrder) {
 }
 
 TEST(ClusterSpecTest, ToJsonParseRoundTrip) {
-  auto spec = ClusterSpec::Create({{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:1"}}, {"ps", {"p0:3", "p1:3"}}},
-                                  {"worker", 1}, "google");
+  auto spec = ClusterSpec::Create(
+      {{"chief", {"c:1"}}, {"worker", {"w0:1", "w1:1"}}, {"ps", {"p0:3", "p1:3"}}}, {"worker", 1},
+      "google");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto again = ClusterSpec::Parse(spec->ToJson());
   ASSERT_TRUE(again.ok()) << again.status();
@@ -183,6 +262,8 @@ struct InvalidCase {
   std::string expected;  // substring of the error
 };
 
+void PrintTo(const InvalidCase& c, std::ostream* os) { *os << c.name; }
+
 class ClusterSpecInvalidTest : public ::testing::TestWithParam<InvalidCase> {};
 
 TEST_P(ClusterSpecInvalidTest, ErrorNamesThePath) {
@@ -196,86 +277,112 @@ TEST_P(ClusterSpecInvalidTest, ErrorNamesThePath) {
 INSTANTIATE_TEST_SUITE_P(
     Errors, ClusterSpecInvalidTest,
     ::testing::Values(
-        InvalidCase{"InvalidJson", R"({"cluster": {"worker": ["a:1"]}, )", "TF_CONFIG: invalid JSON at byte "},
+        InvalidCase{"InvalidJson", R"({"cluster": {"worker": ["a:1"]}, )",
+                    "TF_CONFIG: invalid JSON at byte "},
         InvalidCase{"NotAnObject", R"(["a:1"])", "TF_CONFIG: must be a JSON object"},
-        InvalidCase{"UnknownTopLevelField",
-                    R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "tsk": 1})",
-                    "TF_CONFIG.tsk: unknown field"},
-        InvalidCase{"MissingCluster", R"({"task": {"type": "worker", "index": 0}})", "TF_CONFIG.cluster: required"},
+        InvalidCase{
+            "UnknownTopLevelField",
+            R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "tsk": 1})",
+            "TF_CONFIG.tsk: unknown field"},
+        InvalidCase{"MissingCluster", R"({"task": {"type": "worker", "index": 0}})",
+                    "TF_CONFIG.cluster: required"},
         InvalidCase{"UnknownTaskTypeInCluster",
                     R"({"cluster": {"master": ["a:1"]}, "task": {"type": "master", "index": 0}})",
-                    "TF_CONFIG.cluster.master: unknown task type \"master\"; expected one of chief, worker, ps, "
+                    "TF_CONFIG.cluster.master: unknown task type \"master\"; expected one of "
+                    "chief, worker, ps, "
                     "evaluator"},
-        InvalidCase{"JobNotAList", R"({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})",
+        InvalidCase{"JobNotAList",
+                    R"({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})",
                     "TF_CONFIG.cluster.worker: must be a list"},
-        InvalidCase{"AddressNotAString",
-                    R"({"cluster": {"worker": ["a:1", 7]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[1]: must be a \"host:port\" string, got 7"},
-        InvalidCase{"NoPort", R"({"cluster": {"worker": ["a:1", "host"]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[1]: \"host\" has no port; expected host:port"},
-        InvalidCase{"EmptyPort", R"({"cluster": {"worker": ["a:"]}, "task": {"type": "worker", "index": 0}})",
+        InvalidCase{
+            "AddressNotAString",
+            R"({"cluster": {"worker": ["a:1", 7]}, "task": {"type": "worker", "index": 0}})",
+            "TF_CONFIG.cluster.worker[1]: must be a \"host:port\" string, got 7"},
+        InvalidCase{
+            "NoPort",
+            R"({"cluster": {"worker": ["a:1", "host"]}, "task": {"type": "worker", "index": 0}})",
+            "TF_CONFIG.cluster.worker[1]: \"host\" has no port; expected host:port"},
+        InvalidCase{"EmptyPort",
+                    R"({"cluster": {"worker": ["a:"]}, "task": {"type": "worker", "index": 0}})",
                     "TF_CONFIG.cluster.worker[0]: \"a:\" has no port"},
-        InvalidCase{"NonNumericPort",
-                    R"({"cluster": {"worker": ["a:http"]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[0]: \"a:http\" has a non-numeric port"},
-        InvalidCase{"PortZero", R"({"cluster": {"worker": ["a:0"]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[0]: port \"0\" in \"a:0\" is out of range; expected 1..65535"},
-        InvalidCase{"PortTooLarge",
-                    R"({"cluster": {"worker": ["a:65536"]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[0]: port \"65536\""},
-        InvalidCase{"EmptyHost", R"({"cluster": {"worker": [":2222"]}, "task": {"type": "worker", "index": 0}})",
+        InvalidCase{
+            "NonNumericPort",
+            R"({"cluster": {"worker": ["a:http"]}, "task": {"type": "worker", "index": 0}})",
+            "TF_CONFIG.cluster.worker[0]: \"a:http\" has a non-numeric port"},
+        InvalidCase{"PortZero",
+                    R"({"cluster": {"worker": ["a:0"]}, "task": {"type": "worker", "index": 0}})",
+                    "TF_CONFIG.cluster.worker[0]: port \"0\" in \"a:0\" is out of range; expected "
+                    "1..65535"},
+        InvalidCase{
+            "PortTooLarge",
+            R"({"cluster": {"worker": ["a:65536"]}, "task": {"type": "worker", "index": 0}})",
+            "TF_CONFIG.cluster.worker[0]: port \"65536\""},
+        InvalidCase{"EmptyHost",
+                    R"({"cluster": {"worker": [":2222"]}, "task": {"type": "worker", "index": 0}})",
                     "TF_CONFIG.cluster.worker[0]: \":2222\" has an empty host"},
-        InvalidCase{"UnbracketedIPv6",
-                    R"({"cluster": {"worker": ["::1:2222"]}, "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.worker[0]: \"::1:2222\" has more than one ':'"},
+        InvalidCase{
+            "UnbracketedIPv6",
+            R"({"cluster": {"worker": ["::1:2222"]}, "task": {"type": "worker", "index": 0}})",
+            "TF_CONFIG.cluster.worker[0]: \"::1:2222\" has more than one ':'"},
         InvalidCase{"TwoChiefs",
                     R"({"cluster": {"chief": ["c0:1", "c1:1"], "worker": ["w:1"]},
                         "task": {"type": "worker", "index": 0}})",
                     "TF_CONFIG.cluster.chief: has 2 tasks; TensorFlow allows at most one chief"},
-        InvalidCase{"TwoEvaluators",
-                    R"({"cluster": {"worker": ["w:1"], "evaluator": ["e0:1", "e1:1"]},
+        InvalidCase{
+            "TwoEvaluators",
+            R"({"cluster": {"worker": ["w:1"], "evaluator": ["e0:1", "e1:1"]},
                         "task": {"type": "worker", "index": 0}})",
-                    "TF_CONFIG.cluster.evaluator: has 2 tasks; TensorFlow allows at most one evaluator"},
+            "TF_CONFIG.cluster.evaluator: has 2 tasks; TensorFlow allows at most one evaluator"},
         InvalidCase{"DuplicateAddress",
                     R"({"cluster": {"chief": ["a:1"], "worker": ["b:1", "a:1"]},
                         "task": {"type": "worker", "index": 0}})",
                     "TF_CONFIG.cluster.worker[1]: \"a:1\" is also cluster.chief[0]"},
-        InvalidCase{"NoTrainingTask", R"({"cluster": {"ps": ["p:1"]}, "task": {"type": "ps", "index": 0}})",
+        InvalidCase{"NoTrainingTask",
+                    R"({"cluster": {"ps": ["p:1"]}, "task": {"type": "ps", "index": 0}})",
                     "TF_CONFIG.cluster: has no chief and no worker"},
-        InvalidCase{"MissingTask", R"({"cluster": {"worker": ["a:1"]}})", "TF_CONFIG.task: required"},
+        InvalidCase{"MissingTask", R"({"cluster": {"worker": ["a:1"]}})",
+                    "TF_CONFIG.task: required"},
         InvalidCase{"TaskNotAnObject", R"({"cluster": {"worker": ["a:1"]}, "task": "worker:0"})",
                     "TF_CONFIG.task: must be an object"},
         InvalidCase{"UnknownTaskType",
                     R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "master", "index": 0}})",
-                    "TF_CONFIG.task.type: unknown task type \"master\"; expected one of chief, worker, ps, evaluator"},
+                    "TF_CONFIG.task.type: unknown task type \"master\"; expected one of chief, "
+                    "worker, ps, evaluator"},
         InvalidCase{"TaskTypeNotInCluster",
                     R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}})",
                     "TF_CONFIG.task.type: \"ps\" is not a job in TF_CONFIG.cluster (jobs: worker)"},
         InvalidCase{"MissingTaskType", R"({"cluster": {"worker": ["a:1"]}, "task": {"index": 0}})",
                     "TF_CONFIG.task.type: required"},
-        InvalidCase{"MissingTaskIndex", R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}})",
+        InvalidCase{"MissingTaskIndex",
+                    R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}})",
                     "TF_CONFIG.task.index: required"},
-        InvalidCase{"IndexOutOfRange",
-                    R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 3}})",
-                    "TF_CONFIG.task.index: 3 is out of range, cluster.worker has 2 tasks (0..1)"},
+        InvalidCase{
+            "IndexOutOfRange",
+            R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 3}})",
+            "TF_CONFIG.task.index: 3 is out of range, cluster.worker has 2 tasks (0..1)"},
         InvalidCase{"NegativeIndex",
                     R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": -1}})",
                     "TF_CONFIG.task.index: must be a non-negative integer, got -1"},
         InvalidCase{"StringIndex",
                     R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": "0"}})",
                     "TF_CONFIG.task.index: must be a non-negative integer, got \"0\""},
-        InvalidCase{"EnvironmentNotAString",
-                    R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "environment": 1})",
-                    "TF_CONFIG.environment: must be a string"}),
+        InvalidCase{
+            "EnvironmentNotAString",
+            R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "environment": 1})",
+            "TF_CONFIG.environment: must be a string"}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
 
 TEST(ClusterSpecTest, CreateAppliesTheSameRules) {
-  EXPECT_THAT(std::string(ClusterSpec::Create({{"worker", {"a:1", "a:1"}}}, {"worker", 0}).status().message()),
-              HasSubstr("TF_CONFIG.cluster.worker[1]: \"a:1\" is also cluster.worker[0]"));
-  EXPECT_THAT(std::string(ClusterSpec::Create({{"worker", {"a:1"}}}, {"worker", 1}).status().message()),
-              HasSubstr("TF_CONFIG.task.index: 1 is out of range, cluster.worker has 1 task (0..0)"));
-  EXPECT_THAT(std::string(ClusterSpec::Create({{"Worker", {"a:1"}}}, {"worker", 0}).status().message()),
-              HasSubstr("TF_CONFIG.cluster.Worker: unknown task type"));
+  EXPECT_THAT(
+      std::string(
+          ClusterSpec::Create({{"worker", {"a:1", "a:1"}}}, {"worker", 0}).status().message()),
+      HasSubstr("TF_CONFIG.cluster.worker[1]: \"a:1\" is also cluster.worker[0]"));
+  EXPECT_THAT(
+      std::string(ClusterSpec::Create({{"worker", {"a:1"}}}, {"worker", 1}).status().message()),
+      HasSubstr("TF_CONFIG.task.index: 1 is out of range, cluster.worker has 1 task (0..0)"));
+  EXPECT_THAT(
+      std::string(ClusterSpec::Create({{"Worker", {"a:1"}}}, {"worker", 0}).status().message()),
+      HasSubstr("TF_CONFIG.cluster.Worker: unknown task type"));
 }
 
 }  // namespace

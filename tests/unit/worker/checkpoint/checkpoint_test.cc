@@ -78,9 +78,9 @@ TEST_F(CheckpointTest, RoundTripIsBitExact) {
   state.tensors["empty_default"] = Tensor();
   state.tensors["empty_rows"] = Tensor({0, 5});
   state.tensors["scalar"] = Tensor(std::vector<int64_t>{}, std::vector<float>{3.5f});
-  state.tensors["specials"] =
-      Tensor({6}, {-0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                   std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(), -1e-30f});
+  state.tensors["specials"] = Tensor(
+      {6}, {-0.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max(), -1e-30f});
   Tensor large({512, 1031});  // ~2 MB, odd width
   for (int64_t i = 0; i < large.size(); ++i) large[i] = std::sin(static_cast<float>(i)) * 1e3f;
   state.tensors["dense/kernel"] = large;
@@ -101,7 +101,8 @@ TEST_F(CheckpointTest, NonUtf8MetadataOrNamesAreRejectedNotCorrupted) {
   // The index is protobuf, whose string fields must be UTF-8: writing
   // anything else would produce a file that can never be read back.
   const std::string path = root_ + "/bad.dtc";
-  const std::string not_utf8[] = {"\xff", "a\xc3", "\xc0\x80", "\xed\xa0\x80", std::string("\xe2\x82", 2)};
+  const std::string not_utf8[] = {"\xff", "a\xc3", "\xc0\x80", "\xed\xa0\x80",
+                                  std::string("\xe2\x82", 2)};
   for (const std::string& bad : not_utf8) {
     CheckpointState state;
     state.metadata["key"] = bad;
@@ -138,8 +139,9 @@ TEST_F(CheckpointTest, FileLayoutMatchesTheDocumentedFormat) {
   uint64_t data_bytes = 0;
   for (const auto& entry : index.entries()) {
     data_bytes += entry.byte_size();
-    EXPECT_EQ(entry.crc32(), crc32(0, reinterpret_cast<const Bytef*>(bytes.data() + data_start + entry.offset()),
-                                   entry.byte_size()));
+    EXPECT_EQ(entry.crc32(),
+              crc32(0, reinterpret_cast<const Bytef*>(bytes.data() + data_start + entry.offset()),
+                    entry.byte_size()));
     if (entry.name() == "w") {
       float last;
       std::memcpy(&last, bytes.data() + data_start + entry.offset() + 20, 4);
@@ -165,7 +167,8 @@ TEST_F(CheckpointTest, SaveCreatesTheDirectoryAndRestoreReturnsNewest) {
 
 TEST_F(CheckpointTest, RetentionKeepsTheLastK) {
   CheckpointManager manager(dir_, 3);
-  for (int64_t step = 1; step <= 6; ++step) ASSERT_TRUE(manager.Save(StateForStep(step * 100)).ok());
+  for (int64_t step = 1; step <= 6; ++step)
+    ASSERT_TRUE(manager.Save(StateForStep(step * 100)).ok());
   EXPECT_THAT(manager.ListSteps(), ElementsAre(400, 500, 600));
   // Only checkpoint files remain (no temporaries).
   int files = 0;
@@ -258,14 +261,16 @@ TEST_F(CheckpointTest, FlippedBytesAreDetected) {
     WriteBytes(path, bad);
     auto read = CheckpointManager::ReadFile(path);
     ASSERT_FALSE(read.ok()) << flip.where;
-    EXPECT_THAT(std::string(read.status().message()), AllOf(HasSubstr(path), HasSubstr(flip.expected)))
+    EXPECT_THAT(std::string(read.status().message()),
+                AllOf(HasSubstr(path), HasSubstr(flip.expected)))
         << flip.where;
   }
   // A data flip names the tensor.
   std::string bad = good;
   bad[good.size() - 9] ^= 0x01;
   WriteBytes(path, bad);
-  EXPECT_THAT(std::string(CheckpointManager::ReadFile(path).status().message()), HasSubstr("tensor \"w\""));
+  EXPECT_THAT(std::string(CheckpointManager::ReadFile(path).status().message()),
+              HasSubstr("tensor \"w\""));
 }
 
 // Files whose index is well-formed protobuf with a valid CRC but describes
@@ -288,8 +293,8 @@ std::string AssembleFile(const distrain::v1::CheckpointIndex& index, const std::
 TEST_F(CheckpointTest, InconsistentIndexIsRejected) {
   const std::string data(16, '\0');  // room for 4 floats
   const uint32_t zero_crc = crc32(0, reinterpret_cast<const Bytef*>(data.data()), 8);
-  auto entry = [&](distrain::v1::CheckpointIndex* index, const char* name, std::vector<int64_t> shape,
-                   uint64_t offset, uint64_t size) {
+  auto entry = [&](distrain::v1::CheckpointIndex* index, const char* name,
+                   std::vector<int64_t> shape, uint64_t offset, uint64_t size) {
     auto* e = index->add_entries();
     e->set_name(name);
     for (int64_t d : shape) e->add_shape(d);
@@ -303,14 +308,38 @@ TEST_F(CheckpointTest, InconsistentIndexIsRejected) {
     const char* expected;
   };
   const Case cases[] = {
-      {"shape_vs_size", [&](auto* i) { entry(i, "a", {3}, 0, 8); entry(i, "b", {2}, 8, 8); },
+      {"shape_vs_size",
+       [&](auto* i) {
+         entry(i, "a", {3}, 0, 8);
+         entry(i, "b", {2}, 8, 8);
+       },
        "has 8 bytes but its shape holds 3 floats"},
-      {"out_of_range", [&](auto* i) { entry(i, "a", {2}, 0, 8); entry(i, "b", {2}, 12, 8); },
+      {"out_of_range",
+       [&](auto* i) {
+         entry(i, "a", {2}, 0, 8);
+         entry(i, "b", {2}, 12, 8);
+       },
        "runs past the 16-byte data section"},
-      {"overlap", [&](auto* i) { entry(i, "a", {2}, 0, 8); entry(i, "b", {2}, 4, 8); }, "overlap at data offset 4"},
-      {"uncovered", [&](auto* i) { entry(i, "a", {2}, 0, 8); }, "data section has 16 bytes but the index describes 8"},
-      {"negative_dim", [&](auto* i) { entry(i, "a", {-2}, 0, 8); entry(i, "b", {2}, 8, 8); }, "negative dimension"},
-      {"duplicate", [&](auto* i) { entry(i, "a", {2}, 0, 8); entry(i, "a", {2}, 8, 8); }, "appears twice"},
+      {"overlap",
+       [&](auto* i) {
+         entry(i, "a", {2}, 0, 8);
+         entry(i, "b", {2}, 4, 8);
+       },
+       "overlap at data offset 4"},
+      {"uncovered", [&](auto* i) { entry(i, "a", {2}, 0, 8); },
+       "data section has 16 bytes but the index describes 8"},
+      {"negative_dim",
+       [&](auto* i) {
+         entry(i, "a", {-2}, 0, 8);
+         entry(i, "b", {2}, 8, 8);
+       },
+       "negative dimension"},
+      {"duplicate",
+       [&](auto* i) {
+         entry(i, "a", {2}, 0, 8);
+         entry(i, "a", {2}, 8, 8);
+       },
+       "appears twice"},
   };
   for (const Case& c : cases) {
     distrain::v1::CheckpointIndex index;
@@ -319,7 +348,8 @@ TEST_F(CheckpointTest, InconsistentIndexIsRejected) {
     WriteBytes(path, AssembleFile(index, data));
     auto read = CheckpointManager::ReadFile(path);
     ASSERT_FALSE(read.ok()) << c.name;
-    EXPECT_THAT(std::string(read.status().message()), AllOf(HasSubstr(path), HasSubstr(c.expected))) << c.name;
+    EXPECT_THAT(std::string(read.status().message()), AllOf(HasSubstr(path), HasSubstr(c.expected)))
+        << c.name;
   }
 }
 
@@ -354,7 +384,8 @@ TEST_F(CheckpointTest, SkippedCorruptFileIsLoggedWithItsNameAndReason) {
   ASSERT_TRUE(restored.ok());
   ASSERT_TRUE(restored->has_value());
   EXPECT_EQ((*restored)->step, 1);
-  EXPECT_THAT(log.str(), AllOf(HasSubstr("warn"), HasSubstr(newest), HasSubstr("missing end marker")));
+  EXPECT_THAT(log.str(),
+              AllOf(HasSubstr("warn"), HasSubstr(newest), HasSubstr("missing end marker")));
 }
 
 TEST_F(CheckpointTest, AllCorruptMeansNothingToRestore) {

@@ -28,7 +28,8 @@ std::shared_ptr<const Dataset> IndexDataset(int64_t size) {
     features.push_back(static_cast<float>(i) + 0.5f);
     labels.push_back(static_cast<int32_t>(i % kClasses));
   }
-  return std::make_shared<InMemoryDataset>("index", 2, kClasses, std::move(features), std::move(labels));
+  return std::make_shared<InMemoryDataset>("index", 2, kClasses, std::move(features),
+                                           std::move(labels));
 }
 
 // Example indices of a batch, checking that features and labels agree.
@@ -66,8 +67,8 @@ TEST(ShardedBatcherTest, DataShardsTogetherFormTheGlobalBatch) {
   for (int num_shards = 1; num_shards <= 4; ++num_shards) {
     std::vector<std::vector<std::vector<int64_t>>> per_shard;
     for (int shard = 0; shard < num_shards; ++shard) {
-      ShardedBatcher batcher(dataset, AutoShardPolicy::kData, shard, num_shards, kGlobalBatch / num_shards, 9,
-                             true, 0);
+      ShardedBatcher batcher(dataset, AutoShardPolicy::kData, shard, num_shards,
+                             kGlobalBatch / num_shards, 9, true, 0);
       per_shard.push_back(Take(batcher, kSteps));
     }
     for (int s = 0; s < kSteps; ++s) {
@@ -104,7 +105,8 @@ TEST(ShardedBatcherTest, EachEpochIsAFreshPermutation) {
 TEST(ShardedBatcherTest, NoShuffleReadsInOrder) {
   auto dataset = IndexDataset(5);
   ShardedBatcher batcher(dataset, AutoShardPolicy::kData, 0, 1, 3, 5, false, 0);
-  EXPECT_THAT(Take(batcher, 3), ElementsAreArray(std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 0}, {1, 2, 3}}));
+  EXPECT_THAT(Take(batcher, 3),
+              ElementsAreArray(std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 0}, {1, 2, 3}}));
   ShardedBatcher shard1(dataset, AutoShardPolicy::kData, 1, 2, 2, 5, false, 0);
   // Positions 1, 3, 5, 7, ... of 0 1 2 3 4 | 0 1 2 3 4 | ...
   EXPECT_THAT(Take(shard1, 2), ElementsAreArray(std::vector<std::vector<int64_t>>{{1, 3}, {0, 2}}));
@@ -145,7 +147,8 @@ TEST(ShardedBatcherTest, StartStepResumesWhereAnUninterruptedRunWouldBe) {
       ShardedBatcher full(dataset, AutoShardPolicy::kData, shard, num_shards, 5, 77, true, 0);
       auto all = Take(full, 20);
       for (int64_t start : {1, 6, 13, 19}) {
-        ShardedBatcher resumed(dataset, AutoShardPolicy::kData, shard, num_shards, 5, 77, true, start);
+        ShardedBatcher resumed(dataset, AutoShardPolicy::kData, shard, num_shards, 5, 77, true,
+                               start);
         auto tail = Take(resumed, static_cast<int>(20 - start), start);
         EXPECT_EQ(tail, std::vector<std::vector<int64_t>>(all.begin() + start, all.end()))
             << "shard " << shard << "/" << num_shards << " start " << start;
@@ -233,14 +236,16 @@ bool FinishesWithin(std::function<void()> fn, std::chrono::milliseconds limit) {
 TEST(PrefetchingBatchSourceTest, DestructionWhileProducerIsBlockedDoesNotHang) {
   auto* source = new PrefetchingBatchSource(std::make_unique<CountingSource>(), 1);
   EXPECT_EQ(source->Next().step, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // producer refills and blocks on the full queue
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(20));  // producer refills and blocks on the full queue
   EXPECT_TRUE(FinishesWithin([source] { delete source; }, std::chrono::seconds(5)));
 }
 
 TEST(PrefetchingBatchSourceTest, DestructionBeforeAnyNextDoesNotHang) {
   EXPECT_TRUE(FinishesWithin(
       [] {
-        for (int i = 0; i < 50; ++i) PrefetchingBatchSource source(std::make_unique<CountingSource>(), 2);
+        for (int i = 0; i < 50; ++i)
+          PrefetchingBatchSource source(std::make_unique<CountingSource>(), 2);
       },
       std::chrono::seconds(5)));
 }

@@ -77,16 +77,46 @@ TEST_F(CsvLoaderTest, BadInputNamesFileLineAndColumn) {
   };
   const Case cases[] = {
       {"value", "1,2,3\n1,x2,3\n", 0, false, 0, {":2: column 2: \"x2\" is not a finite number"}},
-      {"empty_value", "h,h,h\n1,2,3\n1,,3\n", 0, true, 0, {":3: column 2: \"\" is not a finite number"}},
+      {"empty_value",
+       "h,h,h\n1,2,3\n1,,3\n",
+       0,
+       true,
+       0,
+       {":3: column 2: \"\" is not a finite number"}},
       {"nan_value", "1,2,nan\n", 0, false, 0, {":1: column 3"}},
       {"too_few_columns", "1,2,3\n1,2\n", 0, false, 0, {":2: found 2 columns, expected 3"}},
-      {"too_many_vs_header", "a,b\n1,2\n1,2,3\n", 0, true, 0, {":3: found 3 columns, expected 2 like the header"}},
-      {"negative_label", "1,2\n-1,2\n", 0, false, 0, {":2: column 1: label \"-1\" is not a non-negative integer"}},
+      {"too_many_vs_header",
+       "a,b\n1,2\n1,2,3\n",
+       0,
+       true,
+       0,
+       {":3: found 3 columns, expected 2 like the header"}},
+      {"negative_label",
+       "1,2\n-1,2\n",
+       0,
+       false,
+       0,
+       {":2: column 1: label \"-1\" is not a non-negative integer"}},
       {"fractional_label", "1,2\n1,2.5\n", 1, false, 0, {":2: column 2: label \"2.5\""}},
       {"text_label", "cat,2\n", 0, false, 0, {":1: column 1: label \"cat\""}},
-      {"label_too_big", "1,2\n9,2\n", 0, false, 5, {":2: column 1: label 9 is not below numClasses 5"}},
-      {"label_column_out_of_range", "1,2\n", 2, false, 0, {":1: labelColumn 2 is out of range", "2 columns"}},
-      {"negative_label_column", "1,2\n", -1, false, 0, {": labelColumn must be a 0-based column index"}},
+      {"label_too_big",
+       "1,2\n9,2\n",
+       0,
+       false,
+       5,
+       {":2: column 1: label 9 is not below numClasses 5"}},
+      {"label_column_out_of_range",
+       "1,2\n",
+       2,
+       false,
+       0,
+       {":1: labelColumn 2 is out of range", "2 columns"}},
+      {"negative_label_column",
+       "1,2\n",
+       -1,
+       false,
+       0,
+       {": labelColumn must be a 0-based column index"}},
       {"one_column", "1\n2\n", 0, false, 0, {":1: found 1 column"}},
       {"no_rows", "a,b\n\n", 0, true, 0, {": has no data rows"}},
   };
@@ -98,7 +128,8 @@ TEST_F(CsvLoaderTest, BadInputNamesFileLineAndColumn) {
     EXPECT_THAT(message, HasSubstr(path)) << c.name;
     // The first part follows the path directly ("<path>:<line>: ..."); the rest anywhere.
     for (size_t k = 0; k < c.expected.size(); ++k) {
-      EXPECT_THAT(message, HasSubstr(k == 0 ? path + c.expected[k] : std::string(c.expected[k]))) << c.name;
+      EXPECT_THAT(message, HasSubstr(k == 0 ? path + c.expected[k] : std::string(c.expected[k])))
+          << c.name;
     }
   }
 }

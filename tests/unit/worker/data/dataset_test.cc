@@ -19,7 +19,8 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 // Rows [first, first + n) with features {row, -row} and label row % classes.
-std::unique_ptr<Dataset> Rows(const std::string& name, int first, int n, int classes, int num_features = 2) {
+std::unique_ptr<Dataset> Rows(const std::string& name, int first, int n, int classes,
+                              int num_features = 2) {
   std::vector<float> features;
   std::vector<int32_t> labels;
   for (int i = first; i < first + n; ++i) {
@@ -27,7 +28,8 @@ std::unique_ptr<Dataset> Rows(const std::string& name, int first, int n, int cla
     for (int j = 1; j < num_features; ++j) features.push_back(static_cast<float>(-i));
     labels.push_back(i % classes);
   }
-  return std::make_unique<InMemoryDataset>(name, num_features, classes, std::move(features), std::move(labels));
+  return std::make_unique<InMemoryDataset>(name, num_features, classes, std::move(features),
+                                           std::move(labels));
 }
 
 // First feature of every example, in order.
@@ -69,9 +71,7 @@ TEST(ConcatDatasetsTest, FeatureCountMismatchNamesBothParts) {
               AllOf(HasSubstr("second.csv has 4 features"), HasSubstr("first.csv has 2")));
 }
 
-TEST(ConcatDatasetsTest, EmptyListIsAnError) {
-  EXPECT_FALSE(ConcatDatasets({}).ok());
-}
+TEST(ConcatDatasetsTest, EmptyListIsAnError) { EXPECT_FALSE(ConcatDatasets({}).ok()); }
 
 TEST(OpenTrainingInputTest, SyntheticResolvesPolicies) {
   DatasetConfig config;
@@ -81,7 +81,8 @@ TEST(OpenTrainingInputTest, SyntheticResolvesPolicies) {
     AutoShardPolicy policy;
     AutoShardPolicy effective;
   };
-  for (Case c : {Case{AutoShardPolicy::kAuto, AutoShardPolicy::kData}, Case{AutoShardPolicy::kData, AutoShardPolicy::kData},
+  for (Case c : {Case{AutoShardPolicy::kAuto, AutoShardPolicy::kData},
+                 Case{AutoShardPolicy::kData, AutoShardPolicy::kData},
                  Case{AutoShardPolicy::kOff, AutoShardPolicy::kOff}}) {
     config.auto_shard_policy = c.policy;
     auto input = OpenTrainingInput(config, 1, 1, 3);
@@ -213,7 +214,8 @@ TEST_F(FileInputTest, ErrorsNameTheConfigPath) {
   idx.train_label_files = {dir_ + "/a-labels.idx"};
   input = OpenTrainingInput(idx, 1, 0, 1);
   ASSERT_FALSE(input.ok());
-  EXPECT_THAT(std::string(input.status().message()), HasSubstr("spec.training.dataset.trainLabelFiles"));
+  EXPECT_THAT(std::string(input.status().message()),
+              HasSubstr("spec.training.dataset.trainLabelFiles"));
 
   DatasetConfig missing = CsvConfig(2);
   missing.train_files.push_back(dir_ + "/missing.csv");

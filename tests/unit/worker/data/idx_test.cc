@@ -27,7 +27,8 @@ class IdxReaderTest : public ::testing::Test {
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   static void PutBigEndian(std::string* out, uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>((v >> shift) & 0xff));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out->push_back(static_cast<char>((v >> shift) & 0xff));
   }
   static std::string Images(uint32_t n, uint32_t rows, uint32_t cols) {
     std::string bytes;
@@ -35,7 +36,8 @@ class IdxReaderTest : public ::testing::Test {
     PutBigEndian(&bytes, n);
     PutBigEndian(&bytes, rows);
     PutBigEndian(&bytes, cols);
-    for (uint32_t i = 0; i < n * rows * cols; ++i) bytes.push_back(static_cast<char>((i * 7) % 256));
+    for (uint32_t i = 0; i < n * rows * cols; ++i)
+      bytes.push_back(static_cast<char>((i * 7) % 256));
     return bytes;
   }
   static std::string Labels(const std::vector<uint8_t>& labels) {
@@ -75,7 +77,8 @@ TEST_F(IdxReaderTest, RoundTripScalesPixelsAndKeepsLabels) {
 }
 
 TEST_F(IdxReaderTest, SingleLabelValueStillHasTwoClasses) {
-  auto dataset = LoadIdxDataset(Write("img.idx", Images(2, 1, 1)), Write("lbl.idx", Labels({0, 0})), 1.0f);
+  auto dataset =
+      LoadIdxDataset(Write("img.idx", Images(2, 1, 1)), Write("lbl.idx", Labels({0, 0})), 1.0f);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
   EXPECT_EQ((*dataset)->num_classes(), 2);
 }
@@ -88,8 +91,8 @@ TEST_F(IdxReaderTest, TruncatedImageDataNamesFileAndOffset) {
   auto dataset = LoadIdxDataset(images, Write("lbl.idx", Labels(std::vector<uint8_t>(100))), 1.0f);
   ASSERT_FALSE(dataset.ok());
   EXPECT_THAT(std::string(dataset.status().message()),
-              AllOf(HasSubstr(images), HasSubstr("truncated at byte 8016"), HasSubstr("expected 78416 bytes"),
-                    HasSubstr("image data")));
+              AllOf(HasSubstr(images), HasSubstr("truncated at byte 8016"),
+                    HasSubstr("expected 78416 bytes"), HasSubstr("image data")));
 }
 
 TEST_F(IdxReaderTest, TruncatedLabelFileNamesFileAndOffset) {
@@ -98,8 +101,9 @@ TEST_F(IdxReaderTest, TruncatedLabelFileNamesFileAndOffset) {
   const std::string path = Write("lbl.idx", labels);
   auto dataset = LoadIdxDataset(Write("img.idx", Images(10, 2, 2)), path, 1.0f);
   ASSERT_FALSE(dataset.ok());
-  EXPECT_THAT(std::string(dataset.status().message()),
-              AllOf(HasSubstr(path), HasSubstr("truncated at byte 13"), HasSubstr("expected 18 bytes")));
+  EXPECT_THAT(
+      std::string(dataset.status().message()),
+      AllOf(HasSubstr(path), HasSubstr("truncated at byte 13"), HasSubstr("expected 18 bytes")));
 }
 
 TEST_F(IdxReaderTest, MalformedImageFilesNameFileAndOffset) {

@@ -86,7 +86,9 @@ TEST(SyntheticDatasetTest, SameSeedGivesBitIdenticalExamples) {
   for (int64_t i = 0; i < a->size(); ++i) {
     Example x = GetExample(*a, i), y = GetExample(*b, i);
     ASSERT_EQ(x.label, y.label) << i;
-    ASSERT_EQ(0, std::memcmp(x.features.data(), y.features.data(), x.features.size() * sizeof(float))) << i;
+    ASSERT_EQ(0,
+              std::memcmp(x.features.data(), y.features.data(), x.features.size() * sizeof(float)))
+        << i;
   }
 }
 
@@ -127,7 +129,8 @@ TEST(SyntheticDatasetTest, EvalSplitIsDisjointFromTrain) {
 
 // Per-class feature means: the class centres, up to noise / sqrt(count).
 std::vector<std::vector<double>> ClassMeans(const Dataset& dataset) {
-  std::vector<std::vector<double>> means(dataset.num_classes(), std::vector<double>(dataset.num_features()));
+  std::vector<std::vector<double>> means(dataset.num_classes(),
+                                         std::vector<double>(dataset.num_features()));
   std::vector<int> counts(dataset.num_classes());
   for (int64_t i = 0; i < dataset.size(); ++i) {
     Example e = GetExample(dataset, i);
@@ -222,7 +225,8 @@ TEST(SyntheticDatasetTest, ReferenceSizeIsLearnableButNotTrivial) {
   const double accuracy = NearestMeanAccuracy(config);
   EXPECT_GE(accuracy, 0.95);
   config.noise = 2.0f;
-  EXPECT_LT(NearestMeanAccuracy(config), 0.9) << "doubling the noise should make the task clearly harder";
+  EXPECT_LT(NearestMeanAccuracy(config), 0.9)
+      << "doubling the noise should make the task clearly harder";
 }
 
 TEST(SyntheticDatasetTest, InvalidConfigNamesTheField) {
@@ -233,12 +237,14 @@ TEST(SyntheticDatasetTest, InvalidConfigNamesTheField) {
   };
   const Case cases[] = {
       {[](DatasetConfig& c) { c.num_examples = 0; }, false, "spec.training.dataset.numExamples"},
-      {[](DatasetConfig& c) { c.num_eval_examples = -1; }, true, "spec.training.dataset.numEvalExamples"},
+      {[](DatasetConfig& c) { c.num_eval_examples = -1; }, true,
+       "spec.training.dataset.numEvalExamples"},
       {[](DatasetConfig& c) { c.num_features = 0; }, false, "spec.training.dataset.numFeatures"},
       {[](DatasetConfig& c) { c.num_classes = 1; }, false, "spec.training.dataset.numClasses"},
       {[](DatasetConfig& c) { c.noise = -1; }, false, "spec.training.dataset.noise"},
       {[](DatasetConfig& c) { c.noise = NAN; }, false, "spec.training.dataset.noise"},
-      {[](DatasetConfig& c) { c.num_examples = int64_t{1} << 40; }, false, "spec.training.dataset.numExamples"},
+      {[](DatasetConfig& c) { c.num_examples = int64_t{1} << 40; }, false,
+       "spec.training.dataset.numExamples"},
   };
   for (const Case& c : cases) {
     DatasetConfig config = SmallConfig();

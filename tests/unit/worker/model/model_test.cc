@@ -77,7 +77,9 @@ TEST(ModelTest, CreateRejectsBadConfigNamingTheField) {
 
 std::vector<std::vector<float>> Values(Model& model) {
   std::vector<std::vector<float>> out;
-  for (Parameter* p : model.parameters()) out.emplace_back(p->value.span().begin(), p->value.span().end());
+  for (Parameter* p : model.parameters()) {
+    out.emplace_back(p->value.span().begin(), p->value.span().end());
+  }
   return out;
 }
 
@@ -156,7 +158,9 @@ TEST(ModelTest, ReportsEachLayersGradsLastLayerFirstAsSoonAsTheyAreFinal) {
   const Batch batch = RandomBatch(5, 4, 3, 3);
   model->TrainStep(batch.features, batch.labels);
   std::vector<std::vector<float>> final_grads;
-  for (Parameter* p : model->parameters()) final_grads.emplace_back(p->grad.span().begin(), p->grad.span().end());
+  for (Parameter* p : model->parameters()) {
+    final_grads.emplace_back(p->grad.span().begin(), p->grad.span().end());
+  }
 
   // Poison the grads; at each callback the reported layer's grads must be
   // final and the earlier layers' still untouched (backward continues).

@@ -259,6 +259,7 @@ TEST(OptimizerStateTest, RestoreRejectsBadStateAndKeepsTheOld) {
 }
 
 TEST(OptimizerCreateTest, RejectsOutOfRangeFieldsNamingThem) {
+  const std::string prefix = "spec.training.optimizer.";
   struct Case {
     OptimizerType type;
     float lr, momentum, beta1, beta2, epsilon;
@@ -266,16 +267,16 @@ TEST(OptimizerCreateTest, RejectsOutOfRangeFieldsNamingThem) {
   };
   const std::vector<Case> cases = {
       {OptimizerType::kSgd, 0.1f, 0.9f, 0.9f, 0.999f, 1e-7f, ""},
-      {OptimizerType::kSgd, 0.0f, 0.9f, 0.9f, 0.999f, 1e-7f, "spec.training.optimizer.learningRate"},
-      {OptimizerType::kAdam, -1.0f, 0.9f, 0.9f, 0.999f, 1e-7f, "spec.training.optimizer.learningRate"},
-      {OptimizerType::kAdam, NAN, 0.9f, 0.9f, 0.999f, 1e-7f, "spec.training.optimizer.learningRate"},
+      {OptimizerType::kSgd, 0.0f, 0.9f, 0.9f, 0.999f, 1e-7f, prefix + "learningRate"},
+      {OptimizerType::kAdam, -1.0f, 0.9f, 0.9f, 0.999f, 1e-7f, prefix + "learningRate"},
+      {OptimizerType::kAdam, NAN, 0.9f, 0.9f, 0.999f, 1e-7f, prefix + "learningRate"},
       {OptimizerType::kMomentum, 0.1f, 0.0f, 0.9f, 0.999f, 1e-7f, ""},
-      {OptimizerType::kMomentum, 0.1f, 1.0f, 0.9f, 0.999f, 1e-7f, "spec.training.optimizer.momentum"},
-      {OptimizerType::kMomentum, 0.1f, -0.1f, 0.9f, 0.999f, 1e-7f, "spec.training.optimizer.momentum"},
-      {OptimizerType::kAdam, 0.1f, 0.9f, 1.0f, 0.999f, 1e-7f, "spec.training.optimizer.beta1"},
+      {OptimizerType::kMomentum, 0.1f, 1.0f, 0.9f, 0.999f, 1e-7f, prefix + "momentum"},
+      {OptimizerType::kMomentum, 0.1f, -0.1f, 0.9f, 0.999f, 1e-7f, prefix + "momentum"},
+      {OptimizerType::kAdam, 0.1f, 0.9f, 1.0f, 0.999f, 1e-7f, prefix + "beta1"},
       {OptimizerType::kAdam, 0.1f, 0.9f, 0.0f, 0.999f, 1e-7f, ""},
-      {OptimizerType::kAdam, 0.1f, 0.9f, 0.9f, -0.5f, 1e-7f, "spec.training.optimizer.beta2"},
-      {OptimizerType::kAdam, 0.1f, 0.9f, 0.9f, 0.999f, 0.0f, "spec.training.optimizer.epsilon"},
+      {OptimizerType::kAdam, 0.1f, 0.9f, 0.9f, -0.5f, 1e-7f, prefix + "beta2"},
+      {OptimizerType::kAdam, 0.1f, 0.9f, 0.9f, 0.999f, 0.0f, prefix + "epsilon"},
   };
   for (const Case& c : cases) {
     OptimizerConfig config;
