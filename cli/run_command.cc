@@ -371,8 +371,12 @@ int RunJob(const RunOptions& options) {
   const int code = job_exit.value_or(kExitInternal);
   const double wall = Now() - start;
   std::optional<Progress> p = ReadProgressFile(status_file);
+  const bool interrupted = handled_signals > 0;
   std::cout << absl::StrFormat("\ndistrain run: job %s %s in %s\n", config->name,
-                               code == 0 ? "Succeeded" : "Failed", FormatDuration(wall));
+                               code == 0      ? "Succeeded"
+                               : interrupted ? "Interrupted"
+                                             : "Failed",
+                               FormatDuration(wall));
   if (!failure.empty() && code != 0) std::cout << "  reason          " << failure << "\n";
   if (p) {
     std::cout << absl::StrFormat("  steps           %d/%d\n", p->step, p->total_steps);
@@ -387,6 +391,10 @@ int RunJob(const RunOptions& options) {
   }
   std::cout << absl::StrFormat("  wall time       %.1fs\n", wall);
   std::cout << "  checkpoints     " << cluster_options.checkpoint_dir << "\n";
+  if (code != 0 && IsRetryableExitCode(code)) {
+    std::cout << "  resume with     distrain run " << options.job_file << " --checkpoint-dir "
+              << cluster_options.checkpoint_dir << "\n";
+  }
   std::cout << "  exit code       " << code << "\n";
   return code;
 }

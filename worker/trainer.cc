@@ -129,7 +129,11 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   };
 
   if (absl::Status s = strategy_->Init(cluster_, config_); !s.ok()) {
-    return fail(ExitCodeForStrategyError(s), s);
+    // Peers that never showed up (or whose names never resolved) before the
+    // rendezvous deadline: retryable, distinct from losing a peer mid-job.
+    const bool unreachable = s.code() == absl::StatusCode::kDeadlineExceeded ||
+                             s.code() == absl::StatusCode::kUnavailable;
+    return fail(unreachable ? kExitUnreachable : ExitCodeForStrategyError(s), s);
   }
   const bool chief = strategy_->is_chief();
 
