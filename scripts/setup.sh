@@ -9,7 +9,6 @@
 set -euo pipefail
 
 CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
-PROM_VERSION=1.0.2
 CUDA_WHEELS_KEY=cuda13-2026a   # bump when the wheel set below changes
 WITH_PEERS=1
 WITH_CUDA=1
@@ -33,6 +32,7 @@ APT_PACKAGES=(
   libcpprest-dev libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev libcli11-dev libspdlog-dev
   libcivetweb-dev civetweb zlib1g-dev dpkg-dev curl procps
+  openssl  # scripts/control-plane.sh: the dev cluster's certificates
 )
 if [ "$WITH_PEERS" = 1 ]; then APT_PACKAGES+=(openmpi-bin libopenmpi-dev); fi
 missing=()
@@ -50,19 +50,19 @@ fi
 # 2. prometheus-cpp. Debian 12 does not package it; Debian 13 does. Use the
 # binary package when apt has one, else build Debian's source tarball (fetched
 # with apt-get source from the next release) into the cache.
-PROM_PREFIX="$CACHE/prometheus-cpp-$PROM_VERSION"
-if [ -f "$PROM_PREFIX/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake" ]; then
-  log "prometheus-cpp $PROM_VERSION: cached"
+PROM_LINK="$CACHE/prometheus-cpp"   # CMake looks here; points at the versioned install
+if [ -f "$PROM_LINK/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake" ]; then
+  log "prometheus-cpp: cached ($(readlink "$PROM_LINK"))"
 elif apt-cache policy libprometheus-cpp-dev 2>/dev/null | grep -q 'Candidate: [0-9]'; then
   log "prometheus-cpp: installing Debian's libprometheus-cpp-dev"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q libprometheus-cpp-dev
-  mkdir -p "$PROM_PREFIX/lib/cmake/prometheus-cpp"
-  # CMake finds the system package itself; the marker stops this branch re-running.
+  # CMake then finds the system package; the marker stops this branch re-running.
+  mkdir -p "$CACHE/prometheus-cpp-system/lib/cmake/prometheus-cpp"
   echo 'include(CMakeFindDependencyMacro)
 find_dependency(prometheus-cpp CONFIG PATHS /usr/lib/x86_64-linux-gnu/cmake NO_DEFAULT_PATH)' \
-    > "$PROM_PREFIX/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake"
+    > "$CACHE/prometheus-cpp-system/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake"
+  ln -sfn "$CACHE/prometheus-cpp-system" "$PROM_LINK"
 else
-  log "prometheus-cpp $PROM_VERSION: building Debian's source into $PROM_PREFIX"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/lists/partial"
@@ -72,18 +72,22 @@ else
   apt-get "${APTOPT[@]}" update -q >/dev/null 2>&1
   (cd "$work" && apt-get "${APTOPT[@]}" source --download-only prometheus-cpp >/dev/null 2>&1 || true)
   # Only the upstream tarball is needed; the Debian packaging files may lag the index.
-  tarball=$(ls "$work"/prometheus-cpp_"$PROM_VERSION".orig.tar.* 2>/dev/null | head -1 || true)
+  tarball=$(ls "$work"/prometheus-cpp_*.orig.tar.* 2>/dev/null | head -1 || true)
   if [ -z "$tarball" ]; then
-    echo "setup.sh: could not fetch Debian's prometheus-cpp $PROM_VERSION source; install libprometheus-cpp-dev and re-run" >&2
+    echo "setup.sh: could not fetch Debian's prometheus-cpp source package; install libprometheus-cpp-dev and re-run" >&2
     exit 1
   fi
+  version=$(basename "$tarball" | sed -E 's/^prometheus-cpp_([^.]+\.[^.]+\.[^.]+)\.orig.*/\1/')
+  prefix="$CACHE/prometheus-cpp-$version"
+  log "prometheus-cpp $version: building Debian's source into $prefix"
   tar -xf "$tarball" -C "$work"
-  cmake -S "$work/prometheus-cpp-$PROM_VERSION" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$work/prometheus-cpp-$version" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DENABLE_PUSH=OFF -DENABLE_PULL=OFF -DENABLE_COMPRESSION=OFF -DUSE_THIRDPARTY_LIBRARIES=OFF \
     -DENABLE_TESTING=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-    -DCMAKE_INSTALL_PREFIX="$PROM_PREFIX" >/dev/null
+    -DCMAKE_INSTALL_PREFIX="$prefix" >/dev/null
   ninja -C "$work/build" install >/dev/null
-  log "prometheus-cpp $PROM_VERSION: installed"
+  ln -sfn "$prefix" "$PROM_LINK"
+  log "prometheus-cpp $version: installed"
 fi
 
 # 3. CUDA 13 + NCCL. A system toolkit in /usr/local/cuda wins; otherwise the

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/exit_codes.h"
 #include "common/logging.h"
 #include "nlohmann/json.hpp"
@@ -16,6 +18,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
+#include "worker/strategy/param_checksum.h"
 
 namespace distrain {
 namespace {
@@ -83,6 +86,38 @@ void SliceBatch(const Batch& batch, int64_t begin, int64_t end, Tensor* features
   labels->assign(batch.labels.begin() + begin, batch.labels.begin() + end);
 }
 
+// The DISTRAIN_PARAM_CHECKSUM_FILE test/debug hook (strategy.h).
+class ParamChecksumHook {
+ public:
+  absl::Status Open(const TaskId& task) {
+    const char* path = std::getenv("DISTRAIN_PARAM_CHECKSUM_FILE");
+    if (path == nullptr || *path == '\0') return absl::OkStatus();
+    path_ = absl::StrReplaceAll(path, {{"{task}", absl::StrCat(task.type, "-", task.index)}});
+    out_.open(path_, std::ios::app);
+    if (!out_) {
+      return absl::InternalError(absl::StrCat("DISTRAIN_PARAM_CHECKSUM_FILE: cannot open ", path_,
+                                              ": ", std::strerror(errno)));
+    }
+    enabled_ = true;
+    return absl::OkStatus();
+  }
+  absl::Status Record(int64_t step, const std::vector<Model*>& models) {
+    if (!enabled_) return absl::OkStatus();
+    auto checksum = ReplicaChecksum(models);
+    if (!checksum.ok()) {
+      return absl::InternalError(absl::StrCat("after step ", step, ": ", checksum.status().message()));
+    }
+    out_ << step << " " << ChecksumHex(*checksum) << "\n" << std::flush;
+    if (!out_) return absl::InternalError(absl::StrCat("cannot append to ", path_));
+    return absl::OkStatus();
+  }
+
+ private:
+  bool enabled_ = false;
+  std::string path_;
+  std::ofstream out_;
+};
+
 }  // namespace
 
 Trainer::Trainer(JobConfig config, ClusterSpec cluster, TrainerEnv env,
@@ -128,6 +163,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     return Fail(code, std::move(s));
   };
 
+  if (env_.metrics != nullptr) strategy_->AttachMetrics(env_.metrics->registry);
   if (absl::Status s = strategy_->Init(cluster_, config_); !s.ok()) {
     // Peers that never showed up (or whose names never resolved) before the
     // rendezvous deadline: retryable, distinct from losing a peer mid-job.
@@ -186,6 +222,13 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       spdlog::info("resumed from checkpoint step {} in {}", start_step, env_.checkpoint_dir);
     }
   }
+  // Every process starts from the same variables and step (for several
+  // processes: the chief's, whether or not this process could read a checkpoint).
+  if (auto synced = strategy_->SynchronizeInitialState(start_step); !synced.ok()) {
+    return fail(ExitCodeForStrategyError(synced.status()), synced.status());
+  } else {
+    start_step = *synced;
+  }
   auto save = [&](int64_t step) -> absl::Status {
     if (!chief || checkpoints == nullptr) return absl::OkStatus();
     const double t0 = NowSeconds();
@@ -208,6 +251,9 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     source = std::make_unique<PrefetchingBatchSource>(std::move(source), tc.dataset.prefetch_batches);
   }
   if (env_.metrics) env_.metrics->total_steps.Set(static_cast<double>(tc.steps));
+
+  ParamChecksumHook checksums;
+  if (absl::Status s = checksums.Open(cluster_.task()); !s.ok()) return fail(kExitInternal, s);
 
   const int local_replicas = strategy_->num_local_replicas();
   std::vector<Tensor> slice_features(local_replicas);
@@ -249,6 +295,9 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
     ++step;
     last_loss = out->loss;
+    if (absl::Status s = checksums.Record(step, strategy_->local_models()); !s.ok()) {
+      return fail(kExitInternal, s);
+    }
     const double dt = NowSeconds() - t0;
     window_examples += out->examples;
     if (env_.metrics) {

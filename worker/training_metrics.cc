@@ -12,7 +12,8 @@ prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double 
 }  // namespace
 
 TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
-    : steps(prometheus::BuildCounter()
+    : registry(registry),
+      steps(prometheus::BuildCounter()
                 .Name("distrain_steps_total")
                 .Help("Training steps completed by this process")
                 .Register(registry)

@@ -26,6 +26,9 @@ namespace distrain {
 struct TrainingMetrics {
   explicit TrainingMetrics(prometheus::Registry& registry);
 
+  // The registry these live in; strategies add their own metrics to it
+  // (Strategy::AttachMetrics).
+  prometheus::Registry& registry;
   prometheus::Counter& steps;
   prometheus::Counter& examples;
   prometheus::Histogram& step_duration;

@@ -1,6 +1,8 @@
 // CreateStrategy / CheckStrategySupported (declared in strategy.h): the one
 // place that maps spec.strategy to an implementation.
 #include "absl/strings/str_cat.h"
+#include "worker/strategy/mirrored.h"
+#include "worker/strategy/multi_worker_mirrored.h"
 #include "worker/strategy/one_device.h"
 #include "worker/strategy/strategy.h"
 
@@ -9,7 +11,10 @@ namespace distrain {
 absl::Status CheckStrategySupported(const JobConfig& config) {
   switch (config.strategy) {
     case StrategyKind::kOneDevice:
+    case StrategyKind::kMirrored:
       return absl::OkStatus();
+    case StrategyKind::kMultiWorkerMirrored:
+      return CheckCollectiveImplementation(config.training.communication);
     case StrategyKind::kTPU:
       return absl::FailedPreconditionError(
           "spec.strategy: TPU jobs run your own TensorFlow image (set "
@@ -18,18 +23,26 @@ absl::Status CheckStrategySupported(const JobConfig& config) {
     case StrategyKind::kAuto:
       return absl::UnimplementedError(
           "spec.strategy: Auto selection is not available in this build of distrain yet; "
-          "choose OneDevice");
+          "choose OneDevice, Mirrored or MultiWorkerMirrored");
     default:
       return absl::UnimplementedError(absl::StrCat(
           "spec.strategy: ", StrategyName(config.strategy),
-          " is not available in this build of distrain yet; OneDevice is. "
-          "Use strategy: OneDevice with one Worker to train in one process"));
+          " is not available in this build of distrain yet; OneDevice, Mirrored and "
+          "MultiWorkerMirrored are. Use Mirrored for several replicas in one process, or "
+          "MultiWorkerMirrored for synchronous training across processes"));
   }
 }
 
 absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config) {
   if (absl::Status s = CheckStrategySupported(config); !s.ok()) return s;
-  return std::make_unique<OneDeviceStrategy>();
+  switch (config.strategy) {
+    case StrategyKind::kMirrored:
+      return std::make_unique<MirroredStrategy>();
+    case StrategyKind::kMultiWorkerMirrored:
+      return std::make_unique<MultiWorkerMirroredStrategy>();
+    default:
+      return std::make_unique<OneDeviceStrategy>();
+  }
 }
 
 }  // namespace distrain

@@ -9,13 +9,25 @@
 //   2. CreateVariables(factory)     — build one Model per local replica and the
 //                                     optimizer; every replica starts identical;
 //   3. RestoreState / SaveState     — checkpoints (variables + optimizer slots);
+//      SynchronizeInitialState      — then make every process agree on the
+//                                     starting variables and step;
 //   4. Run(step_fn) once per step   — step_fn computes one replica's gradients;
 //                                     the strategy reduces and applies them;
 //   5. Shutdown()                   — leave the group cleanly.
+//
+// Test/debug hook (implemented once, in the Trainer, for every strategy): when
+// the environment variable DISTRAIN_PARAM_CHECKSUM_FILE is set, the Trainer
+// appends "<step> <checksum>\n" after every step, where checksum is the FNV-1a
+// hash of the bytes of every parameter of local replica 0 (see
+// worker/strategy/param_checksum.h). Before writing it checks that every model
+// in local_models() hashes the same and fails the job (exit 1, naming the
+// replica) if not. "{task}" in the path is replaced by the task ("worker-1"),
+// so the processes of one `distrain run` write separate files.
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -24,6 +36,10 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
 
 namespace distrain {
 
@@ -84,12 +100,28 @@ class Strategy {
   // The model whose variables represent the job (replica 0's copy); used
   // for evaluation and by tests.
   virtual Model* primary_model() = 0;
+  // Every local replica's model (replica 0 first); the consistency hook
+  // checks they are bit-identical.
+  virtual std::vector<Model*> local_models() { return {primary_model()}; }
 
   // Variables + optimizer slots for a checkpoint, and their restoration.
-  // RestoreState must leave every replica (and, across processes, every
-  // peer) with the restored values.
+  // RestoreState must leave every local replica with the restored values; it
+  // is only called in processes that found a checkpoint.
   virtual absl::StatusOr<CheckpointState> SaveState(int64_t step) = 0;
   virtual absl::Status RestoreState(const CheckpointState& state) = 0;
+  // Called by every process after the (optional) restore, with the step this
+  // process would start at; returns the step the job starts at. Strategies
+  // with several processes make every peer agree here (MultiWorkerMirrored
+  // broadcasts the chief's variables, optimizer slots and step, because in
+  // Kubernetes only the chief may be able to read the checkpoint).
+  virtual absl::StatusOr<int64_t> SynchronizeInitialState(int64_t local_start_step) {
+    return local_start_step;
+  }
+
+  // Gives the strategy the process's Prometheus registry for its own
+  // metrics (worker/strategy/collective_metrics.h). Called before Init, at
+  // most once; the registry outlives the strategy.
+  virtual void AttachMetrics(prometheus::Registry& registry) {}
 
   virtual void Shutdown() {}
 };

@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""All-reduce bus bandwidth: distrain's ring vs Open MPI vs TensorFlow, same run.
+
+For N = 2, 3, 4 processes on 127.0.0.1 and float32 buffers of 4 KiB ... 256 MiB
+(powers of 4), every side runs a SUM all-reduce with one process per rank:
+
+  distrain    build/bench/allreduce_busbw: RingCollective over TCP, bootstrapped
+              by the coordination service from TF_CONFIG (what
+              MultiWorkerMirrored uses)
+  mpi         MPI_Allreduce (Open MPI, `--mca pml ob1 --mca btl tcp,self
+              --mca btl_tcp_if_include lo`: TCP over loopback, no shared memory)
+  tf          TensorFlow MultiWorkerMirroredStrategy, CommunicationOptions(RING),
+              ReplicaContext.all_reduce in a tf.function
+  loopback    build/bench/loopback_limit: aggregate TCP throughput of N
+              concurrent streams (L_agg, best of 3 repeats, measured before
+              and after the sides, the higher counts); one ring link can move
+              at most L_agg / N, the ceiling for busbw
+
+Every side uses the same protocol: one all-reduce checked element by element
+against the exact sum (a wrong result fails the run), warm-up iterations, then
+individually timed iterations (enough for --target-seconds, at least
+--min-iters); the median is reported. algbw = bytes / time,
+busbw = algbw * 2 (N - 1) / N (the bytes each link carries in a ring, so
+figures for different N compare, and a perfect ring reaches the link speed).
+
+  bench/allreduce_busbw.py [--quick] [--ranks 2,3,4] [--sizes 4K,64K,64M]
+                           [--sides distrain,mpi,tf]
+
+Prints a table per N and the key ratios (64 MiB, N = 4: distrain/MPI,
+distrain/TF, distrain/(L_agg/N); 4 KiB latency distrain vs MPI). Not a
+pass/fail test: exit 0 when every side ran; non-zero with the failing side's
+output when one did not.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
+                        "peers-venv", "bin", "python")
+
+KIB, MIB = 1 << 10, 1 << 20
+DEFAULT_SIZES = [4 * KIB * 4 ** k for k in range(9)]           # 4 KiB ... 256 MiB
+QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
+SIDES = ("distrain", "mpi", "tf")
+
+
+def fail(message):
+    sys.exit(f"allreduce_busbw: {message}")
+
+
+def parse_size(text):
+    m = re.fullmatch(r"\s*(\d+)\s*([KkMmGg]?)(i?[Bb])?\s*", text)
+    if not m:
+        fail(f"--sizes: cannot read '{text}' (use bytes or 4K, 64M, 1G)")
+    value = int(m.group(1)) * {"": 1, "k": KIB, "m": MIB, "g": 1 << 30}[m.group(2).lower()]
+    if value <= 0 or value % 4:
+        fail(f"--sizes: {text} is not a positive multiple of 4 bytes (float32)")
+    return value
+
+
+def human_size(n):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def human_time(s):
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.3f} s"
+
+
+def free_ports(count):
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_configs(n):
+    workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i},
+                        "environment": "cloud"}) for i in range(n)]
+
+
+def run_group(name, commands, timeout):
+    """Runs [(argv, env)] together; returns rank 0's output. Kills the rest and
+    fails loudly when one exits non-zero or the group passes `timeout`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, logs = [], []
+        for i, (argv, env) in enumerate(commands):
+            log = open(os.path.join(tmp, f"{i}.log"), "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+
+        def output(i):
+            logs[i].flush()
+            logs[i].seek(0)
+            return logs[i].read()
+
+        def kill_all():
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait()
+
+        deadline = time.time() + timeout
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                kill_all()
+                i = bad[0]
+                fail(f"{name}: process {i} ({' '.join(commands[i][0][:3])} ...) exited with "
+                     f"code {codes[i]}:\n{output(i)[-4000:]}")
+            if all(c == 0 for c in codes):
+                return output(0)
+            if time.time() > deadline:
+                kill_all()
+                fail(f"{name}: still running after {timeout:.0f} s; rank 0 said:\n{output(0)[-4000:]}")
+            time.sleep(0.05)
+
+
+def parse_results(name, text, expect_sizes):
+    results = {}
+    for m in re.finditer(r"^RESULT (\{.*\})$", text, re.M):
+        r = json.loads(m.group(1))
+        results[r.get("bytes", r.get("streams"))] = r
+    missing = [s for s in expect_sizes if s not in results]
+    if missing:
+        fail(f"{name}: no RESULT for {', '.join(human_size(s) for s in missing)}; output:\n{text[-4000:]}")
+    return results
+
+
+def binary(name):
+    path = os.path.join(BUILD, "bench", name)
+    if not os.path.exists(path):
+        fail(f"{path} is missing: build it (scripts/build.sh, or ninja -C {BUILD} {name})")
+    return path
+
+
+def mpi_binary():
+    path = os.path.join(BUILD, "bench", "mpi_allreduce")
+    src = os.path.join(ROOT, "bench", "peers", "mpi_allreduce.c")
+    if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(src):
+        return path
+    mpicc = shutil.which("mpicc")
+    if mpicc is None:
+        fail("Open MPI is not installed (no mpicc): run scripts/setup.sh, or pass --sides distrain,tf")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    subprocess.run([mpicc, "-O2", "-o", path, src], check=True)
+    return path
+
+
+def common_flags(args):
+    return ["--warmup", str(args.warmup), "--min-iters", str(args.min_iters),
+            "--max-iters", str(args.max_iters), "--target-seconds", str(args.target_seconds)]
+
+
+def run_loopback(n, args):
+    out = run_group(f"loopback N={n}", [([binary("loopback_limit"), "--streams", str(n)], None)], 120)
+    return parse_results("loopback", out, [n])[n]["bytes_per_second"]
+
+
+def run_distrain(n, sizes, args):
+    argv = [binary("allreduce_busbw"), "--sizes", ",".join(map(str, sizes)),
+            "--timeout-seconds", str(args.timeout)] + common_flags(args)
+    cmds = []
+    for cfg in tf_configs(n):
+        env = dict(os.environ, TF_CONFIG=cfg)
+        cmds.append((argv, env))
+    return parse_results(f"distrain N={n}", run_group(f"distrain N={n}", cmds, args.side_timeout), sizes)
+
+
+def run_mpi(n, sizes, args):
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        fail("Open MPI is not installed (no mpirun): run scripts/setup.sh, or pass --sides distrain,tf")
+    argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n),
+            "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
+            mpi_binary(), "--sizes", ",".join(map(str, sizes))] + common_flags(args)
+    return parse_results(f"mpi N={n}", run_group(f"mpi N={n}", [(argv, None)], args.side_timeout), sizes)
+
+
+def run_tf(n, sizes, args):
+    py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
+    argv = [py, os.path.join(ROOT, "bench", "peers", "tf_collective_allreduce.py"),
+            "--sizes", ",".join(map(str, sizes)), "--timeout-seconds", str(args.timeout)] + common_flags(args)
+    cmds = [(argv, dict(os.environ, TF_CONFIG=cfg, TF_CPP_MIN_LOG_LEVEL="2")) for cfg in tf_configs(n)]
+    return parse_results(f"tf N={n}", run_group(f"tf N={n}", cmds, args.side_timeout), sizes)
+
+
+def busbw(n, size, seconds):
+    return size / seconds * 2 * (n - 1) / n
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="sizes 4K,64K,1M,16M,64M and N = 2,4 (unless --sizes/--ranks say otherwise)")
+    ap.add_argument("--sizes", help="comma-separated buffer sizes in bytes (4K, 64M allowed); "
+                                    "default 4K..256M in powers of 4")
+    ap.add_argument("--ranks", help="comma-separated process counts; default 2,3,4")
+    ap.add_argument("--sides", default=",".join(SIDES), help="subset of distrain,mpi,tf")
+    ap.add_argument("--warmup", type=int, default=3, help="warm-up iterations per size")
+    ap.add_argument("--min-iters", type=int, default=5, help="timed iterations at least")
+    ap.add_argument("--max-iters", type=int, default=20000, help="timed iterations at most")
+    ap.add_argument("--target-seconds", type=float, default=0.5, help="timed iterations fill about this")
+    ap.add_argument("--timeout", type=float, default=120, help="per-operation timeout inside each side (s)")
+    ap.add_argument("--side-timeout", type=float, default=900, help="one side's run for one N (s)")
+    args = ap.parse_args()
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else \
+        (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else ([2, 4] if args.quick else [2, 3, 4])
+    if any(r < 2 for r in ranks):
+        fail("--ranks: every N must be at least 2")
+    sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        fail(f"--sides: unknown {', '.join(unknown)} (use {', '.join(SIDES)})")
+    runners = {"distrain": run_distrain, "mpi": run_mpi, "tf": run_tf}
+
+    started = time.time()
+    load = os.getloadavg()[0]
+    table = {}  # (n, side) -> {bytes: result}
+    ceilings = {}
+    for n in ranks:
+        # L_agg is a limit: measured before and after the sides, the best counts.
+        before = run_loopback(n, args)
+        for side in sides:
+            t0 = time.time()
+            table[(n, side)] = runners[side](n, sizes, args)
+            print(f"N={n}: {side} done in {time.time() - t0:.0f} s", flush=True)
+        after = run_loopback(n, args)
+        ceilings[n] = max(before, after)
+        print(f"N={n}: loopback L_agg {before / 1e9:.2f} GB/s before, {after / 1e9:.2f} GB/s after; "
+              f"ceiling L_agg/N {ceilings[n] / n / 1e9:.2f} GB/s", flush=True)
+
+    print()
+    print(f"all-reduce float32 SUM on 127.0.0.1, {os.cpu_count()} cores, load {load:.2f} at start; "
+          f"median time; busbw = bytes/time * 2(N-1)/N in GB/s (1e9)")
+    for n in ranks:
+        ceiling = ceilings[n] / n
+        print(f"\nN = {n}   L_agg {ceilings[n] / 1e9:.2f} GB/s, ceiling L_agg/N {ceiling / 1e9:.2f} GB/s")
+        head = f"{'size':>9}"
+        for side in sides:
+            head += f" | {side + ' time':>13} {'busbw':>6}"
+        if "distrain" in sides:
+            head += " | " + " ".join(f"{'d/' + s:>7}" for s in sides if s != "distrain") + f" {'d/ceil':>7}"
+        print(head)
+        for size in sizes:
+            row = f"{human_size(size):>9}"
+            bw = {}
+            for side in sides:
+                t = table[(n, side)][size]["median_s"]
+                bw[side] = busbw(n, size, t)
+                row += f" | {human_time(t):>13} {bw[side] / 1e9:6.2f}"
+            if "distrain" in sides:
+                row += " | " + " ".join(f"{ratio(bw['distrain'], bw[s]):>7}" for s in sides if s != "distrain")
+                row += f" {ratio(bw['distrain'], ceiling):>7}"
+            print(row)
+
+    print("\nkey figures")
+    key_n, key_size, small = 4, 64 * MIB, 4 * KIB
+    if key_n in ranks and key_size in sizes and "distrain" in sides:
+        d = busbw(key_n, key_size, table[(key_n, "distrain")][key_size]["median_s"])
+        line = f"  64 MiB, N=4: distrain busbw {d / 1e9:.2f} GB/s"
+        for side in ("mpi", "tf"):
+            if side in sides:
+                line += f"; /{side} {ratio(d, busbw(key_n, key_size, table[(key_n, side)][key_size]['median_s']))}"
+        line += f"; /(L_agg/N) {ratio(d, ceilings[key_n] / key_n)}"
+        print(line)
+    else:
+        print("  (64 MiB at N=4 not in this sweep)")
+    if small in sizes and "distrain" in sides and "mpi" in sides:
+        for n in ranks:
+            d = table[(n, "distrain")][small]["median_s"]
+            m = table[(n, "mpi")][small]["median_s"]
+            print(f"  4 KiB latency, N={n}: distrain {human_time(d)}, mpi {human_time(m)} "
+                  f"(distrain/mpi time {d / m:.2f}x)")
+    print(f"  wall time {time.time() - started:.0f} s; load {load:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,354 @@
+// Synchronous strategies as real processes: MultiWorkerMirrored (chief + 3
+// workers started here with their own TF_CONFIG) and Mirrored (4 replicas)
+// end where OneDevice ends on the same global batch and seed; every replica
+// holds identical parameters after every step; a worker killed with SIGKILL
+// makes every other process fail fast, naming it; `distrain run` runs both
+// examples.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <regex>
+#include <sstream>
+
+#include "tests/integration/subprocess.h"
+#include "worker/checkpoint/checkpoint.h"
+
+namespace distrain {
+namespace {
+
+using testing::DistrainBinary;
+using testing::SourceDir;
+using testing::Subprocess;
+using testing::WorkerBinary;
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 200;
+
+std::string TempDir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("distrain_sync_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::vector<int> FreePorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    fds.push_back(fd);
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) ::close(fd);
+  return ports;
+}
+
+// One job, three placements. Small enough that 4 processes on a loaded
+// 2-core machine finish 200 steps in seconds; Adam, so optimizer slots matter.
+std::string JobYaml(const std::string& strategy, const std::string& replica_specs, int64_t steps,
+                    const std::string& extra_training = "") {
+  return "apiVersion: distrain.io/v1alpha1\n"
+         "kind: DistributedTrainingJob\n"
+         "metadata:\n  name: sync\n"
+         "spec:\n"
+         "  strategy: " + strategy + "\n"
+         "  replicaSpecs:\n" + replica_specs +
+         "  training:\n"
+         "    model: {hiddenUnits: [64, 32]}\n"
+         "    dataset: {type: synthetic, numExamples: 4096, numEvalExamples: 512, numFeatures: 48,\n"
+         "              numClasses: 10, noise: 1.5, autoShardPolicy: DATA}\n"
+         "    optimizer: {type: adam, learningRate: 0.002}\n"
+         "    globalBatchSize: 64\n"
+         "    steps: " + std::to_string(steps) + "\n"
+         "    logEverySteps: 20\n"
+         "    seed: 7\n" + extra_training;
+}
+
+const char kOneWorker[] = "    Worker: {replicas: 1}\n";
+const char kChiefAnd3Workers[] = "    Chief: {replicas: 1}\n    Worker: {replicas: 3}\n";
+// Small buckets so every step reduces several buckets while backward runs.
+const char kCommunication[] =
+    "    communication: {implementation: Ring, timeoutSeconds: 10, bytesPerPack: 4096}\n";
+
+std::map<std::string, Tensor> FinalVariables(const std::string& checkpoint_dir) {
+  auto state = CheckpointManager(checkpoint_dir, 3).RestoreLatest();
+  EXPECT_TRUE(state.ok()) << state.status();
+  std::map<std::string, Tensor> out;
+  if (!state.ok() || !state->has_value()) {
+    ADD_FAILURE() << "no checkpoint in " << checkpoint_dir;
+    return out;
+  }
+  EXPECT_EQ((*state)->step, kSteps);
+  for (auto& [name, tensor] : (*state)->tensors) {
+    if (name.rfind("variables/", 0) == 0) out.emplace(name, tensor);
+  }
+  return out;
+}
+
+void ExpectSameVariables(const std::map<std::string, Tensor>& got,
+                         const std::map<std::string, Tensor>& want, float tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  float overall = 0;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    ASSERT_EQ(it->second.size(), w.size()) << name;
+    float worst = 0;
+    for (int64_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(it->second[i] - w[i]));
+    EXPECT_LE(worst, tolerance) << name << " differs from OneDevice by " << worst;
+    overall = std::max(overall, worst);
+  }
+  std::cout << "max abs difference from OneDevice: " << overall << "\n";
+}
+
+// OneDevice on the same global batch and seed, trained once per test binary.
+const std::map<std::string, Tensor>& OneDeviceReference() {
+  static const auto* reference = [] {
+    const std::string dir = TempDir("onedevice");
+    const std::string job = WriteFile(dir + "/job.yaml", JobYaml("OneDevice", kOneWorker, kSteps));
+    Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
+                      {{"OPENBLAS_NUM_THREADS", "1"}});
+    auto rc = worker.Wait(120);
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
+    auto* vars = new std::map<std::string, Tensor>(FinalVariables(dir + "/ckpt"));
+    fs::remove_all(dir);
+    return vars;
+  }();
+  return *reference;
+}
+
+// Minimal HTTP/1.0 GET on loopback; "" when nothing answers.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  ::send(fd, request.data(), request.size(), 0);
+  std::string response;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) response.append(buf, n);
+  ::close(fd);
+  return response;
+}
+
+// The processes of a chief + N workers job, started with their own TF_CONFIG
+// the way the operator starts pods.
+struct Cluster {
+  std::vector<std::string> tasks;  // "chief-0", "worker-0", ...
+  std::vector<std::string> addresses;
+  std::vector<int> metrics_ports;
+  std::vector<std::unique_ptr<Subprocess>> processes;
+
+  Cluster(const std::string& job, const std::string& dir, int workers) {
+    const int n = workers + 1;
+    std::vector<int> ports = FreePorts(2 * n);
+    std::string worker_list;
+    for (int i = 0; i < n; ++i) {
+      addresses.push_back("127.0.0.1:" + std::to_string(ports[i]));
+      metrics_ports.push_back(ports[n + i]);
+      if (i > 0) worker_list += std::string(i > 1 ? "," : "") + "\"" + addresses[i] + "\"";
+    }
+    const std::string cluster =
+        R"({"chief":[")" + addresses[0] + R"("],"worker":[)" + worker_list + "]}";
+    for (int i = 0; i < n; ++i) {
+      const std::string type = i == 0 ? "chief" : "worker";
+      const int index = i == 0 ? 0 : i - 1;
+      tasks.push_back(type + "-" + std::to_string(index));
+      const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
+                                    R"(","index":)" + std::to_string(index) + "}}";
+      processes.push_back(std::make_unique<Subprocess>(
+          std::vector<std::string>{WorkerBinary(), "--config", job, "--tf-config", tf_config,
+                                   "--checkpoint-dir", dir + "/ckpt", "--metrics-port",
+                                   std::to_string(metrics_ports[i])},
+          std::map<std::string, std::string>{
+              {"OPENBLAS_NUM_THREADS", "1"},
+              {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}}));
+    }
+  }
+
+  void ExpectAllSucceed(double seconds) {
+    for (size_t i = 0; i < processes.size(); ++i) {
+      auto rc = processes[i]->Wait(seconds);
+      ASSERT_TRUE(rc.has_value()) << tasks[i] << " did not finish:\n" << processes[i]->output();
+      EXPECT_EQ(*rc, 0) << tasks[i] << ":\n" << processes[i]->output();
+    }
+  }
+
+  // Every process held the same parameters after every step.
+  void ExpectIdenticalChecksums(const std::string& dir) {
+    const auto chief = ReadLines(dir + "/checksums.chief-0.txt");
+    ASSERT_EQ(chief.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(chief.front().substr(0, 2), "1 ");
+    for (size_t i = 1; i < tasks.size(); ++i) {
+      EXPECT_EQ(ReadLines(dir + "/checksums." + tasks[i] + ".txt"), chief)
+          << tasks[i] << " diverged from the chief";
+    }
+  }
+};
+
+TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndStaysInSync) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = TempDir("mwms");
+  const std::string job =
+      WriteFile(dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  Cluster cluster(job, dir, 3);
+  cluster.ExpectAllSucceed(120);
+  // The chief wrote the checkpoint; it equals single-process training.
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  cluster.ExpectIdenticalChecksums(dir);
+  fs::remove_all(dir);
+}
+
+// 2 processes x 2 local replicas: hierarchical all-reduce (local reduce ->
+// ring -> local broadcast), still the same 4 replicas in sync.
+TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = TempDir("hierarchical");
+  const std::string job = WriteFile(
+      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
+                                 kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
+  Cluster cluster(job, dir, 1);
+  cluster.ExpectAllSucceed(120);
+  EXPECT_NE(cluster.processes[0]->output().find("replicas in sync 4"), std::string::npos)
+      << cluster.processes[0]->output();
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  cluster.ExpectIdenticalChecksums(dir);
+  fs::remove_all(dir);
+}
+
+TEST(SyncTrainingTest, MirroredFourReplicasMatchesOneDeviceAndStaysInSync) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = TempDir("mirrored");
+  const std::string job = WriteFile(
+      dir + "/job.yaml",
+      JobYaml("Mirrored", kOneWorker, kSteps, "    localReplicas: 4\n    communication: {bytesPerPack: 4096}\n"));
+  // Through distrain run, as a user would; the hook's file names the task.
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
+                 {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
+  auto rc = run.Wait(120);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  EXPECT_NE(run.output().find("4 local replica(s)"), std::string::npos) << run.output();
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  // The worker checks its 4 replicas against each other before every line.
+  EXPECT_EQ(ReadLines(dir + "/checksums.worker-0.txt").size(), static_cast<size_t>(kSteps));
+  fs::remove_all(dir);
+}
+
+// SIGKILL of a worker (rank 3) or of the chief, which also hosts the
+// coordination service (rank 0); SIGSTOP of a worker (a process that stops
+// answering without closing its connections).
+struct KillCase {
+  std::string name;
+  int victim;  // index into Cluster::processes
+  int signal;
+};
+
+class SyncTrainingKillTest : public ::testing::TestWithParam<KillCase> {};
+
+TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
+  const int victim = GetParam().victim;
+  const std::string dir = TempDir("kill_" + GetParam().name);
+  const std::string job = WriteFile(
+      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
+  Cluster cluster(job, dir, 3);
+  // Training is under way everywhere.
+  for (size_t i = 0; i < cluster.processes.size(); ++i) {
+    ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))
+        << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+  }
+  // The strategy's metrics are served next to the Trainer's.
+  const std::string metrics = HttpGet(cluster.metrics_ports[0], "/metrics");
+  std::smatch bytes;
+  ASSERT_TRUE(std::regex_search(metrics, bytes,
+                                std::regex(R"(\ndistrain_collective_bytes_total\{op="allreduce"\} ([0-9.e+]+))")))
+      << metrics;
+  EXPECT_GT(std::stod(bytes[1]), 0);
+  EXPECT_NE(metrics.find("distrain_collective_seconds_bucket{op=\"allreduce\""), std::string::npos);
+  EXPECT_NE(metrics.find("\ndistrain_membership_generation 1"), std::string::npos) << metrics;
+  const auto killed_at = std::chrono::steady_clock::now();
+  cluster.processes[victim]->Signal(GetParam().signal);
+  const std::string victim_name = std::string(victim == 0 ? "chief:0" : "worker:2") + " (" +
+                                  cluster.addresses[victim] + ")";
+  for (size_t i = 0; i < cluster.processes.size(); ++i) {
+    if (static_cast<int>(i) == victim) continue;
+    Subprocess& p = *cluster.processes[i];
+    auto rc = p.Wait(10 + 5);  // timeoutSeconds + 5 s, measured from the kill
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    ASSERT_TRUE(rc.has_value()) << cluster.tasks[i] << " still running 15 s after the kill:\n" << p.output();
+    EXPECT_LE(seconds, 15.0) << cluster.tasks[i];
+    EXPECT_EQ(*rc, 170) << cluster.tasks[i] << " should exit with the retryable peer-lost code:\n"
+                        << p.output();
+    // The error line (the last thing logged) names the dead process and its address.
+    std::smatch m;
+    const std::string out = p.output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(error +([^\n]*exit code 170[^\n]*))")))
+        << cluster.tasks[i] << ":\n" << out;
+    EXPECT_NE(m[1].str().find(victim_name), std::string::npos)
+        << cluster.tasks[i] << "'s error does not name " << victim_name << ": " << m[1].str();
+    std::cout << cluster.tasks[i] << " exited " << *rc << " after " << seconds << " s: " << m[1].str()
+              << "\n";
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, SyncTrainingKillTest,
+                         ::testing::Values(KillCase{"KilledWorker", 3, SIGKILL},
+                                           KillCase{"KilledChief", 0, SIGKILL},
+                                           KillCase{"StoppedWorker", 3, SIGSTOP}),
+                         [](const ::testing::TestParamInfo<KillCase>& info) { return info.param.name; });
+
+// `distrain run` of the shipped examples: success and the accuracy they promise.
+void ExpectExampleSucceeds(const std::string& example) {
+  Subprocess run({DistrainBinary(), "run", SourceDir() + "/examples/" + example, "--no-progress"});
+  auto rc = run.Wait(120);
+  ASSERT_TRUE(rc.has_value()) << example << " did not finish in 120 s:\n" << run.output();
+  EXPECT_EQ(*rc, 0) << run.output();
+  std::smatch m;
+  const std::string out = run.output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(eval accuracy\s+([0-9.]+))"))) << out;
+  EXPECT_GE(std::stod(m[1]), 0.95) << out;
+}
+
+TEST(SyncTrainingTest, MirroredExampleRunsLocallyToSuccess) { ExpectExampleSucceeds("mirrored.yaml"); }
+
+TEST(SyncTrainingTest, MultiWorkerMirroredExampleRunsLocallyToSuccess) {
+  ExpectExampleSucceeds("multi-worker-mirrored.yaml");
+}
+
+}  // namespace
+}  // namespace distrain

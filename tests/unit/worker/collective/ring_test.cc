@@ -1,0 +1,440 @@
+#include "worker/collective/ring.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/collective/tcp_socket.h"
+
+namespace distrain {
+namespace {
+
+using Ring = std::vector<std::unique_ptr<RingCollective>>;
+
+void OnEveryRank(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+RingOptions Options(int n, const std::string& prefix = "test") {
+  RingOptions o;
+  o.key_prefix = prefix;
+  o.setup_timeout = absl::Seconds(20);
+  for (int r = 0; r < n; ++r) o.peer_names.push_back(absl::StrCat("worker:", r));
+  return o;
+}
+
+// Ranks as threads over loopback, bootstrapped through an InMemoryStore.
+Ring MakeRing(int n, const RingOptions& options) {
+  InMemoryStore store;
+  Ring ring(n);
+  std::vector<absl::Status> status(n);
+  OnEveryRank(n, [&](int r) {
+    auto created = RingCollective::Create(store, r, n, options);
+    if (created.ok()) {
+      ring[r] = std::move(*created);
+    } else {
+      status[r] = created.status();
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return ring;
+}
+
+float Value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 97) + rank); }
+
+CollectiveOptions Timeout(absl::Duration timeout = absl::Seconds(20)) {
+  CollectiveOptions o;
+  o.timeout = timeout;
+  o.tag = "grads";
+  return o;
+}
+
+// All-reduces `elements` per rank and checks every rank against the reference.
+void CheckAllReduce(Ring& ring, int64_t elements, ReduceOp op) {
+  const int n = static_cast<int>(ring.size());
+  std::vector<std::vector<float>> data(n, std::vector<float>(elements));
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < elements; ++i) data[r][i] = Value(r, i);
+  }
+  std::vector<absl::Status> status(n);
+  OnEveryRank(n, [&](int r) {
+    status[r] = ring[r]->AllReduce(absl::MakeSpan(data[r]), op, Timeout());
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int64_t i = 0; i < elements; ++i) {
+      float sum = 0;
+      for (int k = 0; k < n; ++k) sum += Value(k, i);
+      const float want = op == ReduceOp::kMean ? sum / n : sum;
+      ASSERT_EQ(data[r][i], want) << "n=" << n << " elements=" << elements << " rank=" << r
+                                  << " i=" << i;
+    }
+  }
+}
+
+// The three ways an operation can travel: -1 forces the bandwidth path
+// (reduce-scatter/all-gather ring, chain broadcast) for every size; with the
+// default threshold small payloads take the one-hop mesh, or the ring
+// all-gather when the mesh is off.
+struct PathCase {
+  const char* name;
+  int64_t small_bytes;
+  int mesh_max_ranks;
+};
+
+class RingPathTest : public ::testing::TestWithParam<PathCase> {
+ protected:
+  RingOptions PathOptions(int n) const {
+    RingOptions options = Options(n);
+    options.small_allreduce_bytes = GetParam().small_bytes;
+    options.mesh_max_ranks = GetParam().mesh_max_ranks;
+    return options;
+  }
+};
+
+TEST_P(RingPathTest, AllReduceMatchesSumAndMeanForEveryGroupAndOddSizes) {
+  for (int n = 1; n <= 8; ++n) {
+    Ring ring = MakeRing(n, PathOptions(n));
+    ASSERT_FALSE(HasFailure());
+    for (int64_t elements : {0, 1, 7, 4099}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+        CheckAllReduce(ring, elements, op);
+        ASSERT_FALSE(HasFailure());
+      }
+    }
+  }
+}
+
+TEST_P(RingPathTest, AllReduceMatchesSumForAMillionAndThreeElements) {
+  for (int n : {2, 3, 4}) {
+    RingOptions options = PathOptions(n);
+    options.chunk_bytes = 64 << 10;  // many chunks per segment
+    Ring ring = MakeRing(n, options);
+    ASSERT_FALSE(HasFailure());
+    CheckAllReduce(ring, (1 << 20) + 3, n == 3 ? ReduceOp::kMean : ReduceOp::kSum);
+  }
+}
+
+TEST_P(RingPathTest, SeveralBuffersAreOneLogicalVector) {
+  constexpr int kRanks = 3;
+  Ring ring = MakeRing(kRanks, PathOptions(kRanks));
+  ASSERT_FALSE(HasFailure());
+  const std::vector<size_t> sizes = {3, 0, 5000, 1, 17};
+  std::vector<std::vector<std::vector<float>>> data(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    int64_t i = 0;
+    for (size_t s : sizes) {
+      std::vector<float> b(s);
+      for (float& x : b) x = Value(r, i++);
+      data[r].push_back(b);
+    }
+  }
+  OnEveryRank(kRanks, [&](int r) {
+    std::vector<absl::Span<float>> spans;
+    for (auto& b : data[r]) spans.push_back(absl::MakeSpan(b));
+    absl::Status s = ring[r]->AllReduce(spans, ReduceOp::kSum, Timeout());
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    int64_t i = 0;
+    for (const auto& b : data[r]) {
+      for (float x : b) {
+        ASSERT_EQ(x, Value(0, i) + Value(1, i) + Value(2, i)) << "rank " << r << " i=" << i;
+        ++i;
+      }
+    }
+  }
+}
+
+TEST_P(RingPathTest, BroadcastCopiesFromEveryRoot) {
+  for (int n : {2, 4}) {
+    Ring ring = MakeRing(n, PathOptions(n));
+    ASSERT_FALSE(HasFailure());
+    for (int64_t elements : {int64_t{0}, int64_t{5}, int64_t{200003}}) {
+      for (int root = 0; root < n; ++root) {
+        std::vector<std::vector<float>> data(n, std::vector<float>(elements));
+        for (int r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < elements; ++i) data[r][i] = Value(r, i);
+        }
+        OnEveryRank(n, [&](int r) {
+          absl::Status s = ring[r]->Broadcast(absl::MakeSpan(data[r]), root, Timeout());
+          ASSERT_TRUE(s.ok()) << s;
+        });
+        for (int r = 0; r < n; ++r) {
+          for (int64_t i = 0; i < elements; ++i) {
+            ASSERT_EQ(data[r][i], Value(root, i)) << "n=" << n << " root " << root << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(RingPathTest, AllGatherConcatenatesInRankOrder) {
+  for (int n : {1, 2, 5}) {
+    Ring ring = MakeRing(n, PathOptions(n));
+    ASSERT_FALSE(HasFailure());
+    for (int64_t elements : {int64_t{0}, int64_t{3}, int64_t{70001}}) {
+      std::vector<std::vector<float>> in(n), out(n, std::vector<float>(n * elements, -1.0f));
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < elements; ++i) in[r].push_back(Value(r, i));
+      }
+      OnEveryRank(n, [&](int r) {
+        absl::Status s = ring[r]->AllGather(in[r], absl::MakeSpan(out[r]), Timeout());
+        ASSERT_TRUE(s.ok()) << s;
+      });
+      for (int r = 0; r < n; ++r) {
+        for (int k = 0; k < n; ++k) {
+          for (int64_t i = 0; i < elements; ++i) {
+            ASSERT_EQ(out[r][k * elements + i], Value(k, i)) << "n=" << n << " rank " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(RingPathTest, BarrierReleasesNobodyBeforeTheLastArrives) {
+  constexpr int kRanks = 4;
+  Ring ring = MakeRing(kRanks, PathOptions(kRanks));
+  ASSERT_FALSE(HasFailure());
+  for (int late = 0; late < kRanks; ++late) {
+    std::atomic<int> arrived{0};
+    std::atomic<int> early{0};
+    OnEveryRank(kRanks, [&](int r) {
+      if (r == late) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      arrived.fetch_add(1);
+      ASSERT_TRUE(ring[r]->Barrier(Timeout()).ok());
+      if (arrived.load() != kRanks) early.fetch_add(1);
+    });
+    EXPECT_EQ(early.load(), 0) << "late rank " << late;
+  }
+}
+
+TEST_P(RingPathTest, OperationsInterleaveOnTheSameLinks) {
+  // Mesh and ring traffic share the neighbour sockets; a mixed sequence must
+  // keep every stream in step.
+  constexpr int kRanks = 4;
+  Ring ring = MakeRing(kRanks, PathOptions(kRanks));
+  ASSERT_FALSE(HasFailure());
+  for (int64_t elements : {int64_t{10}, int64_t{100000}, int64_t{3}, int64_t{50000}}) {
+    CheckAllReduce(ring, elements, ReduceOp::kSum);
+    ASSERT_FALSE(HasFailure());
+    OnEveryRank(kRanks, [&](int r) { ASSERT_TRUE(ring[r]->Barrier(Timeout()).ok()); });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, RingPathTest,
+    ::testing::Values(PathCase{"BandwidthPathOnly", -1, 16}, PathCase{"SmallViaMesh", 32768, 16},
+                      PathCase{"SmallViaRingAllGather", 32768, 0}),
+    [](const ::testing::TestParamInfo<PathCase>& info) { return std::string(info.param.name); });
+
+TEST(RingCollectiveTest, AllReduceIsBitIdenticalOnEveryRank) {
+  constexpr int kRanks = 3;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  for (int64_t elements : {int64_t{1000}, int64_t{300001}}) {
+    std::vector<std::vector<float>> data(kRanks, std::vector<float>(elements));
+    for (int r = 0; r < kRanks; ++r) {
+      for (int64_t i = 0; i < elements; ++i) data[r][i] = 0.1f * (r + 1) + 1e-3f * (i % 1013);
+    }
+    OnEveryRank(kRanks, [&](int r) {
+      ASSERT_TRUE(ring[r]->AllReduce(absl::MakeSpan(data[r]), ReduceOp::kMean, Timeout()).ok());
+    });
+    for (int r = 1; r < kRanks; ++r) {
+      EXPECT_EQ(std::memcmp(data[0].data(), data[r].data(), elements * sizeof(float)), 0)
+          << "rank " << r << " differs from rank 0 for " << elements << " elements";
+    }
+  }
+}
+
+TEST(RingCollectiveTest, CreateTimesOutNamingTheRankThatNeverJoins) {
+  constexpr int kRanks = 3;
+  RingOptions options = Options(kRanks);
+  options.setup_timeout = absl::Milliseconds(300);
+  InMemoryStore store;
+  std::vector<absl::Status> status(kRanks);
+  std::vector<absl::Duration> took(kRanks);
+  OnEveryRank(kRanks - 1, [&](int r) {  // worker:2 never starts
+    const absl::Time start = absl::Now();
+    status[r] = RingCollective::Create(store, r, kRanks, options).status();
+    took[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < kRanks - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+    EXPECT_NE(status[r].message().find("worker:2"), std::string::npos) << status[r];
+    EXPECT_NE(status[r].message().find("test/ring/2"), std::string::npos) << status[r];
+    EXPECT_LT(took[r], absl::Seconds(3));
+  }
+}
+
+TEST(RingCollectiveTest, RankThatStopsMidOperationIsNamedWhenTheTimeoutFires) {
+  constexpr int kRanks = 3;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  CheckAllReduce(ring, 1000, ReduceOp::kSum);  // healthy first
+  const absl::Duration timeout = absl::Milliseconds(300);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<absl::Duration> took(kRanks);
+  OnEveryRank(kRanks - 1, [&](int r) {  // worker:2 stays alive but skips the call
+    std::vector<float> data(50000, 1.0f);
+    const absl::Time start = absl::Now();
+    status[r] = ring[r]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout(timeout));
+    took[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < kRanks - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+    EXPECT_GE(took[r], timeout);
+    EXPECT_LT(took[r], timeout + absl::Seconds(2));
+    EXPECT_NE(status[r].message().find("grads"), std::string::npos) << status[r];
+  }
+  // worker:0 receives from worker:2, so it names it (worker:1 names its own
+  // left neighbour, through which the stall reached it).
+  EXPECT_NE(status[0].message().find("worker:2 (127.0.0.1:"), std::string::npos) << status[0];
+  // The group is dead afterwards.
+  EXPECT_FALSE(ring[0]->Barrier(Timeout()).ok());
+}
+
+TEST(RingCollectiveTest, MeshNamesTheStoppedRankOnEveryOtherRank) {
+  constexpr int kRanks = 4;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  const absl::Duration timeout = absl::Milliseconds(300);
+  std::vector<absl::Status> status(kRanks);
+  OnEveryRank(kRanks, [&](int r) {
+    if (r == 1) return;  // worker:1 skips the barrier
+    status[r] = ring[r]->Barrier(Timeout(timeout));
+  });
+  for (int r : {0, 2, 3}) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+    EXPECT_NE(status[r].message().find("waiting for worker:1 (127.0.0.1:"), std::string::npos)
+        << status[r];
+  }
+}
+
+TEST(RingCollectiveTest, PeerWhoseSocketClosesIsNamedAsUnavailable) {
+  Ring ring = MakeRing(2, Options(2));
+  ASSERT_FALSE(HasFailure());
+  CheckAllReduce(ring, 100, ReduceOp::kSum);
+  ring[1].reset();  // worker:1's process is gone
+  std::vector<float> data(1 << 20, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status status = ring[0]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("worker:1"), std::string::npos) << status;
+}
+
+TEST(RingCollectiveTest, AbortFromAnotherThreadEndsAnInFlightOperation) {
+  constexpr int kRanks = 3;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  std::vector<absl::Status> status(kRanks);
+  std::vector<absl::Duration> took(kRanks);
+  std::thread watcher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ring[0]->Abort(absl::UnavailableError("coordinator: worker:2 missed its heartbeats"));
+  });
+  OnEveryRank(kRanks - 1, [&](int r) {  // worker:2 never calls
+    // Ring path: worker:1 waits on data from worker:0.
+    std::vector<float> data(200000, 1.0f);
+    const absl::Time start = absl::Now();
+    status[r] = ring[r]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout());
+    took[r] = absl::Now() - start;
+  });
+  watcher.join();
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(status[0].message().find("missed its heartbeats"), std::string::npos) << status[0];
+  // The aborted rank shut its sockets, so the neighbour waiting on it fails
+  // too, long before the 20 s timeout.
+  EXPECT_FALSE(status[1].ok());
+  for (int r = 0; r < kRanks - 1; ++r) EXPECT_LT(took[r], absl::Seconds(5)) << "rank " << r;
+  // Later operations fail with the same reason.
+  EXPECT_NE(ring[0]->Barrier(Timeout()).message().find("missed its heartbeats"),
+            std::string::npos);
+}
+
+TEST(RingCollectiveTest, MismatchedCollectivesFailInsteadOfReducingGarbage) {
+  Ring ring = MakeRing(2, Options(2));
+  ASSERT_FALSE(HasFailure());
+  std::vector<absl::Status> status(2);
+  OnEveryRank(2, [&](int r) {
+    std::vector<float> data(r == 0 ? 10 : 12, 1.0f);
+    status[r] = ring[r]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout());
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << status[r];
+    EXPECT_NE(status[r].message().find(absl::StrCat("worker:", 1 - r)), std::string::npos)
+        << status[r];
+  }
+}
+
+TEST(RingCollectiveTest, StrayConnectionsDoNotTakeTheLeftNeighboursPlace) {
+  RingOptions options = Options(2);
+  InMemoryStore store;
+  absl::StatusOr<std::unique_ptr<RingCollective>> rank0;
+  std::thread t0([&] { rank0 = RingCollective::Create(store, 0, 2, options); });
+  // Before worker:1 exists, connect to worker:0's published port twice: once
+  // silently, once with a hello from another group.
+  absl::StatusOr<std::string> address = store.Get("test/ring/0", absl::Seconds(10));
+  ASSERT_TRUE(address.ok()) << address.status();
+  auto host_port = tcp::ParseHostPort(*address);
+  ASSERT_TRUE(host_port.ok());
+  auto silent = tcp::Connect(*host_port, 0, absl::Now() + absl::Seconds(5), -1, "rank 0");
+  auto impostor = tcp::Connect(*host_port, 0, absl::Now() + absl::Seconds(5), -1, "rank 0");
+  ASSERT_TRUE(silent.ok() && impostor.ok());
+  char hello[32] = {};
+  const uint32_t magic = 0x47525444;
+  std::memcpy(hello, &magic, 4);
+  ASSERT_TRUE(tcp::SendAll(impostor->get(), hello, sizeof(hello), absl::Now() + absl::Seconds(5),
+                           -1, "rank 0")
+                  .ok());
+  absl::StatusOr<std::unique_ptr<RingCollective>> rank1 =
+      RingCollective::Create(store, 1, 2, options);
+  t0.join();
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_TRUE(rank1.ok()) << rank1.status();
+  Ring ring;
+  ring.push_back(std::move(*rank0));
+  ring.push_back(std::move(*rank1));
+  CheckAllReduce(ring, 1000, ReduceOp::kSum);
+  // The impostor was closed: reading it ends with EOF.
+  char byte;
+  absl::Status eof = tcp::RecvAll(impostor->get(), &byte, 1, absl::Now() + absl::Seconds(5), -1,
+                                  "rank 0");
+  EXPECT_EQ(eof.code(), absl::StatusCode::kUnavailable) << eof;
+}
+
+TEST(RingCollectiveTest, StatsCountBytesOnTheWire) {
+  Ring ring = MakeRing(2, Options(2));
+  ASSERT_FALSE(HasFailure());
+  CheckAllReduce(ring, 100000, ReduceOp::kSum);
+  const CollectiveStats s = ring[0]->stats();
+  EXPECT_EQ(s.operations, 1);
+  // Ring with N=2: half the vector each way twice, plus a 24-byte header.
+  EXPECT_EQ(s.bytes_sent, 100000 * 4 / 2 * 2 + 24);
+  EXPECT_EQ(s.bytes_received, 100000 * 4 / 2 * 2 + 24);
+}
+
+TEST(RingCollectiveTest, RejectsWildcardBindWithoutAdvertisedHost) {
+  RingOptions options = Options(2);
+  options.bind_host = "0.0.0.0";
+  InMemoryStore store;
+  absl::Status s = RingCollective::Create(store, 0, 2, options).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("advertised_host"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace distrain

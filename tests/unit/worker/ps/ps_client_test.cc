@@ -1,0 +1,162 @@
+#include "worker/ps/ps_client.h"
+
+#include <chrono>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/unit/worker/ps/ps_test_cluster.h"
+
+namespace distrain {
+namespace {
+
+using ::distrain::testing_ps::BitEqual;
+using ::distrain::testing_ps::MakeOptimizerConfig;
+using ::distrain::testing_ps::Pattern;
+using ::distrain::testing_ps::PsTestCluster;
+using ::testing::HasSubstr;
+
+ShardingPlan Plan(const std::vector<VariableSpec>& vars, const Partitioner& p, int num_ps) {
+  absl::StatusOr<ShardingPlan> plan = ShardingPlan::Create(vars, p, num_ps);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+// A loopback port nobody listens on (a server bound it, then went away).
+int UnusedPort() {
+  absl::StatusOr<std::unique_ptr<PsServer>> s = PsServer::Start("127.0.0.1:0", {});
+  EXPECT_TRUE(s.ok());
+  return (*s)->port();
+}
+
+TEST(PsClientTest, NamesTheDeadPsQuickly) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(2, options);
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {4, 2}}}, *Partitioner::FixedShards(2), 2));
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({4, 2}, 1);
+  ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
+  ASSERT_TRUE(client->Pull().ok());
+
+  const std::string dead = cluster.servers[1]->address();
+  cluster.servers[1]->Shutdown();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status pull = client->Pull().status();
+  absl::Status push = client->Push({{"w", &w}}).status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const absl::Status& s : {pull, push}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), HasSubstr("ps:1 (" + dead + ")"));
+  }
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(PsClientTest, WaitForReadyRetriesUntilThePsComesUp) {
+  const int port = UnusedPort();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Create({address}, Plan({{"w", {2}}}, Partitioner::None(), 1));
+  ASSERT_TRUE(client.ok());
+  std::unique_ptr<PsServer> late;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    absl::StatusOr<std::unique_ptr<PsServer>> s = PsServer::Start(address, {});
+    ASSERT_TRUE(s.ok()) << s.status();
+    late = std::move(*s);
+  });
+  absl::Status ready = (*client)->WaitForReady();
+  starter.join();
+  EXPECT_TRUE(ready.ok()) << ready;
+}
+
+TEST(PsClientTest, WaitForReadyGivesUpNamingThePs) {
+  const std::string address = "127.0.0.1:" + std::to_string(UnusedPort());
+  PsClientOptions options;
+  options.connect_timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Create({address}, Plan({{"w", {2}}}, Partitioner::None(), 1), options);
+  ASSERT_TRUE(client.ok());
+  absl::Status s = (*client)->WaitForReady();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("ps:0 (" + address + ") is not reachable"));
+}
+
+TEST(PsClientTest, WaitForReadyRejectsAClusterInTheWrongOrder) {
+  PsTestCluster cluster(2);
+  std::vector<std::string> swapped = {cluster.servers[1]->address(), cluster.servers[0]->address()};
+  absl::StatusOr<std::unique_ptr<PsClient>> client =
+      PsClient::Create(swapped, Plan({{"w", {2}}}, Partitioner::None(), 2));
+  ASSERT_TRUE(client.ok());
+  absl::Status s = (*client)->WaitForReady();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("says it is ps task 1 of 2"));
+}
+
+TEST(PsClientTest, RejectsTensorsThatDoNotMatchThePlan) {
+  PsTestCluster cluster(1);
+  std::unique_ptr<PsClient> client = cluster.Client(Plan({{"w", {4, 2}}}, Partitioner::None(), 1));
+  ASSERT_NE(client, nullptr);
+  const Tensor wrong({2, 4}), right({4, 2});
+  absl::Status s = client->Push({{"w", &wrong}}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"w\" has shape [2, 4]; the variable is [4, 2]"));
+  s = client->Push({{"v", &right}}).status();
+  EXPECT_THAT(s.message(), HasSubstr("\"v\" is not a variable of the sharding plan"));
+  EXPECT_EQ(client->Pull({"v"}).status().code(), absl::StatusCode::kInvalidArgument);
+  const ShardVersions bad_versions = {{"w", {0, 0, 0}}};
+  s = client->Push({{"w", &right}}, &bad_versions).status();
+  EXPECT_THAT(s.message(), HasSubstr("list 3 shards; the variable has 1"));
+  EXPECT_EQ(
+      PsClient::Create({"a:1", "b:2"}, Plan({{"w", {2}}}, Partitioner::None(), 1)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PsClientTest, RecordsClientSideMetrics) {
+  PsTestCluster cluster(1);
+  prometheus::Registry registry;
+  PsClientOptions options;
+  options.registry = &registry;
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {4, 2}}}, Partitioner::None(), 1), options);
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({4, 2}, 1);
+  ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
+  ASSERT_TRUE(client->Push({{"w", &w}}).ok());
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  EXPECT_THAT(text, HasSubstr("distrain_ps_rpc_seconds_count{method=\"Pull\",side=\"client\"} 1"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "distrain_ps_bytes_total{direction=\"pulled\",shard=\"w/part_0\",side=\"client\"} 32"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "distrain_ps_bytes_total{direction=\"pushed\",shard=\"w/part_0\",side=\"client\"} 32"));
+}
+
+TEST(PsClientTest, PsWithoutShardsStillTakesPartInCheckpoints) {
+  // Three ps, one single-shard variable: ps:1 and ps:2 host nothing but must
+  // still write their (empty) part so the step counts as consistent.
+  PsTestCluster cluster(3);
+  std::unique_ptr<PsClient> client = cluster.Client(Plan({{"w", {3}}}, Partitioner::None(), 3));
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({3}, 4);
+  ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
+  const std::string dir = ::testing::TempDir() + "/distrain_ps_empty_" + std::to_string(::getpid());
+  ASSERT_TRUE(client->Save(dir, 5).ok());
+  absl::StatusOr<int64_t> step = client->Restore(dir);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 5);
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(BitEqual(pulled->values["w"], w));
+}
+
+}  // namespace
+}  // namespace distrain

@@ -1,0 +1,683 @@
+#include "worker/ps/ps_service.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/unit/worker/ps/ps_test_cluster.h"
+#include "worker/model/optimizer.h"
+#include "worker/ps/ps_client.h"
+
+namespace distrain {
+namespace {
+
+namespace v1 = ::distrain::v1;
+using ::distrain::testing_ps::BitEqual;
+using ::distrain::testing_ps::MakeOptimizerConfig;
+using ::distrain::testing_ps::Pattern;
+using ::distrain::testing_ps::PsTestCluster;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("distrain_ps_" + name + "_" + std::to_string(::getpid())))
+                              .string();
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+ShardingPlan Plan(const std::vector<VariableSpec>& vars, const Partitioner& p, int num_ps) {
+  absl::StatusOr<ShardingPlan> plan = ShardingPlan::Create(vars, p, num_ps);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+// ---------------------------------------------------------------------------
+// Optimizer equivalence
+
+struct OptimizerCase {
+  const char* name;
+  OptimizerConfig config;
+};
+
+class PsOptimizerTest : public ::testing::TestWithParam<OptimizerCase> {};
+
+TEST_P(PsOptimizerTest, PushMatchesTheLocalOptimizerBitForBit) {
+  const OptimizerConfig config = GetParam().config;
+  PsServiceOptions options;
+  options.optimizer = config;
+  PsTestCluster cluster(2, options);
+  // "w" is split 3,3,3,2,2 over both ps; "b" stays whole.
+  const ShardingPlan plan = Plan({{"w", {13, 7}}, {"b", {7}}}, *Partitioner::FixedShards(5), 2);
+  ASSERT_EQ(plan.Find("w")->shards.size(), 5u);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+
+  Tensor w = Pattern({13, 7}, 1), b = Pattern({7}, 2);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+  absl::StatusOr<std::unique_ptr<Optimizer>> local = Optimizer::Create(config);
+  ASSERT_TRUE(local.ok());
+
+  constexpr int kSteps = 6;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Tensor gw = Pattern({13, 7}, 100 + step), gb = Pattern({7}, 200 + step);
+    (*local)->ApplyDense("w", w.span(), gw.span(), step);
+    (*local)->ApplyDense("b", b.span(), gb.span(), step);
+    absl::StatusOr<PushResult> pushed = client->Push({{"w", &gw}, {"b", &gb}});
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    EXPECT_THAT(pushed->versions["w"], ::testing::Each(step));
+  }
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["w"], w)) << GetParam().name << ": sharded variable differs";
+  EXPECT_TRUE(BitEqual(pulled->values["b"], b)) << GetParam().name;
+  EXPECT_THAT(pulled->versions["w"], ::testing::Each(kSteps));
+}
+
+OptimizerConfig Nesterov() {
+  OptimizerConfig c = MakeOptimizerConfig(OptimizerType::kMomentum, 0.1f);
+  c.nesterov = true;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllOptimizers, PsOptimizerTest,
+    ::testing::Values(OptimizerCase{"sgd", MakeOptimizerConfig(OptimizerType::kSgd, 0.1f)},
+                      OptimizerCase{"momentum",
+                                    MakeOptimizerConfig(OptimizerType::kMomentum, 0.1f)},
+                      OptimizerCase{"nesterov", Nesterov()},
+                      OptimizerCase{"adam", MakeOptimizerConfig(OptimizerType::kAdam, 0.01f)}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------
+// Large tensors
+
+TEST(PsServiceTest, TensorLargerThanTheMessageLimitRoundTripsInChunks) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(1, options);
+  // 1536 x 1024 float32 = 6 MiB in one shard; gRPC's default limit is 4 MiB
+  // and neither side raises it.
+  const ShardingPlan plan = Plan({{"big", {1536, 1024}}}, Partitioner::None(), 1);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor init = Pattern({1536, 1024}, 7);
+  ASSERT_GT(init.bytes(), 4 << 20);
+  ASSERT_TRUE(client->Initialize({{"big", &init}}).ok());
+  absl::StatusOr<PullResult> pulled = client->Pull({"big"});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["big"], init));
+
+  const Tensor grad = Pattern({1536, 1024}, 8);
+  ASSERT_TRUE(client->Push({{"big", &grad}}).ok());
+  Tensor want = init;
+  for (int64_t i = 0; i < want.size(); ++i) want[i] -= grad[i];
+  pulled = client->Pull({"big"});
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["big"], want));
+  EXPECT_EQ(pulled->versions["big"][0], 1);
+}
+
+// ---------------------------------------------------------------------------
+// Hostile RPCs, through the raw stub.
+
+class PsHostileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PsServiceOptions options;
+    options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+    cluster_ = std::make_unique<PsTestCluster>(1, options);
+    // "w" [6, 2] in two shards of 6 elements; both on ps:0.
+    client_ = cluster_->Client(Plan({{"w", {6, 2}}}, *Partitioner::FixedShards(2), 1));
+    ASSERT_NE(client_, nullptr);
+    init_ = Pattern({6, 2}, 3);
+    ASSERT_TRUE(client_->Initialize({{"w", &init_}}).ok());
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster_->servers[0]->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  // The ps still serves, and nothing was applied.
+  void ExpectUnchanged(const std::string& what) {
+    absl::StatusOr<PullResult> pulled = client_->Pull({"w"});
+    ASSERT_TRUE(pulled.ok()) << what << ": " << pulled.status();
+    EXPECT_TRUE(BitEqual(pulled->values["w"], init_)) << what << ": values changed";
+    EXPECT_THAT(pulled->versions["w"], ::testing::Each(0)) << what;
+  }
+
+  static v1::UploadMessage Header(std::vector<std::tuple<std::string, int, int64_t>> shards) {
+    v1::UploadMessage m;
+    for (const auto& [var, index, n] : shards) {
+      v1::UploadShard* s = m.mutable_header()->add_shards();
+      s->mutable_ref()->set_variable(var);
+      s->mutable_ref()->set_shard(index);
+      s->set_num_elements(n);
+    }
+    return m;
+  }
+  static void AddChunk(v1::UploadMessage& m, int index, int64_t offset, int64_t elements) {
+    v1::DataChunk* c = m.add_chunks();
+    c->set_index(index);
+    c->set_offset(offset);
+    c->set_data(std::string(elements * sizeof(float), '\0'));
+  }
+
+  grpc::Status RawPush(const std::vector<v1::UploadMessage>& messages) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PushResponse response;
+    auto writer = stub_->Push(&ctx, &response);
+    for (const auto& m : messages) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  std::unique_ptr<PsTestCluster> cluster_;
+  std::unique_ptr<PsClient> client_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  Tensor init_;
+};
+
+TEST_F(PsHostileTest, MalformedPushesAreRejectedAndApplyNothing) {
+  struct Case {
+    const char* name;
+    std::function<std::vector<v1::UploadMessage>()> messages;
+    grpc::StatusCode code;
+    const char* message;
+  };
+  const int64_t kHuge = int64_t{1} << 62;
+  const std::vector<Case> cases = {
+      {"empty stream", [] { return std::vector<v1::UploadMessage>{}; }, grpc::INVALID_ARGUMENT,
+       "empty stream"},
+      {"no header",
+       [] {
+         v1::UploadMessage m;
+         AddChunk(m, 0, 0, 6);
+         return std::vector<v1::UploadMessage>{m};
+       },
+       grpc::INVALID_ARGUMENT, "header"},
+      {"unknown variable", [] { return std::vector{Header({{"nope", 0, 6}})}; }, grpc::NOT_FOUND,
+       "variable \"nope\" shard 0 is not hosted on ps:0"},
+      {"unknown shard", [] { return std::vector{Header({{"w", 2, 6}})}; }, grpc::NOT_FOUND,
+       "variable \"w\" shard 2"},
+      {"negative shard", [] { return std::vector{Header({{"w", -1, 6}})}; }, grpc::NOT_FOUND,
+       "variable \"w\" shard -1"},
+      {"wrong size", [] { return std::vector{Header({{"w", 0, 5}})}; }, grpc::INVALID_ARGUMENT,
+       "announces 5 elements, but the shard has 6 (shape [3, 2])"},
+      {"negative size", [] { return std::vector{Header({{"w", 0, -6}})}; }, grpc::INVALID_ARGUMENT,
+       "announces -6 elements"},
+      {"enormous size", [=] { return std::vector{Header({{"w", 0, kHuge}})}; },
+       grpc::INVALID_ARGUMENT, "announces 4611686018427387904 elements"},
+      {"listed twice", [] { return std::vector{Header({{"w", 0, 6}, {"w", 0, 6}})}; },
+       grpc::INVALID_ARGUMENT, "listed twice"},
+      {"negative pulled version",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         m.mutable_header()->mutable_shards(0)->set_pulled_version(-3);
+         AddChunk(m, 0, 0, 6);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "pulled_version -3 is negative"},
+      {"pulled version from the future",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         m.mutable_header()->mutable_shards(0)->set_pulled_version(9);
+         AddChunk(m, 0, 0, 6);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "pulled_version 9 is ahead"},
+      {"chunk index out of range",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         AddChunk(m, 1, 0, 6);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "chunk index 1 is out of range"},
+      {"negative offset",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         AddChunk(m, 0, -4, 2);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "chunk offset -4 is negative"},
+      {"enormous offset",
+       [=] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         AddChunk(m, 0, kHuge, 1);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "skips elements"},
+      {"partial float",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         m.add_chunks()->set_data("abc");
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "not a whole number of float32"},
+      {"duplicate chunk",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         AddChunk(m, 0, 0, 3);
+         v1::UploadMessage again;
+         AddChunk(again, 0, 0, 3);
+         return std::vector{m, again};
+       },
+       grpc::INVALID_ARGUMENT, "duplicate or overlapping chunk"},
+      {"chunk past the end",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         AddChunk(m, 0, 0, 7);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "runs past the shard's 6 elements"},
+      {"fewer chunks than announced",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}, {"w", 1, 6}});
+         AddChunk(m, 0, 0, 6);
+         AddChunk(m, 1, 0, 4);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "ended after 4 of 6 elements of variable \"w\" shard 1 (truncated)"},
+      {"header twice",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         return std::vector{m, m};
+       },
+       grpc::INVALID_ARGUMENT, "header arrived after the first message"},
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = RawPush(c.messages());
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.name;
+    ExpectUnchanged(c.name);
+  }
+}
+
+TEST_F(PsHostileTest, CancelledPushMidStreamAppliesNothing) {
+  grpc::ClientContext ctx;
+  v1::PushResponse response;
+  auto writer = stub_->Push(&ctx, &response);
+  v1::UploadMessage m = Header({{"w", 0, 6}});
+  AddChunk(m, 0, 0, 3);
+  ASSERT_TRUE(writer->Write(m));
+  ctx.TryCancel();
+  EXPECT_EQ(writer->Finish().error_code(), grpc::CANCELLED);
+  ExpectUnchanged("cancelled");
+  absl::StatusOr<std::vector<v1::HealthResponse>> health = client_->Health();
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ((*health)[0].pushes_applied(), 0);
+}
+
+TEST_F(PsHostileTest, MalformedPullsCreatesAndCheckpointsAreRejected) {
+  auto pull = [&](const v1::PullRequest& request) {
+    grpc::ClientContext ctx;
+    auto reader = stub_->Pull(&ctx, request);
+    v1::PullMessage m;
+    while (reader->Read(&m)) {
+    }
+    return reader->Finish();
+  };
+  v1::PullRequest unknown;
+  unknown.add_variables("nope");
+  grpc::Status s = pull(unknown);
+  EXPECT_EQ(s.error_code(), grpc::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("variable \"nope\" has no shards on ps:0"));
+
+  v1::PullRequest bad_shard;
+  bad_shard.add_shards()->set_variable("w");
+  bad_shard.mutable_shards(0)->set_shard(7);
+  EXPECT_EQ(pull(bad_shard).error_code(), grpc::NOT_FOUND);
+
+  EXPECT_EQ(pull(v1::PullRequest()).error_code(), grpc::INVALID_ARGUMENT);
+  for (int64_t chunk : {int64_t{-1}, int64_t{1} << 40}) {
+    v1::PullRequest r;
+    r.add_variables("w");
+    r.set_max_chunk_bytes(chunk);
+    s = pull(r);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << chunk;
+    EXPECT_THAT(s.error_message(), HasSubstr("max_chunk_bytes")) << chunk;
+  }
+
+  auto create = [&](std::vector<int64_t> shape, int shard, int num_shards, int64_t begin,
+                    int64_t end) {
+    v1::CreateVariablesRequest r;
+    v1::ShardSpec* spec = r.add_shards();
+    spec->set_variable("w");
+    spec->set_shard(shard);
+    spec->set_num_shards(num_shards);
+    for (int64_t d : shape) spec->add_full_shape(d);
+    spec->set_row_begin(begin);
+    spec->set_row_end(end);
+    grpc::ClientContext ctx;
+    v1::CreateVariablesResponse response;
+    return stub_->CreateVariables(&ctx, r, &response);
+  };
+  s = create({6, -2}, 0, 2, 0, 3);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("dimension 1 is -2"));
+  s = create({int64_t{1} << 31, int64_t{1} << 31}, 0, 2, 0, 3);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("2^40"));
+  EXPECT_EQ(create({6, 2}, 2, 2, 0, 3).error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(create({6, 2}, 0, 2, 4, 9).error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(create({6, 2}, 0, 2, -1, 3).error_code(), grpc::INVALID_ARGUMENT);
+  // Same name, different shape: the model changed under a running ps.
+  s = create({6, 3}, 0, 2, 0, 3);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("variable \"w\" shard 0 exists on ps:0 with shape [6, 2]"));
+  // Re-declaring the same shard is fine.
+  EXPECT_TRUE(create({6, 2}, 0, 2, 0, 3).ok());
+
+  {
+    grpc::ClientContext ctx;
+    v1::SaveRequest r;
+    v1::SaveResponse response;
+    EXPECT_EQ(stub_->Save(&ctx, r, &response).error_code(), grpc::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SaveRequest r;
+    r.set_dir(TempDir("hostile"));
+    r.set_step(-5);
+    v1::SaveResponse response;
+    EXPECT_EQ(stub_->Save(&ctx, r, &response).error_code(), grpc::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RestoreRequest r;
+    r.set_dir(TempDir("hostile_empty"));
+    v1::RestoreResponse response;
+    EXPECT_EQ(stub_->Restore(&ctx, r, &response).error_code(), grpc::NOT_FOUND);
+  }
+  ExpectUnchanged("after hostile pulls, creates and checkpoints");
+}
+
+TEST_F(PsHostileTest, NanIsDataNotAnError) {
+  Tensor grad({6, 2}, std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(client_->Push({{"w", &grad}}).ok());
+  absl::StatusOr<PullResult> pulled = client_->Pull({"w"});
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(std::isnan(pulled->values["w"][0]));
+}
+
+// ---------------------------------------------------------------------------
+// Create / initialise semantics
+
+TEST(PsServiceTest, PullBeforeInitializeIsAPreconditionFailure) {
+  PsTestCluster cluster(1);
+  std::unique_ptr<PsClient> client = cluster.Client(Plan({{"w", {2}}}, Partitioner::None(), 1));
+  ASSERT_NE(client, nullptr);
+  absl::Status s = client->Pull().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("ps:0 (127.0.0.1:"));
+  EXPECT_THAT(s.message(), HasSubstr("has no value yet"));
+}
+
+TEST(PsServiceTest, InitializeIsFirstWriterWinsUnlessOverwrite) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(2, options);
+  const ShardingPlan plan = Plan({{"w", {4, 2}}}, *Partitioner::FixedShards(2), 2);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->CreateVariables().ok());  // idempotent
+  const Tensor first = Pattern({4, 2}, 1), second = Pattern({4, 2}, 2), grad = Pattern({4, 2}, 3);
+  absl::StatusOr<InitializeResult> r = client->Initialize({{"w", &first}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->initialized, 2);
+  ASSERT_TRUE(client->Push({{"w", &grad}}).ok());
+  r = client->Initialize({{"w", &second}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->skipped, 2);
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_FALSE(BitEqual(pulled->values["w"], second));
+  EXPECT_THAT(pulled->versions["w"], ::testing::Each(1));
+
+  r = client->Initialize({{"w", &second}}, /*overwrite=*/true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->initialized, 2);
+  pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(BitEqual(pulled->values["w"], second));
+  EXPECT_THAT(pulled->versions["w"], ::testing::Each(0));
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency and staleness
+
+TEST(PsServiceTest, ConcurrentPushesAreEachAppliedExactlyOnce) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(2, options);
+  const ShardingPlan plan = Plan({{"w", {9, 4}}}, *Partitioner::FixedShards(3), 2);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor zero({9, 4});
+  ASSERT_TRUE(client->Initialize({{"w", &zero}}).ok());
+
+  // SGD with lr 1 and gradient -1 adds exactly 1 per update.
+  constexpr int kThreads = 4, kPushes = 40;
+  const Tensor minus_one({9, 4}, -1.0f);
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPushes; ++i) {
+        absl::StatusOr<PushResult> r = client->Push({{"w", &minus_one}});
+        ASSERT_TRUE(r.ok()) << r.status();
+        seen[t].push_back(r->versions["w"][0]);
+        ASSERT_TRUE(client->Pull({"w"}).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_THAT(pulled->values["w"].span(), ::testing::Each(float{kThreads * kPushes}));
+  EXPECT_THAT(pulled->versions["w"], ::testing::Each(kThreads * kPushes));
+  // Every version 1..N was handed out exactly once.
+  std::set<int64_t> versions;
+  for (const auto& v : seen) versions.insert(v.begin(), v.end());
+  EXPECT_EQ(versions.size(), size_t{kThreads * kPushes});
+  EXPECT_EQ(*versions.begin(), 1);
+  EXPECT_EQ(*versions.rbegin(), kThreads * kPushes);
+}
+
+TEST(PsServiceTest, StalenessIsReportedAndBounded) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  options.max_staleness = 1;
+  prometheus::Registry registry;
+  options.registry = &registry;
+  PsTestCluster cluster(1, options);
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {4}}, {"b", {2}}}, Partitioner::None(), 1));
+  ASSERT_NE(client, nullptr);
+  const Tensor w({4}, 0.0f), b({2}, 0.0f), gw({4}, -1.0f), gb({2}, -1.0f);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  const ShardVersions at_zero = pulled->versions;
+
+  absl::StatusOr<PushResult> r = client->Push({{"w", &gw}, {"b", &gb}}, &at_zero);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_staleness, 0);
+  r = client->Push({{"w", &gw}}, &at_zero);  // w is now 1 update ahead
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_staleness, 1);
+  // w would be 2 stale: the whole push (b included) is rejected.
+  absl::Status s = client->Push({{"w", &gw}, {"b", &gb}}, &at_zero).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("variable \"w\" shard 0 is 2 updates stale"));
+  pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_EQ(pulled->versions["w"][0], 2);
+  EXPECT_EQ(pulled->versions["b"][0], 1);
+  // With a bound, the ps needs to know what the worker pulled.
+  EXPECT_EQ(client->Push({{"w", &gw}}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  EXPECT_THAT(text, HasSubstr("distrain_ps_staleness_count{side=\"server\"} 3"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "distrain_ps_bytes_total{direction=\"pushed\",shard=\"w/part_0\",side=\"server\"} 32"));
+  EXPECT_THAT(text, HasSubstr("distrain_ps_rpc_seconds_count{method=\"Push\",side=\"server\"} 4"));
+  EXPECT_THAT(text, HasSubstr("distrain_ps_rpc_seconds_count{method=\"Pull\",side=\"server\"} 2"));
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints
+
+TEST(PsServiceTest, CheckpointRestoresValuesSlotsAndVersions) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+  PsTestCluster cluster(2, options);
+  const ShardingPlan plan =
+      Plan({{"w", {7, 3}}, {"b", {3}}, {"s", {}}}, *Partitioner::FixedShards(3), 2);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({7, 3}, 1), b = Pattern({3}, 2), sc = Pattern({}, 3);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}, {"s", &sc}}).ok());
+  auto push = [&](uint32_t seed) {
+    const Tensor gw = Pattern({7, 3}, seed), gb = Pattern({3}, seed + 1),
+                 gs = Pattern({}, seed + 2);
+    ASSERT_TRUE(client->Push({{"w", &gw}, {"b", &gb}, {"s", &gs}}).ok());
+  };
+  for (uint32_t step = 1; step <= 3; ++step) push(10 * step);
+  const std::string dir = TempDir("roundtrip");
+  ASSERT_TRUE(client->Save(dir, 3).ok());
+  absl::StatusOr<PullResult> saved = client->Pull();
+  ASSERT_TRUE(saved.ok());
+  push(40);  // step 4 from the saved state, for reference
+  absl::StatusOr<PullResult> after4 = client->Pull();
+  ASSERT_TRUE(after4.ok());
+  push(50);
+  push(60);
+
+  absl::StatusOr<int64_t> restored = client->Restore(dir);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 3);
+  absl::StatusOr<PullResult> now = client->Pull();
+  ASSERT_TRUE(now.ok());
+  for (const char* name : {"w", "b", "s"}) {
+    EXPECT_TRUE(BitEqual(now->values[name], saved->values[name])) << name;
+    EXPECT_THAT(now->versions[name], ::testing::Each(3)) << name;
+  }
+  // Adam's m, v and t came back too: the next step is bit-identical.
+  push(40);
+  now = client->Pull();
+  ASSERT_TRUE(now.ok());
+  for (const char* name : {"w", "b", "s"}) {
+    EXPECT_TRUE(BitEqual(now->values[name], after4->values[name])) << name;
+  }
+
+  // The assembled view holds full variables in the single-process layout.
+  absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->saved_num_ps, 2);
+  const CheckpointState state = ckpt->ToCheckpointState();
+  EXPECT_TRUE(BitEqual(state.tensors.at("variables/w"), saved->values["w"]));
+  EXPECT_EQ(state.tensors.at("optimizer/w/m").size(), 21);
+  EXPECT_EQ(state.metadata.at("optimizer_iterations"), "3");
+}
+
+TEST(PsServiceTest, SaveWithTwoPsRestoresWithThreeAndADifferentPartition) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kMomentum, 0.1f);
+  const std::vector<VariableSpec> vars = {{"w", {13, 5}}, {"b", {5}}};
+  const std::string dir = TempDir("reshard");
+  PullResult saved, continued;
+  const Tensor gw = Pattern({13, 5}, 77), gb = Pattern({5}, 78);
+  {
+    PsTestCluster two(2, options);
+    std::unique_ptr<PsClient> client = two.Client(Plan(vars, *Partitioner::FixedShards(3), 2));
+    ASSERT_NE(client, nullptr);
+    const Tensor w = Pattern({13, 5}, 1), b = Pattern({5}, 2);
+    ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+    for (uint32_t s = 1; s <= 2; ++s) {
+      const Tensor g1 = Pattern({13, 5}, s), g2 = Pattern({5}, 100 + s);
+      ASSERT_TRUE(client->Push({{"w", &g1}, {"b", &g2}}).ok());
+    }
+    ASSERT_TRUE(client->Save(dir, 2).ok());
+    saved = *client->Pull();
+    ASSERT_TRUE(client->Push({{"w", &gw}, {"b", &gb}}).ok());
+    continued = *client->Pull();
+  }
+  PsTestCluster three(3, options);
+  std::unique_ptr<PsClient> client = three.Client(Plan(vars, *Partitioner::FixedShards(5), 3));
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<int64_t> step = client->Restore(dir);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 2);
+  absl::StatusOr<PullResult> now = client->Pull();
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(BitEqual(now->values["w"], saved.values["w"]));
+  EXPECT_TRUE(BitEqual(now->values["b"], saved.values["b"]));
+  EXPECT_THAT(now->versions["w"], ::testing::Each(2));
+  // Momentum slots were re-sharded with the values.
+  ASSERT_TRUE(client->Push({{"w", &gw}, {"b", &gb}}).ok());
+  now = client->Pull();
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(BitEqual(now->values["w"], continued.values["w"]));
+  EXPECT_TRUE(BitEqual(now->values["b"], continued.values["b"]));
+}
+
+TEST(PsServiceTest, CheckpointKeepsVariablesWhoseNamesLookLikeShardKeys) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+  PsTestCluster cluster(1, options);
+  // Shard keys "w/part_0" and "w/part_0/part_0": one is a prefix of the other.
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {2}}, {"w/part_0", {3}}}, Partitioner::None(), 1));
+  ASSERT_NE(client, nullptr);
+  const Tensor a = Pattern({2}, 1), b = Pattern({3}, 2);
+  ASSERT_TRUE(client->Initialize({{"w", &a}, {"w/part_0", &b}}).ok());
+  ASSERT_TRUE(client->Push({{"w", &a}, {"w/part_0", &b}}).ok());
+  const std::string dir = TempDir("prefix");
+  ASSERT_TRUE(client->Save(dir, 1).ok());
+  absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->variables.at("w").slots.at("m").size(), 2);
+  EXPECT_EQ(ckpt->variables.at("w/part_0").slots.at("m").size(), 3);
+}
+
+TEST(PsServiceTest, RestoreSkipsAStepThatNotEveryPsWrote) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(2, options);
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {4, 2}}}, *Partitioner::FixedShards(2), 2));
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({4, 2}, 1), g = Pattern({4, 2}, 2);
+  ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
+  const std::string dir = TempDir("partial");
+  ASSERT_TRUE(client->Save(dir, 1).ok());
+  ASSERT_TRUE(client->Push({{"w", &g}}).ok());
+  ASSERT_TRUE(client->Save(dir, 2).ok());
+  // ps:1 died before writing step 2: only ps:0's file remains.
+  std::filesystem::remove(CheckpointManager(PsCheckpointDir(dir, 1, 2), 1).PathForStep(2));
+  absl::StatusOr<int64_t> step = client->Restore(dir);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  absl::StatusOr<PullResult> now = client->Pull();
+  ASSERT_TRUE(now.ok());
+  EXPECT_TRUE(BitEqual(now->values["w"], w));
+  EXPECT_EQ(client->Restore(dir, 2).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace distrain

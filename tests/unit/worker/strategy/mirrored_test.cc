@@ -1,0 +1,208 @@
+#include "worker/strategy/mirrored.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "worker/strategy/one_device.h"
+#include "worker/strategy/param_checksum.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain {
+namespace {
+
+constexpr int kFeatures = 24;
+constexpr int kClasses = 6;
+
+ClusterSpec LoneWorker() {
+  auto spec = ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+JobConfig Job(StrategyKind strategy, int local_replicas) {
+  JobConfig c;
+  c.strategy = strategy;
+  c.replicas[ReplicaType::kWorker].replicas = 1;
+  c.training.global_batch_size = 32;
+  c.training.local_replicas = local_replicas;
+  c.training.model.hidden_units = {48, 24};
+  c.training.optimizer.type = OptimizerType::kAdam;
+  c.training.optimizer.learning_rate = 0.01f;
+  // Small packs: several buckets per step, so the overlap path is exercised.
+  c.training.communication.bytes_per_pack = 2048;
+  return c;
+}
+
+// Deterministic batches of a learnable problem (label = argmax of a fixed
+// projection), the same for every strategy under test.
+struct Batches {
+  explicit Batches(int64_t batch_size, int steps) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    std::vector<float> w(kFeatures * kClasses);
+    for (float& x : w) x = normal(rng);
+    for (int s = 0; s < steps; ++s) {
+      Tensor f({batch_size, kFeatures});
+      std::vector<int32_t> l(batch_size);
+      for (int64_t i = 0; i < batch_size; ++i) {
+        for (int j = 0; j < kFeatures; ++j) f.at(i, j) = normal(rng);
+        int best = 0;
+        float best_score = -1e30f;
+        for (int c = 0; c < kClasses; ++c) {
+          float score = 0;
+          for (int j = 0; j < kFeatures; ++j) score += f.at(i, j) * w[j * kClasses + c];
+          if (score > best_score) best_score = score, best = c;
+        }
+        l[i] = best;
+      }
+      features.push_back(std::move(f));
+      labels.push_back(std::move(l));
+    }
+  }
+  std::vector<Tensor> features;
+  std::vector<std::vector<int32_t>> labels;
+};
+
+std::unique_ptr<Strategy> Make(const JobConfig& config) {
+  std::unique_ptr<Strategy> s;
+  if (config.strategy == StrategyKind::kMirrored) {
+    s = std::make_unique<MirroredStrategy>();
+  } else {
+    s = std::make_unique<OneDeviceStrategy>();
+  }
+  EXPECT_TRUE(s->Init(LoneWorker(), config).ok());
+  ModelFactory factory = [&]() {
+    return Model::Create(config.training.model, kFeatures, kClasses, config.training.seed);
+  };
+  EXPECT_TRUE(s->CreateVariables(factory, config.training.optimizer).ok());
+  return s;
+}
+
+// One step the way the Trainer runs it: replica r takes rows
+// [r * b / n, (r + 1) * b / n) of the batch.
+absl::StatusOr<StepOutput> Step(Strategy& s, const Tensor& features,
+                                const std::vector<int32_t>& labels) {
+  const int n = s.num_local_replicas();
+  const int64_t b = features.dim(0);
+  std::vector<Tensor> f(n);
+  std::vector<std::vector<int32_t>> l(n);
+  StepFn fn = [&](ReplicaContext& ctx) {
+    const int r = ctx.local_replica;
+    const int64_t per = b / n;
+    f[r].Resize({per, kFeatures});
+    std::memcpy(f[r].data(), features.data() + r * per * kFeatures, per * kFeatures * sizeof(float));
+    l[r].assign(labels.begin() + r * per, labels.begin() + (r + 1) * per);
+    return ctx.model->TrainStep(f[r], l[r], ctx.on_layer_grads_ready);
+  };
+  return s.Run(fn, b);
+}
+
+float MaxAbsDiff(Model& a, Model& b) {
+  float worst = 0;
+  auto pa = a.parameters();
+  auto pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    for (int64_t j = 0; j < pa[i]->value.size(); ++j) {
+      worst = std::max(worst, std::fabs(pa[i]->value[j] - pb[i]->value[j]));
+    }
+  }
+  return worst;
+}
+
+TEST(MirroredStrategyTest, FourReplicasStayBitIdenticalAndMatchOneDevice) {
+  constexpr int kSteps = 50;
+  Batches data(32, kSteps);
+  auto mirrored = Make(Job(StrategyKind::kMirrored, 4));
+  auto one = Make(Job(StrategyKind::kOneDevice, 0));
+  ASSERT_EQ(mirrored->num_local_replicas(), 4);
+  ASSERT_EQ(mirrored->local_models().size(), 4u);
+  double first_loss = 0, last_loss = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    auto m = Step(*mirrored, data.features[s], data.labels[s]);
+    auto o = Step(*one, data.features[s], data.labels[s]);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(m->examples, 32);
+    EXPECT_NEAR(m->loss, o->loss, 1e-4) << "step " << s;
+    auto checksum = ReplicaChecksum(mirrored->local_models());
+    ASSERT_TRUE(checksum.ok()) << "after step " << s << ": " << checksum.status();
+    ASSERT_LE(MaxAbsDiff(*mirrored->primary_model(), *one->primary_model()), 1e-5f) << "step " << s;
+    if (s == 0) first_loss = m->loss;
+    last_loss = m->loss;
+  }
+  EXPECT_LT(last_loss, first_loss * 0.8) << "the model did not train";
+}
+
+TEST(MirroredStrategyTest, OneReplicaIsExactlyOneDevice) {
+  Batches data(32, 5);
+  auto mirrored = Make(Job(StrategyKind::kMirrored, 1));
+  auto one = Make(Job(StrategyKind::kOneDevice, 0));
+  for (int s = 0; s < 5; ++s) {
+    ASSERT_TRUE(Step(*mirrored, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*one, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*mirrored->primary_model()), ParameterChecksum(*one->primary_model()));
+}
+
+TEST(MirroredStrategyTest, RestoreReachesEveryReplicaAndResumesIdentically) {
+  Batches data(32, 6);
+  auto a = Make(Job(StrategyKind::kMirrored, 4));
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*a, data.features[s], data.labels[s]).ok());
+  auto saved = a->SaveState(3);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->metadata.at("optimizer_iterations"), "3");
+
+  auto b = Make(Job(StrategyKind::kMirrored, 4));
+  ASSERT_TRUE(b->RestoreState(*saved).ok());
+  auto restored = ReplicaChecksum(b->local_models());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, ParameterChecksum(*a->primary_model()));
+  for (int s = 3; s < 6; ++s) {
+    ASSERT_TRUE(Step(*a, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*b, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*a->primary_model()), ParameterChecksum(*b->primary_model()));
+}
+
+TEST(MirroredStrategyTest, CapsBlasThreadsWhileAliveAndRestoresThem) {
+  const int before = cpu::BlasThreads();
+  {
+    auto mirrored = Make(Job(StrategyKind::kMirrored, 4));
+    EXPECT_EQ(cpu::BlasThreads(), std::max(1, before / 4));
+  }
+  EXPECT_EQ(cpu::BlasThreads(), before);
+}
+
+TEST(MirroredStrategyTest, RefusesSeveralTrainingTasks) {
+  auto spec = ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
+  ASSERT_TRUE(spec.ok());
+  MirroredStrategy s;
+  absl::Status status = s.Init(*spec, Job(StrategyKind::kMirrored, 2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("MultiWorkerMirrored"), std::string::npos) << status;
+}
+
+struct DefaultReplicasCase {
+  int hardware_threads;
+  int64_t global_batch;
+  int want;
+};
+
+class DefaultLocalReplicasTest : public ::testing::TestWithParam<DefaultReplicasCase> {};
+
+TEST_P(DefaultLocalReplicasTest, OnePerCoreCappedAndDividingTheBatch) {
+  const auto& c = GetParam();
+  EXPECT_EQ(DefaultLocalReplicas(c.hardware_threads, c.global_batch), c.want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, DefaultLocalReplicasTest,
+                         ::testing::Values(DefaultReplicasCase{2, 64, 2}, DefaultReplicasCase{1, 64, 1},
+                                           DefaultReplicasCase{0, 64, 1}, DefaultReplicasCase{64, 256, 8},
+                                           DefaultReplicasCase{6, 64, 4}, DefaultReplicasCase{3, 7, 1},
+                                           DefaultReplicasCase{8, 12, 6}));
+
+}  // namespace
+}  // namespace distrain

@@ -1,0 +1,1181 @@
+#include "worker/collective/ring.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "worker/collective/reduce_kernel.h"
+
+namespace distrain {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x47525444;   // "DTRG"
+constexpr uint32_t kAckMagic = 0x41525444;     // "DTRA"
+constexpr uint32_t kHeaderMagic = 0x48435244;  // "DRCH"
+constexpr uint32_t kProtocolVersion = 1;
+constexpr int kMaxIov = 16;
+constexpr size_t kMaxPendingConnections = 32;
+
+struct Hello {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t group_id;
+  int32_t from_rank;
+  int32_t to_rank;
+  int32_t size;
+  int32_t reserved;
+};
+static_assert(sizeof(Hello) == 32);
+
+struct Ack {
+  uint32_t magic;
+  int32_t rank;
+  uint64_t group_id;
+};
+static_assert(sizeof(Ack) == 16);
+
+uint64_t Fnv1a(const std::string& text, int size) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](unsigned char c) {
+    h ^= c;
+    h *= 1099511628211ull;
+  };
+  for (unsigned char c : text) mix(c);
+  for (int i = 0; i < 4; ++i) mix(static_cast<unsigned char>(size >> (8 * i)));
+  return h == 0 ? 1 : h;
+}
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+bool IsWildcard(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+const char* KindName(uint8_t kind) {
+  switch (kind) {
+    case 1:
+      return "all-reduce";
+    case 2:
+      return "broadcast";
+    case 3:
+      return "all-gather";
+    case 4:
+      return "barrier";
+  }
+  return "unknown operation";
+}
+
+std::string RingKey(const std::string& prefix, int rank) {
+  return absl::StrCat(prefix, "/ring/", rank);
+}
+
+}  // namespace
+
+// ---- ByteVector ------------------------------------------------------------
+
+void RingCollective::ByteVector::Clear() {
+  bases_.clear();
+  ends_.clear();
+}
+
+void RingCollective::ByteVector::Add(void* data, int64_t bytes) {
+  if (bytes <= 0) return;
+  bases_.push_back(static_cast<char*>(data));
+  ends_.push_back(size() + bytes);
+}
+
+char* RingCollective::ByteVector::Piece(int64_t position, int64_t max, int64_t* length) const {
+  // Few regions (a bucket of gradients): upper_bound is cheap and simple.
+  size_t i = std::upper_bound(ends_.begin(), ends_.end(), position) - ends_.begin();
+  DISTRAIN_CHECK_LT(i, ends_.size()) << "position " << position;
+  int64_t start = i == 0 ? 0 : ends_[i - 1];
+  *length = std::min(max, ends_[i] - position);
+  return bases_[i] + (position - start);
+}
+
+// ---- setup -----------------------------------------------------------------
+
+RingCollective::RingCollective(int rank, int size, const RingOptions& options)
+    : rank_(rank), size_(size), options_(options) {
+  for (int r = 0; r < size; ++r) {
+    names_.push_back(options.peer_names.empty() ? absl::StrCat("rank ", r)
+                                                : options.peer_names[r]);
+  }
+  scratch_bytes_ = std::max<int64_t>(4096, options.chunk_bytes & ~int64_t{3});
+  scratch_ = std::make_unique<float[]>(scratch_bytes_ / sizeof(float));
+  header_out_.Add(&out_header_, sizeof(Header));
+  header_in_.Add(&in_header_, sizeof(Header));
+  barrier_blocks_.assign(size, 0.0f);
+  mesh_ = size >= 2 && size <= options.mesh_max_ranks;
+  mesh_in_headers_.resize(size);
+  mesh_in_.assign(size, nullptr);
+  mesh_sent_.assign(size, 0);
+  mesh_got_.assign(size, 0);
+  mesh_can_send_.assign(size, 0);
+  mesh_can_recv_.assign(size, 0);
+}
+
+RingCollective::~RingCollective() = default;
+
+absl::StatusOr<std::unique_ptr<RingCollective>> RingCollective::Create(Store& store, int rank,
+                                                                       int size,
+                                                                       const RingOptions& options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring rank ", rank, " / size ", size, " is invalid; need 0 <= rank < size"));
+  }
+  if (!options.peer_names.empty() && static_cast<int>(options.peer_names.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat("RingOptions.peer_names has ",
+                                                   options.peer_names.size(),
+                                                   " names; it needs one per rank (", size, ")"));
+  }
+  if (options.advertised_host.empty() && IsWildcard(options.bind_host) && size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RingOptions.bind_host '", options.bind_host,
+        "' listens on every interface; set advertised_host to the name peers should dial"));
+  }
+  std::unique_ptr<RingCollective> ring(new RingCollective(rank, size, options));
+  if (size > 1) {
+    if (absl::Status s = ring->Setup(store); !s.ok()) return s;
+  }
+  return ring;
+}
+
+absl::Status RingCollective::Setup(Store& store) {
+  const absl::Time deadline = absl::Now() + options_.setup_timeout;
+  const uint64_t group_id =
+      options_.group_id != 0 ? options_.group_id : Fnv1a(options_.key_prefix, size_);
+  const int right = (rank_ + 1) % size_;
+  const int left = Mod(rank_ - 1, size_);
+  const std::string self = names_[rank_];
+
+  abort_fd_ = tcp::Fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!abort_fd_.valid()) {
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+
+  // 1-2. Listen and publish.
+  int port = 0;
+  absl::StatusOr<tcp::Fd> listener =
+      tcp::Listen(options_.bind_host, 0, options_.socket_buffer_bytes, &port);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat(self, ": ", listener.status().message()));
+  }
+  const std::string advertised =
+      options_.advertised_host.empty() ? options_.bind_host : options_.advertised_host;
+  const std::string my_address = tcp::FormatHostPort(advertised, port);
+  names_[rank_] = absl::StrCat(self, " (", my_address, ")");
+  if (absl::Status s = store.Set(RingKey(options_.key_prefix, rank_), my_address); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(self, " could not publish its ring address: ",
+                                               s.message()));
+  }
+
+  std::vector<bool> named(size_, false);
+  auto lookup = [&](int peer) -> absl::StatusOr<tcp::HostPort> {
+    const std::string key = RingKey(options_.key_prefix, peer);
+    absl::StatusOr<std::string> value =
+        store.Get(key, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!value.ok()) {
+      if (value.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            names_[peer], " did not publish its ring address (store key '", key, "') within ",
+            absl::FormatDuration(options_.setup_timeout), " of ", self,
+            " starting: it has not started, has crashed, or uses another key prefix"));
+      }
+      return absl::Status(value.status().code(),
+                          absl::StrCat("reading the ring address of ", names_[peer],
+                                       " (store key '", key, "'): ", value.status().message()));
+    }
+    absl::StatusOr<tcp::HostPort> address = tcp::ParseHostPort(*value);
+    if (!address.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("store key '", key, "' of ", names_[peer],
+                                                     ": ", address.status().message()));
+    }
+    if (!named[peer]) names_[peer] = absl::StrCat(names_[peer], " (", *value, ")");
+    named[peer] = true;
+    return address;
+  };
+
+  // 3. Connect to the right neighbour (and, for the mesh, to the higher
+  // non-adjacent ranks) and say hello.
+  std::vector<int> outbound = {right};
+  std::vector<int> inbound = {left};
+  if (mesh_) {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || p == left || p == right) continue;
+      (p > rank_ ? outbound : inbound).push_back(p);
+    }
+  }
+  mesh_fds_.resize(size_);
+  for (int peer : outbound) {
+    absl::StatusOr<tcp::HostPort> address = lookup(peer);
+    if (!address.ok()) return address.status();
+    absl::StatusOr<tcp::Fd> fd = tcp::Connect(*address, options_.socket_buffer_bytes, deadline,
+                                              abort_fd_.get(), names_[peer]);
+    if (!fd.ok()) return fd.status();
+    Hello hello{kHelloMagic, kProtocolVersion, group_id, rank_, peer, size_, 0};
+    if (absl::Status s = tcp::SendAll(fd->get(), &hello, sizeof(hello), deadline, -1, names_[peer]);
+        !s.ok()) {
+      return s;
+    }
+    if (peer == right) {
+      send_fd_ = std::move(*fd);
+    } else {
+      mesh_fds_[peer] = std::move(*fd);
+    }
+  }
+
+  // 4. Accept the left neighbour (and the lower mesh ranks); reject anything else.
+  for (int peer : inbound) {
+    absl::StatusOr<tcp::HostPort> address = lookup(peer);
+    if (!address.ok()) return address.status();
+  }
+  struct Pending {
+    tcp::Fd fd;
+    Hello hello{};
+    size_t received = 0;
+  };
+  std::vector<Pending> pending;
+  std::vector<int> missing = inbound;
+  while (!missing.empty()) {
+    std::vector<pollfd> fds;
+    fds.push_back({listener->get(), POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
+    int n = poll(fds.data(), fds.size(), tcp::PollTimeoutMs(deadline));
+    if (n < 0 && errno != EINTR) {
+      return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+    }
+    if (n == 0 && absl::Now() >= deadline) {
+      std::string who;
+      for (int peer : missing) absl::StrAppend(&who, who.empty() ? "" : ", ", names_[peer]);
+      return absl::DeadlineExceededError(absl::StrCat(
+          who, " did not connect to ", names_[rank_], " within ",
+          absl::FormatDuration(options_.setup_timeout),
+          " (its address was published, so it started but is stuck or cannot reach this host)"));
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Pending& p = pending[i - 1];
+      ssize_t got = recv(p.fd.get(), reinterpret_cast<char*>(&p.hello) + p.received,
+                         sizeof(Hello) - p.received, MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (got <= 0) {
+        p.fd.Close();  // stray client went away
+        continue;
+      }
+      p.received += static_cast<size_t>(got);
+      if (p.received < sizeof(Hello)) continue;
+      const Hello& h = p.hello;
+      auto expected = std::find(missing.begin(), missing.end(), h.from_rank);
+      if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.group_id != group_id ||
+          h.to_rank != rank_ || h.size != size_ || expected == missing.end()) {
+        p.fd.Close();  // a stray or stale connection, not a peer we expect
+        continue;
+      }
+      const int peer = h.from_rank;
+      missing.erase(expected);
+      tcp::Fd fd = std::move(p.fd);
+      if (absl::Status s = tcp::ConfigureStream(fd.get(), options_.socket_buffer_bytes); !s.ok()) {
+        return s;
+      }
+      Ack ack{kAckMagic, rank_, group_id};
+      if (absl::Status s = tcp::SendAll(fd.get(), &ack, sizeof(ack), deadline, -1, names_[peer]);
+          !s.ok()) {
+        return s;
+      }
+      if (peer == left) {
+        recv_fd_ = std::move(fd);
+      } else {
+        mesh_fds_[peer] = std::move(fd);
+      }
+    }
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const Pending& p) { return !p.fd.valid(); }),
+                  pending.end());
+    if (fds[0].revents != 0) {
+      while (true) {
+        int fd = accept4(listener->get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (pending.size() >= kMaxPendingConnections) pending.erase(pending.begin());
+        pending.push_back(Pending{tcp::Fd(fd)});
+      }
+    }
+  }
+
+  // 5. Every peer we dialled accepted us.
+  for (int peer : outbound) {
+    const int fd = peer == right ? send_fd_.get() : mesh_fds_[peer].get();
+    Ack ack{};
+    if (absl::Status s = tcp::RecvAll(fd, &ack, sizeof(ack), deadline, -1, names_[peer]);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("waiting for ", names_[peer],
+                                                 " to accept the connection: ", s.message()));
+    }
+    if (ack.magic != kAckMagic || ack.rank != peer || ack.group_id != group_id) {
+      return absl::UnavailableError(absl::StrCat(
+          names_[peer], " answered the hello with a bad acknowledgement (another program on "
+                        "that port?)"));
+    }
+  }
+  // The mesh reuses the ring links for neighbours: in their idle direction
+  // when N >= 3, and in the ring's own directions when N == 2 (left == right).
+  mesh_send_fd_.assign(size_, -1);
+  mesh_recv_fd_.assign(size_, -1);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    if (size_ == 2) {
+      mesh_send_fd_[p] = send_fd_.get();
+      mesh_recv_fd_[p] = recv_fd_.get();
+    } else {
+      const int fd =
+          p == right ? send_fd_.get() : p == left ? recv_fd_.get() : mesh_fds_[p].get();
+      mesh_send_fd_[p] = fd;
+      mesh_recv_fd_[p] = fd;
+    }
+  }
+  left_name_ = names_[left];
+  right_name_ = names_[right];
+  return absl::OkStatus();
+}
+
+// ---- failure handling ------------------------------------------------------
+
+void RingCollective::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_.load()) return;
+    abort_reason_ = reason.ok() ? absl::AbortedError("ring collective aborted") : reason;
+    aborted_.store(true);
+  }
+  if (abort_fd_.valid()) {
+    uint64_t one = 1;
+    (void)!write(abort_fd_.get(), &one, sizeof(one));
+  }
+  // Neighbours blocked on us fail now instead of at their deadline. shutdown
+  // (not close) is safe while the operation thread still uses the descriptors.
+  if (send_fd_.valid()) shutdown(send_fd_.get(), SHUT_RDWR);
+  if (recv_fd_.valid()) shutdown(recv_fd_.get(), SHUT_RDWR);
+  for (const tcp::Fd& fd : mesh_fds_) {
+    if (fd.valid()) shutdown(fd.get(), SHUT_RDWR);
+  }
+}
+
+absl::Status RingCollective::Fail(absl::Status status) {
+  if (aborted_.load()) {
+    absl::MutexLock lock(&abort_mu_);
+    status = abort_reason_;
+  }
+  if (failed_.ok()) failed_ = status;
+  return status;
+}
+
+CollectiveStats RingCollective::stats() const {
+  CollectiveStats s;
+  s.operations = operations_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---- the engine ------------------------------------------------------------
+
+std::string RingCollective::Describe(const char* kind, const CollectiveOptions& options) const {
+  return options.tag.empty() ? absl::StrCat(kind, " #", sequence_)
+                             : absl::StrCat(kind, " '", options.tag, "' #", sequence_);
+}
+
+absl::Status RingCollective::BeginOp(Kind kind, ReduceOp op, int root, int64_t payload_bytes) {
+  if (aborted_.load()) return Fail(absl::OkStatus());
+  if (!failed_.ok()) {
+    return absl::Status(failed_.code(), absl::StrCat("the ring group failed earlier and cannot be "
+                                                     "used until a new rendezvous: ",
+                                                     failed_.message()));
+  }
+  ++sequence_;
+  out_header_ = Header{kHeaderMagic,
+                       static_cast<uint8_t>(kind),
+                       static_cast<uint8_t>(op),
+                       0,
+                       sequence_,
+                       root,
+                       payload_bytes};
+  send_units_.clear();
+  recv_units_.clear();
+  return absl::OkStatus();
+}
+
+void RingCollective::AddSend(const ByteVector* v, int64_t begin, int64_t length, int depends_on) {
+  send_units_.push_back(SendUnit{v, begin, length, depends_on});
+}
+
+int RingCollective::AddRecv(ByteVector* v, int64_t begin, int64_t length, Mode mode) {
+  recv_units_.push_back(RecvUnit{v, begin, length, mode});
+  return static_cast<int>(recv_units_.size()) - 1;
+}
+
+absl::Status RingCollective::CheckHeader(const Header& in, const std::string& peer,
+                                         const std::string& what) const {
+  const Header& out = out_header_;
+  if (in.magic != kHeaderMagic) {
+    return absl::DataLossError(absl::StrCat(what, ": ", peer,
+                                            " sent bytes that are not a collective header; the "
+                                            "group lost sync"));
+  }
+  if (in.kind != out.kind || in.op != out.op || in.sequence != out.sequence ||
+      in.root != out.root || in.payload_bytes != out.payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", peer, " runs ", KindName(in.kind), " #", in.sequence, " of ",
+        in.payload_bytes, " bytes (op ", static_cast<int>(in.op), ", root ", in.root,
+        ") but this rank runs ", KindName(out.kind), " #", out.sequence, " of ",
+        out.payload_bytes, " bytes (op ", static_cast<int>(out.op), ", root ", out.root,
+        "); every rank must issue the same collectives in the same order with the same sizes"));
+  }
+  return absl::OkStatus();
+}
+
+void RingCollective::Reduce(const RecvUnit& unit, int64_t position, const float* src,
+                            int64_t count) {
+  while (count > 0) {
+    int64_t length = 0;
+    float* dst = reinterpret_cast<float*>(
+        unit.vector->Piece(position, count * static_cast<int64_t>(sizeof(float)), &length));
+    const int64_t n = length / static_cast<int64_t>(sizeof(float));
+    if (unit.mode == Mode::kReduceDivide) {
+      collective_internal::AddIntoAndDivide(dst, src, n, divisor_);
+    } else {
+      collective_internal::AddInto(dst, src, n);
+    }
+    src += n;
+    count -= n;
+    position += length;
+  }
+}
+
+absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadline) {
+  const int num_send = static_cast<int>(send_units_.size());
+  const int num_recv = static_cast<int>(recv_units_.size());
+  int s = 0, v = 0;                       // current units
+  int64_t sent = 0, got = 0;              // bytes done in them (got: received and processed)
+  int64_t partial = 0;                    // bytes of a split float waiting in the scratch
+  int64_t total_sent = 0, total_received = 0;
+  char* const scratch = reinterpret_cast<char*>(scratch_.get());
+  const int send_fd = send_fd_.get();
+  const int recv_fd = recv_fd_.get();
+  iovec iov[kMaxIov];
+  // Worth a syscall: optimistic at first, then as poll() reports.
+  bool recv_ready = true;
+  bool send_ready = true;
+  int64_t moved = 0;  // bytes moved before this pass
+
+  auto account = [&] {
+    bytes_sent_.fetch_add(total_sent, std::memory_order_relaxed);
+    bytes_received_.fetch_add(total_received, std::memory_order_relaxed);
+  };
+  auto progress_text = [&] {
+    int64_t want_in = 0, want_out = 0;
+    for (const RecvUnit& u : recv_units_) want_in += u.length;
+    for (const SendUnit& u : send_units_) want_out += u.length;
+    return absl::StrCat("received ", total_received, " of ", want_in, " bytes from ", left_name_,
+                        ", sent ", total_sent, " of ", want_out, " bytes to ", right_name_);
+  };
+  // How far send unit u may go: a dependent unit trails its receive unit.
+  auto allowed = [&](int u) -> int64_t {
+    const SendUnit& unit = send_units_[u];
+    if (unit.depends_on < v) return unit.length;  // includes depends_on == -1
+    return unit.depends_on == v ? got : 0;
+  };
+
+  while (true) {
+    while (v < num_recv && got == recv_units_[v].length) {
+      if (recv_units_[v].mode == Mode::kHeader) {
+        if (absl::Status h = CheckHeader(in_header_, left_name_, what); !h.ok()) {
+          account();
+          return Fail(h);
+        }
+      }
+      ++v;
+      got = 0;
+    }
+    while (s < num_send && sent == send_units_[s].length) {
+      ++s;
+      sent = 0;
+    }
+    if (s == num_send && v == num_recv) break;
+    if (aborted_.load(std::memory_order_relaxed)) {
+      account();
+      return Fail(absl::OkStatus());
+    }
+    // Receive: straight into place for copies, through the scratch for reductions.
+    if (v < num_recv && recv_ready) {
+      const RecvUnit& unit = recv_units_[v];
+      ssize_t n;
+      int64_t requested;
+      if (unit.mode == Mode::kCopy || unit.mode == Mode::kHeader) {
+        char* p = unit.vector->Piece(unit.begin + got, unit.length - got, &requested);
+        n = recv(recv_fd, p, requested, MSG_DONTWAIT);
+        if (n > 0) got += n;
+      } else {
+        requested = std::min(unit.length - got - partial, scratch_bytes_ - partial);
+        n = recv(recv_fd, scratch + partial, requested, MSG_DONTWAIT);
+        if (n > 0) {
+          const int64_t have = partial + n;
+          const int64_t whole = have & ~int64_t{3};
+          Reduce(unit, unit.begin + got, scratch_.get(), whole / 4);
+          got += whole;
+          partial = have - whole;
+          if (partial > 0) std::memcpy(scratch, scratch + whole, partial);
+        }
+      }
+      if (n > 0) {
+        total_received += n;
+        recv_ready = n == requested;  // a short read drained the socket
+      } else if (n == 0) {
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(
+            what, ": ", left_name_, " closed the connection (", progress_text(),
+            "); that process exited or failed (possibly because of an earlier peer failure)")));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        recv_ready = false;
+      } else if (errno != EINTR) {
+        const int err = errno;
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", left_name_,
+                                                        " broke: ", std::strerror(err), " (",
+                                                        progress_text(), ")")));
+      }
+    }
+
+    // Send: everything currently allowed, gathered into one sendmsg.
+    if (s < num_send && allowed(s) > sent && send_ready) {
+      int count = 0;
+      int64_t requested = 0;
+      int u = s;
+      int64_t offset = sent;
+      while (u < num_send && count < kMaxIov) {
+        const int64_t limit = allowed(u);
+        if (offset < limit) {
+          int64_t length = 0;
+          char* p = const_cast<char*>(
+              send_units_[u].vector->Piece(send_units_[u].begin + offset, limit - offset, &length));
+          iov[count++] = iovec{p, static_cast<size_t>(length)};
+          offset += length;
+          requested += length;
+        }
+        if (offset == send_units_[u].length) {
+          ++u;
+          offset = 0;
+        } else if (offset == limit) {
+          break;
+        }
+      }
+      {
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = count;
+        ssize_t n = sendmsg(send_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+          total_sent += n;
+          send_ready = n == requested;  // a short write filled the socket buffer
+          int64_t left = n;
+          while (left > 0) {
+            const int64_t step = std::min(left, send_units_[s].length - sent);
+            sent += step;
+            left -= step;
+            if (sent == send_units_[s].length) {
+              ++s;
+              sent = 0;
+            }
+          }
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          send_ready = false;
+        } else if (n < 0 && errno != EINTR) {
+          const int err = errno;
+          account();
+          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", right_name_,
+                                                          " broke: ", std::strerror(err), " (",
+                                                          progress_text(), ")")));
+        }
+      }
+    }
+    // Another pass after progress, or unless both directions would only
+    // return EAGAIN (a syscall that cannot progress costs as much as a small
+    // transfer).
+    const bool can_send_more = s < num_send && allowed(s) > sent && send_ready;
+    if (total_sent + total_received != moved || (v < num_recv && recv_ready) || can_send_more) {
+      moved = total_sent + total_received;
+      continue;
+    }
+
+    pollfd fds[3];
+    int nfds = 0;
+    int recv_slot = -1, send_slot = -1;
+    if (v < num_recv) {
+      recv_slot = nfds;
+      fds[nfds++] = pollfd{recv_fd, POLLIN, 0};
+    }
+    if (s < num_send && allowed(s) > sent) {
+      send_slot = nfds;
+      fds[nfds++] = pollfd{send_fd, POLLOUT, 0};
+    }
+    fds[nfds++] = pollfd{abort_fd_.get(), POLLIN, 0};
+    int n = poll(fds, nfds, tcp::PollTimeoutMs(deadline));
+    if (recv_slot >= 0 && fds[recv_slot].revents != 0) recv_ready = true;
+    if (send_slot >= 0 && fds[send_slot].revents != 0) send_ready = true;
+    if (n < 0 && errno != EINTR) {
+      const int err = errno;
+      account();
+      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+    }
+    if (n == 0 && absl::Now() >= deadline) {
+      account();
+      std::string waiting =
+          v < num_recv ? absl::StrCat("waiting for ", left_name_, " to send")
+                       : absl::StrCat("waiting for ", right_name_, " to receive");
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          what, " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
+          "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
+          "the ring reaches every rank through its left neighbour)")));
+    }
+  }
+  account();
+  operations_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// ---- the mesh: one hop for small operations ------------------------------
+
+absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time deadline,
+                                          const char* out, int64_t bytes, int sender) {
+  const int64_t total = static_cast<int64_t>(sizeof(Header)) + bytes;
+  int64_t total_sent = 0, total_received = 0;
+  auto account = [&] {
+    bytes_sent_.fetch_add(total_sent, std::memory_order_relaxed);
+    bytes_received_.fetch_add(total_received, std::memory_order_relaxed);
+  };
+  // Two-piece (header, payload) stream at `offset`; returns the iovec count.
+  auto pieces = [&](char* header, char* payload, int64_t offset, iovec* iov) {
+    int count = 0;
+    if (offset < static_cast<int64_t>(sizeof(Header))) {
+      iov[count++] = iovec{header + offset, sizeof(Header) - static_cast<size_t>(offset)};
+      offset = sizeof(Header);
+    }
+    if (bytes > 0) {
+      const int64_t at = offset - static_cast<int64_t>(sizeof(Header));
+      iov[count++] = iovec{payload + at, static_cast<size_t>(bytes - at)};
+    }
+    return count;
+  };
+  const bool sending = sender < 0 || sender == rank_;
+  for (int p = 0; p < size_; ++p) {
+    const bool receiving = p != rank_ && (sender < 0 || sender == p);
+    mesh_sent_[p] = p != rank_ && sending ? 0 : total;
+    mesh_got_[p] = receiving ? 0 : total;
+    // Optimistic first pass; afterwards only what poll() reports ready, so
+    // no syscall is spent on an EAGAIN (small operations are syscall-bound).
+    mesh_can_send_[p] = true;
+    mesh_can_recv_[p] = true;
+  }
+  while (true) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      account();
+      return Fail(absl::OkStatus());
+    }
+    bool done = true;
+    bool more = false;  // something may still progress without waiting
+    for (int p = 0; p < size_; ++p) {
+      if (mesh_sent_[p] < total && mesh_can_send_[p]) {
+        iovec iov[2];
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = pieces(reinterpret_cast<char*>(&out_header_), const_cast<char*>(out),
+                                mesh_sent_[p], iov);
+        ssize_t n = sendmsg(mesh_send_fd_[p], &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+          mesh_sent_[p] += n;
+          total_sent += n;
+          mesh_can_send_[p] = mesh_sent_[p] == total;  // short write: buffer full
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          mesh_can_send_[p] = false;
+        } else if (n < 0 && errno != EINTR) {
+          const int err = errno;
+          account();
+          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", names_[p],
+                                                          " broke: ", std::strerror(err))));
+        }
+      }
+      if (mesh_got_[p] < total && mesh_can_recv_[p]) {
+        iovec iov[2];
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = pieces(reinterpret_cast<char*>(&mesh_in_headers_[p]), mesh_in_[p],
+                                mesh_got_[p], iov);
+        const int64_t wanted = total - mesh_got_[p];
+        ssize_t n = recvmsg(mesh_recv_fd_[p], &msg, MSG_DONTWAIT);
+        if (n > 0) {
+          const bool had_header = mesh_got_[p] >= static_cast<int64_t>(sizeof(Header));
+          mesh_got_[p] += n;
+          total_received += n;
+          mesh_can_recv_[p] = n == wanted;  // short read: drained for now
+          if (!had_header && mesh_got_[p] >= static_cast<int64_t>(sizeof(Header))) {
+            if (absl::Status h = CheckHeader(mesh_in_headers_[p], names_[p], what); !h.ok()) {
+              account();
+              return Fail(h);
+            }
+          }
+        } else if (n == 0) {
+          account();
+          return Fail(absl::UnavailableError(absl::StrCat(
+              what, ": ", names_[p], " closed the connection (received ", mesh_got_[p], " of ",
+              total, " bytes from it); that process exited or failed")));
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          mesh_can_recv_[p] = false;
+        } else if (errno != EINTR) {
+          const int err = errno;
+          account();
+          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", names_[p],
+                                                          " broke: ", std::strerror(err))));
+        }
+      }
+      const bool send_left = mesh_sent_[p] < total;
+      const bool recv_left = mesh_got_[p] < total;
+      done = done && !send_left && !recv_left;
+      more = more || (send_left && mesh_can_send_[p]) || (recv_left && mesh_can_recv_[p]);
+    }
+    if (done) break;
+    if (more) continue;
+
+    mesh_poll_.clear();
+    mesh_poll_peer_.clear();
+    for (int p = 0; p < size_; ++p) {
+      if (mesh_sent_[p] < total) {
+        mesh_poll_.push_back(pollfd{mesh_send_fd_[p], POLLOUT, 0});
+        mesh_poll_peer_.push_back(p);
+      }
+      if (mesh_got_[p] < total) {
+        mesh_poll_.push_back(pollfd{mesh_recv_fd_[p], POLLIN, 0});
+        mesh_poll_peer_.push_back(p);
+      }
+    }
+    mesh_poll_.push_back(pollfd{abort_fd_.get(), POLLIN, 0});
+    int n = poll(mesh_poll_.data(), mesh_poll_.size(), tcp::PollTimeoutMs(deadline));
+    if (n < 0 && errno != EINTR) {
+      const int err = errno;
+      account();
+      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+    }
+    for (size_t i = 0; i + 1 < mesh_poll_.size(); ++i) {
+      if (mesh_poll_[i].revents == 0) continue;  // errors and hangups show up on the next try
+      const int p = mesh_poll_peer_[i];
+      if (mesh_poll_[i].events == POLLOUT) {
+        mesh_can_send_[p] = true;
+      } else {
+        mesh_can_recv_[p] = true;
+      }
+    }
+    if (n == 0 && absl::Now() >= deadline) {
+      // Direct links: the peers we still miss data from are the ones stuck.
+      std::string silent, not_reading;
+      for (int p = 0; p < size_; ++p) {
+        if (mesh_got_[p] < total) absl::StrAppend(&silent, silent.empty() ? "" : ", ", names_[p]);
+        if (mesh_sent_[p] < total) {
+          absl::StrAppend(&not_reading, not_reading.empty() ? "" : ", ", names_[p]);
+        }
+      }
+      account();
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          what, " on ", names_[rank_], " timed out waiting for ",
+          silent.empty() ? absl::StrCat(not_reading, " to receive")
+                         : absl::StrCat(silent, " to send"),
+          "; the peer stopped, is stuck, or issued a different collective")));
+    }
+  }
+  account();
+  operations_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes, int from,
+                                      char* in, int64_t in_bytes, const std::string& what,
+                                      absl::Time deadline) {
+  constexpr int64_t kHeaderBytes = sizeof(Header);
+  const int64_t out_total = to >= 0 ? kHeaderBytes + out_bytes : 0;
+  const int64_t in_total = from >= 0 ? kHeaderBytes + in_bytes : 0;
+  int64_t sent = 0, got = 0;
+  bool send_ready = true;
+  bool recv_ready = false;  // poll first: it returns at once when the data is there
+  auto account = [&] {
+    bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
+    bytes_received_.fetch_add(got, std::memory_order_relaxed);
+  };
+  auto pieces = [](char* header, char* payload, int64_t payload_bytes, int64_t offset,
+                   iovec* iov) {
+    int count = 0;
+    if (offset < kHeaderBytes) {
+      iov[count++] = iovec{header + offset, static_cast<size_t>(kHeaderBytes - offset)};
+      offset = kHeaderBytes;
+    }
+    if (payload_bytes > 0) {
+      const int64_t at = offset - kHeaderBytes;
+      iov[count++] = iovec{payload + at, static_cast<size_t>(payload_bytes - at)};
+    }
+    return count;
+  };
+  while (sent < out_total || got < in_total) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      account();
+      return Fail(absl::OkStatus());
+    }
+    if (sent < out_total && send_ready) {
+      iovec iov[2];
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = pieces(reinterpret_cast<char*>(&out_header_), const_cast<char*>(out),
+                              out_bytes, sent, iov);
+      const int64_t wanted = out_total - sent;
+      ssize_t n = sendmsg(mesh_send_fd_[to], &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += n;
+        send_ready = n == wanted;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        send_ready = false;
+      } else if (n < 0 && errno != EINTR) {
+        const int err = errno;
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", names_[to],
+                                                        " broke: ", std::strerror(err))));
+      }
+    }
+    if (got < in_total && recv_ready) {
+      iovec iov[2];
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen =
+          pieces(reinterpret_cast<char*>(&exchange_in_header_), in, in_bytes, got, iov);
+      const int64_t wanted = in_total - got;
+      ssize_t n = recvmsg(mesh_recv_fd_[from], &msg, MSG_DONTWAIT);
+      if (n > 0) {
+        const bool had_header = got >= kHeaderBytes;
+        got += n;
+        recv_ready = n == wanted;
+        if (!had_header && got >= kHeaderBytes) {
+          if (absl::Status h = CheckHeader(exchange_in_header_, names_[from], what); !h.ok()) {
+            account();
+            return Fail(h);
+          }
+        }
+      } else if (n == 0) {
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(
+            what, ": ", names_[from], " closed the connection (received ", got, " of ", in_total,
+            " bytes from it); that process exited or failed")));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        recv_ready = false;
+      } else if (errno != EINTR) {
+        const int err = errno;
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", names_[from],
+                                                        " broke: ", std::strerror(err))));
+      }
+    }
+    if (sent == out_total && got == in_total) break;
+    if ((sent < out_total && send_ready) || (got < in_total && recv_ready)) continue;
+
+    pollfd fds[3];
+    int nfds = 0, send_slot = -1, recv_slot = -1;
+    if (sent < out_total) {
+      send_slot = nfds;
+      fds[nfds++] = pollfd{mesh_send_fd_[to], POLLOUT, 0};
+    }
+    if (got < in_total) {
+      recv_slot = nfds;
+      fds[nfds++] = pollfd{mesh_recv_fd_[from], POLLIN, 0};
+    }
+    fds[nfds++] = pollfd{abort_fd_.get(), POLLIN, 0};
+    int n = poll(fds, nfds, tcp::PollTimeoutMs(deadline));
+    if (n < 0 && errno != EINTR) {
+      const int err = errno;
+      account();
+      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+    }
+    if (send_slot >= 0 && fds[send_slot].revents != 0) send_ready = true;
+    if (recv_slot >= 0 && fds[recv_slot].revents != 0) recv_ready = true;
+    if (n == 0 && absl::Now() >= deadline) {
+      account();
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          what, " on ", names_[rank_], " timed out waiting for ",
+          got < in_total ? absl::StrCat(names_[from], " to send (received ", got, " of ",
+                                        in_total, " bytes)")
+                         : absl::StrCat(names_[to], " to receive"),
+          "; the peer stopped, is stuck, or issued a different collective")));
+    }
+  }
+  account();
+  return absl::OkStatus();
+}
+
+absl::Status RingCollective::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
+                                               int64_t elements, const std::string& what,
+                                               ReduceOp op, absl::Time deadline) {
+  // work = gather_[0, E), incoming = gather_[E, 2E).
+  gather_.resize(static_cast<size_t>(elements) * 2);
+  float* work = gather_.data();
+  float* incoming = gather_.data() + elements;
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  {
+    float* p = work;
+    for (const absl::Span<float>& b : buffers) {
+      if (!b.empty()) std::memcpy(p, b.data(), b.size() * sizeof(float));
+      p += b.size();
+    }
+  }
+  char* const out = reinterpret_cast<char*>(work);
+  char* const in = reinterpret_cast<char*>(incoming);
+  // Non-powers of two fold the first 2*rest ranks in pairs (the even rank
+  // hands its vector to the odd one and sits out), run the doubling on a
+  // power of two, and hand the result back. Every combination adds the same
+  // two operands on both sides (a + b == b + a exactly), so every rank ends
+  // with identical bits.
+  int pof2 = 1;
+  while (pof2 * 2 <= size_) pof2 *= 2;
+  const int rest = size_ - pof2;
+  int vrank;
+  if (rank_ < 2 * rest) {
+    if (rank_ % 2 == 0) {
+      if (absl::Status s = Exchange(rank_ + 1, out, bytes, -1, nullptr, 0, what, deadline);
+          !s.ok()) {
+        return s;
+      }
+      vrank = -1;
+    } else {
+      if (absl::Status s = Exchange(-1, nullptr, 0, rank_ - 1, in, bytes, what, deadline);
+          !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+      vrank = rank_ / 2;
+    }
+  } else {
+    vrank = rank_ - rest;
+  }
+  if (vrank >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int vpartner = vrank ^ mask;
+      const int partner = vpartner < rest ? vpartner * 2 + 1 : vpartner + rest;
+      if (absl::Status s = Exchange(partner, out, bytes, partner, in, bytes, what, deadline);
+          !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+    }
+  }
+  if (rank_ < 2 * rest) {
+    absl::Status s = rank_ % 2 == 1
+                         ? Exchange(rank_ - 1, out, bytes, -1, nullptr, 0, what, deadline)
+                         : Exchange(-1, nullptr, 0, rank_ + 1, out, bytes, what, deadline);
+    if (!s.ok()) return s;
+  }
+  if (op == ReduceOp::kMean) {
+    collective_internal::DivideInPlace(work, static_cast<size_t>(elements),
+                                       static_cast<float>(size_));
+  }
+  const float* p = work;
+  for (const absl::Span<float>& b : buffers) {
+    if (!b.empty()) std::memcpy(b.data(), p, b.size() * sizeof(float));
+    p += b.size();
+  }
+  operations_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+// ---- operations ------------------------------------------------------------
+
+void RingCollective::PlanAllGather(ByteVector* vector, int64_t block_bytes) {
+  AddSend(&header_out_, 0, sizeof(Header), -1);
+  AddRecv(&header_in_, 0, sizeof(Header), Mode::kHeader);
+  int previous = -1;
+  for (int t = 0; t < size_ - 1; ++t) {
+    AddSend(vector, Mod(rank_ - t, size_) * block_bytes, block_bytes, previous);
+    previous = AddRecv(vector, Mod(rank_ - t - 1, size_) * block_bytes, block_bytes, Mode::kCopy);
+  }
+}
+
+absl::Status RingCollective::RingAllReduce(const std::string& what, ReduceOp op,
+                                           absl::Time deadline) {
+  const int64_t elements = data_.size() / static_cast<int64_t>(sizeof(float));
+  auto segment = [&](int g, int64_t* begin) {
+    const int64_t lo = elements * g / size_;
+    const int64_t hi = elements * (g + 1) / size_;
+    *begin = lo * static_cast<int64_t>(sizeof(float));
+    return (hi - lo) * static_cast<int64_t>(sizeof(float));
+  };
+  AddSend(&header_out_, 0, sizeof(Header), -1);
+  AddRecv(&header_in_, 0, sizeof(Header), Mode::kHeader);
+  int previous = -1;
+  for (int t = 0; t < 2 * (size_ - 1); ++t) {
+    int64_t begin = 0;
+    int64_t length = segment(Mod(rank_ - t, size_), &begin);
+    AddSend(&data_, begin, length, previous);
+    Mode mode = Mode::kCopy;
+    if (t < size_ - 2) mode = Mode::kReduce;
+    if (t == size_ - 2) mode = op == ReduceOp::kMean ? Mode::kReduceDivide : Mode::kReduce;
+    length = segment(Mod(rank_ - t - 1, size_), &begin);
+    previous = AddRecv(&data_, begin, length, mode);
+  }
+  divisor_ = static_cast<float>(size_);
+  return Transfer(what, deadline);
+}
+
+absl::Status RingCollective::GatherAllReduce(absl::Span<const absl::Span<float>> buffers,
+                                             int64_t elements, const std::string& what,
+                                             ReduceOp op, absl::Time deadline) {
+  gather_.resize(static_cast<size_t>(elements) * size_);
+  float* mine = gather_.data() + elements * rank_;
+  for (const absl::Span<float>& b : buffers) {
+    if (!b.empty()) std::memcpy(mine, b.data(), b.size() * sizeof(float));
+    mine += b.size();
+  }
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  absl::Status status;
+  if (mesh_) {
+    for (int p = 0; p < size_; ++p) {
+      mesh_in_[p] = reinterpret_cast<char*>(gather_.data() + p * elements);
+    }
+    status = MeshTransfer(what, deadline, mesh_in_[rank_], bytes, -1);
+  } else {
+    gather_view_.Clear();
+    gather_view_.Add(gather_.data(), static_cast<int64_t>(gather_.size() * sizeof(float)));
+    PlanAllGather(&gather_view_, bytes);
+    status = Transfer(what, deadline);
+  }
+  if (!status.ok()) return status;
+  // Rank order 0..N-1 on every rank: identical bits everywhere.
+  int64_t offset = 0;
+  for (const absl::Span<float>& b : buffers) {
+    const size_t n = b.size();
+    if (n == 0) continue;
+    std::memcpy(b.data(), gather_.data() + offset, n * sizeof(float));
+    for (int r = 1; r < size_; ++r) {
+      collective_internal::AddInto(b.data(), gather_.data() + r * elements + offset, n);
+    }
+    if (op == ReduceOp::kMean) {
+      collective_internal::DivideInPlace(b.data(), n, static_cast<float>(size_));
+    }
+    offset += static_cast<int64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingCollective::AllReduce(absl::Span<const absl::Span<float>> buffers, ReduceOp op,
+                                       const CollectiveOptions& options) {
+  int64_t elements = 0;
+  for (const auto& b : buffers) elements += static_cast<int64_t>(b.size());
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  if (absl::Status s = BeginOp(Kind::kAllReduce, op, 0, bytes); !s.ok()) return s;
+  if (size_ == 1) {
+    operations_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();  // the mean of one value is itself
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = Describe("all-reduce", options);
+  if (bytes <= options_.small_allreduce_bytes) {
+    return mesh_ ? DoublingAllReduce(buffers, elements, what, op, deadline)
+                 : GatherAllReduce(buffers, elements, what, op, deadline);
+  }
+  data_.Clear();
+  for (const auto& b : buffers) data_.Add(b.data(), static_cast<int64_t>(b.size() * sizeof(float)));
+  return RingAllReduce(what, op, deadline);
+}
+
+absl::Status RingCollective::Broadcast(absl::Span<float> buffer, int root,
+                                       const CollectiveOptions& options) {
+  if (root < 0 || root >= size_) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is outside the ring of ", size_, " ranks")));
+  }
+  const int64_t bytes = static_cast<int64_t>(buffer.size() * sizeof(float));
+  if (absl::Status s = BeginOp(Kind::kBroadcast, ReduceOp::kSum, root, bytes); !s.ok()) return s;
+  if (size_ == 1) {
+    operations_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = Describe("broadcast", options);
+  if (mesh_ && bytes <= options_.small_allreduce_bytes) {
+    mesh_in_[root] = reinterpret_cast<char*>(buffer.data());
+    return MeshTransfer(what, deadline, reinterpret_cast<const char*>(buffer.data()), bytes, root);
+  }
+  data_.Clear();
+  data_.Add(buffer.data(), bytes);
+  const int distance = Mod(rank_ - root, size_);
+  int received = -1;
+  if (distance > 0) {
+    AddRecv(&header_in_, 0, sizeof(Header), Mode::kHeader);
+    received = AddRecv(&data_, 0, bytes, Mode::kCopy);
+  }
+  if (distance < size_ - 1) {
+    AddSend(&header_out_, 0, sizeof(Header), -1);
+    AddSend(&data_, 0, bytes, received);
+  }
+  return Transfer(what, deadline);
+}
+
+absl::Status RingCollective::AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                       const CollectiveOptions& options) {
+  if (output.size() != input.size() * size_) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "all-gather output holds ", output.size(), " elements; it must hold size() * input = ",
+        size_, " * ", input.size())));
+  }
+  const int64_t bytes = static_cast<int64_t>(input.size() * sizeof(float));
+  if (absl::Status s = BeginOp(Kind::kAllGather, ReduceOp::kSum, 0, bytes); !s.ok()) return s;
+  float* mine = output.data() + input.size() * rank_;
+  if (!input.empty() && mine != input.data()) {
+    std::memmove(mine, input.data(), static_cast<size_t>(bytes));
+  }
+  if (size_ == 1) {
+    operations_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = Describe("all-gather", options);
+  if (mesh_ && bytes <= options_.small_allreduce_bytes) {
+    for (int p = 0; p < size_; ++p) {
+      mesh_in_[p] = reinterpret_cast<char*>(output.data() + input.size() * p);
+    }
+    return MeshTransfer(what, deadline, reinterpret_cast<const char*>(mine), bytes, -1);
+  }
+  data_.Clear();
+  data_.Add(output.data(), static_cast<int64_t>(output.size() * sizeof(float)));
+  PlanAllGather(&data_, bytes);
+  return Transfer(what, deadline);
+}
+
+absl::Status RingCollective::Barrier(const CollectiveOptions& options) {
+  if (absl::Status s = BeginOp(Kind::kBarrier, ReduceOp::kSum, 0, 0); !s.ok()) return s;
+  if (size_ == 1) {
+    operations_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = Describe("barrier", options);
+  // All-to-all rather than a log-step dissemination: a rank that never
+  // arrives is then named by every other rank, not just by its successor.
+  if (mesh_) return MeshTransfer(what, deadline, nullptr, 0, -1);
+  gather_view_.Clear();
+  gather_view_.Add(barrier_blocks_.data(), static_cast<int64_t>(size_ * sizeof(float)));
+  PlanAllGather(&gather_view_, sizeof(float));
+  return Transfer(what, deadline);
+}
+
+}  // namespace distrain

@@ -1,0 +1,149 @@
+#ifndef DISTRAIN_WORKER_COORDINATION_COORDINATION_SERVICE_H_
+#define DISTRAIN_WORKER_COORDINATION_COORDINATION_SERVICE_H_
+
+// CoordinationService: the rendezvous every multi-process strategy uses. The
+// coordinator task (chief:0, or worker:0 when there is no chief) hosts it
+// in-process on the port of its TF_CONFIG address; every task, the
+// coordinator included, talks to it through CoordinationClient
+// (proto/distrain/v1/coordination.proto).
+//
+// Protocol (who does what, in order):
+//  1. The coordinator's process starts the service before it joins. Every task
+//     creates a client and probes with Ping until it answers, retrying with
+//     backoff until a deadline (Kubernetes DNS names may not resolve yet).
+//  2. Join(task, incarnation, timeout): the task must be one of the expected
+//     members and names its process start (incarnation). It waits until every
+//     expected task has joined; the last arrival admits them all and each Join
+//     returns (generation, members in rank order, its rank). If the timeout
+//     passes first the answer is DEADLINE_EXCEEDED naming the tasks that never
+//     joined, and the caller is withdrawn (a retry, or a restarted process,
+//     can join again); the same when the caller's call is cancelled.
+//  3. Every admitted task opens WatchMembership at once and keeps it open for
+//     the life of its process. The first message is a snapshot (generation,
+//     tasks failed so far); then one message per membership change.
+//  4. A watch stream that ends without Leave (cancelled: the process died or
+//     was killed, its connection closed, or keepalive found the host gone)
+//     marks the task failed, bumps the generation and sends every other
+//     watcher an update naming it ("worker:2 lost: its coordination stream
+//     closed ..."). Blocked handlers notice a vanished caller within
+//     `cancel_poll`, so the update leaves well under a second after the
+//     process dies on loopback.
+//  5. KeyValueSet / KeyValueGet bootstrap the collectives (ring addresses,
+//     NCCL id): Get waits up to its timeout for the key. Barrier(name) returns
+//     once every expected task that has not left arrived at the same barrier
+//     the same number of times (names are reusable); it fails with ABORTED if
+//     a member fails meanwhile and DEADLINE_EXCEEDED naming the tasks that did
+//     not arrive.
+//  6. A task that finishes calls Leave: it no longer counts for barriers and
+//     the server ends its watch stream with OK (not a failure). The
+//     coordinator's process calls WaitForAllToLeave (bounded) before
+//     Shutdown, so the server outlives every member's last call.
+//  7. Restarts: a Join with a new incarnation replaces a task that failed or
+//     left, or whose previous incarnation was admitted but never opened its
+//     watch stream (it is presumed dead and reported failed first). When every
+//     expected task is joined again the rejoined are admitted and the
+//     generation bumps. While the previous incarnation is still live (its Join
+//     is waiting or its watch stream is open) the new one is refused with
+//     FAILED_PRECONDITION: two processes claim the same task. (Re-rendezvous of
+//     survivors with a changed member set — elastic training — is a later
+//     protocol on top of this one.)
+//  8. Shutdown wakes every blocked handler; they answer UNAVAILABLE and watch
+//     streams end, so the server stops promptly even with streams open.
+//
+// Generations: 1 when the first Join round completes; +1 per failure; +1 per
+// completed re-admission.
+//
+// Hostile input (unknown task, empty or foreign incarnation, negative
+// timeouts, oversized keys/values) is answered with INVALID_ARGUMENT or
+// FAILED_PRECONDITION and a message naming the field; the server keeps
+// serving.
+//
+// Ownership: the object owns the gRPC server and all state; destroy it (or
+// call Shutdown) to stop serving. Thread-safety: all public methods are
+// thread-safe; handlers run on gRPC's threads and share state under one mutex.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "worker/coordination/grpc_keepalive.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace distrain {
+
+struct CoordinationServiceOptions {
+  // The task hosting the service; Ping reports it so clients can check they
+  // reached the coordinator they expected.
+  TaskId coordinator{"worker", 0};
+  // Tasks that join and are watched like members but have no training rank
+  // (rank -1 in JoinResponse; ps tasks of ParameterServer). They follow the
+  // ranked members in JoinResponse.members.
+  std::vector<TaskId> unranked;
+  // Upper bound on any wait a request asks for (Join, KeyValueGet, Barrier).
+  absl::Duration max_wait = absl::Hours(24);
+  // Blocked handlers check this often whether their caller is gone.
+  absl::Duration cancel_poll = absl::Milliseconds(50);
+  int64_t max_key_bytes = 4096;            // keys and barrier names
+  int64_t max_value_bytes = 4 << 20;       // one value
+  int64_t max_store_bytes = 256LL << 20;   // all keys + values together
+  int64_t max_barriers = 100000;           // distinct barrier names
+  KeepaliveOptions keepalive;
+};
+
+class CoordinationService {
+ public:
+  // Starts serving on `listen_address` ("0.0.0.0:2222", "127.0.0.3:2222";
+  // port 0 picks a free port, see port()). `members` are the ranked tasks in
+  // rank order (for MultiWorkerMirrored: chief, then workers). Fails with
+  // INVALID_ARGUMENT for an empty or duplicated member set and UNAVAILABLE
+  // when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<CoordinationService>> Start(
+      const std::string& listen_address, std::vector<TaskId> members,
+      CoordinationServiceOptions options = {});
+
+  ~CoordinationService();  // Shutdown()
+  CoordinationService(const CoordinationService&) = delete;
+  CoordinationService& operator=(const CoordinationService&) = delete;
+
+  int port() const { return port_; }
+  int64_t generation() const;
+
+  // Step 6: blocks until every admitted or joining task has left or failed,
+  // or `timeout` passes (DEADLINE_EXCEEDED naming who is still there).
+  absl::Status WaitForAllToLeave(absl::Duration timeout);
+
+  // Step 8: wakes blocked handlers, ends watch streams, stops the server.
+  // Idempotent; returns within about a second.
+  void Shutdown();
+
+ private:
+  class Impl;
+  CoordinationService(std::unique_ptr<Impl> impl, std::unique_ptr<grpc::Server> server, int port);
+
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+// The address the coordinator listens on for its TF_CONFIG address
+// "host:port": "0.0.0.0:port" (every interface: the TF_CONFIG name resolves
+// to the pod IP), except for loopback hosts (127.x.y.z, localhost), which are
+// bound exactly so that local runs can give each task its own 127.0.0.x.
+// INVALID_ARGUMENT when the address has no valid port.
+absl::StatusOr<std::string> CoordinatorListenAddress(const std::string& tf_address);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_COORDINATION_COORDINATION_SERVICE_H_

@@ -1,0 +1,132 @@
+#ifndef DISTRAIN_WORKER_PS_PS_CLIENT_H_
+#define DISTRAIN_WORKER_PS_PS_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "distrain/v1/parameter_server.grpc.pb.h"
+#include "prometheus/registry.h"
+#include "worker/ps/partitioner.h"
+#include "worker/ps/ps_service.h"
+#include "worker/tensor/tensor.h"
+
+namespace distrain {
+
+struct PsClientOptions {
+  // Deadline of every RPC, so a hung ps fails the call instead of the job
+  // hanging. Large pulls and pushes must fit in it.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // WaitForReady keeps retrying an unreachable ps (DNS names of new pods may
+  // not resolve yet) until this much time has passed.
+  absl::Duration connect_timeout = absl::Seconds(120);
+  int64_t chunk_bytes = 1 << 20;  // upload and pull chunk payload, 4 .. kPsMaxChunkBytes
+  // Optional; the client records distrain_ps_rpc_seconds{method} and
+  // distrain_ps_bytes_total{direction,shard} with side="client".
+  prometheus::Registry* registry = nullptr;
+};
+
+// Version of every shard of a variable: name -> version per shard index.
+using ShardVersions = std::map<std::string, std::vector<int64_t>>;
+
+// A named tensor borrowed for one call (the caller keeps it alive).
+struct TensorRef {
+  std::string name;
+  const Tensor* tensor;
+};
+struct MutableTensorRef {
+  std::string name;
+  Tensor* tensor;  // must already have the variable's shape
+};
+
+struct PullResult {
+  std::map<std::string, Tensor> values;
+  ShardVersions versions;
+};
+
+struct PushResult {
+  ShardVersions versions;     // after this push
+  int64_t max_staleness = 0;  // over the pushed shards (0 without pulled versions)
+};
+
+struct InitializeResult {
+  int initialized = 0;  // shards that took the uploaded values
+  int skipped = 0;      // shards that already had values (first writer wins)
+};
+
+// Client of every ps task of a job: splits variables into shards with the
+// ShardingPlan, talks to the ps tasks in parallel (one thread per ps involved
+// in a call), and reassembles whole tensors.
+//
+// Failures name the ps: "ps:1 (host:port): Pull: UNAVAILABLE ...". Only
+// WaitForReady retries; every other call fails fast (its deadline is
+// rpc_timeout) so the coordinator learns of a dead ps at once.
+// Owns one gRPC channel per ps. Thread-safe: many threads of one worker may
+// call concurrently.
+class PsClient {
+ public:
+  // `addresses[i]` is ps task i (TF_CONFIG's "ps" list); its size must equal
+  // plan.num_ps().
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(std::vector<std::string> addresses,
+                                                          ShardingPlan plan,
+                                                          PsClientOptions options = {});
+  ~PsClient();
+
+  // Probes every ps with Health until it answers (retrying UNAVAILABLE and
+  // DEADLINE_EXCEEDED with backoff until connect_timeout) and checks it
+  // reports the expected task index and ps count.
+  absl::Status WaitForReady();
+  // Declares every shard of the plan on its ps (idempotent).
+  absl::Status CreateVariables();
+  // Uploads initial values (chief). Shards that already have values keep
+  // them unless `overwrite`. Every tensor must be a plan variable of its shape.
+  absl::StatusOr<InitializeResult> Initialize(absl::Span<const TensorRef> values,
+                                              bool overwrite = false);
+  // Whole variables (empty `names`: every variable of the plan).
+  absl::StatusOr<PullResult> Pull(const std::vector<std::string>& names = {});
+  // Pulls straight into caller-owned tensors of the variables' shapes.
+  absl::Status PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions);
+  // Pushes gradients shaped like their variables. `pulled` (optional): the
+  // versions the gradients were computed from, for staleness.
+  absl::StatusOr<PushResult> Push(absl::Span<const TensorRef> grads,
+                                  const ShardVersions* pulled = nullptr);
+  absl::StatusOr<PushResult> Push(const std::map<std::string, Tensor>& grads,
+                                  const ShardVersions* pulled = nullptr);
+  // Every ps writes its shards at `step` (see PsService::Save).
+  absl::Status Save(const std::string& dir, int64_t step);
+  // Every ps restores the same step: ps 0 picks it (newest consistent unless
+  // `step`), the others follow. Returns the step.
+  absl::StatusOr<int64_t> Restore(const std::string& dir,
+                                  std::optional<int64_t> step = std::nullopt);
+  absl::StatusOr<std::vector<distrain::v1::HealthResponse>> Health();
+
+  const ShardingPlan& plan() const { return plan_; }
+  std::string PsName(int task) const;  // "ps:1 (host:port)"
+
+ private:
+  struct Upload;
+  PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClientOptions options);
+  absl::Status UploadShards(const char* method, int task, const std::vector<Upload>& shards,
+                            bool overwrite, google::protobuf::Message* response);
+  absl::StatusOr<std::vector<Upload>> PlanUploads(absl::Span<const TensorRef> tensors,
+                                                  const ShardVersions* pulled,
+                                                  const char* method) const;
+  absl::Status Error(int task, const char* method, const grpc::Status& status) const;
+  void SetDeadline(grpc::ClientContext& ctx) const;
+
+  const std::vector<std::string> addresses_;
+  const ShardingPlan plan_;
+  const PsClientOptions options_;
+  std::vector<std::unique_ptr<distrain::v1::ParameterServer::Stub>> stubs_;
+  std::unique_ptr<PsMetrics> metrics_;  // null without a registry
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_PS_PS_CLIENT_H_

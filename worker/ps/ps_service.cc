@@ -1,0 +1,1024 @@
+#include "worker/ps/ps_service.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/check.h"
+#include "common/logging.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "spdlog/spdlog.h"
+#include "worker/ps/partitioner.h"
+
+namespace distrain {
+
+static_assert(std::endian::native == std::endian::little,
+              "ps tensors travel as raw host floats, which must be little-endian");
+
+namespace v1 = ::distrain::v1;
+
+namespace {
+
+constexpr char kVariablePrefix[] = "variables/";
+constexpr char kOptimizerPrefix[] = "optimizer/";
+constexpr char kShardPrefix[] = "shard/";
+// Accounted per shard header in a Pull message, so a pull of very many tiny
+// shards still splits into messages below the receive limit.
+constexpr int64_t kHeaderOverheadBytes = 64;
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string RefString(const std::string& variable, int index) {
+  return absl::StrCat("variable \"", variable, "\" shard ", index);
+}
+
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
+  prometheus::Histogram::BucketBoundaries b;
+  for (int i = 0; i < count; ++i, start *= factor) b.push_back(start);
+  return b;
+}
+
+// Times one handler into distrain_ps_rpc_seconds.
+class RpcTimer {
+ public:
+  RpcTimer(PsMetrics* metrics, const char* method)
+      : metrics_(metrics), method_(method), start_(std::chrono::steady_clock::now()) {}
+  ~RpcTimer() {
+    if (metrics_ == nullptr) return;
+    metrics_->ObserveRpc(
+        method_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+
+ private:
+  PsMetrics* metrics_;
+  const char* method_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& side)
+    : side_(side),
+      rpc_seconds_(prometheus::BuildHistogram()
+                       .Name("distrain_ps_rpc_seconds")
+                       .Help("Parameter-server RPC latency by method (side=client|server)")
+                       .Register(registry)),
+      bytes_(prometheus::BuildCounter()
+                 .Name("distrain_ps_bytes_total")
+                 .Help("Tensor bytes moved by parameter-server RPCs, by direction and shard")
+                 .Register(registry)),
+      staleness_(prometheus::BuildHistogram()
+                     .Name("distrain_ps_staleness")
+                     .Help("Updates applied to a shard between a worker's pull and its push")
+                     .Register(registry)) {}
+
+void PsMetrics::ObserveRpc(const std::string& method, double seconds) {
+  static const auto* kBuckets =
+      new prometheus::Histogram::BucketBoundaries(ExponentialBuckets(0.0001, 2, 18));
+  rpc_seconds_.Add({{"method", method}, {"side", side_}}, *kBuckets).Observe(seconds);
+}
+
+void PsMetrics::AddBytes(const std::string& direction, const std::string& shard, double bytes) {
+  bytes_.Add({{"direction", direction}, {"shard", shard}, {"side", side_}}).Increment(bytes);
+}
+
+void PsMetrics::ObserveStaleness(int64_t staleness) {
+  static const auto* kBuckets =
+      new prometheus::Histogram::BucketBoundaries({0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128});
+  staleness_.Add({{"side", side_}}, *kBuckets).Observe(static_cast<double>(staleness));
+}
+
+// One hosted shard. `info` is immutable after creation; the rest is guarded.
+struct PsService::Shard {
+  ShardInfo info;
+  std::string key;
+  mutable absl::Mutex mu;
+  bool initialized ABSL_GUARDED_BY(mu) = false;
+  std::vector<float> value ABSL_GUARDED_BY(mu);
+  int64_t version ABSL_GUARDED_BY(mu) = 0;
+  std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mu);
+};
+
+// A validated upload stream (Initialize or Push), held whole before any
+// shard changes.
+struct PsService::Upload {
+  struct Item {
+    Shard* shard;
+    std::optional<int64_t> pulled_version;
+    std::vector<float> data;
+  };
+  bool overwrite = false;
+  std::vector<Item> items;
+};
+
+absl::StatusOr<std::unique_ptr<PsService>> PsService::Create(PsServiceOptions options) {
+  if (options.num_ps < 1 || options.task_index < 0 || options.task_index >= options.num_ps) {
+    return absl::InvalidArgumentError(absl::StrCat("ps service: task index ", options.task_index,
+                                                   " is not in [0, num_ps=", options.num_ps, ")"));
+  }
+  if (options.chunk_bytes < 4 || options.chunk_bytes > kPsMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ps service: chunk_bytes must be in [4, ",
+                                                   kPsMaxChunkBytes, "], got ",
+                                                   options.chunk_bytes));
+  }
+  if (options.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ps service: checkpoint_keep must be >= 1, got ", options.checkpoint_keep));
+  }
+  if (absl::StatusOr<std::unique_ptr<Optimizer>> probe = Optimizer::Create(options.optimizer);
+      !probe.ok()) {
+    return probe.status();
+  }
+  return std::unique_ptr<PsService>(new PsService(std::move(options)));
+}
+
+PsService::PsService(PsServiceOptions options) : options_(std::move(options)) {
+  if (options_.registry != nullptr) {
+    metrics_ = std::make_unique<PsMetrics>(*options_.registry, "server");
+  }
+}
+
+PsService::~PsService() = default;
+
+std::string PsService::Name() const { return absl::StrCat("ps:", options_.task_index); }
+
+PsService::Shard* PsService::FindShard(const std::string& variable, int index) const {
+  absl::ReaderMutexLock lock(&shards_mu_);
+  auto it = shards_.find(absl::StrCat(variable, "/part_", index));
+  if (it == shards_.end() || it->second->info.variable != variable) return nullptr;
+  return it->second.get();
+}
+
+std::vector<PsService::Shard*> PsService::ShardsOfVariable(const std::string& variable) const {
+  absl::ReaderMutexLock lock(&shards_mu_);
+  auto it = by_variable_.find(variable);
+  return it == by_variable_.end() ? std::vector<Shard*>() : it->second;
+}
+
+std::vector<PsService::Shard*> PsService::AllShards() const {
+  std::vector<Shard*> out;
+  absl::ReaderMutexLock lock(&shards_mu_);
+  for (const auto& [key, shard] : shards_) out.push_back(shard.get());
+  std::sort(out.begin(), out.end(), [](const Shard* a, const Shard* b) { return a->key < b->key; });
+  return out;
+}
+
+grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
+                                        const v1::CreateVariablesRequest* request,
+                                        v1::CreateVariablesResponse* response) {
+  RpcTimer timer(metrics_.get(), "CreateVariables");
+  // Validate every spec before declaring any, so a bad request changes nothing.
+  std::vector<ShardInfo> infos;
+  for (int i = 0; i < request->shards_size(); ++i) {
+    const v1::ShardSpec& spec = request->shards(i);
+    const std::string field = absl::StrCat("CreateVariables: shards[", i, "]");
+    if (spec.variable().empty()) {
+      return grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat(field, ".variable is empty"));
+    }
+    const std::string what =
+        absl::StrCat(field, " (", RefString(spec.variable(), spec.shard()), ")");
+    std::vector<int64_t> full(spec.full_shape().begin(), spec.full_shape().end());
+    absl::StatusOr<int64_t> n = CheckedNumElements(full, absl::StrCat(what, ".full_shape"));
+    if (!n.ok()) return ToGrpc(n.status());
+    const int64_t rows = full.empty() ? 1 : full[0];
+    if (spec.num_shards() < 1 || spec.shard() < 0 || spec.shard() >= spec.num_shards()) {
+      return grpc::Status(grpc::INVALID_ARGUMENT,
+                          absl::StrCat(what, ": shard index ", spec.shard(),
+                                       " is not in [0, num_shards=", spec.num_shards(), ")"));
+    }
+    if (spec.row_begin() < 0 || spec.row_end() < spec.row_begin() || spec.row_end() > rows) {
+      return grpc::Status(grpc::INVALID_ARGUMENT,
+                          absl::StrCat(what, ": rows [", spec.row_begin(), ", ", spec.row_end(),
+                                       ") are not a range inside the variable's ", rows, " rows"));
+    }
+    ShardInfo info;
+    info.variable = spec.variable();
+    info.index = spec.shard();
+    info.num_shards = spec.num_shards();
+    info.full_shape = full;
+    info.shape = full;
+    if (!info.shape.empty()) info.shape[0] = spec.row_end() - spec.row_begin();
+    info.row_begin = spec.row_begin();
+    info.row_end = spec.row_end();
+    info.row_elements = 1;
+    for (size_t d = 1; d < full.size(); ++d) info.row_elements *= full[d];
+    info.ps_task = options_.task_index;
+    infos.push_back(std::move(info));
+  }
+  absl::MutexLock lock(&shards_mu_);
+  for (const ShardInfo& info : infos) {
+    auto it = shards_.find(info.key());
+    if (it == shards_.end()) continue;
+    const ShardInfo& have = it->second->info;
+    if (have.variable != info.variable || have.full_shape != info.full_shape ||
+        have.num_shards != info.num_shards || have.row_begin != info.row_begin ||
+        have.row_end != info.row_end) {
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat("CreateVariables: ", RefString(info.variable, info.index), " exists on ",
+                       Name(), " with shape [", absl::StrJoin(have.full_shape, ", "), "], rows [",
+                       have.row_begin, ", ", have.row_end, ") of ", have.num_shards,
+                       " shards; the request asks for shape [",
+                       absl::StrJoin(info.full_shape, ", "), "], rows [", info.row_begin, ", ",
+                       info.row_end, ") of ", info.num_shards,
+                       " — every process must build the same model and sharding plan "
+                       "(restart the ps tasks after changing the model)"));
+    }
+  }
+  int created = 0, existing = 0;
+  for (ShardInfo& info : infos) {
+    std::string key = info.key();
+    if (shards_.contains(key)) {
+      ++existing;
+      continue;
+    }
+    auto shard = std::make_unique<Shard>();
+    shard->info = std::move(info);
+    shard->key = key;
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
+    DISTRAIN_CHECK(opt.ok()) << "validated in Create";
+    {
+      absl::MutexLock shard_lock(&shard->mu);
+      shard->optimizer = std::move(*opt);
+    }
+    std::vector<Shard*>& siblings = by_variable_[shard->info.variable];
+    siblings.push_back(shard.get());
+    std::sort(siblings.begin(), siblings.end(),
+              [](const Shard* a, const Shard* b) { return a->info.index < b->info.index; });
+    shards_.emplace(std::move(key), std::move(shard));
+    ++created;
+  }
+  response->set_created(created);
+  response->set_existing(existing);
+  return grpc::Status::OK;
+}
+
+absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
+                                   grpc::ServerReader<v1::UploadMessage>* reader, Upload& upload) {
+  v1::UploadMessage msg;
+  if (!reader->Read(&msg)) {
+    if (ctx->IsCancelled())
+      return absl::CancelledError(absl::StrCat(method, ": cancelled by the client"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(method, ": empty stream; the first message must carry the header"));
+  }
+  if (!msg.has_header() || msg.header().shards_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(method, ": the first message must carry a header listing at least one shard"));
+  }
+  upload.overwrite = msg.header().overwrite();
+  std::vector<int64_t> received;
+  for (int i = 0; i < msg.header().shards_size(); ++i) {
+    const v1::UploadShard& us = msg.header().shards(i);
+    const std::string field = absl::StrCat(method, ": header.shards[", i, "]");
+    if (us.ref().variable().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".ref.variable is empty"));
+    }
+    const std::string what = RefString(us.ref().variable(), us.ref().shard());
+    Shard* shard = FindShard(us.ref().variable(), us.ref().shard());
+    if (shard == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          field, ": ", what, " is not hosted on ", Name(),
+          "; create it first (CreateVariables) and check that every process uses the same "
+          "sharding plan"));
+    }
+    for (const Upload::Item& item : upload.items) {
+      if (item.shard == shard) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, " is listed twice"));
+      }
+    }
+    if (us.num_elements() != shard->info.num_elements()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", what, " announces ", us.num_elements(), " elements, but the shard has ",
+          shard->info.num_elements(), " (shape [", absl::StrJoin(shard->info.shape, ", "), "])"));
+    }
+    if (us.has_pulled_version() && us.pulled_version() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, ": pulled_version ",
+                                                     us.pulled_version(), " is negative"));
+    }
+    upload.items.push_back(Upload::Item{
+        shard,
+        us.has_pulled_version() ? std::optional<int64_t>(us.pulled_version()) : std::nullopt,
+        {}});
+    received.push_back(0);
+  }
+  const int n = static_cast<int>(upload.items.size());
+  bool first = true;
+  while (first || reader->Read(&msg)) {
+    if (!first && msg.has_header()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(method, ": a header arrived after the first message; send it once"));
+    }
+    first = false;
+    for (int c = 0; c < msg.chunks_size(); ++c) {
+      const v1::DataChunk& chunk = msg.chunks(c);
+      if (chunk.index() < 0 || chunk.index() >= n) {
+        return absl::InvalidArgumentError(absl::StrCat(method, ": chunk index ", chunk.index(),
+                                                       " is out of range; the header lists ", n,
+                                                       " shards"));
+      }
+      Upload::Item& item = upload.items[chunk.index()];
+      const std::string what = RefString(item.shard->info.variable, item.shard->info.index);
+      const int64_t total = item.shard->info.num_elements();
+      int64_t& got = received[chunk.index()];
+      if (chunk.data().size() % sizeof(float) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset(), " has ",
+                         chunk.data().size(), " bytes, not a whole number of float32 elements"));
+      }
+      const int64_t count = static_cast<int64_t>(chunk.data().size() / sizeof(float));
+      if (chunk.offset() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": ", what, ": chunk offset ", chunk.offset(), " is negative"));
+      }
+      if (chunk.offset() < got) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": ", what, ": duplicate or overlapping chunk at element offset ",
+                         chunk.offset(), " (", got, " elements already received)"));
+      }
+      if (chunk.offset() > got) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            method, ": ", what, ": chunk at offset ", chunk.offset(),
+            " skips elements; expected offset ", got, " (chunks must arrive in order)"));
+      }
+      if (count > total - got) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset(), " with ", count,
+                         " elements runs past the shard's ", total, " elements"));
+      }
+      if (item.data.empty()) item.data.reserve(total);
+      item.data.resize(got + count);
+      std::memcpy(item.data.data() + got, chunk.data().data(), chunk.data().size());
+      got += count;
+    }
+  }
+  if (ctx->IsCancelled()) {
+    return absl::CancelledError(absl::StrCat(method, ": cancelled by the client; nothing applied"));
+  }
+  for (int i = 0; i < n; ++i) {
+    const int64_t total = upload.items[i].shard->info.num_elements();
+    if (received[i] != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          method, ": the stream ended after ", received[i], " of ", total, " elements of ",
+          RefString(upload.items[i].shard->info.variable, upload.items[i].shard->info.index),
+          " (truncated); nothing applied"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status PsService::Initialize(grpc::ServerContext* ctx,
+                                   grpc::ServerReader<v1::UploadMessage>* reader,
+                                   v1::InitializeResponse* response) {
+  RpcTimer timer(metrics_.get(), "Initialize");
+  Upload upload;
+  if (absl::Status s = ReadUpload("Initialize", ctx, reader, upload); !s.ok()) return ToGrpc(s);
+  for (Upload::Item& item : upload.items) {
+    Shard& shard = *item.shard;
+    v1::ShardRef* ref;
+    {
+      absl::MutexLock lock(&shard.mu);
+      if (shard.initialized && !upload.overwrite) {
+        ref = response->add_skipped();
+      } else {
+        absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
+        DISTRAIN_CHECK(opt.ok()) << "validated in Create";
+        shard.optimizer = std::move(*opt);
+        shard.value = std::move(item.data);
+        shard.version = 0;
+        shard.initialized = true;
+        ref = response->add_initialized();
+      }
+    }
+    ref->set_variable(shard.info.variable);
+    ref->set_shard(shard.info.index);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* request,
+                             grpc::ServerWriter<v1::PullMessage>* writer) {
+  RpcTimer timer(metrics_.get(), "Pull");
+  std::vector<Shard*> targets;
+  auto add = [&](Shard* s) -> bool {
+    if (std::find(targets.begin(), targets.end(), s) != targets.end()) return false;
+    targets.push_back(s);
+    return true;
+  };
+  for (int i = 0; i < request->variables_size(); ++i) {
+    const std::string& name = request->variables(i);
+    std::vector<Shard*> shards = ShardsOfVariable(name);
+    if (shards.empty()) {
+      return grpc::Status(grpc::NOT_FOUND, absl::StrCat("Pull: variables[", i, "]: variable \"",
+                                                        name, "\" has no shards on ", Name()));
+    }
+    for (Shard* s : shards) {
+      if (!add(s)) {
+        return grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat("Pull: variables[", i, "]: \"",
+                                                                 name, "\" is requested twice"));
+      }
+    }
+  }
+  for (int i = 0; i < request->shards_size(); ++i) {
+    const v1::ShardRef& ref = request->shards(i);
+    Shard* s = FindShard(ref.variable(), ref.shard());
+    if (s == nullptr) {
+      return grpc::Status(grpc::NOT_FOUND, absl::StrCat("Pull: shards[", i, "]: ",
+                                                        RefString(ref.variable(), ref.shard()),
+                                                        " is not hosted on ", Name()));
+    }
+    if (!add(s)) {
+      return grpc::Status(
+          grpc::INVALID_ARGUMENT,
+          absl::StrCat("Pull: shards[", i, "]: ", RefString(ref.variable(), ref.shard()),
+                       " is requested twice"));
+    }
+  }
+  if (targets.empty()) {
+    return grpc::Status(grpc::INVALID_ARGUMENT, "Pull: the request names no variables or shards");
+  }
+  int64_t chunk_bytes = options_.chunk_bytes;
+  if (request->max_chunk_bytes() != 0) {
+    if (request->max_chunk_bytes() < 4 || request->max_chunk_bytes() > kPsMaxChunkBytes) {
+      return grpc::Status(
+          grpc::INVALID_ARGUMENT,
+          absl::StrCat("Pull: max_chunk_bytes must be 0 (server default) or in [4, ",
+                       kPsMaxChunkBytes, "], got ", request->max_chunk_bytes()));
+    }
+    chunk_bytes = request->max_chunk_bytes();
+  }
+  const int64_t chunk_elements = chunk_bytes / static_cast<int64_t>(sizeof(float));
+  for (Shard* s : targets) {
+    absl::ReaderMutexLock lock(&s->mu);
+    if (!s->initialized) {
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat("Pull: ", RefString(s->info.variable, s->info.index), " on ", Name(),
+                       " has no value yet; the chief initialises "
+                       "variables (Initialize) or restores them (Restore)"));
+    }
+  }
+
+  // Messages are built under the shard's reader lock (one copy, a consistent
+  // snapshot) and written after it is released, so a slow reader never
+  // blocks pushes.
+  std::vector<v1::PullMessage> ready;
+  v1::PullMessage current;
+  int64_t current_bytes = 0;
+  auto flush = [&] {
+    ready.push_back(std::move(current));
+    current = v1::PullMessage();
+    current_bytes = 0;
+  };
+  for (size_t t = 0; t < targets.size(); ++t) {
+    Shard& shard = *targets[t];
+    const int64_t total = shard.info.num_elements();
+    {
+      absl::ReaderMutexLock lock(&shard.mu);
+      if (current_bytes + kHeaderOverheadBytes > chunk_bytes && current_bytes > 0) flush();
+      v1::PulledShard* header = current.add_shards();
+      header->set_index(static_cast<int32_t>(t));
+      header->mutable_ref()->set_variable(shard.info.variable);
+      header->mutable_ref()->set_shard(shard.info.index);
+      for (int64_t d : shard.info.shape) header->add_shape(d);
+      header->set_version(shard.version);
+      current_bytes += kHeaderOverheadBytes + static_cast<int64_t>(shard.info.variable.size());
+      int64_t offset = 0;
+      while (offset < total) {
+        const int64_t room = (chunk_bytes - current_bytes) / static_cast<int64_t>(sizeof(float));
+        if (room <= 0) {
+          flush();
+          continue;
+        }
+        const int64_t take = std::min({total - offset, room, chunk_elements});
+        v1::DataChunk* chunk = current.add_chunks();
+        chunk->set_index(static_cast<int32_t>(t));
+        chunk->set_offset(offset);
+        chunk->set_data(reinterpret_cast<const char*>(shard.value.data() + offset),
+                        take * sizeof(float));
+        current_bytes += take * static_cast<int64_t>(sizeof(float));
+        offset += take;
+      }
+    }
+    if (metrics_)
+      metrics_->AddBytes("pulled", shard.key, static_cast<double>(total * sizeof(float)));
+    for (v1::PullMessage& m : ready) {
+      if (!writer->Write(m)) {
+        return grpc::Status(grpc::CANCELLED, "Pull: the client went away mid-stream");
+      }
+    }
+    ready.clear();
+  }
+  if (current.shards_size() > 0 || current.chunks_size() > 0) {
+    if (!writer->Write(current)) {
+      return grpc::Status(grpc::CANCELLED, "Pull: the client went away mid-stream");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Push(grpc::ServerContext* ctx,
+                             grpc::ServerReader<v1::UploadMessage>* reader,
+                             v1::PushResponse* response) {
+  RpcTimer timer(metrics_.get(), "Push");
+  Upload upload;
+  if (absl::Status s = ReadUpload("Push", ctx, reader, upload); !s.ok()) return ToGrpc(s);
+
+  // Checks that cannot change between here and the apply (values never lose
+  // initialisation; versions only grow), so failing them applies nothing.
+  for (const Upload::Item& item : upload.items) {
+    absl::ReaderMutexLock lock(&item.shard->mu);
+    const std::string what = RefString(item.shard->info.variable, item.shard->info.index);
+    if (!item.shard->initialized) {
+      return grpc::Status(grpc::FAILED_PRECONDITION,
+                          absl::StrCat("Push: ", what, " on ", Name(),
+                                       " has no value yet; initialise or restore it first"));
+    }
+    if (item.pulled_version && *item.pulled_version > item.shard->version) {
+      return grpc::Status(
+          grpc::INVALID_ARGUMENT,
+          absl::StrCat("Push: ", what, ": pulled_version ", *item.pulled_version,
+                       " is ahead of the shard's version ", item.shard->version, " on ", Name()));
+    }
+  }
+
+  // Callers hold item.shard->mu.
+  auto apply = [&](Upload::Item& item) {
+    Shard& shard = *item.shard;
+    const int64_t staleness = item.pulled_version ? shard.version - *item.pulled_version : 0;
+    shard.optimizer->ApplyDense(shard.key, absl::MakeSpan(shard.value),
+                                absl::MakeConstSpan(item.data), shard.version + 1);
+    ++shard.version;
+    v1::ShardVersion* v = response->add_shards();
+    v->mutable_ref()->set_variable(shard.info.variable);
+    v->mutable_ref()->set_shard(shard.info.index);
+    v->set_version(shard.version);
+    v->set_staleness(staleness);
+    if (metrics_) {
+      metrics_->AddBytes("pushed", shard.key,
+                         static_cast<double>(item.data.size() * sizeof(float)));
+      if (item.pulled_version) metrics_->ObserveStaleness(staleness);
+    }
+  };
+
+  if (options_.max_staleness < 0) {
+    for (Upload::Item& item : upload.items) {
+      absl::MutexLock lock(&item.shard->mu);
+      apply(item);
+    }
+  } else {
+    // Lock every shard of the push in key order (no deadlock between pushes),
+    // check all, then apply all: a rejected push changes nothing.
+    std::vector<Upload::Item*> order;
+    for (Upload::Item& item : upload.items) order.push_back(&item);
+    std::sort(order.begin(), order.end(), [](const Upload::Item* a, const Upload::Item* b) {
+      return a->shard->key < b->shard->key;
+    });
+    std::vector<std::unique_ptr<absl::MutexLock>> locks;
+    for (Upload::Item* item : order)
+      locks.push_back(std::make_unique<absl::MutexLock>(&item->shard->mu));
+    for (Upload::Item* item : order) {
+      if (!item->pulled_version) {
+        return grpc::Status(
+            grpc::INVALID_ARGUMENT,
+            absl::StrCat("Push: ", RefString(item->shard->info.variable, item->shard->info.index),
+                         ": pulled_version is required because ", Name(),
+                         " enforces max_staleness ", options_.max_staleness));
+      }
+      const int64_t staleness = item->shard->version - *item->pulled_version;
+      if (staleness > options_.max_staleness) {
+        return grpc::Status(
+            grpc::FAILED_PRECONDITION,
+            absl::StrCat("Push: ", RefString(item->shard->info.variable, item->shard->info.index),
+                         " is ", staleness, " updates stale (pulled version ",
+                         *item->pulled_version, ", now ", item->shard->version,
+                         "), more than max_staleness ", options_.max_staleness,
+                         "; pull again and recompute the gradient"));
+      }
+    }
+    for (Upload::Item* item : order) apply(*item);
+  }
+  pushes_applied_.fetch_add(1, std::memory_order_relaxed);
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* request,
+                             v1::SaveResponse* response) {
+  RpcTimer timer(metrics_.get(), "Save");
+  if (request->dir().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "Save: dir is empty");
+  if (request->step() < 0) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        absl::StrCat("Save: step must be >= 0, got ", request->step()));
+  }
+  if (request->keep() < 0) {
+    return grpc::Status(
+        grpc::INVALID_ARGUMENT,
+        absl::StrCat("Save: keep must be >= 0 (0 = server default), got ", request->keep()));
+  }
+  absl::MutexLock save_lock(&save_mu_);
+  CheckpointState state;
+  state.step = request->step();
+  state.metadata["ps/task"] = absl::StrCat(options_.task_index);
+  state.metadata["ps/num_ps"] = absl::StrCat(options_.num_ps);
+  const std::vector<Shard*> shards = AllShards();
+  for (Shard* s : shards) {
+    absl::ReaderMutexLock lock(&s->mu);
+    if (!s->initialized) {
+      return grpc::Status(grpc::FAILED_PRECONDITION,
+                          absl::StrCat("Save: ", RefString(s->info.variable, s->info.index), " on ",
+                                       Name(), " has no value yet; nothing saved"));
+    }
+    state.tensors.emplace(absl::StrCat(kVariablePrefix, s->key), Tensor(s->info.shape, s->value));
+    for (auto& [name, slot] : s->optimizer->SlotState()) {
+      state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name), std::move(slot));
+    }
+    const std::string prefix = absl::StrCat(kShardPrefix, s->key, "/");
+    state.metadata[prefix + "variable"] = s->info.variable;
+    state.metadata[prefix + "rows"] = absl::StrCat(s->info.row_begin, ":", s->info.row_end);
+    state.metadata[prefix + "full_shape"] = absl::StrJoin(s->info.full_shape, ",");
+    state.metadata[prefix + "version"] = absl::StrCat(s->version);
+  }
+  const std::string dir = PsCheckpointDir(request->dir(), options_.task_index, options_.num_ps);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return grpc::Status(grpc::FAILED_PRECONDITION,
+                        absl::StrCat("Save: cannot create ", dir, ": ", ec.message()));
+  }
+  CheckpointManager manager(dir, request->keep() > 0 ? request->keep() : options_.checkpoint_keep);
+  if (absl::Status s = manager.Save(state); !s.ok()) return ToGrpc(s);
+  response->set_path(manager.PathForStep(state.step));
+  response->set_shards(static_cast<int32_t>(shards.size()));
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* request,
+                                v1::RestoreResponse* response) {
+  RpcTimer timer(metrics_.get(), "Restore");
+  if (request->dir().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "Restore: dir is empty");
+  if (request->has_step() && request->step() < 0) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        absl::StrCat("Restore: step must be >= 0, got ", request->step()));
+  }
+  absl::MutexLock save_lock(&save_mu_);
+  absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(
+      request->dir(), request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
+  if (!ckpt.ok()) return ToGrpc(ckpt.status());
+
+  // Build every shard's new state first; commit only when all are valid.
+  struct Staged {
+    Shard* shard;
+    std::vector<float> value;
+    int64_t version;
+    std::unique_ptr<Optimizer> optimizer;
+  };
+  std::vector<Staged> staged;
+  for (Shard* s : AllShards()) {
+    const std::string what = RefString(s->info.variable, s->info.index);
+    auto it = ckpt->variables.find(s->info.variable);
+    if (it == ckpt->variables.end()) {
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat("Restore: the checkpoint at step ", ckpt->step, " in ", request->dir(),
+                       " has no variable \"", s->info.variable,
+                       "\"; the model changed since it was written — use a new checkpoint "
+                       "directory"));
+    }
+    const PsCheckpoint::Variable& var = it->second;
+    if (var.value.shape() != s->info.full_shape) {
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat("Restore: variable \"", s->info.variable, "\" has shape ",
+                       var.value.ShapeString(), " in the checkpoint at step ", ckpt->step, " but [",
+                       absl::StrJoin(s->info.full_shape, ", "),
+                       "] in the model; use a new checkpoint directory"));
+    }
+    const int64_t begin = s->info.element_offset();
+    const int64_t n = s->info.num_elements();
+    Staged st;
+    st.shard = s;
+    st.value.assign(var.value.data() + begin, var.value.data() + begin + n);
+    st.version = var.VersionForRows(s->info.row_begin, s->info.row_end);
+    std::map<std::string, Tensor> slots;
+    for (const auto& [slot, full] : var.slots) {
+      slots.emplace(absl::StrCat(s->key, "/", slot),
+                    Tensor({n}, std::vector<float>(full.data() + begin, full.data() + begin + n)));
+    }
+    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
+    DISTRAIN_CHECK(opt.ok()) << "validated in Create";
+    if (absl::Status rs = (*opt)->RestoreState(slots, st.version); !rs.ok()) {
+      return grpc::Status(grpc::FAILED_PRECONDITION,
+                          absl::StrCat("Restore: ", what, ": ", rs.message()));
+    }
+    st.optimizer = std::move(*opt);
+    staged.push_back(std::move(st));
+  }
+  for (Staged& st : staged) {
+    absl::MutexLock lock(&st.shard->mu);
+    st.shard->value = std::move(st.value);
+    st.shard->version = st.version;
+    st.shard->optimizer = std::move(st.optimizer);
+    st.shard->initialized = true;
+  }
+  spdlog::info("{}: restored {} shards from step {} ({} ps layout) in {}", Name(), staged.size(),
+               ckpt->step, ckpt->saved_num_ps, request->dir());
+  response->set_step(ckpt->step);
+  response->set_shards(static_cast<int32_t>(staged.size()));
+  response->set_saved_num_ps(ckpt->saved_num_ps);
+  return grpc::Status::OK;
+}
+
+grpc::Status PsService::Health(grpc::ServerContext* ctx, const v1::HealthRequest* request,
+                               v1::HealthResponse* response) {
+  response->set_task_index(options_.task_index);
+  response->set_num_ps(options_.num_ps);
+  int initialized = 0;
+  const std::vector<Shard*> shards = AllShards();
+  for (Shard* s : shards) {
+    absl::ReaderMutexLock lock(&s->mu);
+    if (s->initialized) ++initialized;
+  }
+  response->set_shards(static_cast<int32_t>(shards.size()));
+  response->set_initialized_shards(initialized);
+  response->set_pushes_applied(pushes_applied_.load(std::memory_order_relaxed));
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------------------
+// PsServer
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const std::string& address,
+                                                          PsServiceOptions options) {
+  absl::StatusOr<std::unique_ptr<PsService>> service = PsService::Create(std::move(options));
+  if (!service.ok()) return service.status();
+  std::unique_ptr<PsServer> server(new PsServer());
+  server->service_ = std::move(*service);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("ps server: cannot listen on ", address,
+                                               " (port in use, or not an address of this host?)"));
+  }
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") host = "127.0.0.1";
+  server->host_ = host;
+  return server;
+}
+
+PsServer::~PsServer() { Shutdown(); }
+
+std::string PsServer::address() const { return absl::StrCat(host_, ":", port_); }
+
+void PsServer::Shutdown() {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_->Wait();
+}
+
+void PsServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints
+
+std::string PsCheckpointDir(const std::string& dir, int task, int num_ps) {
+  return absl::StrCat(dir, "/ps-", task, "-of-", num_ps);
+}
+
+int64_t PsCheckpoint::Variable::VersionForRows(int64_t begin, int64_t end) const {
+  int64_t v = 0;
+  for (const RowVersion& rv : versions) {
+    const bool overlaps = rv.row_begin < end && begin < rv.row_end;
+    // An empty range (zero-row variable) takes the version of its only shard.
+    if (overlaps || (begin == end && rv.row_begin == begin)) v = std::max(v, rv.version);
+  }
+  return v;
+}
+
+CheckpointState PsCheckpoint::ToCheckpointState() const {
+  CheckpointState state;
+  state.step = step;
+  int64_t iterations = 0;
+  for (const auto& [name, var] : variables) {
+    state.tensors.emplace(absl::StrCat(kVariablePrefix, name), var.value);
+    for (const auto& [slot, tensor] : var.slots) {
+      state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name, "/", slot), tensor);
+    }
+    for (const RowVersion& rv : var.versions) iterations = std::max(iterations, rv.version);
+  }
+  state.metadata["optimizer_iterations"] = absl::StrCat(iterations);
+  return state;
+}
+
+namespace {
+
+// Adds one ps task's file to the assembled checkpoint.
+absl::Status MergePsFile(const std::string& path, const CheckpointState& file, PsCheckpoint& out,
+                         std::map<std::string, std::vector<std::pair<int64_t, int64_t>>>& rows) {
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what));
+  };
+  for (const auto& [key, variable] : file.metadata) {
+    if (!absl::StartsWith(key, kShardPrefix) || !absl::EndsWith(key, "/variable")) continue;
+    const std::string shard_key =
+        key.substr(std::strlen(kShardPrefix), key.size() - std::strlen(kShardPrefix) - 9);
+    const std::string prefix = absl::StrCat(kShardPrefix, shard_key, "/");
+    auto meta = [&](const char* field) -> const std::string* {
+      auto it = file.metadata.find(prefix + field);
+      return it == file.metadata.end() ? nullptr : &it->second;
+    };
+    const std::string* rows_text = meta("rows");
+    const std::string* shape_text = meta("full_shape");
+    const std::string* version_text = meta("version");
+    if (!rows_text || !shape_text || !version_text) {
+      return bad(
+          absl::StrCat("shard \"", shard_key, "\" lacks rows, full_shape or version metadata"));
+    }
+    int64_t begin = 0, end = 0, version = 0;
+    std::vector<std::string> rb = absl::StrSplit(*rows_text, ':');
+    if (rb.size() != 2 || !absl::SimpleAtoi(rb[0], &begin) || !absl::SimpleAtoi(rb[1], &end) ||
+        !absl::SimpleAtoi(*version_text, &version) || version < 0) {
+      return bad(absl::StrCat("shard \"", shard_key, "\" has malformed rows \"", *rows_text,
+                              "\" or version \"", *version_text, "\""));
+    }
+    std::vector<int64_t> full_shape;
+    if (!shape_text->empty()) {
+      for (absl::string_view d : absl::StrSplit(*shape_text, ',')) {
+        int64_t v;
+        if (!absl::SimpleAtoi(d, &v)) {
+          return bad(absl::StrCat("shard \"", shard_key, "\" has malformed full_shape \"",
+                                  *shape_text, "\""));
+        }
+        full_shape.push_back(v);
+      }
+    }
+    absl::StatusOr<int64_t> total =
+        CheckedNumElements(full_shape, absl::StrCat("shard \"", shard_key, "\""));
+    if (!total.ok()) return bad(std::string(total.status().message()));
+    const int64_t num_rows = full_shape.empty() ? 1 : full_shape[0];
+    int64_t row_elements = 1;
+    for (size_t d = 1; d < full_shape.size(); ++d) row_elements *= full_shape[d];
+    if (begin < 0 || end < begin || end > num_rows) {
+      return bad(absl::StrCat("shard \"", shard_key, "\" rows ", *rows_text,
+                              " are outside the variable's ", num_rows, " rows"));
+    }
+    auto value_it = file.tensors.find(absl::StrCat(kVariablePrefix, shard_key));
+    const int64_t n = (end - begin) * row_elements;
+    if (value_it == file.tensors.end() || value_it->second.size() != n) {
+      return bad(absl::StrCat("shard \"", shard_key, "\" has no value tensor of ", n, " elements"));
+    }
+    auto [vit, inserted] = out.variables.try_emplace(variable);
+    PsCheckpoint::Variable& var = vit->second;
+    if (inserted) {
+      var.value = Tensor(full_shape);
+    } else if (var.value.shape() != full_shape) {
+      return bad(absl::StrCat("variable \"", variable, "\" has shards with different full shapes"));
+    }
+    const int64_t offset = begin * row_elements;
+    std::copy(value_it->second.data(), value_it->second.data() + n, var.value.data() + offset);
+    var.versions.push_back({begin, end, version});
+    rows[variable].push_back({begin, end});
+    const std::string slot_prefix = absl::StrCat(kOptimizerPrefix, shard_key, "/");
+    for (auto it = file.tensors.lower_bound(slot_prefix);
+         it != file.tensors.end() && absl::StartsWith(it->first, slot_prefix); ++it) {
+      const std::string slot = it->first.substr(slot_prefix.size());
+      // Slot names have no '/'; a longer name belongs to another shard whose
+      // key extends this one (variables "w" and "w/part_0/part_0" may coexist).
+      if (slot.find('/') != std::string::npos) continue;
+      if (slot.empty() || it->second.size() != n) {
+        return bad(absl::StrCat("optimizer slot \"", it->first, "\" does not match shard \"",
+                                shard_key, "\" (", n, " elements)"));
+      }
+      auto [sit, fresh] = var.slots.try_emplace(slot, Tensor({*total}));
+      std::copy(it->second.data(), it->second.data() + n, sit->second.data() + offset);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PsCheckpoint> LoadPsCheckpoint(const std::string& dir, std::optional<int64_t> step) {
+  // layouts[num_ps][task] = directory
+  std::map<int, std::map<int, std::string>> layouts;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int task = -1, num = -1;
+    std::vector<std::string> parts = absl::StrSplit(name, '-');
+    if (parts.size() != 4 || parts[0] != "ps" || parts[2] != "of" ||
+        !absl::SimpleAtoi(parts[1], &task) || !absl::SimpleAtoi(parts[3], &num) || num < 1 ||
+        task < 0 || task >= num || name != PsCheckpointDir("", task, num).substr(1)) {
+      continue;
+    }
+    layouts[num][task] = entry.path().string();
+  }
+  struct Candidate {
+    int64_t step;
+    int num_ps;
+    std::filesystem::file_time_type written;
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& [num_ps, tasks] : layouts) {
+    if (static_cast<int>(tasks.size()) != num_ps) continue;
+    std::vector<int64_t> common;
+    bool first = true;
+    for (const auto& [task, path] : tasks) {
+      std::vector<int64_t> steps = CheckpointManager(path, 1).ListSteps();
+      if (first) {
+        common = steps;
+        first = false;
+      } else {
+        std::vector<int64_t> both;
+        std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(),
+                              std::back_inserter(both));
+        common = std::move(both);
+      }
+    }
+    for (int64_t s : common) {
+      if (step && s != *step) continue;
+      std::filesystem::file_time_type written{};
+      for (const auto& [task, path] : tasks) {
+        written = std::max(written, std::filesystem::last_write_time(
+                                        CheckpointManager(path, 1).PathForStep(s), ec));
+      }
+      candidates.push_back({s, num_ps, written});
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.written > b.written;
+  });
+  if (candidates.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no ps checkpoint ", step ? absl::StrCat("for step ", *step, " ") : std::string(),
+        "that every ps task of one layout wrote in ", dir,
+        " (expected <dir>/ps-<task>-of-<num_ps>/ckpt-<step>.dtc)"));
+  }
+  absl::Status last_error;
+  for (const Candidate& c : candidates) {
+    PsCheckpoint out;
+    out.step = c.step;
+    out.saved_num_ps = c.num_ps;
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> rows;
+    absl::Status status;
+    for (const auto& [task, path] : layouts[c.num_ps]) {
+      const std::string file = CheckpointManager(path, 1).PathForStep(c.step);
+      absl::StatusOr<CheckpointState> state = CheckpointManager::ReadFile(file);
+      if (!state.ok()) {
+        status = state.status();
+        break;
+      }
+      status = MergePsFile(file, *state, out, rows);
+      if (!status.ok()) break;
+    }
+    // Every variable's shards must tile its rows exactly.
+    for (auto& [name, ranges] : rows) {
+      if (!status.ok()) break;
+      std::sort(ranges.begin(), ranges.end());
+      const std::vector<int64_t>& shape = out.variables[name].value.shape();
+      const int64_t num_rows = shape.empty() ? 1 : shape[0];
+      int64_t next = 0;
+      for (const auto& [b, e] : ranges) {
+        if (b != next) {
+          status = absl::DataLossError(absl::StrCat(
+              "ps checkpoint step ", c.step, " in ", dir, ": variable \"", name, "\" rows ",
+              std::min(b, next), "..", std::max(b, next), b > next ? " are missing" : " overlap"));
+          break;
+        }
+        next = e;
+      }
+      if (status.ok() && next != num_rows) {
+        status = absl::DataLossError(absl::StrCat("ps checkpoint step ", c.step, " in ", dir,
+                                                  ": variable \"", name, "\" rows ", next, "..",
+                                                  num_rows, " are missing"));
+      }
+    }
+    if (status.ok()) return out;
+    if (step) return status;
+    spdlog::warn("ps checkpoint: skipping step {} ({} ps) in {}: {}", c.step, c.num_ps, dir,
+                 status.message());
+    last_error = status;
+  }
+  return absl::DataLossError(absl::StrCat("no readable ps checkpoint in ", dir,
+                                          "; the newest error: ", last_error.message()));
+}
+
+}  // namespace distrain

@@ -1,0 +1,207 @@
+#ifndef DISTRAIN_WORKER_PS_PS_SERVICE_H_
+#define DISTRAIN_WORKER_PS_PS_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/job_config.h"
+#include "distrain/v1/parameter_server.grpc.pb.h"
+#include "grpcpp/server.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/model/optimizer.h"
+#include "worker/tensor/tensor.h"
+
+namespace distrain {
+
+// Largest data payload per streamed message. gRPC's default receive limit is
+// 4 MiB; 3 MiB leaves room for headers and for many small-shard headers.
+inline constexpr int64_t kPsMaxChunkBytes = 3 << 20;
+
+struct PsServiceOptions {
+  int task_index = 0;  // this ps's index in TF_CONFIG's "ps" job
+  int num_ps = 1;
+  OptimizerConfig optimizer;  // the job's optimizer; every shard gets its own instance
+  // Push rejects (FAILED_PRECONDITION) a shard whose staleness would exceed
+  // this; < 0: unbounded (TensorFlow's asynchronous default).
+  int64_t max_staleness = -1;
+  int64_t chunk_bytes = 1 << 20;  // Pull's default chunk payload, 4 .. kPsMaxChunkBytes
+  int checkpoint_keep = 3;        // Save's default retention
+  // Optional. Families (all with label side="server"):
+  //   distrain_ps_rpc_seconds{method}          histogram  handler wall time
+  //   distrain_ps_bytes_total{direction,shard} counter    direction=pushed|pulled,
+  //   shard="<var>/part_<i>" distrain_ps_staleness                    histogram  per applied shard
+  //   update
+  prometheus::Registry* registry = nullptr;
+};
+
+// Metric handles shared by the ps service and client. Families are looked up
+// (prometheus-cpp merges same-named families), so both sides can share one
+// registry; the `side` label keeps their series apart. Thread-safe.
+class PsMetrics {
+ public:
+  PsMetrics(prometheus::Registry& registry, const std::string& side);
+  void ObserveRpc(const std::string& method, double seconds);
+  void AddBytes(const std::string& direction, const std::string& shard, double bytes);
+  void ObserveStaleness(int64_t staleness);
+
+ private:
+  std::string side_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Histogram>& staleness_;
+};
+
+// gRPC ParameterServer service (proto/distrain/v1/parameter_server.proto):
+// hosts the variable shards placed on one ps task and applies pushed
+// gradients with the job's optimizer.
+//
+// Consistency protocol, per shard:
+//   1. CreateVariables declares the shard (no memory yet); Initialize or
+//      Restore gives it values, version 0 (or the saved version).
+//   2. Pull copies value + version under the shard's reader lock, so a pull
+//      never sees half an update.
+//   3. Push receives the whole gradient of every announced shard into staging
+//      buffers (growing with the bytes actually received) and validates it
+//      before touching anything; a truncated, cancelled or malformed stream
+//      applies nothing.
+//   4. Apply, per shard under its writer lock: staleness = version -
+//      pulled_version; with max_staleness set, every shard of the push is
+//      locked (in key order) and checked first, so a rejected push applies
+//      nothing; the optimizer runs with iteration version + 1 (Adam's t);
+//      version += 1. Shards of one push are otherwise applied independently,
+//      so workers pushing the same shards pipeline through them.
+//   5. Save snapshots each shard under its lock; a snapshot consistent across
+//      shards and ps tasks needs the coordinator to quiesce pushes first.
+// Shards are never removed while the service lives. Thread-safe: gRPC calls
+// handlers from many threads.
+class PsService final : public distrain::v1::ParameterServer::Service {
+ public:
+  // INVALID_ARGUMENT for a bad optimizer config, task index or chunk size.
+  static absl::StatusOr<std::unique_ptr<PsService>> Create(PsServiceOptions options);
+  ~PsService() override;
+
+  grpc::Status CreateVariables(grpc::ServerContext* ctx,
+                               const distrain::v1::CreateVariablesRequest* request,
+                               distrain::v1::CreateVariablesResponse* response) override;
+  grpc::Status Initialize(grpc::ServerContext* ctx,
+                          grpc::ServerReader<distrain::v1::UploadMessage>* reader,
+                          distrain::v1::InitializeResponse* response) override;
+  grpc::Status Pull(grpc::ServerContext* ctx, const distrain::v1::PullRequest* request,
+                    grpc::ServerWriter<distrain::v1::PullMessage>* writer) override;
+  grpc::Status Push(grpc::ServerContext* ctx,
+                    grpc::ServerReader<distrain::v1::UploadMessage>* reader,
+                    distrain::v1::PushResponse* response) override;
+  grpc::Status Save(grpc::ServerContext* ctx, const distrain::v1::SaveRequest* request,
+                    distrain::v1::SaveResponse* response) override;
+  grpc::Status Restore(grpc::ServerContext* ctx, const distrain::v1::RestoreRequest* request,
+                       distrain::v1::RestoreResponse* response) override;
+  grpc::Status Health(grpc::ServerContext* ctx, const distrain::v1::HealthRequest* request,
+                      distrain::v1::HealthResponse* response) override;
+
+  const PsServiceOptions& options() const { return options_; }
+
+ private:
+  struct Shard;
+  struct Upload;
+  explicit PsService(PsServiceOptions options);
+
+  // nullptr when not hosted.
+  Shard* FindShard(const std::string& variable, int index) const;
+  std::vector<Shard*> ShardsOfVariable(const std::string& variable) const;
+  std::vector<Shard*> AllShards() const;
+  absl::Status ReadUpload(const char* method, grpc::ServerContext* ctx,
+                          grpc::ServerReader<distrain::v1::UploadMessage>* reader, Upload& upload);
+  std::string Name() const;  // "ps:0"
+
+  const PsServiceOptions options_;
+  std::unique_ptr<PsMetrics> metrics_;  // null without a registry
+
+  mutable absl::Mutex shards_mu_;
+  // Keyed "<variable>/part_<i>"; values are never erased, so Shard* stay valid.
+  absl::flat_hash_map<std::string, std::unique_ptr<Shard>> shards_ ABSL_GUARDED_BY(shards_mu_);
+  // variable -> its hosted shards, by index.
+  absl::flat_hash_map<std::string, std::vector<Shard*>> by_variable_ ABSL_GUARDED_BY(shards_mu_);
+  absl::Mutex save_mu_;  // serialises Save/Restore with each other
+  std::atomic<int64_t> pushes_applied_{0};
+};
+
+// Owns a grpc::Server hosting one PsService.
+class PsServer {
+ public:
+  // `address` like "0.0.0.0:2222", or "127.0.0.1:0" for a free port.
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(const std::string& address,
+                                                         PsServiceOptions options);
+  ~PsServer();  // Shutdown()
+
+  int port() const { return port_; }
+  std::string address() const;  // "127.0.0.1:<port>" for a loopback/any bind
+  PsService& service() { return *service_; }
+  // Cancels in-flight calls and stops serving; idempotent.
+  void Shutdown();
+  void Wait();
+
+ private:
+  PsServer() = default;
+  std::unique_ptr<PsService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string host_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+// The ps-side checkpoint of the whole job, assembled from every ps task's
+// files of one layout and step: full (unsharded) variables, so it can be
+// restored with any ps count or by a strategy without ps.
+//
+// Layout: <dir>/ps-<task>-of-<num_ps>/ckpt-<step>.dtc, one CheckpointManager
+// directory per ps task. Each file holds, per hosted shard "<var>/part_<i>":
+//   tensor   "variables/<var>/part_<i>"          the shard's values
+//   tensors  "optimizer/<var>/part_<i>/<slot>"   its optimizer slots (flat)
+//   metadata "shard/<var>/part_<i>/variable", ".../rows" ("<begin>:<end>"),
+//            ".../full_shape" ("d0,d1,..."), ".../version"
+// A step is consistent when every ps of a layout wrote a valid file for it.
+struct PsCheckpoint {
+  struct RowVersion {
+    int64_t row_begin;
+    int64_t row_end;
+    int64_t version;
+  };
+  struct Variable {
+    Tensor value;                         // full shape
+    std::map<std::string, Tensor> slots;  // slot ("m", "v", "momentum") -> flat, full size
+    std::vector<RowVersion> versions;     // per saved shard
+    // Max version of the saved shards overlapping rows [begin, end): the
+    // version a re-sharded shard continues from.
+    int64_t VersionForRows(int64_t begin, int64_t end) const;
+  };
+  int64_t step = 0;
+  int saved_num_ps = 0;
+  std::map<std::string, Variable> variables;
+
+  // "variables/<var>", "optimizer/<var>/<slot>" and metadata
+  // "optimizer_iterations" (max version): what RestoreVariableState reads.
+  CheckpointState ToCheckpointState() const;
+};
+
+std::string PsCheckpointDir(const std::string& dir, int task, int num_ps);
+// `step` unset: the newest consistent step (a corrupt file makes that step
+// inconsistent; older ones are tried). NOT_FOUND when none exists.
+absl::StatusOr<PsCheckpoint> LoadPsCheckpoint(const std::string& dir,
+                                              std::optional<int64_t> step = std::nullopt);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_PS_PS_SERVICE_H_

@@ -1,0 +1,111 @@
+#include "worker/strategy/local_replicas.h"
+
+#include <utility>
+
+#include "common/check.h"
+#include "worker/strategy/variable_state.h"
+
+namespace distrain {
+
+absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
+    const ModelFactory& factory, const OptimizerConfig& optimizer,
+    std::vector<Collective*> collectives, Options options) {
+  DISTRAIN_CHECK(!collectives.empty());
+  std::unique_ptr<LocalReplicas> set(new LocalReplicas());
+  set->collectives_ = std::move(collectives);
+  set->options_ = options;
+  const int n = static_cast<int>(set->collectives_.size());
+  for (int r = 0; r < n; ++r) {
+    auto model = factory();
+    if (!model.ok()) return model.status();
+    auto opt = Optimizer::Create(optimizer);
+    if (!opt.ok()) return opt.status();
+    set->models_.push_back(std::move(*model));
+    set->optimizers_.push_back(std::move(*opt));
+  }
+  // A failed reduction on one replica would leave the others waiting for it
+  // inside the collective until the timeout; abort them all instead.
+  LocalReplicas* self = set.get();
+  auto abort_all = [self](const absl::Status& reason) {
+    for (Collective* c : self->collectives_) c->Abort(reason);
+  };
+  for (int r = 0; r < n; ++r) {
+    set->reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
+        set->models_[r].get(), set->collectives_[r], options.bytes_per_pack,
+        options.collective_options, options.metrics, abort_all));
+  }
+  set->runner_ = std::make_unique<ReplicaRunner>(n);
+  return set;
+}
+
+std::vector<Model*> LocalReplicas::models() {
+  std::vector<Model*> out;
+  for (auto& m : models_) out.push_back(m.get());
+  return out;
+}
+
+absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t examples) {
+  const int n = size();
+  std::vector<LossResult> results(n);
+  std::vector<absl::Status> statuses(n);
+  runner_->Run([&](int r) {
+    OverlappedGradientReducer& reducer = *reducers_[r];
+    ReplicaContext ctx;
+    ctx.local_replica = r;
+    ctx.replica_id_in_sync = options_.first_replica_id + r;
+    ctx.num_local_replicas = n;
+    ctx.num_replicas_in_sync = options_.num_replicas_in_sync;
+    ctx.model = models_[r].get();
+    ctx.on_layer_grads_ready = [&reducer](int layer) { reducer.OnLayerGradsReady(layer); };
+    reducer.BeginStep();
+    results[r] = step_fn(ctx);
+    statuses[r] = reducer.FinishStep();
+    if (statuses[r].ok()) optimizers_[r]->Apply(models_[r]->parameters());
+  });
+  // Report the root cause: the replica that failed first reports its own
+  // error; the others usually report the Abort that followed it (which carries
+  // the same message), so any non-OK status will do, but prefer a non-Aborted one.
+  const absl::Status* first_error = nullptr;
+  for (const absl::Status& s : statuses) {
+    if (s.ok()) continue;
+    if (first_error == nullptr || (first_error->code() == absl::StatusCode::kAborted &&
+                                   s.code() != absl::StatusCode::kAborted)) {
+      first_error = &s;
+    }
+  }
+  if (first_error != nullptr) return *first_error;
+  StepOutput out;
+  for (const LossResult& r : results) {
+    out.loss += r.loss;
+    out.correct += r.correct;
+  }
+  out.loss /= n;  // equal slices: the mean of the replicas' means is the batch mean
+  out.examples = examples;
+  return out;
+}
+
+CheckpointState LocalReplicas::Capture(int64_t step) {
+  return CaptureVariableState(*models_[0], *optimizers_[0], step);
+}
+
+absl::Status LocalReplicas::Restore(const CheckpointState& state) {
+  for (int r = 0; r < size(); ++r) {
+    if (absl::Status s = RestoreVariableState(state, *models_[r], *optimizers_[r]); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalReplicas::CopyReplicaZeroToOthers() {
+  if (size() == 1) return absl::OkStatus();
+  CheckpointState state = Capture(0);
+  for (int r = 1; r < size(); ++r) {
+    if (absl::Status s = RestoreVariableState(state, *models_[r], *optimizers_[r]); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace distrain

@@ -1,0 +1,81 @@
+#ifndef DISTRAIN_WORKER_STRATEGY_LOCAL_REPLICAS_H_
+#define DISTRAIN_WORKER_STRATEGY_LOCAL_REPLICAS_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/collective/collective.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/strategy/collective_metrics.h"
+#include "worker/strategy/gradient_buckets.h"
+#include "worker/strategy/replica_runner.h"
+#include "worker/strategy/strategy.h"
+
+namespace distrain {
+
+// The local replicas of a synchronous (mirrored) strategy, shared by
+// MirroredStrategy and MultiWorkerMirroredStrategy: one Model copy and one
+// Optimizer per replica, a persistent thread per replica (ReplicaRunner), and
+// per replica an OverlappedGradientReducer on that replica's collective
+// handle. One step (Run):
+//   1. every replica thread runs step_fn on its slice of the batch; as
+//      backward finishes each layer, full gradient buckets are all-reduced
+//      (MEAN over every replica in sync) on the replica's communication thread;
+//   2. each replica waits for its buckets, then applies its optimizer to the
+//      (now identical) mean gradients — identical inputs, identical updates,
+//      so the copies stay bit-identical without ever copying variables.
+// When one replica's reduction fails, every local collective is aborted so the
+// other replicas return at once rather than wait for it; Run then returns the
+// first error.
+//
+// Owns models, optimizers, reducers and threads; borrows the collectives and
+// metrics (they must outlive it). Driven by one thread.
+class LocalReplicas {
+ public:
+  struct Options {
+    int first_replica_id = 0;      // replica_id_in_sync of local replica 0
+    int num_replicas_in_sync = 1;  // across the job
+    int64_t bytes_per_pack = 4 << 20;
+    CollectiveOptions collective_options;
+    CollectiveMetrics* metrics = nullptr;  // may be null
+  };
+
+  // One replica per element of `collectives` (replica r uses collectives[r]).
+  static absl::StatusOr<std::unique_ptr<LocalReplicas>> Create(
+      const ModelFactory& factory, const OptimizerConfig& optimizer,
+      std::vector<Collective*> collectives, Options options);
+
+  int size() const { return static_cast<int>(models_.size()); }
+  Model* model(int replica) { return models_[replica].get(); }
+  Optimizer* optimizer(int replica) { return optimizers_[replica].get(); }
+  std::vector<Model*> models();
+  const std::vector<GradientBucket>& buckets() const { return reducers_[0]->buckets(); }
+
+  // One synchronous step over every local replica; `examples` is the number
+  // this process feeds the step (split evenly by step_fn).
+  absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples);
+
+  // Replica 0's variables and slots (all replicas are identical).
+  CheckpointState Capture(int64_t step);
+  // Restores `state` into every replica.
+  absl::Status Restore(const CheckpointState& state);
+  // Copies replica 0's variables, optimizer slots and iterations into the
+  // other replicas (after replica 0 received them from elsewhere).
+  absl::Status CopyReplicaZeroToOthers();
+
+ private:
+  LocalReplicas() = default;
+
+  std::vector<Collective*> collectives_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::vector<std::unique_ptr<Optimizer>> optimizers_;
+  std::vector<std::unique_ptr<OverlappedGradientReducer>> reducers_;
+  std::unique_ptr<ReplicaRunner> runner_;
+  Options options_;
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_STRATEGY_LOCAL_REPLICAS_H_

@@ -1,0 +1,92 @@
+#include "worker/strategy/mirrored.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain {
+
+int DefaultLocalReplicas(int hardware_threads, int64_t global_batch_size) {
+  int n = std::clamp(hardware_threads, 1, MirroredStrategy::kMaxAutoReplicas);
+  while (n > 1 && global_batch_size % n != 0) --n;
+  return n;
+}
+
+MirroredStrategy::~MirroredStrategy() {
+  replicas_.reset();  // joins the replica threads before the group goes away
+  if (previous_blas_threads_ > 0) cpu::SetBlasThreads(previous_blas_threads_);
+}
+
+absl::Status MirroredStrategy::Init(const ClusterSpec& cluster, const JobConfig& config) {
+  if (cluster.num_training_tasks() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Mirrored trains in a single process (its replicas are local devices) but TF_CONFIG "
+        "lists ",
+        cluster.num_training_tasks(),
+        " chief/worker tasks; use strategy MultiWorkerMirrored to train across processes"));
+  }
+  const TrainingConfig& t = config.training;
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  num_replicas_ = t.local_replicas > 0 ? t.local_replicas
+                                       : DefaultLocalReplicas(hardware, t.global_batch_size);
+  if (t.global_batch_size % num_replicas_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.globalBatchSize: ", t.global_batch_size, " is not divisible by the ",
+        num_replicas_, " local replicas (spec.training.localReplicas); use a multiple of ",
+        num_replicas_));
+  }
+  bytes_per_pack_ = t.communication.bytes_per_pack;
+  collective_options_.timeout = absl::Seconds(t.communication.timeout_seconds);
+  collective_options_.tag = "gradients";
+
+  const int cores = std::max(1, std::min(hardware, cpu::BlasThreads()));
+  const int blas = std::max(1, cores / num_replicas_);
+  if (blas != cpu::BlasThreads()) {
+    previous_blas_threads_ = cpu::BlasThreads();
+    cpu::SetBlasThreads(blas);
+  }
+  spdlog::info("Mirrored: {} local replica(s) as threads{}, {} BLAS thread(s) each", num_replicas_,
+               t.local_replicas > 0 ? "" : " (localReplicas 0: one per core)", blas);
+  return absl::OkStatus();
+}
+
+void MirroredStrategy::AttachMetrics(prometheus::Registry& registry) {
+  metrics_ = std::make_unique<CollectiveMetrics>(registry);
+}
+
+absl::Status MirroredStrategy::CreateVariables(const ModelFactory& factory,
+                                               const OptimizerConfig& optimizer) {
+  std::vector<std::string> names;
+  for (int r = 0; r < num_replicas_; ++r) names.push_back(absl::StrCat("local replica ", r));
+  group_ = InProcessCollective::CreateGroup(num_replicas_, std::move(names));
+  std::vector<Collective*> collectives;
+  for (auto& c : group_) collectives.push_back(c.get());
+  LocalReplicas::Options options;
+  options.first_replica_id = 0;
+  options.num_replicas_in_sync = num_replicas_;
+  options.bytes_per_pack = bytes_per_pack_;
+  options.collective_options = collective_options_;
+  options.metrics = metrics_.get();
+  auto replicas = LocalReplicas::Create(factory, optimizer, std::move(collectives), options);
+  if (!replicas.ok()) return replicas.status();
+  replicas_ = std::move(*replicas);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> MirroredStrategy::Run(const StepFn& step_fn, int64_t examples) {
+  return replicas_->Run(step_fn, examples);
+}
+
+absl::StatusOr<CheckpointState> MirroredStrategy::SaveState(int64_t step) {
+  return replicas_->Capture(step);
+}
+
+absl::Status MirroredStrategy::RestoreState(const CheckpointState& state) {
+  return replicas_->Restore(state);
+}
+
+}  // namespace distrain

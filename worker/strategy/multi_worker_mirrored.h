@@ -1,0 +1,115 @@
+#ifndef DISTRAIN_WORKER_STRATEGY_MULTI_WORKER_MIRRORED_H_
+#define DISTRAIN_WORKER_STRATEGY_MULTI_WORKER_MIRRORED_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/collective/collective.h"
+#include "worker/coordination/rendezvous.h"
+#include "worker/strategy/collective_metrics.h"
+#include "worker/strategy/local_replicas.h"
+#include "worker/strategy/strategy.h"
+
+namespace distrain {
+
+// MultiWorkerMirroredStrategy: synchronous data-parallel training across the
+// chief and worker tasks of TF_CONFIG (DESIGN.md §4). Rank = the task's
+// training rank (chief 0, then worker i at i + 1; without a chief worker 0 is
+// rank 0 and plays the chief); the chief trains too, like TensorFlow's. Each
+// process reads input shard `rank` of `W` (the number of training tasks;
+// autoShardPolicy DATA/FILE/OFF is applied by worker/data) and feeds
+// globalBatchSize / W examples a step to its local replicas
+// (spec.training.localReplicas, 0 = 1 on CPU).
+//
+// Protocol:
+//   Init
+//   1. communication.implementation: Auto/Ring -> ring over TCP; NCCL needs a
+//      CUDA build (CheckCollectiveImplementation).
+//   2. Rendezvous through the coordination service the chief hosts (late
+//      tasks are waited for up to the rendezvous deadline).
+//   3. RingCollective across the processes, bootstrapped through the
+//      rendezvous Store under "mwms/g<generation>"; with L > 1 local replicas
+//      a HierarchicalCollective on top (local reduce -> ring -> local broadcast).
+//   4. Membership watcher: when the coordinator reports a dead peer, every
+//      collective is aborted with that reason (Unavailable, naming the peer
+//      and its address), so blocked operations return at once and the step
+//      fails; the Trainer then exits with the retryable kExitPeerLost.
+//   SynchronizeInitialState (after the Trainer's optional restore)
+//   5. The chief publishes a manifest {step, optimizer iterations, slot names
+//      and shapes} in the Store, then broadcasts its variables and slots over
+//      the ring; every other process adopts them and the chief's step. So a
+//      job restores correctly when only the chief can read the checkpoint
+//      directory (Kubernetes), and starts from the chief's variables otherwise.
+//   Run (every step)
+//   6. Gradients are all-reduced (MEAN over all W x L replicas) in buckets of
+//      at most communication.bytesPerPack, last layer first, on a
+//      communication thread while backward continues; each replica then
+//      applies the identical update (LocalReplicas). Every collective
+//      operation times out after communication.timeoutSeconds.
+//   7. On a collective error the step waits briefly for the membership
+//      watcher, so the error reported names the process that died rather
+//      than the ring neighbour that merely saw its connection close.
+//   Shutdown
+//   8. Leave the rendezvous; the chief (coordinator) waits, bounded, until
+//      every other task has left so none loses the service mid-call.
+//
+// Ownership: owns the rendezvous, the collectives, the replicas and its
+// metrics. Driven by one thread (see Strategy); the watcher callback runs on
+// the rendezvous' thread and only aborts collectives.
+class MultiWorkerMirroredStrategy : public Strategy {
+ public:
+  ~MultiWorkerMirroredStrategy() override;
+  const char* name() const override { return "MultiWorkerMirrored"; }
+  absl::Status Init(const ClusterSpec& cluster, const JobConfig& config) override;
+  int input_shard_index() const override { return rank_; }
+  int num_input_shards() const override { return num_workers_; }
+  int num_local_replicas() const override { return local_replicas_; }
+  int num_replicas_in_sync() const override { return num_workers_ * local_replicas_; }
+  bool is_chief() const override { return chief_; }
+  absl::Status CreateVariables(const ModelFactory& factory, const OptimizerConfig& optimizer) override;
+  absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples) override;
+  Model* primary_model() override { return replicas_->model(0); }
+  std::vector<Model*> local_models() override { return replicas_->models(); }
+  absl::StatusOr<CheckpointState> SaveState(int64_t step) override;
+  absl::Status RestoreState(const CheckpointState& state) override;
+  absl::StatusOr<int64_t> SynchronizeInitialState(int64_t local_start_step) override;
+  void AttachMetrics(prometheus::Registry& registry) override;
+  void Shutdown() override;
+
+ private:
+  void OnPeerFailure(const absl::Status& reason);
+  // The membership failure that explains `error`, if the watcher reports one soon.
+  absl::Status ExplainFailure(const absl::Status& error);
+
+  int rank_ = 0;
+  int num_workers_ = 1;
+  int local_replicas_ = 1;
+  bool chief_ = false;
+  int64_t bytes_per_pack_ = 4 << 20;
+  CollectiveOptions collective_options_;
+  int previous_blas_threads_ = 0;  // 0: not changed
+  std::string store_prefix_;       // "mwms/g<generation>"
+
+  std::unique_ptr<CollectiveMetrics> metrics_;
+  std::unique_ptr<Rendezvous> rendezvous_;
+  std::shared_ptr<Collective> ring_;                      // across processes
+  std::vector<std::unique_ptr<Collective>> hierarchical_;  // L > 1: one per local replica
+
+  absl::Mutex mu_;  // orders the watcher's aborts against teardown
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::unique_ptr<LocalReplicas> replicas_;  // last: borrows the collectives and metrics
+};
+
+// spec.training.communication.implementation for MultiWorkerMirrored: Auto and
+// Ring train over the TCP ring; NCCL is InvalidArgument on a CPU-only build
+// (naming the field and the fix) and Unimplemented on a CUDA build until the
+// NCCL collective lands.
+absl::Status CheckCollectiveImplementation(const CommunicationConfig& communication);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_STRATEGY_MULTI_WORKER_MIRRORED_H_
