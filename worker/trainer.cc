@@ -266,10 +266,21 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   double examples_per_second = 0;
   WriteStatus("Running", step, 0, 0, nullptr, "");
 
+  bool stop_voted = false;   // this process asked its peers to stop with it
+  bool stop_agreed = false;  // stop before the next step
   while (step < tc.steps) {
-    if (stop.load()) {
+    if (stop.load() && !stop_voted && !stop_agreed) {
+      if (strategy_->RequestStop()) {
+        stop_voted = true;
+        spdlog::warn("stop requested at step {}; stopping together with the other processes", step);
+      } else {
+        stop_agreed = true;
+      }
+    }
+    if (stop_agreed) {
       spdlog::warn("stop requested at step {}; saving a checkpoint before exiting", step);
       if (absl::Status s = save(step); !s.ok()) spdlog::error("final checkpoint failed: {}", s.ToString());
+      strategy_->Shutdown();
       WriteStatus("Terminated", step, last_loss, examples_per_second, nullptr, "stopped by signal");
       outcome.exit_code = kExitTerminated;
       outcome.status = absl::CancelledError(absl::StrCat("stopped by signal at step ", step));
@@ -295,6 +306,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
     ++step;
     last_loss = out->loss;
+    if (out->stop_requested) stop_agreed = true;
     if (absl::Status s = checksums.Record(step, strategy_->local_models()); !s.ok()) {
       return fail(kExitInternal, s);
     }

@@ -43,6 +43,8 @@ struct TrainOutcome {
 // Protocol on stop (SIGTERM/SIGINT sets `stop`): finish the current step,
 // write a checkpoint (chief), report "Terminated" and return the retryable
 // kExitTerminated so a restarted process resumes where this one stopped.
+// With several processes (Strategy::RequestStop) the request first travels
+// with the next step, so every process stops after that same step.
 // Owns the strategy. Run is called once, from one thread.
 class Trainer {
  public:

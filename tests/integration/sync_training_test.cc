@@ -18,6 +18,7 @@
 #include <regex>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/subprocess.h"
 #include "worker/checkpoint/checkpoint.h"
 
@@ -33,7 +34,8 @@ namespace fs = std::filesystem;
 constexpr int kSteps = 200;
 
 std::string TempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("distrain_sync_test_" + name + "_" + std::to_string(::getpid()));
+  fs::path p =
+      fs::temp_directory_path() / ("distrain_sync_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -72,21 +74,21 @@ std::vector<int> FreePorts(int n) {
 // 2-core machine finish 200 steps in seconds; Adam, so optimizer slots matter.
 std::string JobYaml(const std::string& strategy, const std::string& replica_specs, int64_t steps,
                     const std::string& extra_training = "") {
-  return "apiVersion: distrain.io/v1alpha1\n"
-         "kind: DistributedTrainingJob\n"
-         "metadata:\n  name: sync\n"
-         "spec:\n"
-         "  strategy: " + strategy + "\n"
-         "  replicaSpecs:\n" + replica_specs +
-         "  training:\n"
-         "    model: {hiddenUnits: [64, 32]}\n"
-         "    dataset: {type: synthetic, numExamples: 4096, numEvalExamples: 512, numFeatures: 48,\n"
-         "              numClasses: 10, noise: 1.5, autoShardPolicy: DATA}\n"
-         "    optimizer: {type: adam, learningRate: 0.002}\n"
-         "    globalBatchSize: 64\n"
-         "    steps: " + std::to_string(steps) + "\n"
-         "    logEverySteps: 20\n"
-         "    seed: 7\n" + extra_training;
+  return absl::StrCat("apiVersion: distrain.io/v1alpha1\n",                                       //
+                      "kind: DistributedTrainingJob\n",                                           //
+                      "metadata: {name: sync}\n",                                                 //
+                      "spec:\n",                                                                  //
+                      "  strategy: ", strategy, "\n",                                             //
+                      "  replicaSpecs:\n", replica_specs,                                         //
+                      "  training:\n",                                                            //
+                      "    model: {hiddenUnits: [64, 32]}\n",                                     //
+                      "    dataset: {type: synthetic, numExamples: 4096, numEvalExamples: 512,",  //
+                      " numFeatures: 48, numClasses: 10, noise: 1.5, autoShardPolicy: DATA}\n",   //
+                      "    optimizer: {type: adam, learningRate: 0.002}\n",                       //
+                      "    globalBatchSize: 64\n",                                                //
+                      "    steps: ", steps, "\n",                                                 //
+                      "    logEverySteps: 20\n",                                                  //
+                      "    seed: 7\n", extra_training);
 }
 
 const char kOneWorker[] = "    Worker: {replicas: 1}\n";
@@ -190,8 +192,11 @@ struct Cluster {
       const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
                                     R"(","index":)" + std::to_string(index) + "}}";
       processes.push_back(std::make_unique<Subprocess>(
+          // Only the chief's directory is shared with later runs, as in
+          // Kubernetes where the other pods may have no volume at all.
           std::vector<std::string>{WorkerBinary(), "--config", job, "--tf-config", tf_config,
-                                   "--checkpoint-dir", dir + "/ckpt", "--metrics-port",
+                                   "--checkpoint-dir",
+                                   dir + (i == 0 ? "/ckpt" : "/ckpt-" + tasks[i]), "--metrics-port",
                                    std::to_string(metrics_ports[i])},
           std::map<std::string, std::string>{
               {"OPENBLAS_NUM_THREADS", "1"},
@@ -222,13 +227,46 @@ struct Cluster {
 TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndStaysInSync) {
   const auto& reference = OneDeviceReference();
   const std::string dir = TempDir("mwms");
-  const std::string job =
-      WriteFile(dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  const std::string job = WriteFile(
+      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
   Cluster cluster(job, dir, 3);
   cluster.ExpectAllSucceed(120);
   // The chief wrote the checkpoint; it equals single-process training.
   ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
   cluster.ExpectIdenticalChecksums(dir);
+  fs::remove_all(dir);
+}
+
+// A restarted job resumes from the chief's checkpoint even though the other
+// processes cannot read it: the chief broadcasts variables, optimizer slots
+// and step, and the job ends exactly where an uninterrupted one does.
+TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = TempDir("resume");
+  {
+    const std::string job =
+        WriteFile(dir + "/first.yaml",
+                  JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps / 2, kCommunication));
+    Cluster first(job, dir, 3);
+    first.ExpectAllSucceed(120);
+  }
+  for (const char* task : {"worker-0", "worker-1", "worker-2"}) {
+    const std::string theirs = dir + "/ckpt-" + task;
+    ASSERT_TRUE(!fs::exists(theirs) || fs::is_empty(theirs)) << "only the chief writes checkpoints";
+  }
+  const std::string job = WriteFile(
+      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  Cluster second(job, dir, 3);
+  second.ExpectAllSucceed(120);
+  EXPECT_NE(second.processes[0]->output().find("resumed from checkpoint step 100"),
+            std::string::npos)
+      << second.processes[0]->output();
+  EXPECT_NE(second.processes[1]->output().find("starting at the chief's step 100"),
+            std::string::npos)
+      << second.processes[1]->output();
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  // Lines 1-100 from the first run, 101-200 from the second, equal everywhere.
+  second.ExpectIdenticalChecksums(dir);
   fs::remove_all(dir);
 }
 
@@ -238,8 +276,9 @@ TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
   const auto& reference = OneDeviceReference();
   const std::string dir = TempDir("hierarchical");
   const std::string job = WriteFile(
-      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
-                                 kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
+      dir + "/job.yaml",
+      JobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
+              kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
   Cluster cluster(job, dir, 1);
   cluster.ExpectAllSucceed(120);
   EXPECT_NE(cluster.processes[0]->output().find("replicas in sync 4"), std::string::npos)
@@ -252,9 +291,10 @@ TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
 TEST(SyncTrainingTest, MirroredFourReplicasMatchesOneDeviceAndStaysInSync) {
   const auto& reference = OneDeviceReference();
   const std::string dir = TempDir("mirrored");
-  const std::string job = WriteFile(
-      dir + "/job.yaml",
-      JobYaml("Mirrored", kOneWorker, kSteps, "    localReplicas: 4\n    communication: {bytesPerPack: 4096}\n"));
+  const std::string job =
+      WriteFile(dir + "/job.yaml",
+                JobYaml("Mirrored", kOneWorker, kSteps,
+                        "    localReplicas: 4\n    communication: {bytesPerPack: 4096}\n"));
   // Through distrain run, as a user would; the hook's file names the task.
   Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
                  {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
@@ -282,34 +322,38 @@ class SyncTrainingKillTest : public ::testing::TestWithParam<KillCase> {};
 TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
   const int victim = GetParam().victim;
   const std::string dir = TempDir("kill_" + GetParam().name);
-  const std::string job = WriteFile(
-      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
+  const std::string job =
+      WriteFile(dir + "/job.yaml",
+                JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
   Cluster cluster(job, dir, 3);
   // Training is under way everywhere.
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
     ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))
-        << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+        << cluster.tasks[i] << ":\n"
+        << cluster.processes[i]->output();
   }
   // The strategy's metrics are served next to the Trainer's.
   const std::string metrics = HttpGet(cluster.metrics_ports[0], "/metrics");
   std::smatch bytes;
-  ASSERT_TRUE(std::regex_search(metrics, bytes,
-                                std::regex(R"(\ndistrain_collective_bytes_total\{op="allreduce"\} ([0-9.e+]+))")))
+  ASSERT_TRUE(std::regex_search(
+      metrics, bytes,
+      std::regex(R"(\ndistrain_collective_bytes_total\{op="allreduce"\} ([0-9.e+]+))")))
       << metrics;
   EXPECT_GT(std::stod(bytes[1]), 0);
   EXPECT_NE(metrics.find("distrain_collective_seconds_bucket{op=\"allreduce\""), std::string::npos);
   EXPECT_NE(metrics.find("\ndistrain_membership_generation 1"), std::string::npos) << metrics;
   const auto killed_at = std::chrono::steady_clock::now();
   cluster.processes[victim]->Signal(GetParam().signal);
-  const std::string victim_name = std::string(victim == 0 ? "chief:0" : "worker:2") + " (" +
-                                  cluster.addresses[victim] + ")";
+  const std::string victim_name =
+      std::string(victim == 0 ? "chief:0" : "worker:2") + " (" + cluster.addresses[victim] + ")";
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
     if (static_cast<int>(i) == victim) continue;
     Subprocess& p = *cluster.processes[i];
     auto rc = p.Wait(10 + 5);  // timeoutSeconds + 5 s, measured from the kill
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-    ASSERT_TRUE(rc.has_value()) << cluster.tasks[i] << " still running 15 s after the kill:\n" << p.output();
+    ASSERT_TRUE(rc.has_value()) << cluster.tasks[i] << " still running 15 s after the kill:\n"
+                                << p.output();
     EXPECT_LE(seconds, 15.0) << cluster.tasks[i];
     EXPECT_EQ(*rc, 170) << cluster.tasks[i] << " should exit with the retryable peer-lost code:\n"
                         << p.output();
@@ -317,11 +361,12 @@ TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
     std::smatch m;
     const std::string out = p.output();
     ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(error +([^\n]*exit code 170[^\n]*))")))
-        << cluster.tasks[i] << ":\n" << out;
+        << cluster.tasks[i] << ":\n"
+        << out;
     EXPECT_NE(m[1].str().find(victim_name), std::string::npos)
         << cluster.tasks[i] << "'s error does not name " << victim_name << ": " << m[1].str();
-    std::cout << cluster.tasks[i] << " exited " << *rc << " after " << seconds << " s: " << m[1].str()
-              << "\n";
+    std::cout << cluster.tasks[i] << " exited " << *rc << " after " << seconds
+              << " s: " << m[1].str() << "\n";
   }
   fs::remove_all(dir);
 }
@@ -330,7 +375,46 @@ INSTANTIATE_TEST_SUITE_P(Victims, SyncTrainingKillTest,
                          ::testing::Values(KillCase{"KilledWorker", 3, SIGKILL},
                                            KillCase{"KilledChief", 0, SIGKILL},
                                            KillCase{"StoppedWorker", 3, SIGSTOP}),
-                         [](const ::testing::TestParamInfo<KillCase>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<KillCase>& info) {
+                           return info.param.name;
+                         });
+
+// SIGTERM reaches one process only: the whole job still stops after one
+// common step, with the chief's final checkpoint at that step.
+TEST(SyncTrainingTest, SigtermStopsEveryProcessAfterTheSameStepWithACheckpoint) {
+  const std::string dir = TempDir("sigterm");
+  const std::string job =
+      WriteFile(dir + "/job.yaml",
+                JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
+  Cluster cluster(job, dir, 3);
+  for (size_t i = 0; i < cluster.processes.size(); ++i) {
+    ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))
+        << cluster.tasks[i] << ":\n"
+        << cluster.processes[i]->output();
+  }
+  cluster.processes[2]->Signal(SIGTERM);  // worker:1
+  for (size_t i = 0; i < cluster.processes.size(); ++i) {
+    auto rc = cluster.processes[i]->Wait(30);
+    ASSERT_TRUE(rc.has_value()) << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+    EXPECT_EQ(*rc, 143) << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+  }
+  const auto lines = ReadLines(dir + "/checksums.chief-0.txt");
+  ASSERT_FALSE(lines.empty());
+  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
+    EXPECT_EQ(ReadLines(dir + "/checksums." + cluster.tasks[i] + ".txt"), lines)
+        << cluster.tasks[i];
+  }
+  const std::string last_step = lines.back().substr(0, lines.back().find(' '));
+  auto state = CheckpointManager(dir + "/ckpt", 3).RestoreLatest();
+  ASSERT_TRUE(state.ok() && state->has_value()) << cluster.processes[0]->output();
+  EXPECT_EQ(std::to_string((*state)->step), last_step);
+  for (size_t i = 0; i < cluster.processes.size(); ++i) {
+    EXPECT_EQ(cluster.processes[i]->output().find("membership:"), std::string::npos)
+        << cluster.tasks[i] << " saw a peer fail during a clean stop:\n"
+        << cluster.processes[i]->output();
+  }
+  fs::remove_all(dir);
+}
 
 // `distrain run` of the shipped examples: success and the accuracy they promise.
 void ExpectExampleSucceeds(const std::string& example) {
@@ -344,7 +428,9 @@ void ExpectExampleSucceeds(const std::string& example) {
   EXPECT_GE(std::stod(m[1]), 0.95) << out;
 }
 
-TEST(SyncTrainingTest, MirroredExampleRunsLocallyToSuccess) { ExpectExampleSucceeds("mirrored.yaml"); }
+TEST(SyncTrainingTest, MirroredExampleRunsLocallyToSuccess) {
+  ExpectExampleSucceeds("mirrored.yaml");
+}
 
 TEST(SyncTrainingTest, MultiWorkerMirroredExampleRunsLocallyToSuccess) {
   ExpectExampleSucceeds("multi-worker-mirrored.yaml");

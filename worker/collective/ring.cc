@@ -111,8 +111,9 @@ RingCollective::RingCollective(int rank, int size, const RingOptions& options)
     names_.push_back(options.peer_names.empty() ? absl::StrCat("rank ", r)
                                                 : options.peer_names[r]);
   }
-  scratch_bytes_ = std::max<int64_t>(4096, options.chunk_bytes & ~int64_t{3});
-  scratch_ = std::make_unique<float[]>(scratch_bytes_ / sizeof(float));
+  // Any size works: a float split across two reads waits in the scratch.
+  scratch_bytes_ = std::max<int64_t>(64, options.chunk_bytes);
+  scratch_ = std::make_unique<float[]>((scratch_bytes_ + 3) / 4);
   header_out_.Add(&out_header_, sizeof(Header));
   header_in_.Add(&in_header_, sizeof(Header));
   barrier_blocks_.assign(size, 0.0f);

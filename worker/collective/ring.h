@@ -4,23 +4,23 @@
 // RingCollective: the collective of MultiWorkerMirrored across processes.
 //
 // Transport: raw TCP sockets, chosen by measurement. bench/transport_choice
-// (64 MiB as 1 MiB chunks one way over 127.0.0.1, then a 4 KiB ping-pong;
-// both transports in the same run; 2-core dev VM shared with other builds,
-// load average 7-8; three runs):
-//                          GB/s (median)    CPU s per GB     4 KiB ping-pong
-//   raw TCP socket         0.77 - 1.41      0.27 - 0.36      16.8 - 17.0 us
-//   gRPC 1.51 bidi stream  0.48 - 0.85      0.92 - 1.13      62 - 74 us
-// One stream with idle cores is about even (gRPC spreads its copies over
-// extra threads), but gRPC burns 2.7-3.4x the CPU per byte and is ~4x slower
-// per small message: it copies each chunk into a protobuf, into gRPC slices
-// and HTTP/2 frames, and hands it between completion-queue threads. In a ring
-// all-reduce every core is already busy moving and reducing bytes, so CPU per
-// byte is the bandwidth, and small all-reduces are latency-bound. A raw socket
-// moves bytes from the caller's buffer to the kernel and from the kernel into
-// the peer's buffer (or a reduction scratch), nothing in between, and one
-// thread can multiplex sending, receiving and reducing with poll(). gRPC
-// stays the control plane (the coordination service, which is also the
-// Store that bootstraps these sockets).
+// (bench_transport_choice: 64 MiB as 1 MiB chunks one way over 127.0.0.1,
+// then a 4 KiB ping-pong; both transports in the same run; release build on
+// the 2-core dev VM shared with other builds, load average 4.5-5; six runs):
+//                          GB/s (median)   CPU s per GB   4 KiB ping-pong
+//   raw TCP socket         1.72 - 2.69     0.33 - 0.49    16 - 22 us
+//   gRPC 1.51 bidi stream  0.62 - 1.32     0.91 - 1.48    66 - 95 us
+//   raw TCP / gRPC         1.6 - 3.1x      2.0 - 3.7x less  3.7 - 5.6x faster
+// (one run's TCP ping-pong was an outlier at 71 us). gRPC copies each chunk
+// into a protobuf, into gRPC slices and HTTP/2 frames, and hands it between
+// completion-queue threads. In a ring all-reduce every core is already busy
+// moving and reducing bytes, so CPU per byte is the bandwidth, and small
+// all-reduces are latency-bound. A raw socket moves bytes from the caller's
+// buffer to the kernel and from the kernel into the peer's buffer (or a
+// reduction scratch), nothing in between, and one thread can multiplex
+// sending, receiving and reducing with poll(). gRPC stays the control plane
+// (the coordination service, which is also the Store that bootstraps these
+// sockets).
 //
 // Setup protocol (Create):
 //   1. Listen on options.bind_host, ephemeral port.
@@ -119,7 +119,7 @@ struct RingOptions {
   uint64_t group_id = 0;
   // Deadline for the whole of Create (peers that start late are waited for).
   absl::Duration setup_timeout = absl::Seconds(60);
-  // Scratch chunk a reduction receives into (rounded to whole floats).
+  // Scratch chunk a reduction receives into (any size >= 64 bytes).
   int64_t chunk_bytes = 512 << 10;
   // SO_SNDBUF/SO_RCVBUF; 0 leaves the kernel's autotuning.
   int socket_buffer_bytes = 4 << 20;

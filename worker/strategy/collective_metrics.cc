@@ -16,15 +16,17 @@ prometheus::Histogram::BucketBoundaries SecondsBuckets() {
 }  // namespace
 
 CollectiveMetrics::CollectiveMetrics(prometheus::Registry& registry)
-    : generation_(prometheus::BuildGauge()
-                      .Name("distrain_membership_generation")
-                      .Help("Rendezvous generation this process trains in (bumps on membership changes)")
-                      .Register(registry)
-                      .Add({})) {
-  auto& bytes = prometheus::BuildCounter()
-                    .Name("distrain_collective_bytes_total")
-                    .Help("Payload bytes passed to collective operations by this process's replicas")
-                    .Register(registry);
+    : generation_(
+          prometheus::BuildGauge()
+              .Name("distrain_membership_generation")
+              .Help("Rendezvous generation this process trains in (bumps on membership changes)")
+              .Register(registry)
+              .Add({})) {
+  auto& bytes =
+      prometheus::BuildCounter()
+          .Name("distrain_collective_bytes_total")
+          .Help("Payload bytes passed to collective operations by this process's replicas")
+          .Register(registry);
   auto& seconds = prometheus::BuildHistogram()
                       .Name("distrain_collective_seconds")
                       .Help("Wall time of one collective operation on one replica")

@@ -44,14 +44,17 @@ std::vector<std::vector<int64_t>> LayerParameterSizes(Model& model) {
 
 OverlappedGradientReducer::OverlappedGradientReducer(
     Model* model, Collective* collective, int64_t bytes_per_pack, CollectiveOptions options,
-    CollectiveMetrics* metrics, std::function<void(const absl::Status&)> on_error)
-    : model_(model),
-      collective_(collective),
+    CollectiveMetrics* metrics, std::function<void(const absl::Status&)> on_error,
+    absl::Span<float> extra)
+    : collective_(collective),
       options_(std::move(options)),
       metrics_(metrics),
       on_error_(std::move(on_error)),
       params_by_layer_(model->parameters_by_layer()),
-      buckets_(PlanGradientBuckets(LayerParameterSizes(*model), bytes_per_pack)) {
+      buckets_(PlanGradientBuckets(LayerParameterSizes(*model), bytes_per_pack)),
+      extra_(extra) {
+  // A model without parameters still carries the extra data.
+  if (buckets_.empty() && !extra_.empty()) buckets_.emplace_back();
   comm_thread_ = std::thread([this] { CommLoop(); });
 }
 
@@ -98,6 +101,7 @@ void OverlappedGradientReducer::Enqueue(size_t bucket) {
     DISTRAIN_CHECK_LE(s.offset + s.count, p->grad.size()) << p->name;
     spans.emplace_back(p->grad.data() + s.offset, static_cast<size_t>(s.count));
   }
+  if (bucket + 1 == buckets_.size() && !extra_.empty()) spans.push_back(extra_);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(spans));
 }

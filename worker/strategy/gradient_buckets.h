@@ -72,9 +72,13 @@ std::vector<std::vector<int64_t>> LayerParameterSizes(Model& model);
 // other replicas' collectives rather than let them wait for this one.
 class OverlappedGradientReducer {
  public:
+  // `extra` (may be empty; borrowed) is reduced with the last bucket every
+  // step: a few floats of control data (the stop vote) that ride along with
+  // the gradients instead of costing an operation of their own.
   OverlappedGradientReducer(Model* model, Collective* collective, int64_t bytes_per_pack,
                             CollectiveOptions options, CollectiveMetrics* metrics,
-                            std::function<void(const absl::Status&)> on_error = {});
+                            std::function<void(const absl::Status&)> on_error = {},
+                            absl::Span<float> extra = {});
   ~OverlappedGradientReducer();
   OverlappedGradientReducer(const OverlappedGradientReducer&) = delete;
   OverlappedGradientReducer& operator=(const OverlappedGradientReducer&) = delete;
@@ -92,13 +96,13 @@ class OverlappedGradientReducer {
   void Enqueue(size_t bucket);
   void CommLoop();
 
-  Model* const model_;
   Collective* const collective_;
   const CollectiveOptions options_;
   CollectiveMetrics* const metrics_;
   const std::function<void(const absl::Status&)> on_error_;
   std::vector<std::vector<Parameter*>> params_by_layer_;
   std::vector<GradientBucket> buckets_;
+  const absl::Span<float> extra_;
   size_t next_to_enqueue_ = 0;  // compute thread only
 
   absl::Mutex mu_;

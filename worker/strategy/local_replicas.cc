@@ -29,10 +29,12 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
   auto abort_all = [self](const absl::Status& reason) {
     for (Collective* c : self->collectives_) c->Abort(reason);
   };
+  set->stop_votes_.assign(n, 0.0f);
   for (int r = 0; r < n; ++r) {
     set->reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
         set->models_[r].get(), set->collectives_[r], options.bytes_per_pack,
-        options.collective_options, options.metrics, abort_all));
+        options.collective_options, options.metrics, abort_all,
+        absl::MakeSpan(&set->stop_votes_[r], 1)));
   }
   set->runner_ = std::make_unique<ReplicaRunner>(n);
   return set;
@@ -48,6 +50,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
   const int n = size();
   std::vector<LossResult> results(n);
   std::vector<absl::Status> statuses(n);
+  for (float& vote : stop_votes_) vote = stop_vote_ ? 1.0f : 0.0f;
   runner_->Run([&](int r) {
     OverlappedGradientReducer& reducer = *reducers_[r];
     ReplicaContext ctx;
@@ -81,6 +84,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
   }
   out.loss /= n;  // equal slices: the mean of the replicas' means is the batch mean
   out.examples = examples;
+  out.stop_requested = stop_votes_[0] > 0;  // the mean of 0/1 votes, identical on every replica
   return out;
 }
 

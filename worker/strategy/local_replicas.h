@@ -43,9 +43,10 @@ class LocalReplicas {
   };
 
   // One replica per element of `collectives` (replica r uses collectives[r]).
-  static absl::StatusOr<std::unique_ptr<LocalReplicas>> Create(
-      const ModelFactory& factory, const OptimizerConfig& optimizer,
-      std::vector<Collective*> collectives, Options options);
+  static absl::StatusOr<std::unique_ptr<LocalReplicas>> Create(const ModelFactory& factory,
+                                                               const OptimizerConfig& optimizer,
+                                                               std::vector<Collective*> collectives,
+                                                               Options options);
 
   int size() const { return static_cast<int>(models_.size()); }
   Model* model(int replica) { return models_[replica].get(); }
@@ -54,8 +55,11 @@ class LocalReplicas {
   const std::vector<GradientBucket>& buckets() const { return reducers_[0]->buckets(); }
 
   // One synchronous step over every local replica; `examples` is the number
-  // this process feeds the step (split evenly by step_fn).
+  // this process feeds the step (split evenly by step_fn). Every replica's
+  // stop vote (1 once VoteStop was called, else 0) is averaged with the last
+  // gradient bucket; StepOutput::stop_requested = some replica of the job voted.
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples);
+  void VoteStop() { stop_vote_ = true; }
 
   // Replica 0's variables and slots (all replicas are identical).
   CheckpointState Capture(int64_t step);
@@ -68,12 +72,15 @@ class LocalReplicas {
  private:
   LocalReplicas() = default;
 
+  Options options_;
+  bool stop_vote_ = false;
+  std::vector<float> stop_votes_;  // one per replica; reduced in place each step
   std::vector<Collective*> collectives_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;
+  // Declared after what they borrow, so they are destroyed (threads joined) first.
   std::vector<std::unique_ptr<OverlappedGradientReducer>> reducers_;
   std::unique_ptr<ReplicaRunner> runner_;
-  Options options_;
 };
 
 }  // namespace distrain

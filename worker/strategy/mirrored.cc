@@ -31,8 +31,8 @@ absl::Status MirroredStrategy::Init(const ClusterSpec& cluster, const JobConfig&
   }
   const TrainingConfig& t = config.training;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  num_replicas_ = t.local_replicas > 0 ? t.local_replicas
-                                       : DefaultLocalReplicas(hardware, t.global_batch_size);
+  num_replicas_ =
+      t.local_replicas > 0 ? t.local_replicas : DefaultLocalReplicas(hardware, t.global_batch_size);
   if (t.global_batch_size % num_replicas_ != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.training.globalBatchSize: ", t.global_batch_size, " is not divisible by the ",

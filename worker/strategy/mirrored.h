@@ -46,7 +46,8 @@ class MirroredStrategy : public Strategy {
   int num_local_replicas() const override { return num_replicas_; }
   int num_replicas_in_sync() const override { return num_replicas_; }
   bool is_chief() const override { return true; }
-  absl::Status CreateVariables(const ModelFactory& factory, const OptimizerConfig& optimizer) override;
+  absl::Status CreateVariables(const ModelFactory& factory,
+                               const OptimizerConfig& optimizer) override;
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples) override;
   Model* primary_model() override { return replicas_->model(0); }
   std::vector<Model*> local_models() override { return replicas_->models(); }

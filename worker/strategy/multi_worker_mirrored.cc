@@ -69,15 +69,16 @@ void MultiWorkerMirroredStrategy::AttachMetrics(prometheus::Registry& registry) 
   metrics_ = std::make_unique<CollectiveMetrics>(registry);
 }
 
-absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster, const JobConfig& config) {
+absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
+                                               const JobConfig& config) {
   const TrainingConfig& t = config.training;
   // 1.
   if (absl::Status s = CheckCollectiveImplementation(t.communication); !s.ok()) return s;
   const std::optional<int> rank = cluster.my_training_rank();
   if (!rank.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MultiWorkerMirrored trains on chief and worker tasks, but this task is ",
-        cluster.task().ToString(), "; remove PS/Evaluator replicas from the job"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MultiWorkerMirrored trains on chief and worker tasks, but this task is ",
+                     cluster.task().ToString(), "; remove PS/Evaluator replicas from the job"));
   }
   rank_ = *rank;
   num_workers_ = cluster.num_training_tasks();
@@ -135,17 +136,19 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster, const
     for (int l = 0; l < local_replicas_; ++l) {
       local_names.push_back(absl::StrCat(cluster.task().ToString(), " local replica ", l));
     }
-    for (auto& member : HierarchicalCollective::CreateLocalGroup(ring_, local_replicas_, local_names)) {
+    for (auto& member :
+         HierarchicalCollective::CreateLocalGroup(ring_, local_replicas_, local_names)) {
       hierarchical_.push_back(std::move(member));
     }
   }
 
   // 4.
   rendezvous_->StartWatching([this](const absl::Status& reason) { OnPeerFailure(reason); });
-  spdlog::info("MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s), "
-               "ring all-reduce, buckets of {} bytes, timeout {}s",
-               rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_,
-               bytes_per_pack_, t.communication.timeout_seconds);
+  spdlog::info(
+      "MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s), "
+      "ring all-reduce, buckets of {} bytes, timeout {}s",
+      rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_, bytes_per_pack_,
+      t.communication.timeout_seconds);
   return absl::OkStatus();
 }
 
@@ -224,8 +227,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
       slots.emplace_back(slot.at(0).get<std::string>(), slot.at(1).get<std::vector<int64_t>>());
     }
   } catch (const nlohmann::json::exception& e) {
-    return absl::InternalError(absl::StrCat("initial-state manifest from the chief (", key,
-                                            ") is malformed: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("initial-state manifest from the chief (", key, ") is malformed: ", e.what()));
   }
 
   // One flat buffer: every variable (parameters() order), then every slot.
@@ -236,7 +239,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
   std::vector<float> buffer(total);
   if (rank_ == 0) {
     float* out = buffer.data();
-    for (Parameter* p : params) out = std::copy(p->value.data(), p->value.data() + p->value.size(), out);
+    for (Parameter* p : params)
+      out = std::copy(p->value.data(), p->value.data() + p->value.size(), out);
     for (const auto& [name, shape] : slots) {
       const Tensor& t = state.tensors.at(name);
       out = std::copy(t.data(), t.data() + t.size(), out);
@@ -278,10 +282,16 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
   return step;
 }
 
-absl::StatusOr<StepOutput> MultiWorkerMirroredStrategy::Run(const StepFn& step_fn, int64_t examples) {
+absl::StatusOr<StepOutput> MultiWorkerMirroredStrategy::Run(const StepFn& step_fn,
+                                                            int64_t examples) {
   auto out = replicas_->Run(step_fn, examples);
   if (!out.ok()) return ExplainFailure(out.status());
   return out;
+}
+
+bool MultiWorkerMirroredStrategy::RequestStop() {
+  replicas_->VoteStop();
+  return true;
 }
 
 absl::StatusOr<CheckpointState> MultiWorkerMirroredStrategy::SaveState(int64_t step) {

@@ -49,6 +49,8 @@ namespace distrain {
 //      communication thread while backward continues; each replica then
 //      applies the identical update (LocalReplicas). Every collective
 //      operation times out after communication.timeoutSeconds.
+//      A stop request (SIGTERM) is a vote carried with the last bucket, so
+//      every process stops after the same step (Strategy::RequestStop).
 //   7. On a collective error the step waits briefly for the membership
 //      watcher, so the error reported names the process that died rather
 //      than the ring neighbour that merely saw its connection close.
@@ -69,13 +71,15 @@ class MultiWorkerMirroredStrategy : public Strategy {
   int num_local_replicas() const override { return local_replicas_; }
   int num_replicas_in_sync() const override { return num_workers_ * local_replicas_; }
   bool is_chief() const override { return chief_; }
-  absl::Status CreateVariables(const ModelFactory& factory, const OptimizerConfig& optimizer) override;
+  absl::Status CreateVariables(const ModelFactory& factory,
+                               const OptimizerConfig& optimizer) override;
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples) override;
   Model* primary_model() override { return replicas_->model(0); }
   std::vector<Model*> local_models() override { return replicas_->models(); }
   absl::StatusOr<CheckpointState> SaveState(int64_t step) override;
   absl::Status RestoreState(const CheckpointState& state) override;
   absl::StatusOr<int64_t> SynchronizeInitialState(int64_t local_start_step) override;
+  bool RequestStop() override;
   void AttachMetrics(prometheus::Registry& registry) override;
   void Shutdown() override;
 
@@ -95,7 +99,7 @@ class MultiWorkerMirroredStrategy : public Strategy {
 
   std::unique_ptr<CollectiveMetrics> metrics_;
   std::unique_ptr<Rendezvous> rendezvous_;
-  std::shared_ptr<Collective> ring_;                      // across processes
+  std::shared_ptr<Collective> ring_;                       // across processes
   std::vector<std::unique_ptr<Collective>> hierarchical_;  // L > 1: one per local replica
 
   absl::Mutex mu_;  // orders the watcher's aborts against teardown

@@ -28,9 +28,8 @@ void ReplicaRunner::Run(const std::function<void(int replica)>& fn) {
   fn(0);
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](ReplicaRunner* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-        return self->pending_ == 0;
-      },
+      +[](ReplicaRunner* self)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->pending_ == 0; },
       this));
   fn_ = nullptr;
 }

@@ -64,6 +64,9 @@ struct StepOutput {
   double loss = 0;       // mean over this process's examples
   int64_t correct = 0;
   int64_t examples = 0;
+  // Some process of the job asked to stop (Strategy::RequestStop); every
+  // process of the job sees the same value for the same step.
+  bool stop_requested = false;
 };
 
 using ModelFactory = std::function<absl::StatusOr<std::unique_ptr<Model>>()>;
@@ -117,6 +120,15 @@ class Strategy {
   virtual absl::StatusOr<int64_t> SynchronizeInitialState(int64_t local_start_step) {
     return local_start_step;
   }
+
+  // Stopping together: SIGTERM reaches the processes of a job at slightly
+  // different times, and one that left mid-job would fail the others. A
+  // strategy that coordinates returns true and carries the request to every
+  // process with the next step's communication; that step's StepOutput has
+  // stop_requested set everywhere, so all processes stop after the same step
+  // and the chief's final checkpoint is the job's. false (the default): the
+  // Trainer stops this process at once.
+  virtual bool RequestStop() { return false; }
 
   // Gives the strategy the process's Prometheus registry for its own
   // metrics (worker/strategy/collective_metrics.h). Called before Init, at

@@ -92,6 +92,8 @@ struct PathCase {
   int mesh_max_ranks;
 };
 
+void PrintTo(const PathCase& c, std::ostream* os) { *os << c.name; }
+
 class RingPathTest : public ::testing::TestWithParam<PathCase> {
  protected:
   RingOptions PathOptions(int n) const {
@@ -240,6 +242,19 @@ INSTANTIATE_TEST_SUITE_P(
                       PathCase{"SmallViaRingAllGather", 32768, 0}),
     [](const ::testing::TestParamInfo<PathCase>& info) { return std::string(info.param.name); });
 
+TEST(RingCollectiveTest, ReductionReassemblesFloatsSplitAcrossReads) {
+  // A scratch of an odd number of bytes makes nearly every read end inside a
+  // float, whatever the kernel delivers.
+  constexpr int kRanks = 3;
+  RingOptions options = Options(kRanks);
+  options.small_allreduce_bytes = -1;
+  options.chunk_bytes = 4099;
+  Ring ring = MakeRing(kRanks, options);
+  ASSERT_FALSE(HasFailure());
+  CheckAllReduce(ring, 100003, ReduceOp::kSum);
+  CheckAllReduce(ring, 100003, ReduceOp::kMean);
+}
+
 TEST(RingCollectiveTest, AllReduceIsBitIdenticalOnEveryRank) {
   constexpr int kRanks = 3;
   Ring ring = MakeRing(kRanks, Options(kRanks));
@@ -321,6 +336,29 @@ TEST(RingCollectiveTest, MeshNamesTheStoppedRankOnEveryOtherRank) {
     EXPECT_NE(status[r].message().find("waiting for worker:1 (127.0.0.1:"), std::string::npos)
         << status[r];
   }
+}
+
+TEST(RingCollectiveTest, SmallAllReduceTimesOutWhenARankStops) {
+  constexpr int kRanks = 4;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  const absl::Duration timeout = absl::Milliseconds(300);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<absl::Duration> took(kRanks);
+  OnEveryRank(kRanks, [&](int r) {
+    if (r == 3) return;  // worker:3 skips the call
+    std::vector<float> data(100, 1.0f);  // recursive doubling over the mesh
+    const absl::Time start = absl::Now();
+    status[r] = ring[r]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout(timeout));
+    took[r] = absl::Now() - start;
+  });
+  for (int r = 0; r < kRanks - 1; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDeadlineExceeded) << status[r];
+    EXPECT_LT(took[r], timeout + absl::Seconds(2));
+  }
+  // worker:2 exchanges with worker:3 first, so it names it.
+  EXPECT_NE(status[2].message().find("waiting for worker:3 (127.0.0.1:"), std::string::npos)
+      << status[2];
 }
 
 TEST(RingCollectiveTest, PeerWhoseSocketClosesIsNamedAsUnavailable) {

@@ -148,7 +148,8 @@ TEST(PsClientTest, PsWithoutShardsStillTakesPartInCheckpoints) {
   ASSERT_NE(client, nullptr);
   const Tensor w = Pattern({3}, 4);
   ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
-  const std::string dir = ::testing::TempDir() + "/distrain_ps_empty_" + std::to_string(::getpid());
+  const testing_ps::ScopedTempDir tmp("empty");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(client->Save(dir, 5).ok());
   absl::StatusOr<int64_t> step = client->Restore(dir);
   ASSERT_TRUE(step.ok()) << step.status();

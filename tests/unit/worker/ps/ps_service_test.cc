@@ -26,15 +26,8 @@ using ::distrain::testing_ps::BitEqual;
 using ::distrain::testing_ps::MakeOptimizerConfig;
 using ::distrain::testing_ps::Pattern;
 using ::distrain::testing_ps::PsTestCluster;
+using ::distrain::testing_ps::ScopedTempDir;
 using ::testing::HasSubstr;
-
-std::string TempDir(const std::string& name) {
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("distrain_ps_" + name + "_" + std::to_string(::getpid())))
-                              .string();
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 ShardingPlan Plan(const std::vector<VariableSpec>& vars, const Partitioner& p, int num_ps) {
   absl::StatusOr<ShardingPlan> plan = ShardingPlan::Create(vars, p, num_ps);
@@ -389,7 +382,7 @@ TEST_F(PsHostileTest, MalformedPullsCreatesAndCheckpointsAreRejected) {
   {
     grpc::ClientContext ctx;
     v1::SaveRequest r;
-    r.set_dir(TempDir("hostile"));
+    r.set_dir(ScopedTempDir("hostile").path());
     r.set_step(-5);
     v1::SaveResponse response;
     EXPECT_EQ(stub_->Save(&ctx, r, &response).error_code(), grpc::INVALID_ARGUMENT);
@@ -397,7 +390,7 @@ TEST_F(PsHostileTest, MalformedPullsCreatesAndCheckpointsAreRejected) {
   {
     grpc::ClientContext ctx;
     v1::RestoreRequest r;
-    r.set_dir(TempDir("hostile_empty"));
+    r.set_dir(ScopedTempDir("hostile_empty").path());
     v1::RestoreResponse response;
     EXPECT_EQ(stub_->Restore(&ctx, r, &response).error_code(), grpc::NOT_FOUND);
   }
@@ -558,7 +551,8 @@ TEST(PsServiceTest, CheckpointRestoresValuesSlotsAndVersions) {
     ASSERT_TRUE(client->Push({{"w", &gw}, {"b", &gb}, {"s", &gs}}).ok());
   };
   for (uint32_t step = 1; step <= 3; ++step) push(10 * step);
-  const std::string dir = TempDir("roundtrip");
+  const ScopedTempDir tmp("roundtrip");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(client->Save(dir, 3).ok());
   absl::StatusOr<PullResult> saved = client->Pull();
   ASSERT_TRUE(saved.ok());
@@ -599,7 +593,8 @@ TEST(PsServiceTest, SaveWithTwoPsRestoresWithThreeAndADifferentPartition) {
   PsServiceOptions options;
   options.optimizer = MakeOptimizerConfig(OptimizerType::kMomentum, 0.1f);
   const std::vector<VariableSpec> vars = {{"w", {13, 5}}, {"b", {5}}};
-  const std::string dir = TempDir("reshard");
+  const ScopedTempDir tmp("reshard");
+  const std::string& dir = tmp.path();
   PullResult saved, continued;
   const Tensor gw = Pattern({13, 5}, 77), gb = Pattern({5}, 78);
   {
@@ -647,7 +642,8 @@ TEST(PsServiceTest, CheckpointKeepsVariablesWhoseNamesLookLikeShardKeys) {
   const Tensor a = Pattern({2}, 1), b = Pattern({3}, 2);
   ASSERT_TRUE(client->Initialize({{"w", &a}, {"w/part_0", &b}}).ok());
   ASSERT_TRUE(client->Push({{"w", &a}, {"w/part_0", &b}}).ok());
-  const std::string dir = TempDir("prefix");
+  const ScopedTempDir tmp("prefix");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(client->Save(dir, 1).ok());
   absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(dir);
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -664,7 +660,8 @@ TEST(PsServiceTest, RestoreSkipsAStepThatNotEveryPsWrote) {
   ASSERT_NE(client, nullptr);
   const Tensor w = Pattern({4, 2}, 1), g = Pattern({4, 2}, 2);
   ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
-  const std::string dir = TempDir("partial");
+  const ScopedTempDir tmp("partial");
+  const std::string& dir = tmp.path();
   ASSERT_TRUE(client->Save(dir, 1).ok());
   ASSERT_TRUE(client->Push({{"w", &g}}).ok());
   ASSERT_TRUE(client->Save(dir, 2).ok());

@@ -3,7 +3,10 @@
 
 // In-process ps tasks on free loopback ports, and a client for them.
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +66,26 @@ inline Tensor Pattern(std::vector<int64_t> shape, uint32_t seed) {
   }
   return t;
 }
+
+// A fresh directory under the system temp dir, removed with its contents
+// when the object goes away.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& name)
+      : path_((std::filesystem::temp_directory_path() /
+               ("distrain_ps_" + name + "_" + std::to_string(::getpid())))
+                  .string()) {
+    std::filesystem::remove_all(path_);
+  }
+  ~ScopedTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 inline bool BitEqual(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.bytes()) == 0;

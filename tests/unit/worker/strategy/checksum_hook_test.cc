@@ -73,7 +73,8 @@ TEST_P(ChecksumHookTest, AppendsOneLinePerStepForTheTaskEndingAtTheFinalParamete
     EXPECT_EQ(lines[i].size(), lines[i].find(' ') + 1 + 16) << lines[i];
   }
   EXPECT_NE(lines[0], lines[1]) << "parameters did not change between steps";
-  EXPECT_EQ(lines.back(), "12 " + ChecksumHex(ParameterChecksum(*trainer.strategy().primary_model())));
+  EXPECT_EQ(lines.back(),
+            "12 " + ChecksumHex(ParameterChecksum(*trainer.strategy().primary_model())));
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ChecksumHookTest,

@@ -22,10 +22,14 @@ TEST_P(CheckStrategySupportedTest, AcceptsImplementedStrategiesAndExplainsTheRes
   config.training.communication.implementation = c.implementation;
   absl::Status s = CheckStrategySupported(config);
   EXPECT_EQ(s.code(), c.want) << s;
-  if (!s.ok()) EXPECT_NE(s.message().find(c.message_part), std::string::npos) << s;
+  if (!s.ok()) {
+    EXPECT_NE(s.message().find(c.message_part), std::string::npos) << s;
+  }
   auto created = CreateStrategy(config);
   EXPECT_EQ(created.status().code(), c.want);
-  if (created.ok()) EXPECT_STREQ((*created)->name(), StrategyName(c.strategy));
+  if (created.ok()) {
+    EXPECT_STREQ((*created)->name(), StrategyName(c.strategy));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

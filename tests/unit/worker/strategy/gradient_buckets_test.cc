@@ -50,18 +50,16 @@ INSTANTIATE_TEST_SUITE_P(
                  20,
                  {Bucket({{2, 0, 0, 4}, {2, 1, 0, 1}}, 2), Bucket({{0, 0, 0, 5}}, 0),
                   Bucket({{0, 0, 5, 1}, {0, 1, 0, 2}}, 0)}},
-        PlanCase{"BucketSpansLayersAndIsReadyWithItsLowestLayer",
-                 {{3}, {2}, {1}},
-                 16,
-                 {Bucket({{2, 0, 0, 1}, {1, 0, 0, 2}, {0, 0, 0, 1}}, 0), Bucket({{0, 0, 1, 2}}, 0)}},
+        PlanCase{
+            "BucketSpansLayersAndIsReadyWithItsLowestLayer",
+            {{3}, {2}, {1}},
+            16,
+            {Bucket({{2, 0, 0, 1}, {1, 0, 0, 2}, {0, 0, 0, 1}}, 0), Bucket({{0, 0, 1, 2}}, 0)}},
         PlanCase{"PackSmallerThanAFloatHoldsOneFloat",
                  {{2}},
                  3,
                  {Bucket({{0, 0, 0, 1}}, 0), Bucket({{0, 0, 1, 1}}, 0)}},
-        PlanCase{"ZeroSizedParametersAreSkipped",
-                 {{0, 3}},
-                 400,
-                 {Bucket({{0, 1, 0, 3}}, 0)}}),
+        PlanCase{"ZeroSizedParametersAreSkipped", {{0, 3}}, 400, {Bucket({{0, 1, 0, 3}}, 0)}}),
     [](const ::testing::TestParamInfo<PlanCase>& info) { return info.param.name; });
 
 // On a real model and many pack sizes: every element of every gradient is in
@@ -221,7 +219,8 @@ TEST(OverlappedGradientReducerTest, OverlappedReductionEqualsOneReductionAtTheEn
     for (int r = 0; r < kReplicas; ++r) {
       models.push_back(SmallModel());
       reducers.push_back(std::make_unique<OverlappedGradientReducer>(
-          models[r].get(), group[r].get(), overlap ? 256 : (1 << 30), CollectiveOptions{}, nullptr));
+          models[r].get(), group[r].get(), overlap ? 256 : (1 << 30), CollectiveOptions{},
+          nullptr));
     }
     std::vector<std::thread> threads;
     std::vector<absl::Status> status(kReplicas);
@@ -259,7 +258,8 @@ TEST(OverlappedGradientReducerTest, OverlappedReductionEqualsOneReductionAtTheEn
     auto model = SmallModel();
     model->TrainStep(features[r], labels[r]);
     std::vector<float> g;
-    for (Parameter* p : model->parameters()) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.size());
+    for (Parameter* p : model->parameters())
+      g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.size());
     if (mean.empty()) mean.assign(g.size(), 0.0f);
     for (size_t i = 0; i < g.size(); ++i) mean[i] += g[i];
   }

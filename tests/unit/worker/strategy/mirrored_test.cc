@@ -22,15 +22,16 @@ ClusterSpec LoneWorker() {
   return *spec;
 }
 
-JobConfig Job(StrategyKind strategy, int local_replicas) {
+JobConfig Job(StrategyKind strategy, int local_replicas,
+              OptimizerType optimizer = OptimizerType::kAdam) {
   JobConfig c;
   c.strategy = strategy;
   c.replicas[ReplicaType::kWorker].replicas = 1;
   c.training.global_batch_size = 32;
   c.training.local_replicas = local_replicas;
   c.training.model.hidden_units = {48, 24};
-  c.training.optimizer.type = OptimizerType::kAdam;
-  c.training.optimizer.learning_rate = 0.01f;
+  c.training.optimizer.type = optimizer;
+  c.training.optimizer.learning_rate = optimizer == OptimizerType::kAdam ? 0.01f : 0.05f;
   // Small packs: several buckets per step, so the overlap path is exercised.
   c.training.communication.bytes_per_pack = 2048;
   return c;
@@ -93,7 +94,8 @@ absl::StatusOr<StepOutput> Step(Strategy& s, const Tensor& features,
     const int r = ctx.local_replica;
     const int64_t per = b / n;
     f[r].Resize({per, kFeatures});
-    std::memcpy(f[r].data(), features.data() + r * per * kFeatures, per * kFeatures * sizeof(float));
+    std::memcpy(f[r].data(), features.data() + r * per * kFeatures,
+                per * kFeatures * sizeof(float));
     l[r].assign(labels.begin() + r * per, labels.begin() + (r + 1) * per);
     return ctx.model->TrainStep(f[r], l[r], ctx.on_layer_grads_ready);
   };
@@ -112,11 +114,15 @@ float MaxAbsDiff(Model& a, Model& b) {
   return worst;
 }
 
-TEST(MirroredStrategyTest, FourReplicasStayBitIdenticalAndMatchOneDevice) {
+// Adam is nearly invariant to the gradients' scale, so momentum SGD is also
+// run: it would expose a SUM where a MEAN belongs.
+class MirroredMatchesOneDeviceTest : public ::testing::TestWithParam<OptimizerType> {};
+
+TEST_P(MirroredMatchesOneDeviceTest, FourReplicasStayBitIdenticalAndMatchOneDevice) {
   constexpr int kSteps = 50;
   Batches data(32, kSteps);
-  auto mirrored = Make(Job(StrategyKind::kMirrored, 4));
-  auto one = Make(Job(StrategyKind::kOneDevice, 0));
+  auto mirrored = Make(Job(StrategyKind::kMirrored, 4, GetParam()));
+  auto one = Make(Job(StrategyKind::kOneDevice, 0, GetParam()));
   ASSERT_EQ(mirrored->num_local_replicas(), 4);
   ASSERT_EQ(mirrored->local_models().size(), 4u);
   double first_loss = 0, last_loss = 0;
@@ -136,6 +142,13 @@ TEST(MirroredStrategyTest, FourReplicasStayBitIdenticalAndMatchOneDevice) {
   EXPECT_LT(last_loss, first_loss * 0.8) << "the model did not train";
 }
 
+INSTANTIATE_TEST_SUITE_P(Optimizers, MirroredMatchesOneDeviceTest,
+                         ::testing::Values(OptimizerType::kAdam, OptimizerType::kMomentum),
+                         [](const ::testing::TestParamInfo<OptimizerType>& info) {
+                           return std::string(info.param == OptimizerType::kAdam ? "Adam"
+                                                                                 : "Momentum");
+                         });
+
 TEST(MirroredStrategyTest, OneReplicaIsExactlyOneDevice) {
   Batches data(32, 5);
   auto mirrored = Make(Job(StrategyKind::kMirrored, 1));
@@ -144,7 +157,8 @@ TEST(MirroredStrategyTest, OneReplicaIsExactlyOneDevice) {
     ASSERT_TRUE(Step(*mirrored, data.features[s], data.labels[s]).ok());
     ASSERT_TRUE(Step(*one, data.features[s], data.labels[s]).ok());
   }
-  EXPECT_EQ(ParameterChecksum(*mirrored->primary_model()), ParameterChecksum(*one->primary_model()));
+  EXPECT_EQ(ParameterChecksum(*mirrored->primary_model()),
+            ParameterChecksum(*one->primary_model()));
 }
 
 TEST(MirroredStrategyTest, RestoreReachesEveryReplicaAndResumesIdentically) {
@@ -177,7 +191,8 @@ TEST(MirroredStrategyTest, CapsBlasThreadsWhileAliveAndRestoresThem) {
 }
 
 TEST(MirroredStrategyTest, RefusesSeveralTrainingTasks) {
-  auto spec = ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
+  auto spec =
+      ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
   ASSERT_TRUE(spec.ok());
   MirroredStrategy s;
   absl::Status status = s.Init(*spec, Job(StrategyKind::kMirrored, 2));
@@ -198,11 +213,12 @@ TEST_P(DefaultLocalReplicasTest, OnePerCoreCappedAndDividingTheBatch) {
   EXPECT_EQ(DefaultLocalReplicas(c.hardware_threads, c.global_batch), c.want);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, DefaultLocalReplicasTest,
-                         ::testing::Values(DefaultReplicasCase{2, 64, 2}, DefaultReplicasCase{1, 64, 1},
-                                           DefaultReplicasCase{0, 64, 1}, DefaultReplicasCase{64, 256, 8},
-                                           DefaultReplicasCase{6, 64, 4}, DefaultReplicasCase{3, 7, 1},
-                                           DefaultReplicasCase{8, 12, 6}));
+INSTANTIATE_TEST_SUITE_P(
+    Table, DefaultLocalReplicasTest,
+    ::testing::Values(DefaultReplicasCase{2, 64, 2}, DefaultReplicasCase{1, 64, 1},
+                      DefaultReplicasCase{0, 64, 1}, DefaultReplicasCase{64, 256, 8},
+                      DefaultReplicasCase{6, 64, 4}, DefaultReplicasCase{3, 7, 1},
+                      DefaultReplicasCase{8, 12, 6}));
 
 }  // namespace
 }  // namespace distrain
