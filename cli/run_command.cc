@@ -386,7 +386,7 @@ int RunJob(const RunOptions& options) {
                                    p->eval_loss.value_or(0));
     }
     if (p->examples_per_second > 0) {
-      std::cout << absl::StrFormat("  examples/s      %.0f (chief, last interval)\n", p->examples_per_second);
+      std::cout << absl::StrFormat("  examples/s      %.0f (whole job, last interval)\n", p->examples_per_second);
     }
   }
   std::cout << absl::StrFormat("  wall time       %.1fs\n", wall);

@@ -135,7 +135,9 @@ void Trainer::WriteStatus(const std::string& state, int64_t step, double loss,
                       {"step", step},
                       {"totalSteps", config_.training.steps},
                       {"loss", loss},
-                      {"examplesPerSecond", examples_per_second},
+                      // Job-wide: synchronous strategies split every step evenly over
+                      // the input shards, so this process's rate times the shard count.
+                      {"examplesPerSecond", examples_per_second * strategy_->num_input_shards()},
                       {"wallSeconds", NowSeconds() - start_seconds_},
                       {"message", message}};
   if (final_outcome != nullptr) {
