@@ -2,9 +2,10 @@
 // the header comment of worker/collective/ring.h).
 //
 // Both candidates move the same bytes over 127.0.0.1 in one process (a
-// server thread and a client thread), in the same run:
+// server thread and a client thread), in the same run, alternating repeat by
+// repeat so that load from elsewhere on the machine hits both alike:
 //   raw_tcp      a TCP socket set up like RingCollective's links (TCP_NODELAY,
-//                4 MiB socket buffers, non-blocking with poll), sending with
+//                RingOptions' socket buffers, non-blocking with poll), sending with
 //                send(MSG_NOSIGNAL) and receiving with recv() into a buffer.
 //   grpc_stream  a gRPC 1.x bidirectional stream (proto/distrain/v1/
 //                collective.proto) carrying one CollectiveChunk per chunk,
@@ -15,8 +16,8 @@
 //                (TCP) / empty-chunk (gRPC) acknowledgement after the last;
 //                best and median of `repeats` runs, in GB/s (1e9 bytes/s).
 //   cpu          CPU seconds (user + system, all threads of the process: both
-//                ends and gRPC's own threads) per GB moved in the throughput
-//                runs. In a ring all-reduce every core is busy, so CPU per
+//                ends and gRPC's own threads) per GB moved, median over the
+//                throughput runs. In a ring all-reduce every core is busy, so CPU per
 //                byte, not one idle-machine stream, is what limits bandwidth.
 //   ping-pong    median round trip of a 4 KiB message echoed back, microseconds
 //                (the latency a small all-reduce step pays per hop).
@@ -48,6 +49,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "distrain/v1/collective.grpc.pb.h"
+#include "worker/collective/ring.h"
 #include "worker/collective/tcp_socket.h"
 
 namespace distrain {
@@ -67,7 +69,7 @@ struct Figures {
   double pingpong_us_median = 0;
 };
 
-constexpr int kSocketBuffer = 4 << 20;  // RingOptions' default
+const int kSocketBuffer = RingOptions().socket_buffer_bytes;
 constexpr int64_t kPingBytes = 4096;
 
 double Seconds() {
@@ -89,98 +91,103 @@ double Median(std::vector<double> v) {
 
 // ---- raw TCP -------------------------------------------------------------
 
-// Per connection the client first sends {mode, bytes}: mode 0 = receive
-// `bytes` then answer one byte; mode 1 = echo `bytes`-sized messages until
-// the client closes.
-absl::Status ServeTcp(int fd, const Flags& flags) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(5);
-  std::vector<char> buffer(std::max(flags.chunk_bytes, kPingBytes));
-  while (true) {
-    int64_t request[2];
-    absl::Status s = tcp::RecvAll(fd, request, sizeof(request), deadline, -1, "client");
-    if (!s.ok()) return absl::OkStatus();  // client closed: done
-    if (request[0] == 0) {
-      int64_t left = request[1];
-      while (left > 0) {
-        const int64_t n = std::min<int64_t>(left, static_cast<int64_t>(buffer.size()));
-        if (s = tcp::RecvAll(fd, buffer.data(), n, deadline, -1, "client"); !s.ok()) return s;
-        left -= n;
-      }
-      char ack = 1;
-      if (s = tcp::SendAll(fd, &ack, 1, deadline, -1, "client"); !s.ok()) return s;
-    } else {
-      for (int i = 0; i < flags.pings; ++i) {
-        if (s = tcp::RecvAll(fd, buffer.data(), request[1], deadline, -1, "client"); !s.ok()) {
-          return s;
-        }
-        if (s = tcp::SendAll(fd, buffer.data(), request[1], deadline, -1, "client"); !s.ok()) {
-          return s;
-        }
-      }
-    }
+// A client socket and a server thread. Each request starts with
+// {mode, bytes, count}: mode 0 = receive `bytes`, then answer one byte;
+// mode 1 = echo `count` messages of `bytes`.
+class TcpSide {
+ public:
+  explicit TcpSide(const Flags& flags) : flags_(flags), chunk_(flags.chunk_bytes, 'x') {}
+  ~TcpSide() {
+    client_.Close();
+    if (server_.joinable()) server_.join();
   }
-}
 
-absl::Status MeasureTcp(const Flags& flags, Figures* out) {
-  int port = 0;
-  absl::StatusOr<tcp::Fd> listener = tcp::Listen("127.0.0.1", 0, kSocketBuffer, &port);
-  if (!listener.ok()) return listener.status();
-  absl::Status server_status;
-  std::thread server([&] {
-    pollfd p{listener->get(), POLLIN, 0};
-    poll(&p, 1, 10000);
-    tcp::Fd conn(accept4(listener->get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!conn.valid()) {
-      server_status = absl::InternalError("accept failed");
-      return;
-    }
-    server_status = tcp::ConfigureStream(conn.get(), kSocketBuffer);
-    if (server_status.ok()) server_status = ServeTcp(conn.get(), flags);
-  });
-  const absl::Time deadline = absl::Now() + absl::Minutes(5);
-  absl::StatusOr<tcp::Fd> conn =
-      tcp::Connect(tcp::HostPort{"127.0.0.1", port}, kSocketBuffer, deadline, -1, "server");
-  if (!conn.ok()) {
-    server.join();
-    return conn.status();
+  absl::Status Start() {
+    int port = 0;
+    absl::StatusOr<tcp::Fd> listener = tcp::Listen("127.0.0.1", 0, kSocketBuffer, &port);
+    if (!listener.ok()) return listener.status();
+    listener_ = std::move(*listener);
+    server_ = std::thread([this] { server_status_ = Serve(); });
+    absl::StatusOr<tcp::Fd> conn =
+        tcp::Connect(tcp::HostPort{"127.0.0.1", port}, kSocketBuffer, Deadline(), -1, "server");
+    if (!conn.ok()) return conn.status();
+    client_ = std::move(*conn);
+    return absl::OkStatus();
   }
-  std::vector<char> chunk(flags.chunk_bytes, 'x');
-  std::vector<double> rates;
-  absl::Status s;
-  const double cpu_start = CpuSeconds();
-  for (int r = 0; r < flags.repeats && s.ok(); ++r) {
-    const double start = Seconds();
-    int64_t request[2] = {0, flags.total_bytes};
-    s = tcp::SendAll(conn->get(), request, sizeof(request), deadline, -1, "server");
-    for (int64_t left = flags.total_bytes; left > 0 && s.ok(); left -= flags.chunk_bytes) {
-      s = tcp::SendAll(conn->get(), chunk.data(), std::min(left, flags.chunk_bytes), deadline, -1,
-                       "server");
+
+  absl::Status Transfer() {
+    int64_t request[3] = {0, flags_.total_bytes, 0};
+    absl::Status s =
+        tcp::SendAll(client_.get(), request, sizeof(request), Deadline(), -1, "server");
+    for (int64_t left = flags_.total_bytes; left > 0 && s.ok(); left -= flags_.chunk_bytes) {
+      s = tcp::SendAll(client_.get(), chunk_.data(), std::min(left, flags_.chunk_bytes), Deadline(),
+                       -1, "server");
     }
     char ack;
-    if (s.ok()) s = tcp::RecvAll(conn->get(), &ack, 1, deadline, -1, "server");
-    rates.push_back(flags.total_bytes / (Seconds() - start) / 1e9);
+    if (s.ok()) s = tcp::RecvAll(client_.get(), &ack, 1, Deadline(), -1, "server");
+    return s;
   }
-  out->cpu_s_per_gb = (CpuSeconds() - cpu_start) / (flags.total_bytes * flags.repeats / 1e9);
-  std::vector<double> rtts;
-  if (s.ok()) {
-    int64_t request[2] = {1, kPingBytes};
-    s = tcp::SendAll(conn->get(), request, sizeof(request), deadline, -1, "server");
-    for (int i = 0; i < flags.pings && s.ok(); ++i) {
+
+  absl::Status Pings(int count, std::vector<double>* rtts) {
+    int64_t request[3] = {1, kPingBytes, count};
+    absl::Status s =
+        tcp::SendAll(client_.get(), request, sizeof(request), Deadline(), -1, "server");
+    for (int i = 0; i < count && s.ok(); ++i) {
       const double start = Seconds();
-      s = tcp::SendAll(conn->get(), chunk.data(), kPingBytes, deadline, -1, "server");
-      if (s.ok()) s = tcp::RecvAll(conn->get(), chunk.data(), kPingBytes, deadline, -1, "server");
-      rtts.push_back((Seconds() - start) * 1e6);
+      s = tcp::SendAll(client_.get(), chunk_.data(), kPingBytes, Deadline(), -1, "server");
+      if (s.ok()) {
+        s = tcp::RecvAll(client_.get(), chunk_.data(), kPingBytes, Deadline(), -1, "server");
+      }
+      rtts->push_back((Seconds() - start) * 1e6);
+    }
+    return s;
+  }
+
+  const absl::Status& server_status() const { return server_status_; }
+
+ private:
+  static absl::Time Deadline() { return absl::Now() + absl::Minutes(2); }
+
+  absl::Status Serve() {
+    pollfd p{listener_.get(), POLLIN, 0};
+    poll(&p, 1, 10000);
+    tcp::Fd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!conn.valid()) return absl::InternalError("accept failed");
+    if (absl::Status s = tcp::ConfigureStream(conn.get(), kSocketBuffer); !s.ok()) return s;
+    std::vector<char> buffer(std::max(flags_.chunk_bytes, kPingBytes));
+    while (true) {
+      int64_t request[3];
+      if (!tcp::RecvAll(conn.get(), request, sizeof(request), Deadline(), -1, "client").ok()) {
+        return absl::OkStatus();  // the client closed: done
+      }
+      absl::Status s;
+      if (request[0] == 0) {
+        for (int64_t left = request[1]; left > 0 && s.ok();) {
+          const int64_t n = std::min<int64_t>(left, static_cast<int64_t>(buffer.size()));
+          s = tcp::RecvAll(conn.get(), buffer.data(), n, Deadline(), -1, "client");
+          left -= n;
+        }
+        char ack = 1;
+        if (s.ok()) s = tcp::SendAll(conn.get(), &ack, 1, Deadline(), -1, "client");
+      } else {
+        for (int64_t i = 0; i < request[2] && s.ok(); ++i) {
+          s = tcp::RecvAll(conn.get(), buffer.data(), request[1], Deadline(), -1, "client");
+          if (s.ok()) {
+            s = tcp::SendAll(conn.get(), buffer.data(), request[1], Deadline(), -1, "client");
+          }
+        }
+      }
+      if (!s.ok()) return s;
     }
   }
-  conn->Close();
-  server.join();
-  if (!s.ok()) return s;
-  if (!server_status.ok()) return server_status;
-  out->gbps_best = *std::max_element(rates.begin(), rates.end());
-  out->gbps_median = Median(rates);
-  out->pingpong_us_median = Median(rtts);
-  return absl::OkStatus();
-}
+
+  const Flags& flags_;
+  std::vector<char> chunk_;
+  tcp::Fd listener_;
+  tcp::Fd client_;
+  std::thread server_;
+  absl::Status server_status_;
+};
 
 // ---- gRPC stream -----------------------------------------------------------
 
@@ -199,63 +206,108 @@ class TransportService final : public v1::CollectiveTransport::Service {
   }
 };
 
-absl::Status MeasureGrpc(const Flags& flags, Figures* out) {
-  TransportService service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(flags.chunk_bytes) + (1 << 20));
-  builder.SetMaxSendMessageSize(static_cast<int>(flags.chunk_bytes) + (1 << 20));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return absl::InternalError("gRPC server did not start");
+// An in-process gRPC server and one open bidirectional stream to it.
+class GrpcSide {
+ public:
+  explicit GrpcSide(const Flags& flags) : flags_(flags) {}
+  ~GrpcSide() {
+    if (stream_ != nullptr) {
+      stream_->WritesDone();
+      (void)stream_->Finish();
+    }
+    if (server_ != nullptr) server_->Shutdown();
+  }
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(flags.chunk_bytes) + (1 << 20));
-  args.SetMaxSendMessageSize(static_cast<int>(flags.chunk_bytes) + (1 << 20));
-  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
-                                           grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::CollectiveTransport::NewStub(channel);
-  grpc::ClientContext context;
-  auto stream = stub->Stream(&context);
+  absl::Status Start() {
+    const int limit = static_cast<int>(flags_.chunk_bytes) + (1 << 20);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(limit);
+    builder.SetMaxSendMessageSize(limit);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port == 0) return absl::InternalError("gRPC server did not start");
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(limit);
+    args.SetMaxSendMessageSize(limit);
+    channel_ = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                         grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::CollectiveTransport::NewStub(channel_);
+    stream_ = stub_->Stream(&context_);
+    chunk_.set_data(std::string(flags_.chunk_bytes, 'x'));
+    last_ = chunk_;
+    last_.set_reply(true);
+    ping_.set_data(std::string(kPingBytes, 'p'));
+    ping_.set_reply(true);
+    ping_.set_echo(true);
+    return absl::OkStatus();
+  }
 
-  v1::CollectiveChunk chunk;
-  chunk.set_data(std::string(flags.chunk_bytes, 'x'));
-  v1::CollectiveChunk last = chunk;
-  last.set_reply(true);
-  v1::CollectiveChunk answer;
-  std::vector<double> rates;
-  const double cpu_start = CpuSeconds();
-  for (int r = 0; r < flags.repeats; ++r) {
-    const double start = Seconds();
-    for (int64_t left = flags.total_bytes; left > 0; left -= flags.chunk_bytes) {
-      if (!stream->Write(left <= flags.chunk_bytes ? last : chunk)) {
+  absl::Status Transfer() {
+    for (int64_t left = flags_.total_bytes; left > 0; left -= flags_.chunk_bytes) {
+      if (!stream_->Write(left <= flags_.chunk_bytes ? last_ : chunk_)) {
         return absl::UnavailableError("gRPC stream write failed (throughput)");
       }
     }
-    if (!stream->Read(&answer)) return absl::UnavailableError("gRPC stream read failed");
-    rates.push_back(flags.total_bytes / (Seconds() - start) / 1e9);
+    if (!stream_->Read(&answer_)) return absl::UnavailableError("gRPC stream read failed");
+    return absl::OkStatus();
   }
-  out->cpu_s_per_gb = (CpuSeconds() - cpu_start) / (flags.total_bytes * flags.repeats / 1e9);
-  v1::CollectiveChunk ping;
-  ping.set_data(std::string(kPingBytes, 'p'));
-  ping.set_reply(true);
-  ping.set_echo(true);
-  std::vector<double> rtts;
-  for (int i = 0; i < flags.pings; ++i) {
-    const double start = Seconds();
-    if (!stream->Write(ping) || !stream->Read(&answer)) {
-      return absl::UnavailableError("gRPC stream failed (ping-pong)");
+
+  absl::Status Pings(int count, std::vector<double>* rtts) {
+    for (int i = 0; i < count; ++i) {
+      const double start = Seconds();
+      if (!stream_->Write(ping_) || !stream_->Read(&answer_)) {
+        return absl::UnavailableError("gRPC stream failed (ping-pong)");
+      }
+      rtts->push_back((Seconds() - start) * 1e6);
     }
-    rtts.push_back((Seconds() - start) * 1e6);
+    return absl::OkStatus();
   }
-  stream->WritesDone();
-  grpc::Status done = stream->Finish();
-  server->Shutdown();
-  if (!done.ok()) return absl::UnavailableError(absl::StrCat("gRPC stream: ", done.error_message()));
-  out->gbps_best = *std::max_element(rates.begin(), rates.end());
-  out->gbps_median = Median(rates);
-  out->pingpong_us_median = Median(rtts);
+
+ private:
+  const Flags& flags_;
+  TransportService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CollectiveTransport::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::CollectiveChunk, v1::CollectiveChunk>> stream_;
+  v1::CollectiveChunk chunk_, last_, ping_, answer_;
+};
+
+// Alternates the two transports repeat by repeat (and ping block by ping
+// block), so load from elsewhere on the machine hits both alike.
+absl::Status Measure(const Flags& flags, Figures* tcp_out, Figures* grpc_out) {
+  TcpSide tcp_side(flags);
+  GrpcSide grpc_side(flags);
+  if (absl::Status s = tcp_side.Start(); !s.ok()) return s;
+  if (absl::Status s = grpc_side.Start(); !s.ok()) return s;
+  std::vector<double> rates[2], cpu[2], rtts[2];
+  for (int r = 0; r < flags.repeats; ++r) {
+    for (int side = 0; side < 2; ++side) {
+      const double cpu_start = CpuSeconds();
+      const double start = Seconds();
+      absl::Status s = side == 0 ? tcp_side.Transfer() : grpc_side.Transfer();
+      if (!s.ok()) return s;
+      rates[side].push_back(flags.total_bytes / (Seconds() - start) / 1e9);
+      cpu[side].push_back((CpuSeconds() - cpu_start) / (flags.total_bytes / 1e9));
+    }
+  }
+  constexpr int kBlock = 100;
+  for (int done = 0; done < flags.pings; done += kBlock) {
+    const int count = std::min(kBlock, flags.pings - done);
+    if (absl::Status s = tcp_side.Pings(count, &rtts[0]); !s.ok()) return s;
+    if (absl::Status s = grpc_side.Pings(count, &rtts[1]); !s.ok()) return s;
+  }
+  if (!tcp_side.server_status().ok()) return tcp_side.server_status();
+  Figures* outs[2] = {tcp_out, grpc_out};
+  for (int side = 0; side < 2; ++side) {
+    outs[side]->gbps_best = *std::max_element(rates[side].begin(), rates[side].end());
+    outs[side]->gbps_median = Median(rates[side]);
+    outs[side]->cpu_s_per_gb = Median(cpu[side]);
+    outs[side]->pingpong_us_median = Median(rtts[side]);
+  }
   return absl::OkStatus();
 }
 
@@ -292,12 +344,8 @@ int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
   Figures tcp_figures, grpc_figures;
-  if (absl::Status s = MeasureTcp(flags, &tcp_figures); !s.ok()) {
-    std::fprintf(stderr, "transport_choice: raw TCP: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  if (absl::Status s = MeasureGrpc(flags, &grpc_figures); !s.ok()) {
-    std::fprintf(stderr, "transport_choice: gRPC: %s\n", s.ToString().c_str());
+  if (absl::Status s = Measure(flags, &tcp_figures, &grpc_figures); !s.ok()) {
+    std::fprintf(stderr, "transport_choice: %s\n", s.ToString().c_str());
     return 1;
   }
   std::printf("%lld bytes as %lld-byte chunks over 127.0.0.1, %d repeats; 4 KiB ping-pong x %d\n",
@@ -305,7 +353,9 @@ int Main(int argc, char** argv) {
               flags.repeats, flags.pings);
   std::printf("%-12s %10s %12s %12s %14s\n", "transport", "GB/s best", "GB/s median",
               "CPU s per GB", "ping-pong us");
-  for (auto [name, f] : {std::pair{"raw_tcp", tcp_figures}, std::pair{"grpc_stream", grpc_figures}}) {
+  const std::pair<const char*, Figures> sides[] = {{"raw_tcp", tcp_figures},
+                                                   {"grpc_stream", grpc_figures}};
+  for (const auto& [name, f] : sides) {
     std::printf("%-12s %10.3f %12.3f %12.3f %14.1f\n", name, f.gbps_best, f.gbps_median,
                 f.cpu_s_per_gb, f.pingpong_us_median);
   }
@@ -315,7 +365,7 @@ int Main(int argc, char** argv) {
       tcp_figures.gbps_median / grpc_figures.gbps_median,
       grpc_figures.cpu_s_per_gb / tcp_figures.cpu_s_per_gb,
       grpc_figures.pingpong_us_median / tcp_figures.pingpong_us_median);
-  for (auto [name, f] : {std::pair{"raw_tcp", tcp_figures}, std::pair{"grpc_stream", grpc_figures}}) {
+  for (const auto& [name, f] : sides) {
     std::printf(
         "RESULT {\"side\": \"%s\", \"gbps_best\": %.4f, \"gbps_median\": %.4f, "
         "\"cpu_s_per_gb\": %.4f, \"pingpong_us_median\": %.2f}\n",

@@ -1,9 +1,12 @@
 #include "worker/collective/ring.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -73,6 +76,11 @@ const char* KindName(uint8_t kind) {
       return "barrier";
   }
   return "unknown operation";
+}
+
+void SetBlocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
 }
 
 std::string RingKey(const std::string& prefix, int rank) {
@@ -345,6 +353,13 @@ absl::Status RingCollective::Setup(Store& store) {
       mesh_recv_fd_[p] = fd;
     }
   }
+  // From here on the sockets block, and every call that must not passes
+  // MSG_DONTWAIT: only Exchange's last receive blocks (see there).
+  for (int fd : {send_fd_.get(), recv_fd_.get()}) SetBlocking(fd);
+  for (const tcp::Fd& fd : mesh_fds_) {
+    if (fd.valid()) SetBlocking(fd.get());
+  }
+  mesh_receive_timeout_.assign(size_, absl::ZeroDuration());
   left_name_ = names_[left];
   right_name_ = names_[right];
   return absl::OkStatus();
@@ -391,9 +406,10 @@ CollectiveStats RingCollective::stats() const {
 
 // ---- the engine ------------------------------------------------------------
 
-std::string RingCollective::Describe(const char* kind, const CollectiveOptions& options) const {
-  return options.tag.empty() ? absl::StrCat(kind, " #", sequence_)
-                             : absl::StrCat(kind, " '", options.tag, "' #", sequence_);
+std::string RingCollective::What() const {
+  return op_tag_ == nullptr || op_tag_->empty()
+             ? absl::StrCat(op_name_, " #", sequence_)
+             : absl::StrCat(op_name_, " '", *op_tag_, "' #", sequence_);
 }
 
 absl::Status RingCollective::BeginOp(Kind kind, ReduceOp op, int root, int64_t payload_bytes) {
@@ -425,18 +441,17 @@ int RingCollective::AddRecv(ByteVector* v, int64_t begin, int64_t length, Mode m
   return static_cast<int>(recv_units_.size()) - 1;
 }
 
-absl::Status RingCollective::CheckHeader(const Header& in, const std::string& peer,
-                                         const std::string& what) const {
+absl::Status RingCollective::CheckHeader(const Header& in, const std::string& peer) const {
   const Header& out = out_header_;
   if (in.magic != kHeaderMagic) {
-    return absl::DataLossError(absl::StrCat(what, ": ", peer,
+    return absl::DataLossError(absl::StrCat(What(), ": ", peer,
                                             " sent bytes that are not a collective header; the "
                                             "group lost sync"));
   }
   if (in.kind != out.kind || in.op != out.op || in.sequence != out.sequence ||
       in.root != out.root || in.payload_bytes != out.payload_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", peer, " runs ", KindName(in.kind), " #", in.sequence, " of ",
+        What(), ": ", peer, " runs ", KindName(in.kind), " #", in.sequence, " of ",
         in.payload_bytes, " bytes (op ", static_cast<int>(in.op), ", root ", in.root,
         ") but this rank runs ", KindName(out.kind), " #", out.sequence, " of ",
         out.payload_bytes, " bytes (op ", static_cast<int>(out.op), ", root ", out.root,
@@ -463,7 +478,7 @@ void RingCollective::Reduce(const RecvUnit& unit, int64_t position, const float*
   }
 }
 
-absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadline) {
+absl::Status RingCollective::Transfer(absl::Time deadline) {
   const int num_send = static_cast<int>(send_units_.size());
   const int num_recv = static_cast<int>(recv_units_.size());
   int s = 0, v = 0;                       // current units
@@ -500,7 +515,7 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
   while (true) {
     while (v < num_recv && got == recv_units_[v].length) {
       if (recv_units_[v].mode == Mode::kHeader) {
-        if (absl::Status h = CheckHeader(in_header_, left_name_, what); !h.ok()) {
+        if (absl::Status h = CheckHeader(in_header_, left_name_); !h.ok()) {
           account();
           return Fail(h);
         }
@@ -544,14 +559,14 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
       } else if (n == 0) {
         account();
         return Fail(absl::UnavailableError(absl::StrCat(
-            what, ": ", left_name_, " closed the connection (", progress_text(),
+            What(), ": ", left_name_, " closed the connection (", progress_text(),
             "); that process exited or failed (possibly because of an earlier peer failure)")));
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         recv_ready = false;
       } else if (errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", left_name_,
+        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", left_name_,
                                                         " broke: ", std::strerror(err), " (",
                                                         progress_text(), ")")));
       }
@@ -603,7 +618,7 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
         } else if (n < 0 && errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", right_name_,
+          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", right_name_,
                                                           " broke: ", std::strerror(err), " (",
                                                           progress_text(), ")")));
         }
@@ -636,7 +651,7 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
     if (n < 0 && errno != EINTR) {
       const int err = errno;
       account();
-      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+      return Fail(absl::InternalError(absl::StrCat(What(), ": poll: ", std::strerror(err))));
     }
     if (n == 0 && absl::Now() >= deadline) {
       account();
@@ -644,7 +659,7 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
           v < num_recv ? absl::StrCat("waiting for ", left_name_, " to send")
                        : absl::StrCat("waiting for ", right_name_, " to receive");
       return Fail(absl::DeadlineExceededError(absl::StrCat(
-          what, " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
+          What(), " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
           "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
           "the ring reaches every rank through its left neighbour)")));
     }
@@ -656,8 +671,8 @@ absl::Status RingCollective::Transfer(const std::string& what, absl::Time deadli
 
 // ---- the mesh: one hop for small operations ------------------------------
 
-absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time deadline,
-                                          const char* out, int64_t bytes, int sender) {
+absl::Status RingCollective::MeshTransfer(absl::Time deadline, const char* out, int64_t bytes,
+                                          int sender) {
   const int64_t total = static_cast<int64_t>(sizeof(Header)) + bytes;
   int64_t total_sent = 0, total_received = 0;
   auto account = [&] {
@@ -711,7 +726,7 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
         } else if (n < 0 && errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", names_[p],
+          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", names_[p],
                                                           " broke: ", std::strerror(err))));
         }
       }
@@ -729,7 +744,7 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
           total_received += n;
           mesh_can_recv_[p] = n == wanted;  // short read: drained for now
           if (!had_header && mesh_got_[p] >= static_cast<int64_t>(sizeof(Header))) {
-            if (absl::Status h = CheckHeader(mesh_in_headers_[p], names_[p], what); !h.ok()) {
+            if (absl::Status h = CheckHeader(mesh_in_headers_[p], names_[p]); !h.ok()) {
               account();
               return Fail(h);
             }
@@ -737,14 +752,14 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
         } else if (n == 0) {
           account();
           return Fail(absl::UnavailableError(absl::StrCat(
-              what, ": ", names_[p], " closed the connection (received ", mesh_got_[p], " of ",
+              What(), ": ", names_[p], " closed the connection (received ", mesh_got_[p], " of ",
               total, " bytes from it); that process exited or failed")));
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
           mesh_can_recv_[p] = false;
         } else if (errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", names_[p],
+          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", names_[p],
                                                           " broke: ", std::strerror(err))));
         }
       }
@@ -773,7 +788,7 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
     if (n < 0 && errno != EINTR) {
       const int err = errno;
       account();
-      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+      return Fail(absl::InternalError(absl::StrCat(What(), ": poll: ", std::strerror(err))));
     }
     for (size_t i = 0; i + 1 < mesh_poll_.size(); ++i) {
       if (mesh_poll_[i].revents == 0) continue;  // errors and hangups show up on the next try
@@ -795,7 +810,7 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
       }
       account();
       return Fail(absl::DeadlineExceededError(absl::StrCat(
-          what, " on ", names_[rank_], " timed out waiting for ",
+          What(), " on ", names_[rank_], " timed out waiting for ",
           silent.empty() ? absl::StrCat(not_reading, " to receive")
                          : absl::StrCat(silent, " to send"),
           "; the peer stopped, is stuck, or issued a different collective")));
@@ -806,18 +821,44 @@ absl::Status RingCollective::MeshTransfer(const std::string& what, absl::Time de
   return absl::OkStatus();
 }
 
+bool RingCollective::ArmReceiveTimeout(int peer, absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return false;
+  // Reuse the armed value while it neither overshoots the deadline by more
+  // than a tenth nor wakes us before half of the wait: successive operations
+  // with the same timeout then cost no setsockopt. An early wake-up re-arms.
+  const absl::Duration armed = mesh_receive_timeout_[peer];
+  if (armed > absl::ZeroDuration() && armed <= left + left / 10 + absl::Milliseconds(1) &&
+      armed * 2 >= left) {
+    return true;
+  }
+  const int64_t us = std::max<int64_t>(1, absl::ToInt64Microseconds(left));
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(mesh_recv_fd_[peer], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  mesh_receive_timeout_[peer] = absl::Microseconds(us);
+  return true;
+}
+
 absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes, int from,
-                                      char* in, int64_t in_bytes, const std::string& what,
-                                      absl::Time deadline) {
+                                      char* in, int64_t in_bytes, absl::Time deadline) {
   constexpr int64_t kHeaderBytes = sizeof(Header);
   const int64_t out_total = to >= 0 ? kHeaderBytes + out_bytes : 0;
   const int64_t in_total = from >= 0 ? kHeaderBytes + in_bytes : 0;
   int64_t sent = 0, got = 0;
   bool send_ready = true;
   bool recv_ready = false;  // poll first: it returns at once when the data is there
+  bool spun = false;
   auto account = [&] {
     bytes_sent_.fetch_add(sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(got, std::memory_order_relaxed);
+  };
+  auto timeout_error = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        What(), " on ", names_[rank_], " timed out waiting for ",
+        got < in_total
+            ? absl::StrCat(names_[from], " to send (received ", got, " of ", in_total, " bytes)")
+            : absl::StrCat(names_[to], " to receive"),
+        "; the peer stopped, is stuck, or issued a different collective"));
   };
   auto pieces = [](char* header, char* payload, int64_t payload_bytes, int64_t offset,
                    iovec* iov) {
@@ -853,24 +894,47 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
       } else if (n < 0 && errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection to ", names_[to],
+        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", names_[to],
                                                         " broke: ", std::strerror(err))));
       }
     }
-    if (got < in_total && recv_ready) {
+    // When only the receive is left, block in recvmsg itself: one syscall
+    // instead of poll + recvmsg, which is most of a small step's cost on busy
+    // cores. SO_RCVTIMEO bounds the wait; Abort()'s shutdown() ends it.
+    // Poll briefly before sleeping, yielding the CPU in between: a sleeping
+    // receiver adds a wake-up to every step (see RingOptions::busy_poll).
+    if (sent == out_total && got < in_total && !recv_ready &&
+        options_.busy_poll > absl::ZeroDuration() && !spun) {
+      spun = true;
+      const absl::Time until = absl::Now() + options_.busy_poll;
+      pollfd p{mesh_recv_fd_[from], POLLIN, 0};
+      while (absl::Now() < until) {
+        if (poll(&p, 1, 0) > 0) {
+          recv_ready = true;
+          break;
+        }
+        sched_yield();
+      }
+    }
+    const bool block = sent == out_total && got < in_total && !recv_ready;
+    if (got < in_total && (recv_ready || block)) {
+      if (block && !ArmReceiveTimeout(from, deadline)) {
+        account();
+        return Fail(timeout_error());
+      }
       iovec iov[2];
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen =
           pieces(reinterpret_cast<char*>(&exchange_in_header_), in, in_bytes, got, iov);
       const int64_t wanted = in_total - got;
-      ssize_t n = recvmsg(mesh_recv_fd_[from], &msg, MSG_DONTWAIT);
+      ssize_t n = recvmsg(mesh_recv_fd_[from], &msg, block ? MSG_WAITALL : MSG_DONTWAIT);
       if (n > 0) {
         const bool had_header = got >= kHeaderBytes;
         got += n;
         recv_ready = n == wanted;
         if (!had_header && got >= kHeaderBytes) {
-          if (absl::Status h = CheckHeader(exchange_in_header_, names_[from], what); !h.ok()) {
+          if (absl::Status h = CheckHeader(exchange_in_header_, names_[from]); !h.ok()) {
             account();
             return Fail(h);
           }
@@ -878,14 +942,18 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
       } else if (n == 0) {
         account();
         return Fail(absl::UnavailableError(absl::StrCat(
-            what, ": ", names_[from], " closed the connection (received ", got, " of ", in_total,
+            What(), ": ", names_[from], " closed the connection (received ", got, " of ", in_total,
             " bytes from it); that process exited or failed")));
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         recv_ready = false;
+        if (block && absl::Now() >= deadline) {
+          account();
+          return Fail(timeout_error());
+        }
       } else if (errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(what, ": connection from ", names_[from],
+        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", names_[from],
                                                         " broke: ", std::strerror(err))));
       }
     }
@@ -907,18 +975,13 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
     if (n < 0 && errno != EINTR) {
       const int err = errno;
       account();
-      return Fail(absl::InternalError(absl::StrCat(what, ": poll: ", std::strerror(err))));
+      return Fail(absl::InternalError(absl::StrCat(What(), ": poll: ", std::strerror(err))));
     }
     if (send_slot >= 0 && fds[send_slot].revents != 0) send_ready = true;
     if (recv_slot >= 0 && fds[recv_slot].revents != 0) recv_ready = true;
     if (n == 0 && absl::Now() >= deadline) {
       account();
-      return Fail(absl::DeadlineExceededError(absl::StrCat(
-          what, " on ", names_[rank_], " timed out waiting for ",
-          got < in_total ? absl::StrCat(names_[from], " to send (received ", got, " of ",
-                                        in_total, " bytes)")
-                         : absl::StrCat(names_[to], " to receive"),
-          "; the peer stopped, is stuck, or issued a different collective")));
+      return Fail(timeout_error());
     }
   }
   account();
@@ -926,8 +989,7 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
 }
 
 absl::Status RingCollective::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
-                                               int64_t elements, const std::string& what,
-                                               ReduceOp op, absl::Time deadline) {
+                                               int64_t elements, ReduceOp op, absl::Time deadline) {
   // work = gather_[0, E), incoming = gather_[E, 2E).
   gather_.resize(static_cast<size_t>(elements) * 2);
   float* work = gather_.data();
@@ -953,13 +1015,13 @@ absl::Status RingCollective::DoublingAllReduce(absl::Span<const absl::Span<float
   int vrank;
   if (rank_ < 2 * rest) {
     if (rank_ % 2 == 0) {
-      if (absl::Status s = Exchange(rank_ + 1, out, bytes, -1, nullptr, 0, what, deadline);
+      if (absl::Status s = Exchange(rank_ + 1, out, bytes, -1, nullptr, 0, deadline);
           !s.ok()) {
         return s;
       }
       vrank = -1;
     } else {
-      if (absl::Status s = Exchange(-1, nullptr, 0, rank_ - 1, in, bytes, what, deadline);
+      if (absl::Status s = Exchange(-1, nullptr, 0, rank_ - 1, in, bytes, deadline);
           !s.ok()) {
         return s;
       }
@@ -973,7 +1035,7 @@ absl::Status RingCollective::DoublingAllReduce(absl::Span<const absl::Span<float
     for (int mask = 1; mask < pof2; mask <<= 1) {
       const int vpartner = vrank ^ mask;
       const int partner = vpartner < rest ? vpartner * 2 + 1 : vpartner + rest;
-      if (absl::Status s = Exchange(partner, out, bytes, partner, in, bytes, what, deadline);
+      if (absl::Status s = Exchange(partner, out, bytes, partner, in, bytes, deadline);
           !s.ok()) {
         return s;
       }
@@ -982,8 +1044,8 @@ absl::Status RingCollective::DoublingAllReduce(absl::Span<const absl::Span<float
   }
   if (rank_ < 2 * rest) {
     absl::Status s = rank_ % 2 == 1
-                         ? Exchange(rank_ - 1, out, bytes, -1, nullptr, 0, what, deadline)
-                         : Exchange(-1, nullptr, 0, rank_ + 1, out, bytes, what, deadline);
+                         ? Exchange(rank_ - 1, out, bytes, -1, nullptr, 0, deadline)
+                         : Exchange(-1, nullptr, 0, rank_ + 1, out, bytes, deadline);
     if (!s.ok()) return s;
   }
   if (op == ReduceOp::kMean) {
@@ -1011,8 +1073,7 @@ void RingCollective::PlanAllGather(ByteVector* vector, int64_t block_bytes) {
   }
 }
 
-absl::Status RingCollective::RingAllReduce(const std::string& what, ReduceOp op,
-                                           absl::Time deadline) {
+absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
   const int64_t elements = data_.size() / static_cast<int64_t>(sizeof(float));
   auto segment = [&](int g, int64_t* begin) {
     const int64_t lo = elements * g / size_;
@@ -1034,12 +1095,11 @@ absl::Status RingCollective::RingAllReduce(const std::string& what, ReduceOp op,
     previous = AddRecv(&data_, begin, length, mode);
   }
   divisor_ = static_cast<float>(size_);
-  return Transfer(what, deadline);
+  return Transfer(deadline);
 }
 
 absl::Status RingCollective::GatherAllReduce(absl::Span<const absl::Span<float>> buffers,
-                                             int64_t elements, const std::string& what,
-                                             ReduceOp op, absl::Time deadline) {
+                                             int64_t elements, ReduceOp op, absl::Time deadline) {
   gather_.resize(static_cast<size_t>(elements) * size_);
   float* mine = gather_.data() + elements * rank_;
   for (const absl::Span<float>& b : buffers) {
@@ -1052,12 +1112,12 @@ absl::Status RingCollective::GatherAllReduce(absl::Span<const absl::Span<float>>
     for (int p = 0; p < size_; ++p) {
       mesh_in_[p] = reinterpret_cast<char*>(gather_.data() + p * elements);
     }
-    status = MeshTransfer(what, deadline, mesh_in_[rank_], bytes, -1);
+    status = MeshTransfer(deadline, mesh_in_[rank_], bytes, -1);
   } else {
     gather_view_.Clear();
     gather_view_.Add(gather_.data(), static_cast<int64_t>(gather_.size() * sizeof(float)));
     PlanAllGather(&gather_view_, bytes);
-    status = Transfer(what, deadline);
+    status = Transfer(deadline);
   }
   if (!status.ok()) return status;
   // Rank order 0..N-1 on every rank: identical bits everywhere.
@@ -1088,14 +1148,15 @@ absl::Status RingCollective::AllReduce(absl::Span<const absl::Span<float>> buffe
     return absl::OkStatus();  // the mean of one value is itself
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = Describe("all-reduce", options);
+  op_name_ = "all-reduce";
+  op_tag_ = &options.tag;
   if (bytes <= options_.small_allreduce_bytes) {
-    return mesh_ ? DoublingAllReduce(buffers, elements, what, op, deadline)
-                 : GatherAllReduce(buffers, elements, what, op, deadline);
+    return mesh_ ? DoublingAllReduce(buffers, elements, op, deadline)
+                 : GatherAllReduce(buffers, elements, op, deadline);
   }
   data_.Clear();
   for (const auto& b : buffers) data_.Add(b.data(), static_cast<int64_t>(b.size() * sizeof(float)));
-  return RingAllReduce(what, op, deadline);
+  return RingAllReduce(op, deadline);
 }
 
 absl::Status RingCollective::Broadcast(absl::Span<float> buffer, int root,
@@ -1111,10 +1172,11 @@ absl::Status RingCollective::Broadcast(absl::Span<float> buffer, int root,
     return absl::OkStatus();
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = Describe("broadcast", options);
+  op_name_ = "broadcast";
+  op_tag_ = &options.tag;
   if (mesh_ && bytes <= options_.small_allreduce_bytes) {
     mesh_in_[root] = reinterpret_cast<char*>(buffer.data());
-    return MeshTransfer(what, deadline, reinterpret_cast<const char*>(buffer.data()), bytes, root);
+    return MeshTransfer(deadline, reinterpret_cast<const char*>(buffer.data()), bytes, root);
   }
   data_.Clear();
   data_.Add(buffer.data(), bytes);
@@ -1128,7 +1190,7 @@ absl::Status RingCollective::Broadcast(absl::Span<float> buffer, int root,
     AddSend(&header_out_, 0, sizeof(Header), -1);
     AddSend(&data_, 0, bytes, received);
   }
-  return Transfer(what, deadline);
+  return Transfer(deadline);
 }
 
 absl::Status RingCollective::AllGather(absl::Span<const float> input, absl::Span<float> output,
@@ -1149,17 +1211,18 @@ absl::Status RingCollective::AllGather(absl::Span<const float> input, absl::Span
     return absl::OkStatus();
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = Describe("all-gather", options);
+  op_name_ = "all-gather";
+  op_tag_ = &options.tag;
   if (mesh_ && bytes <= options_.small_allreduce_bytes) {
     for (int p = 0; p < size_; ++p) {
       mesh_in_[p] = reinterpret_cast<char*>(output.data() + input.size() * p);
     }
-    return MeshTransfer(what, deadline, reinterpret_cast<const char*>(mine), bytes, -1);
+    return MeshTransfer(deadline, reinterpret_cast<const char*>(mine), bytes, -1);
   }
   data_.Clear();
   data_.Add(output.data(), static_cast<int64_t>(output.size() * sizeof(float)));
   PlanAllGather(&data_, bytes);
-  return Transfer(what, deadline);
+  return Transfer(deadline);
 }
 
 absl::Status RingCollective::Barrier(const CollectiveOptions& options) {
@@ -1169,14 +1232,15 @@ absl::Status RingCollective::Barrier(const CollectiveOptions& options) {
     return absl::OkStatus();
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = Describe("barrier", options);
+  op_name_ = "barrier";
+  op_tag_ = &options.tag;
   // All-to-all rather than a log-step dissemination: a rank that never
   // arrives is then named by every other rank, not just by its successor.
-  if (mesh_) return MeshTransfer(what, deadline, nullptr, 0, -1);
+  if (mesh_) return MeshTransfer(deadline, nullptr, 0, -1);
   gather_view_.Clear();
   gather_view_.Add(barrier_blocks_.data(), static_cast<int64_t>(size_ * sizeof(float)));
   PlanAllGather(&gather_view_, sizeof(float));
-  return Transfer(what, deadline);
+  return Transfer(deadline);
 }
 
 }  // namespace distrain

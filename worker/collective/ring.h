@@ -5,22 +5,22 @@
 //
 // Transport: raw TCP sockets, chosen by measurement. bench/transport_choice
 // (bench_transport_choice: 64 MiB as 1 MiB chunks one way over 127.0.0.1,
-// then a 4 KiB ping-pong; both transports in the same run; release build on
-// the 2-core dev VM shared with other builds, load average 4.5-5; six runs):
+// then 4 KiB ping-pongs; the two transports alternate repeat by repeat in
+// the same run; release build on the 2-core dev VM shared with other builds,
+// load average 5-5.6; four runs, each the median of 5 transfers / 2000 pings):
 //                          GB/s (median)   CPU s per GB   4 KiB ping-pong
-//   raw TCP socket         1.72 - 2.69     0.33 - 0.49    16 - 22 us
-//   gRPC 1.51 bidi stream  0.62 - 1.32     0.91 - 1.48    66 - 95 us
-//   raw TCP / gRPC         1.6 - 3.1x      2.0 - 3.7x less  3.7 - 5.6x faster
-// (one run's TCP ping-pong was an outlier at 71 us). gRPC copies each chunk
-// into a protobuf, into gRPC slices and HTTP/2 frames, and hands it between
-// completion-queue threads. In a ring all-reduce every core is already busy
-// moving and reducing bytes, so CPU per byte is the bandwidth, and small
-// all-reduces are latency-bound. A raw socket moves bytes from the caller's
-// buffer to the kernel and from the kernel into the peer's buffer (or a
-// reduction scratch), nothing in between, and one thread can multiplex
-// sending, receiving and reducing with poll(). gRPC stays the control plane
-// (the coordination service, which is also the Store that bootstraps these
-// sockets).
+//   raw TCP socket         1.03 - 3.43     0.33 - 0.50    20 - 65 us
+//   gRPC 1.51 bidi stream  0.58 - 1.09     1.25 - 1.45    84 - 137 us
+//   raw TCP / gRPC, per run  1.7 - 3.9x    2.9 - 3.8x less  1.7 - 4.7x faster
+// gRPC copies each chunk into a protobuf, into gRPC slices and HTTP/2
+// frames, and hands it between completion-queue threads. In a ring
+// all-reduce every core is already busy moving and reducing bytes, so CPU
+// per byte is the bandwidth, and small all-reduces are latency-bound. A raw
+// socket moves bytes from the caller's buffer to the kernel and from the
+// kernel into the peer's buffer (or a reduction scratch), nothing in
+// between, and one thread can multiplex sending, receiving and reducing with
+// poll(). gRPC stays the control plane (the coordination service, which is
+// also the Store that bootstraps these sockets).
 //
 // Setup protocol (Create):
 //   1. Listen on options.bind_host, ephemeral port.
@@ -49,10 +49,11 @@
 //     (byte ranges to copy into in place, or to reduce into through a scratch
 //     chunk of chunk_bytes); a send unit that depends on a receive unit goes
 //     out byte by byte as soon as those bytes have arrived and been reduced.
-//     One thread drives both sockets non-blocking with poll(), so reducing
-//     chunk k overlaps the kernel moving chunk k+1 and forwarding starts
-//     before a segment is complete; a syscall is only issued when poll() says
-//     it can progress. Nothing is allocated per operation in steady state.
+//     One thread drives both sockets with non-blocking calls and poll(), so
+//     reducing chunk k overlaps the kernel moving chunk k+1 and forwarding
+//     starts before a segment is complete; a syscall is only issued when
+//     poll() says it can progress. Nothing is allocated per operation in
+//     steady state.
 //     - AllReduce: reduce-scatter then all-gather, 2(N-1) steps over N
 //       segments of the logical vector (segment g = elements
 //       [E*g/N, E*(g+1)/N)). At step t rank r sends segment (r-t) mod N and
@@ -68,7 +69,9 @@
 //       same two operands, so every rank ends bit-identical. Measured at 4 KiB
 //       with 4 processes on the 2 cores: 71-83 us against 99-121 us for a
 //       one-round all-to-all and 220 us for the ring: on oversubscribed
-//       cores the syscall count, not the hop count, sets the latency.
+//       cores the syscall count, not the hop count, sets the latency. For
+//       the same reason an exchange whose send is done blocks in recvmsg
+//       (bounded by SO_RCVTIMEO) instead of poll() + recvmsg().
 //     - Broadcast: the root sends to everyone. AllGather and Barrier:
 //       all-to-all in one round (so a rank that never arrives is named by
 //       every other rank).
@@ -76,12 +79,14 @@
 //   (N-1 hops) and sum them in rank order on every rank.
 //
 // Failures: every wait polls with the operation's deadline and an eventfd
-// that Abort() signals. DeadlineExceeded names the peer this rank waited for
-// (on the ring a stall propagates, so ranks further away name their own left
-// neighbour; the membership watcher knows which process died and should
-// Abort with that reason); a closed or reset connection gives Unavailable
-// naming the peer; Abort() also shuts every socket down so peers blocked on
-// this rank fail fast. After any error the group is unusable.
+// that Abort() signals (the blocking receive above is bounded by
+// SO_RCVTIMEO and woken by Abort()'s shutdown()). DeadlineExceeded names the
+// peer this rank waited for (on the ring a stall propagates, so ranks
+// further away name their own left neighbour; the membership watcher knows
+// which process died and should Abort with that reason); a closed or reset
+// connection gives Unavailable naming the peer; Abort() also shuts every
+// socket down so peers blocked on this rank fail fast. After any error the
+// group is unusable.
 //
 // Ownership: owns its sockets and buffers; does not keep the Store.
 // Thread-safety: as Collective (one thread drives operations; Abort() and
@@ -120,15 +125,27 @@ struct RingOptions {
   // Deadline for the whole of Create (peers that start late are waited for).
   absl::Duration setup_timeout = absl::Seconds(60);
   // Scratch chunk a reduction receives into (any size >= 64 bytes).
-  int64_t chunk_bytes = 512 << 10;
+  // Defaults measured (64 MiB, N = 2, 3, 4 processes on loopback): 1 MiB
+  // buffers + 256 KiB chunks beat 4 MiB + 512 KiB by 15-25% busbw (the
+  // in-flight bytes stay in cache), and beat kernel autotuning slightly.
+  int64_t chunk_bytes = 256 << 10;
   // SO_SNDBUF/SO_RCVBUF; 0 leaves the kernel's autotuning.
-  int socket_buffer_bytes = 4 << 20;
+  int socket_buffer_bytes = 1 << 20;
   // Payloads up to this many bytes take the latency path (mesh when
-  // available, else ring all-gather) instead of the bandwidth path.
-  int64_t small_allreduce_bytes = 32 << 10;
+  // available, else ring all-gather) instead of the bandwidth path. Measured
+  // crossover (2 and 4 processes): recursive doubling wins at 64 KiB (32 vs
+  // 55-64 us, 133 vs 251-299 us), the ring at 128 KiB and above.
+  int64_t small_allreduce_bytes = 64 << 10;
   // Groups of up to this many ranks also open a direct connection between
   // every pair of ranks, for one-hop small operations; 0 disables the mesh.
   int mesh_max_ranks = 16;
+  // How long a rank waiting for a small-all-reduce message polls, yielding
+  // the CPU between polls, before it sleeps in recvmsg. Measured at 4 KiB
+  // on the 2-core VM: 2 processes 9.5-10 us against 17-21 us sleeping at
+  // once; 3 processes 22-30 us against 61-80 us; 4 processes 37-43 us
+  // against 45-58 us. Yielding matters: a pure spin on oversubscribed cores
+  // steals the time the peer needs (4 processes: 82 us). Zero disables.
+  absl::Duration busy_poll = absl::Microseconds(50);
 };
 
 class RingCollective : public Collective {
@@ -204,33 +221,36 @@ class RingCollective : public Collective {
   // header both links carry.
   absl::Status BeginOp(Kind kind, ReduceOp op, int root, int64_t payload_bytes);
   // Runs send_units_/recv_units_ to completion (the engine).
-  absl::Status Transfer(const std::string& what, absl::Time deadline);
+  absl::Status Transfer(absl::Time deadline);
   absl::Status Fail(absl::Status status);  // records the first failure
-  absl::Status CheckHeader(const Header& in, const std::string& peer,
-                           const std::string& what) const;
+  absl::Status CheckHeader(const Header& in, const std::string& peer) const;
   void Reduce(const RecvUnit& unit, int64_t position, const float* src, int64_t count);
-  std::string Describe(const char* kind, const CollectiveOptions& options) const;
+  // Names the current operation in errors ("all-reduce 'grads' #12"); built
+  // only on the error path so steady state does not allocate.
+  std::string What() const;
   void AddSend(const ByteVector* v, int64_t begin, int64_t length, int depends_on);
   int AddRecv(ByteVector* v, int64_t begin, int64_t length, Mode mode);
 
-  absl::Status RingAllReduce(const std::string& what, ReduceOp op, absl::Time deadline);
+  absl::Status RingAllReduce(ReduceOp op, absl::Time deadline);
   absl::Status GatherAllReduce(absl::Span<const absl::Span<float>> buffers, int64_t elements,
-                               const std::string& what, ReduceOp op, absl::Time deadline);
-  // Ring all-gather of `blocks` equal blocks of `vector` (block r = rank r).
+                               ReduceOp op, absl::Time deadline);
+  // Plans a ring all-gather of size() blocks of `vector` (block r = rank r's).
   void PlanAllGather(ByteVector* vector, int64_t block_bytes);
   // One-hop exchange over the mesh: `bytes` from `out` (after the header)
   // to every peer, and each peer p's bytes into mesh_in_[p]; with sender >= 0
   // only that rank sends and the others receive from it.
-  absl::Status MeshTransfer(const std::string& what, absl::Time deadline, const char* out,
-                            int64_t bytes, int sender);
+  absl::Status MeshTransfer(absl::Time deadline, const char* out, int64_t bytes, int sender);
   // One pairwise step over the mesh: sends the header + `out_bytes` from
   // `out` to rank `to` and receives a header + `in_bytes` into `in` from rank
   // `from` (either may be -1).
   absl::Status Exchange(int to, const char* out, int64_t out_bytes, int from, char* in,
-                        int64_t in_bytes, const std::string& what, absl::Time deadline);
+                        int64_t in_bytes, absl::Time deadline);
+  // Sets SO_RCVTIMEO on the link from `peer` so a blocking receive ends
+  // near `deadline`; false once the deadline has passed.
+  bool ArmReceiveTimeout(int peer, absl::Time deadline);
   // Small all-reduce over the mesh by recursive doubling (log2 N steps).
   absl::Status DoublingAllReduce(absl::Span<const absl::Span<float>> buffers, int64_t elements,
-                                 const std::string& what, ReduceOp op, absl::Time deadline);
+                                 ReduceOp op, absl::Time deadline);
 
   const int rank_;
   const int size_;
@@ -248,6 +268,7 @@ class RingCollective : public Collective {
   std::vector<tcp::Fd> mesh_fds_;
   std::vector<int> mesh_send_fd_;
   std::vector<int> mesh_recv_fd_;
+  std::vector<absl::Duration> mesh_receive_timeout_;  // SO_RCVTIMEO armed per link
 
   // Per-operation state, reused (capacity kept) so steady state does not allocate.
   ByteVector data_;
@@ -255,7 +276,6 @@ class RingCollective : public Collective {
   ByteVector header_in_;
   ByteVector gather_view_;
   std::vector<float> gather_;
-  float barrier_token_[1] = {0};
   std::vector<float> barrier_blocks_;
   std::unique_ptr<float[]> scratch_;
   int64_t scratch_bytes_ = 0;
@@ -273,6 +293,8 @@ class RingCollective : public Collective {
   std::vector<pollfd> mesh_poll_;
   std::vector<int> mesh_poll_peer_;
   uint32_t sequence_ = 0;
+  const char* op_name_ = "";             // current operation, for What()
+  const std::string* op_tag_ = nullptr;  // its options.tag (valid during the call)
   float divisor_ = 1.0f;
   absl::Status failed_;  // owned by the operation thread
 

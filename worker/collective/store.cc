@@ -16,8 +16,8 @@ absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key, absl::Dur
     return values_.count(key) > 0;
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&present), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat("key '", key, "' did not appear in the store within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "key '", key, "' did not appear in the store within ", absl::FormatDuration(timeout)));
   }
   return values_.at(key);
 }

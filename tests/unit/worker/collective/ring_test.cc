@@ -403,6 +403,23 @@ TEST(RingCollectiveTest, AbortFromAnotherThreadEndsAnInFlightOperation) {
             std::string::npos);
 }
 
+TEST(RingCollectiveTest, AbortEndsASmallAllReduceBlockedInReceive) {
+  Ring ring = MakeRing(2, Options(2));
+  ASSERT_FALSE(HasFailure());
+  absl::Status status;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] {  // worker:1 never calls, so worker:0 blocks in recvmsg
+    std::vector<float> data(16, 1.0f);
+    status = ring[0]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ring[0]->Abort(absl::AbortedError("shutting down"));
+  waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_NE(status.message().find("shutting down"), std::string::npos) << status;
+}
+
 TEST(RingCollectiveTest, MismatchedCollectivesFailInsteadOfReducingGarbage) {
   Ring ring = MakeRing(2, Options(2));
   ASSERT_FALSE(HasFailure());
