@@ -31,17 +31,13 @@ import datetime
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
-PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
-                        "peers-venv", "bin", "python")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import BUILD, PEERS_PY, ROOT, fail, run_group, tf_configs  # noqa: E402
+
 GLOBAL_BATCH = 256
 
 JOB = """apiVersion: distrain.io/v1alpha1
@@ -61,62 +57,6 @@ spec:
     steps: {steps}
     logEverySteps: {log_every}
 """
-
-
-def fail(message):
-    sys.exit(f"training_scaling: {message}")
-
-
-def tf_configs(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    workers = [f"127.0.0.1:{s.getsockname()[1]}" for s in socks]
-    for s in socks:
-        s.close()
-    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i},
-                        "environment": "cloud"}) for i in range(n)]
-
-
-def run_group(name, commands, timeout):
-    """Runs [(argv, env)] together; returns worker 0's output. Kills the rest and
-    fails loudly when one exits non-zero or the group passes `timeout`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        procs, logs = [], []
-        for i, (argv, env) in enumerate(commands):
-            log = open(os.path.join(tmp, f"{i}.log"), "w+")
-            logs.append(log)
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-
-        def output(i):
-            logs[i].flush()
-            logs[i].seek(0)
-            return logs[i].read()
-
-        def kill_all():
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            for p in procs:
-                p.wait()
-
-        deadline = time.time() + timeout
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                kill_all()
-                i = bad[0]
-                fail(f"{name}: worker {i} exited with code {codes[i]}:\n{output(i)[-4000:]}")
-            if all(c == 0 for c in codes):
-                return output(0)
-            if time.time() > deadline:
-                kill_all()
-                fail(f"{name}: still running after {timeout:.0f} s; worker 0 said:\n{output(0)[-4000:]}")
-            time.sleep(0.05)
 
 
 def threads_per_process(workers):

@@ -1,0 +1,79 @@
+"""Helpers shared by the multi-process benchmarks: free loopback ports,
+TF_CONFIG for N local workers, and running a group of processes that must all
+succeed (the first failure kills the rest and stops the benchmark loudly)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
+                        "peers-venv", "bin", "python")
+
+
+def fail(message):
+    sys.exit(f"allreduce_busbw: {message}")
+
+
+def free_ports(count):
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def tf_configs(n):
+    workers = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i},
+                        "environment": "cloud"}) for i in range(n)]
+
+
+def run_group(name, commands, timeout):
+    """Runs [(argv, env)] together; returns rank 0's output. Kills the rest and
+    fails loudly when one exits non-zero or the group passes `timeout`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, logs = [], []
+        for i, (argv, env) in enumerate(commands):
+            log = open(os.path.join(tmp, f"{i}.log"), "w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+
+        def output(i):
+            logs[i].flush()
+            logs[i].seek(0)
+            return logs[i].read()
+
+        def kill_all():
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait()
+
+        deadline = time.time() + timeout
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                kill_all()
+                i = bad[0]
+                fail(f"{name}: process {i} ({' '.join(commands[i][0][:3])} ...) exited with "
+                     f"code {codes[i]}:\n{output(i)[-4000:]}")
+            if all(c == 0 for c in codes):
+                return output(0)
+            if time.time() > deadline:
+                kill_all()
+                fail(f"{name}: still running after {timeout:.0f} s; rank 0 said:\n{output(0)[-4000:]}")
+            time.sleep(0.05)
