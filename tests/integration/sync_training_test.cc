@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
 #include "worker/checkpoint/checkpoint.h"
 
@@ -143,27 +144,6 @@ const std::map<std::string, Tensor>& OneDeviceReference() {
     return vars;
   }();
   return *reference;
-}
-
-// Minimal HTTP/1.0 GET on loopback; "" when nothing answers.
-std::string HttpGet(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  ::send(fd, request.data(), request.size(), 0);
-  std::string response;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) response.append(buf, n);
-  ::close(fd);
-  return response;
 }
 
 // The processes of a chief + N workers job, started with their own TF_CONFIG
@@ -333,7 +313,7 @@ TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
         << cluster.processes[i]->output();
   }
   // The strategy's metrics are served next to the Trainer's.
-  const std::string metrics = HttpGet(cluster.metrics_ports[0], "/metrics");
+  const std::string metrics = testing::HttpGet(cluster.metrics_ports[0], "/metrics");
   std::smatch bytes;
   ASSERT_TRUE(std::regex_search(
       metrics, bytes,

@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
 
 namespace distrain {
@@ -16,39 +17,6 @@ namespace {
 using testing::SourceDir;
 using testing::Subprocess;
 using testing::WorkerBinary;
-
-// Minimal HTTP/1.0 GET on loopback; returns "" when nothing answers.
-std::string HttpGet(int port, const std::string& path) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return "";
-  }
-  std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  ::send(fd, req.data(), req.size(), 0);
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) resp.append(buf, n);
-  ::close(fd);
-  return resp;
-}
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // The example with steps raised so the worker is still training while we scrape.
 std::string LongRunningJob() {
@@ -62,14 +30,14 @@ std::string LongRunningJob() {
 }
 
 TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   Subprocess worker({WorkerBinary(), "--config", LongRunningJob()},
                     {{"DISTRAIN_METRICS_PORT", std::to_string(port)},
                      {"TF_CONFIG", R"({"cluster":{"worker":["localhost:2222"]},"task":{"type":"worker","index":0}})"}});
   ASSERT_TRUE(worker.WaitForOutput("step ", 120)) << worker.output();
-  std::string health = HttpGet(port, "/healthz");
+  std::string health = testing::HttpGet(port, "/healthz");
   EXPECT_NE(health.find("200 OK"), std::string::npos) << health;
-  std::string metrics = HttpGet(port, "/metrics");
+  std::string metrics = testing::HttpGet(port, "/metrics");
   for (const char* name : {"distrain_steps_total", "distrain_examples_total", "distrain_loss",
                            "distrain_step_duration_seconds_bucket", "distrain_total_steps"}) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing:\n" << metrics;
@@ -77,7 +45,7 @@ TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(metrics, m, std::regex(R"(\ndistrain_steps_total ([0-9.e+]+))"))) << metrics;
   EXPECT_GT(std::stod(m[1]), 0) << "steps counter never moved";
-  EXPECT_NE(HttpGet(port, "/nope").find("404"), std::string::npos);
+  EXPECT_NE(testing::HttpGet(port, "/nope").find("404"), std::string::npos);
   worker.Signal(SIGTERM);
   auto rc = worker.Wait(60);
   ASSERT_TRUE(rc.has_value()) << "worker ignored SIGTERM";
