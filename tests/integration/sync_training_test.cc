@@ -54,23 +54,6 @@ std::vector<std::string> ReadLines(const std::string& path) {
   return lines;
 }
 
-std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    fds.push_back(fd);
-    ports.push_back(ntohs(addr.sin_port));
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
-
 // One job, three placements. Small enough that 4 processes on a loaded
 // 2-core machine finish 200 steps in seconds; Adam, so optimizer slots matter.
 std::string JobYaml(const std::string& strategy, const std::string& replica_specs, int64_t steps,
@@ -156,7 +139,7 @@ struct Cluster {
 
   Cluster(const std::string& job, const std::string& dir, int workers) {
     const int n = workers + 1;
-    std::vector<int> ports = FreePorts(2 * n);
+    std::vector<int> ports = testing::FreeLoopbackPorts(2 * n);
     std::string worker_list;
     for (int i = 0; i < n; ++i) {
       addresses.push_back("127.0.0.1:" + std::to_string(ports[i]));
