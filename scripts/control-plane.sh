@@ -18,6 +18,8 @@
 #                                             kube-controller-manager, keeping the data;
 #                                             --kill: SIGKILL it first (a crash)
 #   scripts/control-plane.sh kubectl ARGS...  run the cached kubectl as cluster admin
+#   scripts/control-plane.sh helm ARGS...     run the cached helm as cluster admin
+#   scripts/control-plane.sh helmbin          print the helm binary's path
 #
 # Environment: DISTRAIN_CACHE (binaries and Go caches), DISTRAIN_KUBE_DIR (state:
 # certificates, kubeconfigs, etcd data, logs, pid files; default /tmp/distrain-kube),
@@ -32,11 +34,15 @@ set -euo pipefail
 # tested with.
 K8S_VERSION=v1.36.3
 ETCD_VERSION=v3.6.8
+# Helm is built from its own module (scripts/helm/go.mod): it pins other client-go versions.
+HELM_VERSION=v3.22.0
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MODULE_DIR="$ROOT/scripts/control_plane"
 CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
 BIN="$CACHE/kube-$K8S_VERSION/bin"
+HELM_BIN="$CACHE/helm-$HELM_VERSION/bin/helm"
+HELM_MODULE_DIR="$ROOT/scripts/helm"
 STATE="${DISTRAIN_KUBE_DIR:-/tmp/distrain-kube}"
 PKI="$STATE/pki"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager)
@@ -72,7 +78,33 @@ binaries_present() {
   done
 }
 
+# Helm CLI, cached like the control plane; shares the Go module and build caches.
+build_helm() {
+  [ -x "$HELM_BIN" ] && { log "Helm $HELM_VERSION: cached in $HELM_BIN"; return 0; }
+  local mod_helm go
+  mod_helm="$(awk '$1 == "helm.sh/helm/v3" && $2 ~ /^v/ { print $2; exit }' "$HELM_MODULE_DIR/go.mod")"
+  [ "$mod_helm" = "$HELM_VERSION" ] || die "scripts/helm/go.mod pins helm $mod_helm but HELM_VERSION in $0 is $HELM_VERSION; make them agree."
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/helm-$HELM_VERSION.build.lock"
+  flock 9
+  if [ ! -x "$HELM_BIN" ]; then
+    go="$(find_go)"
+    export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
+    export GOFLAGS="${GOFLAGS:-} -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0
+    local out="$HELM_BIN.partial.$$" start=$SECONDS
+    mkdir -p "$(dirname "$HELM_BIN")"
+    log "building Helm $HELM_VERSION into $HELM_BIN (a few minutes on a cold cache)"
+    (cd "$HELM_MODULE_DIR" && "$go" build -trimpath \
+      -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+      -o "$out" helm.sh/helm/v3/cmd/helm) || { rm -f "$out"; die "go build of helm failed (output above)"; }
+    mv "$out" "$HELM_BIN"
+    log "built helm in $((SECONDS - start)) s"
+  fi
+  exec 9>&-
+}
+
 cmd_build() {
+  build_helm
   if binaries_present; then
     log "Kubernetes $K8S_VERSION + etcd $ETCD_VERSION: cached in $BIN"
     return 0
@@ -476,6 +508,8 @@ case "${1:-}" in
   bindir) echo "$BIN" ;;
   restart) shift; cmd_restart "$@" ;;
   kubectl) shift; exec "$BIN/kubectl" --kubeconfig="$STATE/admin.kubeconfig" "$@" ;;
+  helm) shift; build_helm; exec "$HELM_BIN" --kubeconfig="$STATE/admin.kubeconfig" "$@" ;;
+  helmbin) build_helm >&2; echo "$HELM_BIN" ;;
   -h | --help | help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
-  *) echo "usage: $0 build|up|down|status|kubeconfig|bindir|restart [--kill] COMPONENT|kubectl ARGS... (see --help)" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up|down|status|kubeconfig|bindir|helmbin|restart [--kill] COMPONENT|kubectl ARGS...|helm ARGS... (see --help)" >&2; exit 2 ;;
 esac
