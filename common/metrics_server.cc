@@ -14,7 +14,7 @@ using web::http::experimental::listener::http_listener;
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-    std::function<bool()> healthy) {
+    std::function<bool()> healthy, std::function<bool()> ready) {
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics port: must be in 1..65535, got ", port,
@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
   server->healthy_ = std::move(healthy);
+  server->ready_ = ready ? std::move(ready) : server->healthy_;
   server->port_ = port;
   try {
     server->listener_ = std::make_unique<http_listener>(
@@ -35,10 +36,12 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
         request.reply(status_codes::OK, serializer.Serialize(self->registry_->Collect()),
                       "text/plain; version=0.0.4; charset=utf-8");
       } else if (path == "/healthz" || path == "/readyz") {
-        if (self->healthy_()) {
+        const bool ok = path == "/healthz" ? self->healthy_() : self->ready_();
+        if (ok) {
           request.reply(status_codes::OK, "ok\n", "text/plain");
         } else {
-          request.reply(status_codes::ServiceUnavailable, "unhealthy\n", "text/plain");
+          request.reply(status_codes::ServiceUnavailable,
+                        path == "/healthz" ? "unhealthy\n" : "not ready\n", "text/plain");
         }
       } else {
         request.reply(status_codes::NotFound, "try /metrics or /healthz\n", "text/plain");

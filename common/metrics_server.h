@@ -18,7 +18,8 @@ namespace distrain {
 // HTTP endpoint for Prometheus and probes, on one port (DISTRAIN_METRICS_PORT
 // in workers, :8080 in the operator):
 //   GET /metrics  Prometheus text format 0.0.4 of the registry;
-//   GET /healthz  200 "ok" while `healthy()` returns true, else 503.
+//   GET /healthz  200 "ok" while `healthy()` returns true, else 503;
+//   GET /readyz   200 "ok" while `ready()` returns true (default: healthy()), else 503.
 // prometheus-cpp provides the metric types and the text serializer; the
 // listener is cpprestsdk's (prometheus-cpp's own exposer cannot serve
 // /healthz beside /metrics).
@@ -30,7 +31,7 @@ class MetricsServer {
  public:
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-      std::function<bool()> healthy = [] { return true; });
+      std::function<bool()> healthy = [] { return true; }, std::function<bool()> ready = nullptr);
   ~MetricsServer();  // stops listening; in-flight requests finish first
 
   int port() const { return port_; }
@@ -40,6 +41,7 @@ class MetricsServer {
   std::unique_ptr<web::http::experimental::listener::http_listener> listener_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::function<bool()> healthy_;
+  std::function<bool()> ready_;
   int port_ = 0;
 };
 
