@@ -33,6 +33,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libopenblas-dev libcli11-dev libspdlog-dev
   libcivetweb-dev civetweb zlib1g-dev dpkg-dev curl procps
   openssl  # scripts/control-plane.sh: the dev cluster's certificates
+  buildah debootstrap  # scripts/build-images.sh: images without a Docker engine or registry
 )
 if [ "$WITH_PEERS" = 1 ]; then APT_PACKAGES+=(openmpi-bin libopenmpi-dev); fi
 missing=()
