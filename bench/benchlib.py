@@ -39,9 +39,10 @@ def tf_configs(n):
                         "environment": "cloud"}) for i in range(n)]
 
 
-def run_group(name, commands, timeout):
-    """Runs [(argv, env)] together; returns rank 0's output. Kills the rest and
-    fails loudly when one exits non-zero or the group passes `timeout`."""
+def run_group(name, commands, timeout, all_outputs=False):
+    """Runs [(argv, env)] together; returns rank 0's output (every process's
+    output, in order, with all_outputs). Kills the rest and fails loudly when
+    one exits non-zero or the group passes `timeout`."""
     with tempfile.TemporaryDirectory() as tmp:
         procs, logs = [], []
         for i, (argv, env) in enumerate(commands):
@@ -72,7 +73,7 @@ def run_group(name, commands, timeout):
                 fail(f"{name}: process {i} ({' '.join(commands[i][0][:3])} ...) exited with "
                      f"code {codes[i]}:\n{output(i)[-4000:]}")
             if all(c == 0 for c in codes):
-                return output(0)
+                return [output(i) for i in range(len(procs))] if all_outputs else output(0)
             if time.time() > deadline:
                 kill_all()
                 fail(f"{name}: still running after {timeout:.0f} s; rank 0 said:\n{output(0)[-4000:]}")

@@ -282,7 +282,10 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
       v1::DataChunk* chunk = msg.add_chunks();
       chunk->set_index(static_cast<int32_t>(i));
       chunk->set_offset(offset);
-      chunk->set_data(reinterpret_cast<const char*>(u.data + offset), take * sizeof(float));
+      // mutable_data()->assign copies once; set_data(ptr, n) builds a temporary
+      // std::string and copies it again (protobuf 3.21's ConstStringParam).
+      chunk->mutable_data()->assign(reinterpret_cast<const char*>(u.data + offset),
+                                    take * sizeof(float));
       msg_bytes += take * static_cast<int64_t>(sizeof(float));
       offset += take;
     }

@@ -507,8 +507,9 @@ grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* re
         v1::DataChunk* chunk = current.add_chunks();
         chunk->set_index(static_cast<int32_t>(t));
         chunk->set_offset(offset);
-        chunk->set_data(reinterpret_cast<const char*>(shard.value.data() + offset),
-                        take * sizeof(float));
+        // One copy (set_data(ptr, n) would copy twice; see PsClient::UploadShards).
+        chunk->mutable_data()->assign(reinterpret_cast<const char*>(shard.value.data() + offset),
+                                      take * sizeof(float));
         current_bytes += take * static_cast<int64_t>(sizeof(float));
         offset += take;
       }

@@ -49,10 +49,8 @@ INSTANTIATE_TEST_SUITE_P(
                     CollectiveImplementation::kNccl, absl::StatusCode::kInvalidArgument,
                     "spec.training.communication.implementation: NCCL needs GPUs and a CUDA build"},
 #endif
-        // Update when CentralStorage lands.
-        SupportCase{"CentralStorageNotYet", StrategyKind::kCentralStorage,
-                    CollectiveImplementation::kAuto, absl::StatusCode::kUnimplemented,
-                    "spec.strategy: CentralStorage is not available"},
+        SupportCase{"CentralStorage", StrategyKind::kCentralStorage,
+                    CollectiveImplementation::kAuto, absl::StatusCode::kOk, ""},
         SupportCase{"TpuRunsTheUsersImage", StrategyKind::kTPU, CollectiveImplementation::kAuto,
                     absl::StatusCode::kFailedPrecondition, "TPU"}),
     [](const ::testing::TestParamInfo<SupportCase>& info) { return info.param.name; });

@@ -1,0 +1,127 @@
+#ifndef DISTRAIN_TESTS_INTEGRATION_SYNC_REFERENCE_H_
+#define DISTRAIN_TESTS_INTEGRATION_SYNC_REFERENCE_H_
+
+// Test helpers for "synchronous strategy X matches single-process training":
+// one small job YAML that every placement shares, the final variables of a
+// checkpoint directory, their comparison, and the OneDevice reference run
+// (trained once per test binary: the function-local static of an inline
+// function is shared by every file that includes this header).
+// Factored out of sync_training_test.cc for the CentralStorage test.
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/subprocess.h"
+#include "worker/checkpoint/checkpoint.h"
+
+namespace distrain::testing {
+
+// Steps of the reference run (and of every run compared with it).
+inline constexpr int kReferenceSteps = 200;
+
+inline std::string FreshTempDir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path p = fs::temp_directory_path() /
+               ("distrain_it_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+inline std::string WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+inline std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// One job, many placements. Small enough that 4 processes on a loaded
+// 2-core machine finish 200 steps in seconds; Adam, so optimizer slots matter.
+inline std::string SyncJobYaml(const std::string& strategy, const std::string& replica_specs,
+                               int64_t steps, const std::string& extra_training = "") {
+  return absl::StrCat("apiVersion: distrain.io/v1alpha1\n",                                       //
+                      "kind: DistributedTrainingJob\n",                                           //
+                      "metadata: {name: sync}\n",                                                 //
+                      "spec:\n",                                                                  //
+                      "  strategy: ", strategy, "\n",                                             //
+                      "  replicaSpecs:\n", replica_specs,                                         //
+                      "  training:\n",                                                            //
+                      "    model: {hiddenUnits: [64, 32]}\n",                                     //
+                      "    dataset: {type: synthetic, numExamples: 4096, numEvalExamples: 512,",  //
+                      " numFeatures: 48, numClasses: 10, noise: 1.5, autoShardPolicy: DATA}\n",   //
+                      "    optimizer: {type: adam, learningRate: 0.002}\n",                       //
+                      "    globalBatchSize: 64\n",                                                //
+                      "    steps: ", steps, "\n",                                                 //
+                      "    logEverySteps: 20\n",                                                  //
+                      "    seed: 7\n", extra_training);
+}
+
+// The variables ("variables/...") of the newest checkpoint, which must be at `step`.
+inline std::map<std::string, Tensor> FinalVariables(const std::string& checkpoint_dir,
+                                                    int64_t step = kReferenceSteps) {
+  auto state = CheckpointManager(checkpoint_dir, 3).RestoreLatest();
+  EXPECT_TRUE(state.ok()) << state.status();
+  std::map<std::string, Tensor> out;
+  if (!state.ok() || !state->has_value()) {
+    ADD_FAILURE() << "no checkpoint in " << checkpoint_dir;
+    return out;
+  }
+  EXPECT_EQ((*state)->step, step);
+  for (auto& [name, tensor] : (*state)->tensors) {
+    if (name.rfind("variables/", 0) == 0) out.emplace(name, tensor);
+  }
+  return out;
+}
+
+inline void ExpectSameVariables(const std::map<std::string, Tensor>& got,
+                                const std::map<std::string, Tensor>& want, float tolerance) {
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(want.empty());
+  float overall = 0;
+  for (const auto& [name, w] : want) {
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << name;
+    ASSERT_EQ(it->second.size(), w.size()) << name;
+    float worst = 0;
+    for (int64_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(it->second[i] - w[i]));
+    EXPECT_LE(worst, tolerance) << name << " differs from OneDevice by " << worst;
+    overall = std::max(overall, worst);
+  }
+  std::cout << "max abs difference from OneDevice: " << overall << "\n";
+}
+
+// OneDevice on SyncJobYaml's job for kReferenceSteps, trained once per test binary.
+inline const std::map<std::string, Tensor>& OneDeviceReference() {
+  static const auto* reference = [] {
+    const std::string dir = FreshTempDir("onedevice_reference");
+    const std::string job =
+        WriteTextFile(dir + "/job.yaml",
+                      SyncJobYaml("OneDevice", "    Worker: {replicas: 1}\n", kReferenceSteps));
+    Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
+                      {{"OPENBLAS_NUM_THREADS", "1"}});
+    auto rc = worker.Wait(120);
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
+    auto* vars = new std::map<std::string, Tensor>(FinalVariables(dir + "/ckpt"));
+    std::filesystem::remove_all(dir);
+    return vars;
+  }();
+  return *reference;
+}
+
+}  // namespace distrain::testing
+
+#endif  // DISTRAIN_TESTS_INTEGRATION_SYNC_REFERENCE_H_

@@ -1,0 +1,249 @@
+#include "worker/strategy/central_storage.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "worker/strategy/mirrored.h"
+#include "worker/strategy/one_device.h"
+#include "worker/strategy/param_checksum.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain {
+namespace {
+
+constexpr int kFeatures = 24;
+constexpr int kClasses = 6;
+
+ClusterSpec LoneWorker() {
+  auto spec = ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0});
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+JobConfig Job(StrategyKind strategy, int local_replicas, int64_t batch = 32,
+              OptimizerType optimizer = OptimizerType::kAdam) {
+  JobConfig c;
+  c.strategy = strategy;
+  c.replicas[ReplicaType::kWorker].replicas = 1;
+  c.training.global_batch_size = batch;
+  c.training.local_replicas = local_replicas;
+  c.training.model.hidden_units = {48, 24};
+  c.training.optimizer.type = optimizer;
+  c.training.optimizer.learning_rate = optimizer == OptimizerType::kAdam ? 0.01f : 0.05f;
+  return c;
+}
+
+// Deterministic batches of a learnable problem (label = argmax of a fixed
+// projection), the same for every strategy under test.
+struct Batches {
+  Batches(int64_t batch_size, int steps) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    std::vector<float> w(kFeatures * kClasses);
+    for (float& x : w) x = normal(rng);
+    for (int s = 0; s < steps; ++s) {
+      Tensor f({batch_size, kFeatures});
+      std::vector<int32_t> l(batch_size);
+      for (int64_t i = 0; i < batch_size; ++i) {
+        for (int j = 0; j < kFeatures; ++j) f.at(i, j) = normal(rng);
+        int best = 0;
+        float best_score = -1e30f;
+        for (int c = 0; c < kClasses; ++c) {
+          float score = 0;
+          for (int j = 0; j < kFeatures; ++j) score += f.at(i, j) * w[j * kClasses + c];
+          if (score > best_score) best_score = score, best = c;
+        }
+        l[i] = best;
+      }
+      features.push_back(std::move(f));
+      labels.push_back(std::move(l));
+    }
+  }
+  std::vector<Tensor> features;
+  std::vector<std::vector<int32_t>> labels;
+};
+
+template <typename S>
+std::unique_ptr<S> Make(const JobConfig& config) {
+  auto s = std::make_unique<S>();
+  absl::Status init = s->Init(LoneWorker(), config);
+  EXPECT_TRUE(init.ok()) << init;
+  ModelFactory factory = [&]() {
+    return Model::Create(config.training.model, kFeatures, kClasses, config.training.seed);
+  };
+  absl::Status created = s->CreateVariables(factory, config.training.optimizer);
+  EXPECT_TRUE(created.ok()) << created;
+  return s;
+}
+
+// One step the way the Trainer runs it: replica r takes rows
+// [r * b / n, (r + 1) * b / n) of the batch.
+absl::StatusOr<StepOutput> Step(Strategy& s, const Tensor& features,
+                                const std::vector<int32_t>& labels) {
+  const int n = s.num_local_replicas();
+  const int64_t b = features.dim(0);
+  std::vector<Tensor> f(n);
+  std::vector<std::vector<int32_t>> l(n);
+  StepFn fn = [&](ReplicaContext& ctx) {
+    const int r = ctx.local_replica;
+    const int64_t per = b / n;
+    f[r].Resize({per, kFeatures});
+    std::memcpy(f[r].data(), features.data() + r * per * kFeatures,
+                per * kFeatures * sizeof(float));
+    l[r].assign(labels.begin() + r * per, labels.begin() + (r + 1) * per);
+    return ctx.model->TrainStep(f[r], l[r], ctx.on_layer_grads_ready);
+  };
+  return s.Run(fn, b);
+}
+
+float MaxAbsDiff(Model& a, Model& b) {
+  float worst = 0;
+  auto pa = a.parameters();
+  auto pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    for (int64_t j = 0; j < pa[i]->value.size(); ++j) {
+      worst = std::max(worst, std::fabs(pa[i]->value[j] - pb[i]->value[j]));
+    }
+  }
+  return worst;
+}
+
+struct MatchCase {
+  std::string name;
+  int replicas;
+  int64_t batch;
+  OptimizerType optimizer;
+};
+
+class CentralStorageMatchesOneDeviceTest : public ::testing::TestWithParam<MatchCase> {};
+
+// Adam is nearly invariant to the gradients' scale, so momentum SGD runs too:
+// it would expose a SUM where the MEAN belongs. Three replicas split the
+// parameter elements unevenly between the reducing threads.
+TEST_P(CentralStorageMatchesOneDeviceTest, ReplicasEqualTheHostCopyAndTrainLikeOneDevice) {
+  const MatchCase& c = GetParam();
+  constexpr int kSteps = 40;
+  Batches data(c.batch, kSteps);
+  auto central = Make<CentralStorageStrategy>(
+      Job(StrategyKind::kCentralStorage, c.replicas, c.batch, c.optimizer));
+  auto one = Make<OneDeviceStrategy>(Job(StrategyKind::kOneDevice, 0, c.batch, c.optimizer));
+  ASSERT_EQ(central->num_local_replicas(), c.replicas);
+  ASSERT_EQ(central->local_models().size(), static_cast<size_t>(c.replicas + 1));
+  double first_loss = 0, last_loss = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    auto cs = Step(*central, data.features[s], data.labels[s]);
+    auto o = Step(*one, data.features[s], data.labels[s]);
+    ASSERT_TRUE(cs.ok()) << cs.status();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(cs->examples, c.batch);
+    EXPECT_NEAR(cs->loss, o->loss, 1e-4) << "step " << s;
+    auto checksum = ReplicaChecksum(central->local_models());
+    ASSERT_TRUE(checksum.ok()) << "after step " << s << ": " << checksum.status();
+    ASSERT_LE(MaxAbsDiff(*central->primary_model(), *one->primary_model()), 1e-5f) << "step " << s;
+    if (s == 0) first_loss = cs->loss;
+    last_loss = cs->loss;
+  }
+  // One optimizer, updated once per step (not once per replica).
+  EXPECT_EQ(central->optimizer().iterations(), kSteps);
+  EXPECT_LT(last_loss, first_loss * 0.8) << "the model did not train";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, CentralStorageMatchesOneDeviceTest,
+    ::testing::Values(MatchCase{"FourReplicasAdam", 4, 32, OptimizerType::kAdam},
+                      MatchCase{"FourReplicasMomentum", 4, 32, OptimizerType::kMomentum},
+                      MatchCase{"ThreeReplicasSgd", 3, 30, OptimizerType::kSgd}),
+    [](const ::testing::TestParamInfo<MatchCase>& info) { return info.param.name; });
+
+TEST(CentralStorageStrategyTest, OneReplicaIsExactlyOneDevice) {
+  Batches data(32, 5);
+  auto central = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 1));
+  auto one = Make<OneDeviceStrategy>(Job(StrategyKind::kOneDevice, 0));
+  ASSERT_EQ(central->local_models().size(), 1u);
+  for (int s = 0; s < 5; ++s) {
+    ASSERT_TRUE(Step(*central, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*one, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*central->primary_model()), ParameterChecksum(*one->primary_model()));
+}
+
+TEST(CentralStorageStrategyTest, RestoreReachesEveryReplicaAndResumesIdentically) {
+  Batches data(32, 6);
+  auto a = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 4));
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*a, data.features[s], data.labels[s]).ok());
+  auto saved = a->SaveState(3);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->metadata.at("optimizer_iterations"), "3");
+  EXPECT_TRUE(saved->tensors.count("optimizer/dense_0/kernel/m")) << "Adam slots are checkpointed";
+
+  auto b = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 4));
+  ASSERT_TRUE(b->RestoreState(*saved).ok());
+  auto restored = ReplicaChecksum(b->local_models());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, ParameterChecksum(*a->primary_model()));
+  for (int s = 3; s < 6; ++s) {
+    ASSERT_TRUE(Step(*a, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*b, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*a->primary_model()), ParameterChecksum(*b->primary_model()));
+}
+
+// Checkpoints use the names every strategy uses, so a job can switch.
+TEST(CentralStorageStrategyTest, CheckpointRestoresIntoOneDevice) {
+  Batches data(32, 4);
+  auto central = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 4));
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(Step(*central, data.features[s], data.labels[s]).ok());
+  auto saved = central->SaveState(2);
+  ASSERT_TRUE(saved.ok());
+  auto one = Make<OneDeviceStrategy>(Job(StrategyKind::kOneDevice, 0));
+  ASSERT_TRUE(one->RestoreState(*saved).ok());
+  EXPECT_EQ(ParameterChecksum(*one->primary_model()),
+            ParameterChecksum(*central->primary_model()));
+  for (int s = 2; s < 4; ++s) {
+    ASSERT_TRUE(Step(*central, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*one, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_LE(MaxAbsDiff(*central->primary_model(), *one->primary_model()), 1e-5f);
+}
+
+TEST(CentralStorageStrategyTest, CapsBlasThreadsWhileAliveAndRestoresThem) {
+  const int before = cpu::BlasThreads();
+  {
+    auto central = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 4));
+    EXPECT_EQ(cpu::BlasThreads(), std::max(1, before / 4));
+  }
+  EXPECT_EQ(cpu::BlasThreads(), before);
+}
+
+TEST(CentralStorageStrategyTest, ZeroLocalReplicasMeansOnePerCoreDividingTheBatch) {
+  auto central = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 0, 30));
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(central->num_local_replicas(), DefaultLocalReplicas(hardware, 30));
+  EXPECT_EQ(30 % central->num_local_replicas(), 0);
+}
+
+TEST(CentralStorageStrategyTest, BatchNotDivisibleByReplicasNamesTheFieldAndTheFix) {
+  CentralStorageStrategy s;
+  absl::Status status = s.Init(LoneWorker(), Job(StrategyKind::kCentralStorage, 4, 30));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("spec.training.globalBatchSize: 30"), std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("multiple of 4"), std::string::npos) << status;
+}
+
+TEST(CentralStorageStrategyTest, RefusesSeveralTrainingTasks) {
+  auto spec =
+      ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
+  ASSERT_TRUE(spec.ok());
+  CentralStorageStrategy s;
+  absl::Status status = s.Init(*spec, Job(StrategyKind::kCentralStorage, 2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("MultiWorkerMirrored"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace distrain

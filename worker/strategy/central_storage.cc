@@ -1,0 +1,184 @@
+#include "worker/strategy/central_storage.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "spdlog/spdlog.h"
+#include "worker/strategy/mirrored.h"
+#include "worker/strategy/variable_state.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain {
+
+void CentralStorageStrategy::StepBarrier::Wait() {
+  absl::MutexLock lock(&mu_);
+  const int64_t generation = generation_;
+  if (++waiting_ == parties_) {
+    waiting_ = 0;
+    ++generation_;
+    return;
+  }
+  struct Args {
+    StepBarrier* self;
+    int64_t generation;
+  } args{this, generation};
+  mu_.Await(absl::Condition(
+      +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS { return a->self->generation_ != a->generation; },
+      &args));
+}
+
+CentralStorageStrategy::~CentralStorageStrategy() {
+  runner_.reset();  // joins the replica threads before the models go away
+  if (previous_blas_threads_ > 0) cpu::SetBlasThreads(previous_blas_threads_);
+}
+
+absl::Status CentralStorageStrategy::Init(const ClusterSpec& cluster, const JobConfig& config) {
+  if (cluster.num_training_tasks() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CentralStorage trains in a single process (its replicas are local devices) but "
+        "TF_CONFIG lists ",
+        cluster.num_training_tasks(),
+        " chief/worker tasks; use strategy MultiWorkerMirrored or ParameterServer to train "
+        "across processes"));
+  }
+  const TrainingConfig& t = config.training;
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  num_replicas_ =
+      t.local_replicas > 0 ? t.local_replicas : DefaultLocalReplicas(hardware, t.global_batch_size);
+  if (t.global_batch_size % num_replicas_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.globalBatchSize: ", t.global_batch_size, " is not divisible by the ",
+        num_replicas_, " local replicas (spec.training.localReplicas); use a multiple of ",
+        num_replicas_));
+  }
+  // The replicas share the cores; see MirroredStrategy for why this is safe.
+  const int cores = std::max(1, std::min(hardware, cpu::BlasThreads()));
+  const int blas = std::max(1, cores / num_replicas_);
+  if (blas != cpu::BlasThreads()) {
+    previous_blas_threads_ = cpu::BlasThreads();
+    cpu::SetBlasThreads(blas);
+  }
+  spdlog::info("CentralStorage: {} local replica(s) as threads{}, variables and optimizer on the "
+               "host, {} BLAS thread(s) each",
+               num_replicas_, t.local_replicas > 0 ? "" : " (localReplicas 0: one per core)", blas);
+  return absl::OkStatus();
+}
+
+absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory,
+                                                     const OptimizerConfig& optimizer) {
+  auto host = factory();
+  if (!host.ok()) return host.status();
+  host_model_ = std::move(*host);
+  host_params_ = host_model_->parameters();
+  auto opt = Optimizer::Create(optimizer);
+  if (!opt.ok()) return opt.status();
+  optimizer_ = std::move(*opt);
+  if (num_replicas_ == 1) return absl::OkStatus();
+
+  for (int r = 0; r < num_replicas_; ++r) {
+    auto model = factory();
+    if (!model.ok()) return model.status();
+    replica_params_.push_back((*model)->parameters());
+    replica_models_.push_back(std::move(*model));
+  }
+  // The factory is deterministic in the seed, but the host copy is the
+  // definition of the variables: make that true by construction.
+  for (int r = 0; r < num_replicas_; ++r) CopyHostToReplica(r);
+
+  // Split the concatenation of every parameter's elements into N ranges.
+  int64_t total = 0;
+  for (Parameter* p : host_params_) total += p->value.size();
+  reduce_slices_.assign(num_replicas_, {});
+  for (int r = 0; r < num_replicas_; ++r) {
+    const int64_t slice_begin = total * r / num_replicas_;
+    const int64_t slice_end = total * (r + 1) / num_replicas_;
+    int64_t offset = 0;  // of the current parameter in the concatenation
+    for (int i = 0; i < static_cast<int>(host_params_.size()); ++i) {
+      const int64_t size = host_params_[i]->value.size();
+      const int64_t begin = std::max(slice_begin, offset);
+      const int64_t end = std::min(slice_end, offset + size);
+      if (begin < end) reduce_slices_[r].push_back({i, begin - offset, end - offset});
+      offset += size;
+    }
+  }
+  barrier_ = std::make_unique<StepBarrier>(num_replicas_);
+  runner_ = std::make_unique<ReplicaRunner>(num_replicas_);
+  return absl::OkStatus();
+}
+
+std::vector<Model*> CentralStorageStrategy::local_models() {
+  std::vector<Model*> out = {host_model_.get()};
+  for (auto& m : replica_models_) out.push_back(m.get());
+  return out;
+}
+
+void CentralStorageStrategy::ReduceToHost(int replica) {
+  const float inv_n = 1.0f / static_cast<float>(num_replicas_);
+  for (const Segment& seg : reduce_slices_[replica]) {
+    float* out = host_params_[seg.param]->grad.data() + seg.begin;
+    const int64_t n = seg.end - seg.begin;
+    // Replica order is fixed, so the sum is the same whatever the timing.
+    std::memcpy(out, replica_params_[0][seg.param]->grad.data() + seg.begin, n * sizeof(float));
+    for (int r = 1; r < num_replicas_; ++r) {
+      cpu::Axpy(n, 1.0f, replica_params_[r][seg.param]->grad.data() + seg.begin, out);
+    }
+    cpu::Scale(n, inv_n, out);
+  }
+}
+
+void CentralStorageStrategy::CopyHostToReplica(int replica) {
+  for (size_t i = 0; i < host_params_.size(); ++i) {
+    const Tensor& from = host_params_[i]->value;
+    std::memcpy(replica_params_[replica][i]->value.data(), from.data(), from.bytes());
+  }
+}
+
+absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, int64_t examples) {
+  if (num_replicas_ == 1) {
+    ReplicaContext ctx;
+    ctx.model = host_model_.get();
+    LossResult result = step_fn(ctx);
+    optimizer_->Apply(host_params_);
+    return StepOutput{result.loss, result.correct, examples};
+  }
+  const int n = num_replicas_;
+  std::vector<LossResult> results(n);
+  runner_->Run([&](int r) {
+    ReplicaContext ctx;
+    ctx.local_replica = r;
+    ctx.replica_id_in_sync = r;
+    ctx.num_local_replicas = n;
+    ctx.num_replicas_in_sync = n;
+    ctx.model = replica_models_[r].get();
+    results[r] = step_fn(ctx);  // 1.
+    barrier_->Wait();
+    ReduceToHost(r);  // 2.
+    barrier_->Wait();
+    if (r == 0) optimizer_->Apply(host_params_);  // 3.
+    barrier_->Wait();
+    CopyHostToReplica(r);  // 4.
+  });
+  StepOutput out;
+  for (const LossResult& r : results) {
+    out.loss += r.loss;
+    out.correct += r.correct;
+  }
+  out.loss /= n;  // equal slices: the mean of the replicas' means is the batch mean
+  out.examples = examples;
+  return out;
+}
+
+absl::StatusOr<CheckpointState> CentralStorageStrategy::SaveState(int64_t step) {
+  return CaptureVariableState(*host_model_, *optimizer_, step);
+}
+
+absl::Status CentralStorageStrategy::RestoreState(const CheckpointState& state) {
+  if (absl::Status s = RestoreVariableState(state, *host_model_, *optimizer_); !s.ok()) return s;
+  for (int r = 0; r < static_cast<int>(replica_models_.size()); ++r) CopyHostToReplica(r);
+  return absl::OkStatus();
+}
+
+}  // namespace distrain
