@@ -1,0 +1,31 @@
+#include "operator/controller/elastic.h"
+
+namespace distrain::controller {
+
+ScaleDecision DecideScale(const Topology& topology, const std::vector<ObservedPod>& pods) {
+  ScaleDecision d;
+  bool stale = false;
+  for (const ObservedPod& p : pods) {
+    if (p.terminating) continue;
+    if (p.id.index >= topology.config.replicas_of(p.id.type)) {
+      d.excess.push_back(&p);
+      continue;
+    }
+    const bool training = p.id.type == ReplicaType::kChief || p.id.type == ReplicaType::kWorker;
+    // Pods made before the hash existed carry none: they are trusted.
+    if (training && !p.cluster_hash.empty() && p.cluster_hash != topology.cluster_hash) {
+      stale = true;
+    }
+  }
+  if (stale && topology.config.strategy != StrategyKind::kParameterServer) {
+    for (const ObservedPod& p : pods) {
+      const bool training = p.id.type == ReplicaType::kChief || p.id.type == ReplicaType::kWorker;
+      if (!p.terminating && training && p.id.index < topology.config.replicas_of(p.id.type)) {
+        d.regenerate.push_back(&p);
+      }
+    }
+  }
+  return d;
+}
+
+}  // namespace distrain::controller

@@ -1,0 +1,114 @@
+#include "operator/controller/observed.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace distrain::controller {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string StringAt(const Json& object, const char* a, const char* b) {
+  if (!object.is_object() || !object.contains(a) || !object[a].is_object()) return "";
+  const Json& inner = object[a];
+  auto it = inner.find(b);
+  return it != inner.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+std::string Label(const Json& pod, const char* key) {
+  if (!pod.contains("metadata") || !pod["metadata"].is_object()) return "";
+  return StringAt(pod["metadata"], "labels", key);
+}
+
+// The main container's status: the one named like the spec's main container.
+const Json* MainContainerStatus(const Json& pod) {
+  const Json& spec = pod.contains("spec") ? pod["spec"] : Json();
+  const Json* main = MainContainer(spec);
+  const std::string main_name = main != nullptr ? main->value("name", "") : kMainContainerName;
+  if (!pod.contains("status") || !pod["status"].is_object()) return nullptr;
+  const Json& status = pod["status"];
+  if (!status.contains("containerStatuses") || !status["containerStatuses"].is_array()) {
+    return nullptr;
+  }
+  for (const Json& cs : status["containerStatuses"]) {
+    if (cs.is_object() && cs.value("name", "") == main_name) return &cs;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string ObservedPod::Describe() const {
+  std::string out;
+  if (exit_code) {
+    out = absl::StrCat("exited with code ", *exit_code);
+    if (!reason.empty()) absl::StrAppend(&out, " (", reason, ")");
+  } else {
+    out = absl::StrCat("failed", reason.empty() ? "" : ": ", reason);
+  }
+  return out;
+}
+
+std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std::string& job_name,
+                                            const std::string& job_uid) {
+  if (!pod.is_object() || !pod.contains("metadata") || !pod["metadata"].is_object()) {
+    return std::nullopt;
+  }
+  const Json& metadata = pod["metadata"];
+  if (Label(pod, api::kLabelJobName) != job_name) return std::nullopt;
+  std::optional<ReplicaType> type = ReplicaTypeFromTaskType(Label(pod, api::kLabelReplicaType));
+  int index = -1;
+  if (!type || !absl::SimpleAtoi(Label(pod, api::kLabelReplicaIndex), &index) || index < 0) {
+    return std::nullopt;
+  }
+  // A pod controlled by something else (say a previous job of the same name
+  // that is still being collected) is not ours to count or restart.
+  if (!job_uid.empty() && metadata.contains("ownerReferences") &&
+      metadata["ownerReferences"].is_array()) {
+    for (const Json& ref : metadata["ownerReferences"]) {
+      if (ref.is_object() && ref.value("controller", false) && ref.value("uid", "") != job_uid) {
+        return std::nullopt;
+      }
+    }
+  }
+  ObservedPod p;
+  p.name = metadata.value("name", "");
+  p.uid = metadata.value("uid", "");
+  p.id = {*type, index};
+  p.terminating = metadata.contains("deletionTimestamp") && !metadata["deletionTimestamp"].is_null();
+  if (metadata.contains("annotations") && metadata["annotations"].is_object()) {
+    p.cluster_hash = metadata["annotations"].value(kClusterHashAnnotation, "");
+  }
+  if (pod.contains("status") && pod["status"].is_object()) {
+    p.phase = pod["status"].value("phase", "");
+    p.reason = pod["status"].value("reason", "");
+  }
+  if (const Json* cs = MainContainerStatus(pod)) {
+    for (const char* state : {"state", "lastState"}) {
+      if (!cs->contains(state) || !(*cs)[state].is_object()) continue;
+      const Json& s = (*cs)[state];
+      if (s.contains("terminated") && s["terminated"].is_object() &&
+          s["terminated"].contains("exitCode") && s["terminated"]["exitCode"].is_number_integer()) {
+        p.exit_code = s["terminated"]["exitCode"].get<int>();
+        const std::string why = s["terminated"].value("reason", "");
+        if (!why.empty()) p.reason = why;
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+std::vector<ObservedPod> ParseObservedPods(const std::vector<nlohmann::json>& pods,
+                                           const std::string& job_name,
+                                           const std::string& job_uid) {
+  std::vector<ObservedPod> out;
+  for (const Json& pod : pods) {
+    if (std::optional<ObservedPod> p = ParseObservedPod(pod, job_name, job_uid)) {
+      out.push_back(std::move(*p));
+    }
+  }
+  return out;
+}
+
+}  // namespace distrain::controller

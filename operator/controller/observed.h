@@ -1,0 +1,50 @@
+#ifndef DISTRAIN_OPERATOR_CONTROLLER_OBSERVED_H_
+#define DISTRAIN_OPERATOR_CONTROLLER_OBSERVED_H_
+
+// What the controller reads from an observed pod (as the API returns it):
+// which replica it is, its phase, and how its main container ended.
+//
+// Pure functions; thread-safe.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "operator/controller/pods.h"
+
+namespace distrain::controller {
+
+struct ObservedPod {
+  std::string name;
+  std::string uid;
+  ReplicaId id;
+  std::string phase;         // Pending, Running, Succeeded, Failed, Unknown ("" before the kubelet)
+  bool terminating = false;  // metadata.deletionTimestamp is set
+  // The main container's exit code once it has terminated; nullopt when the
+  // pod failed without it exiting (evicted, node lost, never started).
+  std::optional<int> exit_code;
+  // Why: the container's terminated reason ("OOMKilled", "Error") or the
+  // pod's status.reason ("Evicted"); may be empty.
+  std::string reason;
+  std::string cluster_hash;  // annotation kClusterHashAnnotation; "" when absent
+
+  bool active() const { return !terminating && phase != "Succeeded" && phase != "Failed"; }
+  bool succeeded() const { return !terminating && phase == "Succeeded"; }
+  bool failed() const { return !terminating && phase == "Failed"; }
+  bool running() const { return !terminating && phase == "Running"; }
+  // "exited with code 137 (OOMKilled)", "failed: Evicted", ...
+  std::string Describe() const;
+};
+
+// nullopt when the object is not a replica pod of job `job_name` (labels
+// missing or malformed, or another controller owns it).
+std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std::string& job_name,
+                                            const std::string& job_uid);
+
+std::vector<ObservedPod> ParseObservedPods(const std::vector<nlohmann::json>& pods,
+                                           const std::string& job_name, const std::string& job_uid);
+
+}  // namespace distrain::controller
+
+#endif  // DISTRAIN_OPERATOR_CONTROLLER_OBSERVED_H_

@@ -1,0 +1,101 @@
+#ifndef DISTRAIN_OPERATOR_CONTROLLER_PLAN_H_
+#define DISTRAIN_OPERATOR_CONTROLLER_PLAN_H_
+
+// The inputs and the output of one reconcile of a DistributedTrainingJob.
+//
+// Reconcile (reconcile.h) is a pure function:
+//   (job, Observed children, Facts, ControllerOptions) -> Plan
+// and the reconciler (reconciler.h) applies the Plan through the API. Keeping
+// the decision pure is what lets tests/unit/operator/controller check every
+// transition table-style without an API server.
+//
+// Value types; thread-compatible.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "operator/api/distributed_training_job.h"
+
+namespace distrain::controller {
+
+// Knobs of the operator that shape the pods (flags of distrain-operator).
+struct ControllerOptions {
+  // The image of a replica whose template names none (or has no containers).
+  std::string default_image = "localhost/distrain/worker:latest";
+  // The command of a container the operator adds itself (no template
+  // containers); a template's own container keeps its command.
+  std::vector<std::string> default_command = {"distrain-worker"};
+  // DISTRAIN_METRICS_PORT when the main container declares no port named "metrics".
+  int default_metrics_port = 9090;
+  // Appended to the replicas' host names in TF_CONFIG when set
+  // ("cluster.local" gives <pod>.<ns>.svc.cluster.local). Empty: the
+  // <pod>.<ns>.svc form, which every pod resolves through its DNS search path.
+  std::string cluster_domain;
+  // When set, DISTRAIN_CHECKPOINT_DIR is <checkpoint_root>/<namespace>/<job>
+  // (spec.training.checkpoint.dir, when given, wins: it is what the worker uses).
+  std::string checkpoint_root;
+  // The scheduler of gang-scheduled pods when runPolicy.scheduling.schedulerName
+  // is empty: the scheduler-plugins second scheduler's usual name.
+  std::string gang_scheduler_name = "scheduler-plugins-scheduler";
+};
+
+// What the informers show of the job's children, as the API returns them.
+struct Observed {
+  std::vector<nlohmann::json> pods;      // pods labelled distrain.io/job-name=<job>
+  std::vector<nlohmann::json> services;  // services labelled distrain.io/job-name=<job>
+  std::optional<nlohmann::json> pod_group;  // the PodGroup named after the job, if any
+};
+
+// Facts about the world that are not children of the job.
+struct Facts {
+  absl::Time now;
+  // Whether podgroups.scheduling.x-k8s.io is served (scheduler-plugins installed).
+  bool pod_group_crd_installed = false;
+};
+
+// A child to delete: name, and uid as a delete precondition so that a pod
+// recreated under the same name in the meantime is never deleted by mistake.
+struct Deletion {
+  std::string name;
+  std::string uid;
+  std::string reason;  // CamelCase, also used in logs ("Restart", "Suspended", ...)
+  bool operator==(const Deletion&) const = default;
+};
+
+// An events.k8s.io/v1 event about the job; `related` names a pod when the
+// event is about one.
+struct Event {
+  std::string type;  // "Normal" or "Warning"
+  std::string reason;
+  std::string note;
+  std::string related;
+  bool operator==(const Event&) const = default;
+};
+
+struct Plan {
+  // Complete objects, ready to POST.
+  std::vector<nlohmann::json> pods_to_create;
+  std::vector<nlohmann::json> services_to_create;
+  std::optional<nlohmann::json> pod_group_to_create;
+  std::vector<Deletion> pods_to_delete;
+  std::vector<Deletion> services_to_delete;
+  // The status to write (once, through /status) when status_changed.
+  api::JobStatus status;
+  bool status_changed = false;
+  std::vector<Event> events;
+  // Reconcile again after this long even if nothing changes (a deadline, a TTL).
+  std::optional<absl::Duration> requeue_after;
+  // ttlSecondsAfterFinished has passed: delete the job (its children follow
+  // through their owner references).
+  bool delete_job = false;
+
+  bool DeletesPod(const std::string& name) const;
+  void RequeueAfter(absl::Duration d);  // keeps the earliest
+};
+
+}  // namespace distrain::controller
+
+#endif  // DISTRAIN_OPERATOR_CONTROLLER_PLAN_H_

@@ -1,0 +1,141 @@
+#ifndef DISTRAIN_OPERATOR_CONTROLLER_PODS_H_
+#define DISTRAIN_OPERATOR_CONTROLLER_PODS_H_
+
+// The desired children of a job: one pod and one headless Service per
+// replica, carrying the operator -> worker contract of DESIGN.md §5.
+//
+// Naming and DNS. Replica <type> <index> of job J in namespace N is the pod
+// and the Service "J-<type>-<index>" (type lower-case: chief, worker, ps,
+// evaluator). The Service is headless (clusterIP None), selects exactly that
+// pod by its job-name/replica-type/replica-index labels and publishes it
+// before it is ready (replicas rendezvous before any readiness), so the name
+// "J-<type>-<index>.N.svc" resolves to the pod's IP through every pod's DNS
+// search path; that is the host in TF_CONFIG (ControllerOptions::cluster_domain
+// appends the cluster domain when a TF image needs a fully qualified name).
+// The pod's hostname and subdomain are set to the same name, so its own
+// `hostname -f` resolves too.
+//
+// The main container (named "distrain", else the first) gets:
+//   TF_CONFIG               TensorFlow's shape, built with common/cluster_spec
+//                           (evaluator included), port 2222 or the template's
+//                           port named "distrain" or "tfjob-port";
+//   DISTRAIN_JOB_CONFIG     common/job_config's JobConfigToJson of the spec
+//                           (Auto resolved to the strategy chosen here);
+//   DISTRAIN_METRICS_PORT   the port named "metrics", else the default;
+//   DISTRAIN_CHECKPOINT_DIR when spec.training.checkpoint.dir or the
+//                           operator's checkpoint root is set;
+//   POD_NAME, POD_NAMESPACE from the downward API;
+//   TPU_WORKER_ID, TPU_WORKER_HOSTNAMES on TPU workers (see BuildPod);
+// and container ports named "distrain" and "metrics". These override entries
+// of the same name in the template: the contract is the operator's.
+// The pod's restartPolicy is always Never: restarts are the operator's
+// (restart.h), so they are counted, bounded by backoffLimit, and can restart
+// several pods together, none of which a kubelet restart can do.
+//
+// Devices. A job asks for GPUs or TPUs in the main container's resources
+// (nvidia.com/gpu, google.com/tpu; a request alone is copied to the limit and
+// the other way round, as extended resources need both equal). A job that
+// chooses NCCL (spec.training.communication.implementation) without asking
+// for GPUs gets max(1, spec.training.localReplicas) nvidia.com/gpu per
+// training pod, since NCCL cannot run without them.
+//
+// Pure functions; thread-safe.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+#include "nlohmann/json.hpp"
+#include "operator/api/distributed_training_job.h"
+#include "operator/controller/plan.h"
+
+namespace distrain::controller {
+
+inline constexpr int kDefaultPort = 2222;
+inline constexpr char kPortName[] = "distrain";
+inline constexpr char kLegacyPortName[] = "tfjob-port";  // Kubeflow TFJob's name
+inline constexpr char kMetricsPortName[] = "metrics";
+inline constexpr char kMainContainerName[] = "distrain";
+inline constexpr char kGpuResource[] = "nvidia.com/gpu";
+inline constexpr char kTpuResource[] = "google.com/tpu";
+// Hash of the TF_CONFIG cluster a pod was created with: a pod whose hash is
+// not the current one belongs to an older membership (elastic.h).
+inline constexpr char kClusterHashAnnotation[] = "distrain.io/cluster-spec-hash";
+// Label scheduler-plugins' coscheduling reads to find a pod's PodGroup.
+inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
+// Label Kueue reads for the queue of a pod (runPolicy.scheduling.queue).
+inline constexpr char kQueueLabel[] = "kueue.x-k8s.io/queue-name";
+
+// Replica types in TF_CONFIG order.
+inline constexpr ReplicaType kAllReplicaTypes[] = {ReplicaType::kChief, ReplicaType::kWorker,
+                                                   ReplicaType::kPS, ReplicaType::kEvaluator};
+
+struct ReplicaId {
+  ReplicaType type = ReplicaType::kWorker;
+  int index = 0;
+  bool operator==(const ReplicaId&) const = default;
+  auto operator<=>(const ReplicaId&) const = default;
+};
+
+// "mnist-worker-0".
+std::string ReplicaName(const std::string& job_name, ReplicaType type, int index);
+
+// The replica types' lower-case spelling in labels and names ("worker"), and back.
+std::optional<ReplicaType> ReplicaTypeFromTaskType(const std::string& task_type);
+
+// Every replica the spec asks for, Chief first, then Worker, PS, Evaluator.
+std::vector<ReplicaId> DesiredReplicas(const JobConfig& config);
+
+// Whether the replica coordinates (the chief, or worker 0 without one): it
+// gets distrain.io/job-role=master.
+bool IsMaster(const JobConfig& config, ReplicaId id);
+
+// The main container of a pod spec: the one named "distrain", else the first;
+// nullptr when there are none.
+const nlohmann::json* MainContainer(const nlohmann::json& pod_spec);
+
+// The GPUs (nvidia.com/gpu) the template's main container asks for; 0 if none.
+int TemplateGpus(const nlohmann::json& pod_template);
+
+// Everything about the job that is the same for all its pods.
+struct Topology {
+  JobConfig config;  // the spec, with Auto resolved (see ResolveStrategy)
+  std::map<std::string, std::vector<std::string>> cluster;  // TF_CONFIG "cluster"
+  std::map<ReplicaType, int> ports;          // TF_CONFIG port per type
+  std::map<ReplicaType, int> metrics_ports;  // DISTRAIN_METRICS_PORT per type
+  std::string cluster_hash;                  // of `cluster` without the evaluator
+  std::string job_config_json;               // DISTRAIN_JOB_CONFIG
+};
+
+// Resolves spec.strategy Auto from what the job asks for (examples/auto.yaml):
+// PS replicas -> ParameterServer; more than one training pod (chief +
+// workers) -> MultiWorkerMirrored; one pod asking for GPUs (or NCCL) ->
+// Mirrored; otherwise OneDevice. Any other strategy is returned unchanged.
+StrategyKind ResolveStrategy(const api::DistributedTrainingJob& job);
+
+// Builds the topology; an error (reported as the job's InvalidSpec failure)
+// when a derived name is not a valid host name, or when Auto resolves to a
+// strategy whose rules the spec breaks. Errors name the field.
+absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
+                                       const ControllerOptions& options);
+
+// The complete Pod object for one replica (see the file comment).
+nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& topology,
+                        ReplicaId id, const ControllerOptions& options);
+
+// The headless Service of one replica.
+nlohmann::json BuildService(const api::DistributedTrainingJob& job, const Topology& topology,
+                            ReplicaId id);
+
+// The labels every child of the replica carries (pods and services).
+std::map<std::string, std::string> ReplicaLabels(const api::DistributedTrainingJob& job,
+                                                 const JobConfig& config, ReplicaId id);
+
+// The ownerReferences entry that makes the job the controller of a child.
+nlohmann::json ControllerReference(const api::DistributedTrainingJob& job);
+
+}  // namespace distrain::controller
+
+#endif  // DISTRAIN_OPERATOR_CONTROLLER_PODS_H_

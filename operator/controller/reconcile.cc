@@ -1,0 +1,448 @@
+#include "operator/controller/reconcile.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "operator/controller/cleanup.h"
+#include "operator/controller/conditions.h"
+#include "operator/controller/elastic.h"
+#include "operator/controller/gang.h"
+#include "operator/controller/observed.h"
+#include "operator/controller/pods.h"
+#include "operator/controller/restart.h"
+#include "operator/controller/success.h"
+
+namespace distrain::controller {
+namespace {
+
+using Json = nlohmann::json;
+
+const char* RestartPolicyName(RestartPolicy p) {
+  switch (p) {
+    case RestartPolicy::kNever:
+      return "Never";
+    case RestartPolicy::kOnFailure:
+      return "OnFailure";
+    case RestartPolicy::kAlways:
+      return "Always";
+    case RestartPolicy::kExitCode:
+      return "ExitCode";
+  }
+  return "?";
+}
+
+bool IsTrainingType(ReplicaType t) { return t != ReplicaType::kEvaluator; }
+
+// One reconcile's working state: the plan being built and what it needs.
+class Reconciler {
+ public:
+  Reconciler(const api::DistributedTrainingJob& job, const Facts& facts)
+      : job_(job), facts_(facts) {
+    plan_.status = job.status;
+  }
+
+  Plan Run(const Observed& observed, const ControllerOptions& options);
+  // Fails the job for a spec it cannot run.
+  Plan RunInvalid(const std::string& message);
+
+ private:
+  api::JobStatus& status() { return plan_.status; }
+
+  void Set(const std::string& type, bool value, const std::string& reason,
+           const std::string& message, bool emit = true, bool record_false = false) {
+    if (SetCondition(&status(), type, value, reason, message, job_.metadata.generation,
+                     facts_.now, record_false) &&
+        emit) {
+      const bool warning = (value && (type == api::kConditionFailed ||
+                                      type == api::kConditionRestarting)) ||
+                           (!value && type == api::kConditionCreated);
+      plan_.events.push_back({warning ? "Warning" : "Normal", reason, message, ""});
+    }
+  }
+
+  void Finish(bool succeeded, const std::string& reason, const std::string& message) {
+    Set(succeeded ? api::kConditionSucceeded : api::kConditionFailed, true, reason, message);
+    Set(api::kConditionRunning, false, reason, message, /*emit=*/false);
+    Set(api::kConditionRestarting, false, reason, message, /*emit=*/false);
+    status().completion_time = facts_.now;
+    finished_ = true;
+  }
+
+  void DeletePod(const ObservedPod& pod, const std::string& reason) {
+    if (plan_.DeletesPod(pod.name)) return;
+    plan_.pods_to_delete.push_back({pod.name, pod.uid, reason});
+  }
+
+  void Finalize();
+  void CleanUpFinished();
+  void HandleFailures();
+  void HandleScale();
+  void CreateMissing(const ControllerOptions& options);
+  void UpdateRunning();
+
+  const api::DistributedTrainingJob& job_;
+  const Facts& facts_;
+  Plan plan_;
+  Topology topology_;
+  std::vector<ObservedPod> pods_;
+  std::set<std::string> observed_pod_names_;
+  std::map<std::string, std::string> observed_services_;  // name -> uid
+  const Observed* observed_ = nullptr;
+  bool finished_ = false;
+  std::map<ReplicaType, int> new_restarts_;
+};
+
+Plan Reconciler::Run(const Observed& observed, const ControllerOptions& options) {
+  observed_ = &observed;
+  if (job_.metadata.deletion_timestamp) return std::move(plan_);
+
+  absl::StatusOr<Topology> topology = BuildTopology(job_, options);
+  if (!topology.ok()) return RunInvalid(std::string(topology.status().message()));
+  topology_ = std::move(*topology);
+  const JobConfig& config = topology_.config;
+
+  pods_ = ParseObservedPods(observed.pods, job_.metadata.name, job_.metadata.uid);
+  for (const Json& pod : observed.pods) {
+    if (pod.contains("metadata") && pod["metadata"].is_object()) {
+      observed_pod_names_.insert(pod["metadata"].value("name", ""));
+    }
+  }
+  for (const Json& svc : observed.services) {
+    if (svc.contains("metadata") && svc["metadata"].is_object()) {
+      observed_services_[svc["metadata"].value("name", "")] = svc["metadata"].value("uid", "");
+    }
+  }
+
+  finished_ = status().IsTrue(api::kConditionSucceeded) || status().IsTrue(api::kConditionFailed);
+  if (!finished_ && config.run_policy.suspend) {
+    for (const ObservedPod& p : pods_) {
+      if (!p.terminating) DeletePod(p, "Suspended");
+    }
+    const std::string message =
+        "spec.runPolicy.suspend is true: the job's pods are deleted until it is set to false";
+    Set(api::kConditionSuspended, true, "JobSuspended", message);
+    Set(api::kConditionRunning, false, "JobSuspended", message, /*emit=*/false);
+    Set(api::kConditionRestarting, false, "JobSuspended", message, /*emit=*/false);
+    status().start_time.reset();  // batch/v1: the deadline clock restarts on resume
+    Finalize();
+    return std::move(plan_);
+  }
+  if (!finished_) {
+    if (status().IsTrue(api::kConditionSuspended)) {
+      Set(api::kConditionSuspended, false, "JobResumed",
+          "spec.runPolicy.suspend is false: the job's pods are created again");
+    }
+    // 5. The deadline.
+    const std::optional<int64_t>& deadline = config.run_policy.active_deadline_seconds;
+    if (deadline && status().start_time) {
+      const absl::Time expiry = *status().start_time + absl::Seconds(*deadline);
+      if (facts_.now >= expiry) {
+        Finish(false, "DeadlineExceeded",
+               absl::StrCat("the job ran for longer than spec.runPolicy.activeDeadlineSeconds (",
+                            *deadline, " s) since ", api::FormatKubeTime(*status().start_time),
+                            "; its pods are stopped"));
+      } else {
+        plan_.RequeueAfter(expiry - facts_.now);
+      }
+    }
+  }
+  // 6. Success.
+  if (!finished_) {
+    if (std::optional<std::string> why = SucceededBecause(config, pods_)) {
+      Finish(true, "JobSucceeded", *why);
+    }
+  }
+  if (!finished_) HandleFailures();
+  if (!finished_) HandleScale();
+  if (!finished_) CreateMissing(options);
+  if (!finished_) UpdateRunning();
+  if (finished_) CleanUpFinished();
+  Finalize();
+  return std::move(plan_);
+}
+
+void Reconciler::HandleFailures() {
+  const JobConfig& config = topology_.config;
+  RestartDecision d = DecideRestarts(config, pods_);
+  if (!d.fatal.empty()) {
+    const ObservedPod& pod = *d.fatal.front();
+    const RestartPolicy policy = config.replicas.at(pod.id.type).restart_policy;
+    std::string message = absl::StrCat("pod ", pod.name, " ", pod.Describe(), "; restartPolicy ",
+                                       RestartPolicyName(policy), " does not restart it");
+    if (policy == RestartPolicy::kExitCode) {
+      absl::StrAppend(&message, " (exit codes 1-127 are permanent: fix the job and resubmit)");
+    }
+    Finish(false, absl::StrCat(ReplicaTypeName(pod.id.type), "Failed"), message);
+    return;
+  }
+  for (const ObservedPod* pod : d.evaluator_lost) {
+    // Once per failure: the Evaluator's failed count has just gone up.
+    auto old = job_.status.replica_statuses.find(ReplicaType::kEvaluator);
+    if (old == job_.status.replica_statuses.end() || old->second.failed == 0) {
+      plan_.events.push_back({"Warning", "EvaluatorFailed",
+                              absl::StrCat("pod ", pod->name, " ", pod->Describe(),
+                                           "; it is not restarted and training goes on"),
+                              pod->name});
+    }
+  }
+  const int restarts = d.restarts();
+  if (restarts == 0) return;
+  const std::optional<int64_t>& limit = config.run_policy.backoff_limit;
+  if (limit && status().restart_count + restarts > *limit) {
+    const ObservedPod& pod = d.group_causes.empty() ? *d.individual.front() : *d.group_causes.front();
+    Finish(false, "BackoffLimitExceeded",
+           absl::StrCat("pod ", pod.name, " ", pod.Describe(), ", and the job has already been "
+                        "restarted ", status().restart_count, " times, the limit of "
+                        "spec.runPolicy.backoffLimit (", *limit, ")"));
+    return;
+  }
+  std::vector<std::string> causes;
+  if (!d.group_types.empty()) {
+    for (const ObservedPod* pod : d.group_causes) {
+      causes.push_back(absl::StrCat(pod->name, " ", pod->Describe()));
+    }
+    std::vector<std::string> types;
+    for (ReplicaType t : d.group_types) {
+      if (config.replicas_of(t) == 0) continue;
+      types.push_back(ReplicaTypeName(t));
+      ++new_restarts_[t];
+    }
+    for (const ObservedPod& p : pods_) {
+      if (!p.terminating &&
+          std::find(d.group_types.begin(), d.group_types.end(), p.id.type) != d.group_types.end()) {
+        DeletePod(p, "Restart");
+      }
+    }
+    plan_.events.push_back(
+        {"Warning", "Restarting",
+         absl::StrCat("restarting every ", absl::StrJoin(types, ", "), " pod as one generation (",
+                      StrategyName(config.strategy), " cannot lose a member): ",
+                      absl::StrJoin(causes, "; ")),
+         d.group_causes.front()->name});
+  }
+  for (const ObservedPod* pod : d.individual) {
+    const std::string cause = absl::StrCat(pod->name, " ", pod->Describe());
+    causes.push_back(cause);
+    ++new_restarts_[pod->id.type];
+    DeletePod(*pod, "Restart");
+    plan_.events.push_back({"Warning", "Restarting", absl::StrCat("replacing pod ", cause),
+                            pod->name});
+  }
+  status().restart_count += restarts;
+  const std::string message = absl::StrCat("restart ", status().restart_count,
+                                           limit ? absl::StrCat(" of at most ", *limit) : "",
+                                           ": ", absl::StrJoin(causes, "; "));
+  Set(api::kConditionRestarting, true, "PodsRestarting", message, /*emit=*/false);
+  Set(api::kConditionRunning, false, "PodsRestarting", message, /*emit=*/false);
+}
+
+void Reconciler::HandleScale() {
+  ScaleDecision d = DecideScale(topology_, pods_);
+  for (const ObservedPod* p : d.excess) DeletePod(*p, "ScaledDown");
+  if (d.regenerate.empty()) return;
+  bool any = false;
+  for (const ObservedPod* p : d.regenerate) {
+    if (!plan_.DeletesPod(p->name)) any = true;
+    DeletePod(*p, "MembershipChanged");
+  }
+  if (!any) return;  // already restarting for a failure
+  const std::string message = absl::StrCat(
+      "the training cluster changed (", topology_.config.replicas_of(ReplicaType::kChief),
+      " Chief, ", topology_.config.replicas_of(ReplicaType::kWorker),
+      " Workers): restarting the Chief and Worker pods as one generation with the new TF_CONFIG");
+  plan_.events.push_back({"Normal", "MembershipChanged", message, ""});
+  Set(api::kConditionRestarting, true, "MembershipChanged", message, /*emit=*/false);
+  Set(api::kConditionRunning, false, "MembershipChanged", message, /*emit=*/false);
+}
+
+void Reconciler::CreateMissing(const ControllerOptions& options) {
+  const JobConfig& config = topology_.config;
+  // 9. Gang scheduling.
+  if (config.run_policy.scheduling.gang) {
+    if (!facts_.pod_group_crd_installed) {
+      Set(api::kConditionCreated, false, "PodGroupCRDMissing",
+          absl::StrCat("spec.runPolicy.scheduling.gang is true, but the PodGroup CRD (",
+                       kPodGroupResource,
+                       ") is not installed, so no pod is created: install scheduler-plugins' "
+                       "coscheduling, or set gang to false"),
+          /*emit=*/true, /*record_false=*/true);
+      plan_.RequeueAfter(kGangRetry);
+      return;
+    }
+    if (!observed_->pod_group) plan_.pod_group_to_create = BuildPodGroup(job_, topology_);
+  }
+
+  // A new generation starts whole: no training pod of a synchronous job (or
+  // of any job while a Chief or PS is going) is created while an old one is
+  // still terminating.
+  bool wait_for_generation = false;
+  for (const ObservedPod& p : pods_) {
+    if (!p.terminating && !plan_.DeletesPod(p.name)) continue;
+    if (p.id.type == ReplicaType::kChief || p.id.type == ReplicaType::kPS ||
+        (p.id.type == ReplicaType::kWorker && config.strategy != StrategyKind::kParameterServer)) {
+      wait_for_generation = true;
+    }
+  }
+  int created = 0;
+  std::set<std::string> desired_names;
+  for (ReplicaId id : DesiredReplicas(config)) {
+    const std::string name = ReplicaName(job_.metadata.name, id.type, id.index);
+    desired_names.insert(name);
+    if (!observed_services_.count(name)) {
+      plan_.services_to_create.push_back(BuildService(job_, topology_, id));
+    }
+    if (observed_pod_names_.count(name)) continue;
+    if (IsTrainingType(id.type) && wait_for_generation) continue;
+    plan_.pods_to_create.push_back(BuildPod(job_, topology_, id, options));
+    ++created;
+  }
+  for (const auto& [name, uid] : observed_services_) {
+    if (!desired_names.count(name)) plan_.services_to_delete.push_back({name, uid, "ScaledDown"});
+  }
+  Set(api::kConditionCreated, true, "JobCreated",
+      absl::StrCat("the job's ", desired_names.size(), desired_names.size() == 1 ? " pod" : " pods",
+                   " and Services are created by the operator"));
+  if (!status().start_time && (created > 0 || !pods_.empty())) {
+    status().start_time = facts_.now;
+    if (config.run_policy.active_deadline_seconds) {
+      plan_.RequeueAfter(absl::Seconds(*config.run_policy.active_deadline_seconds));
+    }
+  }
+}
+
+void Reconciler::UpdateRunning() {
+  // Running: every training replica's pod runs (or has already finished), none
+  // is being replaced, and at least one runs.
+  std::map<ReplicaId, const ObservedPod*> by_id;
+  for (const ObservedPod& p : pods_) {
+    if (!p.terminating && !plan_.DeletesPod(p.name)) by_id[p.id] = &p;
+  }
+  int running = 0, training = 0;
+  for (ReplicaId id : DesiredReplicas(topology_.config)) {
+    if (!IsTrainingType(id.type)) continue;
+    ++training;
+    auto it = by_id.find(id);
+    if (it == by_id.end() || !(it->second->running() || it->second->succeeded())) return;
+    if (it->second->running()) ++running;
+  }
+  if (running == 0) return;
+  const std::string message =
+      absl::StrCat("all ", training, training == 1 ? " training pod is" : " training pods are",
+                   " running");
+  Set(api::kConditionRunning, true, "JobRunning", message);
+  Set(api::kConditionRestarting, false, "JobRunning", message, /*emit=*/false);
+}
+
+void Reconciler::CleanUpFinished() {
+  const JobConfig& config = topology_.config;
+  const api::Condition* failed = status().FindCondition(api::kConditionFailed);
+  const bool stop_active = failed != nullptr && failed->is_true() &&
+                           (failed->reason == "DeadlineExceeded" ||
+                            failed->reason == "BackoffLimitExceeded");
+  for (const ObservedPod* p :
+       PodsToCleanUp(config.run_policy.clean_pod_policy, stop_active, pods_)) {
+    DeletePod(*p, "CleanPodPolicy");
+    if (auto svc = observed_services_.find(p->name); svc != observed_services_.end()) {
+      plan_.services_to_delete.push_back({svc->first, svc->second, "CleanPodPolicy"});
+    }
+  }
+  TtlDecision ttl = DecideTtl(config.run_policy, status().completion_time, facts_.now);
+  plan_.delete_job = ttl.delete_now;
+  if (ttl.requeue_after) plan_.RequeueAfter(*ttl.requeue_after);
+}
+
+void Reconciler::Finalize() {
+  const JobConfig& config = topology_.config;
+  api::JobStatus& s = status();
+  std::map<ReplicaType, api::ReplicaStatus> replicas;
+  for (const auto& [type, spec] : config.replicas) {
+    api::ReplicaStatus rs;
+    auto old = job_.status.replica_statuses.find(type);
+    rs.restarts = (old == job_.status.replica_statuses.end() ? 0 : old->second.restarts) +
+                  new_restarts_[type];
+    replicas[type] = rs;
+  }
+  for (const ObservedPod& p : pods_) {
+    if (p.terminating) continue;
+    api::ReplicaStatus& rs = replicas[p.id.type];
+    if (p.succeeded()) {
+      ++rs.succeeded;
+    } else if (p.failed()) {
+      ++rs.failed;
+    } else {
+      ++rs.active;
+    }
+  }
+  s.replica_statuses = std::move(replicas);
+  s.observed_generation = job_.metadata.generation;
+  s.selector = api::WorkerSelector(job_.metadata.name);
+  if (s.progress.is_null() || s.progress.is_object()) {
+    s.progress["totalSteps"] = config.training.steps;
+  }
+  s.state = StateOf(s);
+  plan_.status_changed = s != job_.status;
+}
+
+Plan Reconciler::RunInvalid(const std::string& message) {
+  topology_.config = job_.spec;
+  if (!status().IsTrue(api::kConditionFailed) && !status().IsTrue(api::kConditionSucceeded)) {
+    Finish(false, "InvalidSpec", message);
+  }
+  api::JobStatus& s = status();
+  s.observed_generation = job_.metadata.generation;
+  s.selector = api::WorkerSelector(job_.metadata.name);
+  s.state = StateOf(s);
+  plan_.status_changed = s != job_.status;
+  return std::move(plan_);
+}
+
+}  // namespace
+
+Plan Reconcile(const api::DistributedTrainingJob& job, const Observed& observed,
+               const Facts& facts, const ControllerOptions& options) {
+  return Reconciler(job, facts).Run(observed, options);
+}
+
+Plan ReconcileObject(const nlohmann::json& object, const Observed& observed, const Facts& facts,
+                     const ControllerOptions& options) {
+  absl::StatusOr<api::DistributedTrainingJob> job = api::ParseJob(object);
+  if (job.ok()) return Reconcile(*job, observed, facts, options);
+  Json without_status = object;
+  if (without_status.is_object()) without_status.erase("status");
+  absl::StatusOr<api::DistributedTrainingJob> fresh = api::ParseJob(without_status);
+  if (fresh.ok()) {
+    Plan plan = Reconcile(*fresh, observed, facts, options);
+    plan.status_changed = true;
+    plan.events.insert(plan.events.begin(),
+                       {"Warning", "InvalidStatus",
+                        absl::StrCat("status was unreadable and is rewritten: ",
+                                     job.status().message()),
+                        ""});
+    return plan;
+  }
+  // The spec itself: report it on the job, as far as the object can be read.
+  api::DistributedTrainingJob shell;
+  const Json metadata = object.is_object() && object.contains("metadata") ? object["metadata"]
+                                                                          : Json::object();
+  if (metadata.is_object()) {
+    shell.metadata.name = metadata.value("name", "");
+    shell.metadata.namespace_ = metadata.value("namespace", "default");
+    shell.metadata.uid = metadata.value("uid", "");
+    if (metadata.contains("generation") && metadata["generation"].is_number_integer()) {
+      shell.metadata.generation = metadata["generation"].get<int64_t>();
+    }
+  }
+  if (object.is_object() && object.contains("status")) {
+    if (absl::StatusOr<api::JobStatus> s = api::ParseStatus(object["status"]); s.ok()) {
+      shell.status = *s;
+    }
+  }
+  return Reconciler(shell, facts).RunInvalid(std::string(fresh.status().message()));
+}
+
+}  // namespace distrain::controller

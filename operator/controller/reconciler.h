@@ -1,0 +1,94 @@
+#ifndef DISTRAIN_OPERATOR_CONTROLLER_RECONCILER_H_
+#define DISTRAIN_OPERATOR_CONTROLLER_RECONCILER_H_
+
+// JobReconciler: the imperative half of a reconcile. For one job key it reads
+// the job and its children from the informers' caches (injected), asks the
+// pure Reconcile (reconcile.h) for a Plan, and carries the Plan out through
+// kube::Client:
+//
+//   1. No job in the cache: forget its expectations; done.
+//   2. Expectations not satisfied (creations or deletions of an earlier
+//      reconcile not yet seen by the informer): do nothing; the informer's
+//      event for them requeues the job. This is what makes a pod never be
+//      created twice, also across an operator restart mid-creation (the new
+//      process's informer LISTs the pods that were created before any
+//      reconcile runs).
+//   3. delete_job (TTL): DELETE the job, preconditioned on its uid,
+//      propagationPolicy Background (the garbage collector removes the
+//      children through their owner references).
+//   4. The PodGroup, then Services, then pods are POSTed. Pods go in
+//      slow-start batches (1, 2, 4, ... up to kMaxBatch in parallel, like
+//      the Kubernetes job controller): a quota or admission error stops the
+//      rest rather than being repeated for each pod. ExpectCreations is set
+//      before the first POST; every create that fails (409 included) lowers
+//      it again, since no informer event will come for it.
+//   5. Pods and Services to delete: DELETE with a uid precondition (a pod
+//      recreated under the same name is never deleted by mistake) and
+//      propagationPolicy Background; ExpectDeletions(uids) first; 404 and a
+//      failed precondition count as observed.
+//   6. The status, once: PUT .../status of the cached object with the new
+//      status and the cached resourceVersion, so a concurrent writer makes it
+//      fail with 409 (retried through the queue) instead of being overwritten.
+//   7. The Plan's events, only once the status that explains them is written
+//      (a failed write recomputes the same transitions next time).
+// Any failure is returned (after the other steps ran) so the work queue
+// retries the key with backoff; Reconcile's requeue_after is returned on
+// success.
+//
+// Ownership: borrows the client and the expectations (they must outlive it).
+// Thread-safety: Reconcile may run concurrently for different keys (the work
+// queue never hands the same key to two workers at once); the hooks must be
+// thread-safe.
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "operator/controller/plan.h"
+#include "operator/kube/client.h"
+#include "operator/kube/clock.h"
+#include "operator/kube/expectations.h"
+
+namespace distrain::controller {
+
+struct ReconcilerHooks {
+  // The job object of "namespace/name" from the job informer's cache.
+  std::function<std::optional<nlohmann::json>(const std::string& key)> get_job;
+  // Its children from the pod / service / PodGroup informers' caches.
+  std::function<Observed(const nlohmann::json& job)> observe;
+  // Whether podgroups.scheduling.x-k8s.io is served (discovery).
+  std::function<bool()> pod_group_crd_installed = [] { return false; };
+  // Records an events.k8s.io/v1 event about the job (kube::EventRecorder).
+  std::function<void(const nlohmann::json& job, const Event& event)> record_event =
+      [](const nlohmann::json&, const Event&) {};
+};
+
+class JobReconciler {
+ public:
+  static constexpr int kMaxBatch = 64;
+
+  JobReconciler(kube::Client* client, kube::Expectations* expectations, ReconcilerHooks hooks,
+                ControllerOptions options = {}, const kube::Clock* clock = kube::Clock::Real());
+
+  // Reconciles the job `key` ("namespace/name"). OK: the requeue delay the
+  // Plan asked for (nullopt: none). An error: retry with backoff.
+  absl::StatusOr<std::optional<absl::Duration>> Reconcile(const std::string& key);
+
+ private:
+  absl::Status CreateAll(const std::string& key, const std::vector<nlohmann::json>& pods);
+  absl::Status DeleteObject(const std::string& path, const Deletion& deletion,
+                            bool* gone_or_stale);
+
+  kube::Client* const client_;
+  kube::Expectations* const expectations_;
+  const ReconcilerHooks hooks_;
+  const ControllerOptions options_;
+  const kube::Clock* const clock_;
+};
+
+}  // namespace distrain::controller
+
+#endif  // DISTRAIN_OPERATOR_CONTROLLER_RECONCILER_H_

@@ -1,0 +1,82 @@
+#include "operator/controller/restart.h"
+
+#include <algorithm>
+
+#include "common/exit_codes.h"
+
+namespace distrain::controller {
+
+bool RestartsAfterFailure(RestartPolicy policy, const ObservedPod& pod) {
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return false;
+    case RestartPolicy::kOnFailure:
+    case RestartPolicy::kAlways:
+      return true;
+    case RestartPolicy::kExitCode:
+      // No exit code: the pod ended without its container exiting (evicted,
+      // node lost), which says nothing about the job: retry. A Failed pod
+      // whose main container exited 0 failed for another container's sake;
+      // the same holds.
+      return !pod.exit_code || *pod.exit_code == 0 || IsRetryableExitCode(*pod.exit_code);
+  }
+  return false;
+}
+
+bool RestartsAfterSuccess(RestartPolicy policy, ReplicaType type) {
+  return policy == RestartPolicy::kAlways &&
+         (type == ReplicaType::kPS || type == ReplicaType::kEvaluator);
+}
+
+std::vector<ReplicaType> RestartGroup(StrategyKind strategy, ReplicaType type) {
+  if (type == ReplicaType::kEvaluator) return {};
+  if (strategy == StrategyKind::kParameterServer) {
+    if (type == ReplicaType::kWorker) return {};
+    return {ReplicaType::kChief, ReplicaType::kWorker, ReplicaType::kPS};
+  }
+  // Synchronous strategies (Auto is resolved before it gets here). A PS pod
+  // cannot exist outside ParameterServer (the spec is validated); were it to,
+  // it would restart with the rest.
+  return {ReplicaType::kChief, ReplicaType::kWorker, ReplicaType::kPS};
+}
+
+RestartDecision DecideRestarts(const JobConfig& config, const std::vector<ObservedPod>& pods) {
+  RestartDecision d;
+  std::vector<const ObservedPod*> restartable;
+  for (const ObservedPod& pod : pods) {
+    if (pod.terminating || pod.id.index >= config.replicas_of(pod.id.type)) continue;
+    const RestartPolicy policy = config.replicas.at(pod.id.type).restart_policy;
+    if (pod.failed()) {
+      if (RestartsAfterFailure(policy, pod)) {
+        restartable.push_back(&pod);
+      } else if (pod.id.type == ReplicaType::kEvaluator) {
+        d.evaluator_lost.push_back(&pod);
+      } else {
+        d.fatal.push_back(&pod);
+      }
+    } else if (pod.succeeded() && RestartsAfterSuccess(policy, pod.id.type)) {
+      restartable.push_back(&pod);
+    }
+  }
+  for (const ObservedPod* pod : restartable) {
+    // A pod that exited 0 under Always restarts alone; it broke nothing.
+    const std::vector<ReplicaType> group =
+        pod->failed() ? RestartGroup(config.strategy, pod->id.type) : std::vector<ReplicaType>{};
+    if (group.empty()) continue;
+    d.group_causes.push_back(pod);
+    for (ReplicaType t : group) {
+      if (std::find(d.group_types.begin(), d.group_types.end(), t) == d.group_types.end()) {
+        d.group_types.push_back(t);
+      }
+    }
+  }
+  for (const ObservedPod* pod : restartable) {
+    const bool in_group = std::find(d.group_types.begin(), d.group_types.end(), pod->id.type) !=
+                          d.group_types.end();
+    if (!in_group) d.individual.push_back(pod);
+  }
+  std::sort(d.group_types.begin(), d.group_types.end());
+  return d;
+}
+
+}  // namespace distrain::controller

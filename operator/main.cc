@@ -1,0 +1,159 @@
+// distrain-operator: reconciles DistributedTrainingJobs into pods, services
+// and a truthful status (DESIGN.md §7). Flags follow controller-runtime's
+// names so manifests written for other operators read the same.
+//
+// Exit codes: 0 after SIGTERM/SIGINT (lease released); 1 when leadership was
+// lost or the API server could not be reached at start; 2 bad flags;
+// 3 bad kubeconfig.
+#include <csignal>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/exit_codes.h"
+#include "common/logging.h"
+#include "operator/manager.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+std::stop_source g_stop;
+
+void OnSignal(int) { g_stop.request_stop(); }
+
+// "host:port" or ":port" -> port; for the bind-address flags.
+bool ParseBindAddress(const std::string& value, std::string* host, int* port) {
+  size_t colon = value.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = value.substr(0, colon);
+  if (host->empty()) *host = "0.0.0.0";
+  try {
+    size_t used = 0;
+    *port = std::stoi(value.substr(colon + 1), &used);
+    return used == value.size() - colon - 1 && *port >= 0 && *port <= 65535;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace distrain;
+  CLI::App app{
+      "distrain-operator: reconciles DistributedTrainingJob (distrain.io/v1alpha1) resources into "
+      "chief / worker / ps / evaluator pods with a generated TF_CONFIG, one headless Service per "
+      "replica, restarts, cleanup and status. Probes /healthz and /readyz on the health address, "
+      "Prometheus metrics on the metrics address."};
+  ManagerOptions options;
+  std::string namespaces, metrics_address = ":8080", health_address = ":8081", log_level = "info";
+  std::string lease_duration = "15s", renew_deadline = "10s", retry_period = "2s";
+  bool version = false;
+  app.add_option("--kubeconfig", options.kubeconfig,
+                 "kubeconfig file (default: $KUBECONFIG with its merge rules, else ~/.kube/config, "
+                 "else the in-cluster ServiceAccount)");
+  app.add_option("--context", options.context, "kubeconfig context (default: current-context)");
+  app.add_option("--namespaces", namespaces,
+                 "comma-separated namespaces whose jobs are reconciled (default: all)");
+  app.add_option("--concurrent-reconciles", options.concurrent_reconciles,
+                 "jobs reconciled in parallel")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--kube-api-qps", options.qps, "client-side request rate limit (requests/s)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kube-api-burst", options.burst, "client-side request burst")
+      ->check(CLI::Range(1, 100000));
+  app.add_flag("--leader-elect", options.leader_elect,
+               "elect a leader through a coordination.k8s.io Lease; only the leader reconciles");
+  app.add_option("--leader-election-namespace", options.leader_election_namespace,
+                 "namespace of the Lease (default: $POD_NAMESPACE, else the kubeconfig's)");
+  app.add_option("--leader-election-id", options.leader_election_id, "name of the Lease");
+  app.add_option("--leader-election-lease-duration", lease_duration,
+                 "how long a lease is valid without renewal");
+  app.add_option("--leader-election-renew-deadline", renew_deadline,
+                 "how long the leader keeps trying to renew before it gives up (and exits)");
+  app.add_option("--leader-election-retry-period", retry_period,
+                 "interval between attempts to acquire or renew");
+  app.add_option("--metrics-bind-address", metrics_address,
+                 "address of the Prometheus endpoint (/metrics); \"0\" disables it");
+  app.add_option("--health-probe-bind-address", health_address,
+                 "address of /healthz and /readyz; \"0\" disables it");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_flag("--version", version, "print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kExitOk : kExitUsage;
+  }
+  if (version) {
+    std::cout << "distrain-operator " << DISTRAIN_VERSION << "\n";
+    return kExitOk;
+  }
+  InitLogging(log_level);
+
+  for (absl::string_view ns : absl::StrSplit(namespaces, ',', absl::SkipWhitespace())) {
+    options.namespaces.emplace_back(ns);
+  }
+  struct DurationFlag {
+    const char* flag;
+    const std::string& value;
+    absl::Duration* out;
+  };
+  for (const DurationFlag& d :
+       {DurationFlag{"--leader-election-lease-duration", lease_duration, &options.lease_duration},
+        DurationFlag{"--leader-election-renew-deadline", renew_deadline, &options.renew_deadline},
+        DurationFlag{"--leader-election-retry-period", retry_period, &options.retry_period}}) {
+    if (!absl::ParseDuration(d.value, d.out) || *d.out <= absl::ZeroDuration()) {
+      std::cerr << d.flag << ": must be a positive duration such as 15s or 500ms, got \"" << d.value
+                << "\"\n";
+      return kExitUsage;
+    }
+  }
+  if (options.renew_deadline >= options.lease_duration ||
+      options.retry_period >= options.renew_deadline) {
+    std::cerr << "--leader-election-*: need retry-period < renew-deadline < lease-duration (got "
+              << retry_period << " / " << renew_deadline << " / " << lease_duration << ")\n";
+    return kExitUsage;
+  }
+  struct AddressFlag {
+    const char* flag;
+    const std::string& value;
+    std::string* host;
+    int* port;
+  };
+  for (const AddressFlag& a :
+       {AddressFlag{"--metrics-bind-address", metrics_address, &options.metrics_host,
+                    &options.metrics_port},
+        AddressFlag{"--health-probe-bind-address", health_address, &options.health_host,
+                    &options.health_port}}) {
+    if (a.value == "0") {
+      *a.port = 0;
+    } else if (!ParseBindAddress(a.value, a.host, a.port) || *a.port == 0) {
+      std::cerr << a.flag << ": must be host:port or :port (or 0 to disable), got \"" << a.value
+                << "\"\n";
+      return kExitUsage;
+    }
+  }
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+
+  auto manager = Manager::Create(options);
+  if (!manager.ok()) {
+    spdlog::error("{}", manager.status().message());
+    return manager.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig
+                                                                         : kExitInternal;
+  }
+  absl::Status result = (*manager)->Run(g_stop.get_token());
+  if (!result.ok()) {
+    spdlog::error("{}", result.message());
+    return kExitInternal;
+  }
+  spdlog::info("stopped");
+  return kExitOk;
+}

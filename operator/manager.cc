@@ -1,0 +1,561 @@
+#include "operator/manager.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/metrics_server.h"
+#include "operator/api/distributed_training_job.h"
+#include "operator/controller/reconcile.h"
+#include "operator/kube/event_recorder.h"
+#include "operator/kube/expectations.h"
+#include "operator/kube/informer.h"
+#include "operator/kube/kubeconfig.h"
+#include "operator/kube/leader_election.h"
+#include "operator/kube/paths.h"
+#include "operator/kube/rest_client.h"
+#include "operator/kube/workqueue.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+
+namespace distrain {
+namespace {
+
+using Json = nlohmann::json;
+constexpr char kControllerName[] = "distributedtrainingjob";
+// Index of the pod and Service informers: the owning job's "namespace/name".
+constexpr char kJobIndex[] = "job";
+
+kube::Resource JobsResource() { return {api::kGroup, api::kVersion, api::kPlural, true}; }
+kube::Resource PodGroupsResource() { return {"scheduling.x-k8s.io", "v1alpha1", "podgroups", true}; }
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// The owning job's key of a child object: its namespace + the job-name label.
+std::optional<std::string> OwnerJobKey(const Json& child) {
+  const Json* labels = nullptr;
+  if (child.contains("metadata") && child["metadata"].contains("labels")) {
+    labels = &child["metadata"]["labels"];
+  }
+  if (labels == nullptr || !labels->contains(api::kLabelJobName) ||
+      !(*labels)[api::kLabelJobName].is_string()) {
+    return std::nullopt;
+  }
+  return kube::ObjectKey(child.value("/metadata/namespace"_json_pointer, std::string()),
+                         (*labels)[api::kLabelJobName].get<std::string>());
+}
+
+std::string Uid(const Json& object) {
+  return object.value("/metadata/uid"_json_pointer, std::string());
+}
+
+// Condition types that are True in a status JSON.
+std::set<std::string> TrueConditions(const Json& status) {
+  std::set<std::string> out;
+  if (!status.is_object() || !status.contains("conditions") || !status["conditions"].is_array()) {
+    return out;
+  }
+  for (const Json& c : status["conditions"]) {
+    if (c.value("status", "") == "True") out.insert(c.value("type", ""));
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Manager::Impl {
+  ManagerOptions options;
+  kube::RestConfig rest_config;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<kube::RestClient> client;
+  std::unique_ptr<kube::WorkQueue> queue;
+  std::unique_ptr<kube::Expectations> expectations;
+  std::unique_ptr<kube::EventRecorder> recorder;
+  controller::ControllerOptions controller_options;
+
+  // One informer of each kind per watched namespace ("" = all namespaces).
+  struct NamespaceInformers {
+    std::unique_ptr<kube::Informer> jobs, pods, services;
+  };
+  std::map<std::string, NamespaceInformers> informers;
+
+  std::atomic<bool> leading{false};
+  std::atomic<bool> synced{false};
+  std::atomic<bool> pod_group_crd{false};
+  std::atomic<bool> lost_lease{false};
+
+  // Metrics.
+  prometheus::Family<prometheus::Counter>* reconcile_total = nullptr;
+  prometheus::Counter* reconcile_errors = nullptr;
+  prometheus::Histogram* reconcile_seconds = nullptr;
+  prometheus::Gauge* active_workers = nullptr;
+  prometheus::Family<prometheus::Counter>* jobs_created = nullptr;
+  prometheus::Family<prometheus::Counter>* jobs_succeeded = nullptr;
+  prometheus::Family<prometheus::Counter>* jobs_failed = nullptr;
+  prometheus::Family<prometheus::Counter>* jobs_restarted = nullptr;
+
+  void InitMetrics();
+  absl::Status Lead(std::stop_token stop);
+  void StartInformers();
+  void StopInformers();
+  bool InformersSynced() const;
+  void CheckPodGroupCrd();
+  void Worker();
+  // Returns the delay before the key should be reconciled again, or an error.
+  absl::StatusOr<std::optional<absl::Duration>> Reconcile(const std::string& key);
+  absl::Status Apply(const std::string& key, const Json& job, const controller::Plan& plan);
+  kube::Informer* InformerFor(const std::string& ns, int kind);
+  std::vector<Json> Children(const std::string& ns, const std::string& job, int kind);
+  void CountTransitions(const Json& job, const Json& old_status, const Json& new_status);
+};
+
+void Manager::Impl::InitMetrics() {
+  const prometheus::Labels controller = {{"controller", kControllerName}};
+  reconcile_total = &prometheus::BuildCounter()
+                         .Name("controller_runtime_reconcile_total")
+                         .Help("Total number of reconciliations per controller")
+                         .Register(*registry);
+  for (const char* result : {"success", "error", "requeue", "requeue_after"}) {
+    reconcile_total->Add({{"controller", kControllerName}, {"result", result}});
+  }
+  reconcile_errors = &prometheus::BuildCounter()
+                          .Name("controller_runtime_reconcile_errors_total")
+                          .Help("Total number of reconciliation errors per controller")
+                          .Register(*registry)
+                          .Add(controller);
+  reconcile_seconds =
+      &prometheus::BuildHistogram()
+           .Name("controller_runtime_reconcile_time_seconds")
+           .Help("Length of time per reconciliation per controller")
+           .Register(*registry)
+           .Add(controller, prometheus::Histogram::BucketBoundaries{
+                                0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4,
+                                0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5,
+                                3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60});
+  prometheus::BuildGauge()
+      .Name("controller_runtime_max_concurrent_reconciles")
+      .Help("Maximum number of concurrent reconciles per controller")
+      .Register(*registry)
+      .Add(controller)
+      .Set(options.concurrent_reconciles);
+  active_workers = &prometheus::BuildGauge()
+                        .Name("controller_runtime_active_workers")
+                        .Help("Number of currently used workers per controller")
+                        .Register(*registry)
+                        .Add(controller);
+  auto counter = [&](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(*registry);
+  };
+  jobs_created = counter("distrain_jobs_created_total", "Jobs whose pods were first created");
+  jobs_succeeded = counter("distrain_jobs_succeeded_total", "Jobs that reached Succeeded");
+  jobs_failed = counter("distrain_jobs_failed_total", "Jobs that reached Failed");
+  jobs_restarted = counter("distrain_jobs_restarted_total", "Job restarts (pods recreated after a failure)");
+}
+
+kube::Informer* Manager::Impl::InformerFor(const std::string& ns, int kind) {
+  auto it = informers.find(options.namespaces.empty() ? std::string() : ns);
+  if (it == informers.end()) return nullptr;
+  switch (kind) {
+    case 0:
+      return it->second.jobs.get();
+    case 1:
+      return it->second.pods.get();
+    default:
+      return it->second.services.get();
+  }
+}
+
+std::vector<Json> Manager::Impl::Children(const std::string& ns, const std::string& job, int kind) {
+  kube::Informer* informer = InformerFor(ns, kind);
+  if (informer == nullptr) return {};
+  std::vector<Json> out;
+  for (Json& object : informer->ByIndex(kJobIndex, kube::ObjectKey(ns, job))) {
+    out.push_back(std::move(object));
+  }
+  return out;
+}
+
+void Manager::Impl::StartInformers() {
+  std::vector<std::string> namespaces = options.namespaces;
+  if (namespaces.empty()) namespaces.push_back("");
+  const std::string selector = api::kLabelJobName;  // "has the label"
+  for (const std::string& ns : namespaces) {
+    NamespaceInformers& set = informers[ns];
+    set.jobs = std::make_unique<kube::Informer>(
+        client.get(), kube::InformerOptions{.resource = JobsResource(), .namespace_name = ns,
+                                            .registry = registry});
+    set.pods = std::make_unique<kube::Informer>(
+        client.get(), kube::InformerOptions{.resource = kube::PodsResource(), .namespace_name = ns,
+                                            .label_selector = selector, .registry = registry});
+    set.services = std::make_unique<kube::Informer>(
+        client.get(), kube::InformerOptions{.resource = kube::ServicesResource(),
+                                            .namespace_name = ns, .label_selector = selector,
+                                            .registry = registry});
+    for (kube::Informer* child : {set.pods.get(), set.services.get()}) {
+      child->AddIndex(kJobIndex, [](const Json& object) {
+        std::optional<std::string> key = OwnerJobKey(object);
+        return key ? std::vector<std::string>{*key} : std::vector<std::string>{};
+      });
+    }
+    set.jobs->AddHandlers({
+        .on_add = [this](const Json& job) { queue->Add(kube::ObjectKey(job)); },
+        .on_update = [this](const Json&, const Json& job) { queue->Add(kube::ObjectKey(job)); },
+        .on_delete =
+            [this](const Json& job) {
+              const std::string key = kube::ObjectKey(job);
+              expectations->DeleteExpectations(key);
+              queue->Add(key);
+            },
+    });
+    set.pods->AddHandlers({
+        .on_add =
+            [this](const Json& pod) {
+              if (auto key = OwnerJobKey(pod)) {
+                expectations->CreationObserved(*key);
+                queue->Add(*key);
+              }
+            },
+        .on_update =
+            [this](const Json&, const Json& pod) {
+              if (auto key = OwnerJobKey(pod)) queue->Add(*key);
+            },
+        .on_delete =
+            [this](const Json& pod) {
+              if (auto key = OwnerJobKey(pod)) {
+                expectations->DeletionObserved(*key, Uid(pod));
+                queue->Add(*key);
+              }
+            },
+    });
+    set.services->AddHandlers({
+        .on_add = [this](const Json& s) { if (auto key = OwnerJobKey(s)) queue->Add(*key); },
+        .on_update = [this](const Json&, const Json& s) { if (auto key = OwnerJobKey(s)) queue->Add(*key); },
+        .on_delete = [this](const Json& s) { if (auto key = OwnerJobKey(s)) queue->Add(*key); },
+    });
+    set.jobs->Start();
+    set.pods->Start();
+    set.services->Start();
+  }
+}
+
+void Manager::Impl::StopInformers() {
+  for (auto& [ns, set] : informers) {
+    for (kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get()}) {
+      if (i != nullptr) i->Stop();
+    }
+  }
+}
+
+bool Manager::Impl::InformersSynced() const {
+  for (const auto& [ns, set] : informers) {
+    for (const kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get()}) {
+      if (i == nullptr || !i->HasSynced()) return false;
+    }
+  }
+  return !informers.empty();
+}
+
+void Manager::Impl::CheckPodGroupCrd() {
+  auto r = client->Request(
+      "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/podgroups.scheduling.x-k8s.io");
+  if (r.ok() && (r->ok() || r->not_found())) pod_group_crd = r->ok();
+}
+
+void Manager::Impl::CountTransitions(const Json& job, const Json& old_status, const Json& new_status) {
+  const std::set<std::string> before = TrueConditions(old_status);
+  const std::set<std::string> after = TrueConditions(new_status);
+  const prometheus::Labels labels = {
+      {"namespace", job.value("/metadata/namespace"_json_pointer, std::string())},
+      {"strategy", job.value("/spec/strategy"_json_pointer, std::string("Auto"))}};
+  auto became = [&](const char* type) { return after.count(type) && !before.count(type); };
+  if (became(api::kConditionCreated)) jobs_created->Add(labels).Increment();
+  if (became(api::kConditionSucceeded)) jobs_succeeded->Add(labels).Increment();
+  if (became(api::kConditionFailed)) jobs_failed->Add(labels).Increment();
+  const int64_t old_restarts = old_status.is_object() ? old_status.value("restartCount", int64_t{0}) : 0;
+  const int64_t new_restarts = new_status.is_object() ? new_status.value("restartCount", int64_t{0}) : 0;
+  if (new_restarts > old_restarts) jobs_restarted->Add(labels).Increment(double(new_restarts - old_restarts));
+}
+
+absl::Status Manager::Impl::Apply(const std::string& key, const Json& job,
+                                  const controller::Plan& plan) {
+  const std::string ns = job["metadata"]["namespace"].get<std::string>();
+  const std::string name = job["metadata"]["name"].get<std::string>();
+  std::vector<std::string> errors;
+  auto record_error = [&](const std::string& what, const absl::StatusOr<kube::ApiResponse>& r) {
+    errors.push_back(absl::StrCat(what, ": ",
+                                  r.ok() ? absl::StrCat(r->status_code, " ", r->message())
+                                         : std::string(r.status().message())));
+  };
+
+  if (plan.delete_job) {
+    Json options = {{"apiVersion", "v1"},
+                    {"kind", "DeleteOptions"},
+                    {"propagationPolicy", "Background"},
+                    {"preconditions", {{"uid", Uid(job)}}}};
+    auto r = client->Request("DELETE", kube::ResourcePath(JobsResource(), ns, name), &options);
+    if (!r.ok() || (!r->ok() && !r->not_found())) record_error("delete job (TTL)", r);
+    else spdlog::info("{}: deleted (ttlSecondsAfterFinished)", key);
+  }
+
+  // Deletions first: a restart deletes the old generation before creating the new one.
+  if (!plan.pods_to_delete.empty()) {
+    std::vector<std::string> uids;
+    for (const auto& d : plan.pods_to_delete) uids.push_back(d.uid);
+    expectations->ExpectDeletions(key, uids);
+    for (const auto& d : plan.pods_to_delete) {
+      Json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}};
+      if (!d.uid.empty()) options["preconditions"] = {{"uid", d.uid}};
+      auto r = client->Request("DELETE", kube::ResourcePath(kube::PodsResource(), ns, d.name), &options);
+      if (!r.ok() || !r->ok()) {
+        // Not deleted by us: either gone already (404, 409 uid mismatch) or
+        // failed; the watch will not bring a DELETE for it, so settle now.
+        expectations->DeletionObserved(key, d.uid);
+        if (!r.ok() || (!r->not_found() && !r->conflict())) record_error("delete pod " + d.name, r);
+      } else {
+        spdlog::info("{}: deleted pod {} ({})", key, d.name, d.reason);
+      }
+    }
+  }
+  for (const auto& d : plan.services_to_delete) {
+    Json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}};
+    if (!d.uid.empty()) options["preconditions"] = {{"uid", d.uid}};
+    auto r = client->Request("DELETE", kube::ResourcePath(kube::ServicesResource(), ns, d.name), &options);
+    if (!r.ok() || (!r->ok() && !r->not_found() && !r->conflict())) record_error("delete service " + d.name, r);
+  }
+
+  if (!plan.pods_to_create.empty()) {
+    expectations->ExpectCreations(key, static_cast<int>(plan.pods_to_create.size()));
+    for (const Json& pod : plan.pods_to_create) {
+      const std::string pod_name = pod["metadata"]["name"].get<std::string>();
+      auto r = client->Request("POST", kube::ResourcePath(kube::PodsResource(), ns), &pod);
+      if (!r.ok() || !r->ok()) {
+        // The watch will bring no ADDED for a create that did not happen
+        // (an AlreadyExists pod is already in the cache or on its way).
+        expectations->CreationObserved(key);
+        if (!r.ok() || !r->conflict()) record_error("create pod " + pod_name, r);
+      }
+    }
+  }
+  for (const Json& service : plan.services_to_create) {
+    auto r = client->Request("POST", kube::ResourcePath(kube::ServicesResource(), ns), &service);
+    if (!r.ok() || (!r->ok() && !r->conflict())) {
+      record_error("create service " + service["metadata"]["name"].get<std::string>(), r);
+    }
+  }
+  if (plan.pod_group_to_create) {
+    auto r = client->Request("POST", kube::ResourcePath(PodGroupsResource(), ns), &*plan.pod_group_to_create);
+    if (!r.ok() || (!r->ok() && !r->conflict())) record_error("create PodGroup", r);
+  }
+
+  for (const controller::Event& e : plan.events) {
+    recorder->Event(job, e.type == "Warning" ? kube::EventType::kWarning : kube::EventType::kNormal,
+                    e.reason, "Reconcile", e.note);
+  }
+
+  if (plan.status_changed && !plan.delete_job) {
+    Json updated = job;
+    const Json old_status = job.contains("status") ? job["status"] : Json();
+    updated["status"] = api::StatusToJson(plan.status);
+    auto r = client->Request("PUT", kube::ResourcePath(JobsResource(), ns, name, "status"), &updated);
+    if (!r.ok() || !r->ok()) {
+      // 409: our cached job is stale; the newer version is already queued.
+      if (r.ok() && r->conflict()) return absl::AbortedError("status conflict; retrying with the newer job");
+      record_error("update status", r);
+    } else {
+      CountTransitions(job, old_status, updated["status"]);
+    }
+  }
+  if (!errors.empty()) return absl::UnavailableError(absl::StrJoin(errors, "; "));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<absl::Duration>> Manager::Impl::Reconcile(const std::string& key) {
+  auto [ns, name] = kube::SplitObjectKey(key);
+  kube::Informer* jobs = InformerFor(ns, 0);
+  std::optional<Json> job = jobs == nullptr ? std::nullopt : jobs->Get(key);
+  if (!job) {
+    expectations->DeleteExpectations(key);
+    return std::optional<absl::Duration>();
+  }
+  if (!expectations->SatisfiedExpectations(key)) {
+    spdlog::debug("{}: waiting for the cache to see earlier creations/deletions", key);
+    // The watch event re-queues the key; this bounds a lost one.
+    return std::optional<absl::Duration>(kube::Expectations::kDefaultTtl);
+  }
+  controller::Observed observed;
+  observed.pods = Children(ns, name, 1);
+  observed.services = Children(ns, name, 2);
+  const bool gang = job->contains("spec") && (*job)["spec"].contains("runPolicy") &&
+                    (*job)["spec"]["runPolicy"].contains("scheduling") &&
+                    (*job)["spec"]["runPolicy"]["scheduling"].value("gang", false);
+  if (gang && pod_group_crd) {
+    auto r = client->Request("GET", kube::ResourcePath(PodGroupsResource(), ns, name));
+    if (!r.ok()) return r.status();
+    if (r->ok()) observed.pod_group = r->body;
+  }
+  controller::Facts facts{.now = absl::Now(), .pod_group_crd_installed = pod_group_crd};
+  controller::Plan plan = controller::ReconcileObject(*job, observed, facts, controller_options);
+  if (absl::Status s = Apply(key, *job, plan); !s.ok()) return s;
+  return plan.requeue_after;
+}
+
+void Manager::Impl::Worker() {
+  while (true) {
+    std::optional<std::string> key = queue->Get();
+    if (!key) return;
+    active_workers->Increment();
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::optional<absl::Duration>> result = Reconcile(*key);
+    reconcile_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    active_workers->Decrement();
+    if (!result.ok()) {
+      reconcile_total->Add({{"controller", kControllerName}, {"result", "error"}}).Increment();
+      reconcile_errors->Increment();
+      if (result.status().code() == absl::StatusCode::kAborted) {
+        spdlog::debug("{}: {}", *key, result.status().message());
+      } else {
+        spdlog::warn("{}: reconcile failed (retrying with backoff): {}", *key, result.status().message());
+      }
+      queue->AddRateLimited(*key);
+    } else if (result->has_value()) {
+      reconcile_total->Add({{"controller", kControllerName}, {"result", "requeue_after"}}).Increment();
+      queue->Forget(*key);
+      queue->AddAfter(*key, **result);
+    } else {
+      reconcile_total->Add({{"controller", kControllerName}, {"result", "success"}}).Increment();
+      queue->Forget(*key);
+    }
+    queue->Done(*key);
+  }
+}
+
+absl::Status Manager::Impl::Lead(std::stop_token stop) {
+  spdlog::info("leading: starting informers for {}",
+               options.namespaces.empty() ? std::string("all namespaces")
+                                          : absl::StrJoin(options.namespaces, ", "));
+  leading = true;
+  CheckPodGroupCrd();
+  StartInformers();
+  while (!InformersSynced()) {
+    if (stop.stop_requested()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  synced = true;
+  spdlog::info("caches synced; {} reconcile workers", options.concurrent_reconciles);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < options.concurrent_reconciles; ++i) workers.emplace_back([this] { Worker(); });
+  // Re-check the PodGroup CRD now and then: scheduler-plugins may be installed later.
+  absl::Time next_crd_check = absl::Now() + absl::Minutes(1);
+  while (!stop.stop_requested()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (absl::Now() >= next_crd_check) {
+      CheckPodGroupCrd();
+      next_crd_check = absl::Now() + absl::Minutes(1);
+    }
+  }
+  queue->ShutDown();
+  for (std::thread& t : workers) t.join();
+  StopInformers();
+  leading = false;
+  return absl::OkStatus();
+}
+
+Manager::Manager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Manager::~Manager() = default;
+
+absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  auto config = kube::LoadRestConfig({.kubeconfig_path = options.kubeconfig, .context = options.context});
+  if (!config.ok()) return absl::InvalidArgumentError(config.status().message());
+  impl->rest_config = *config;
+  auto client = kube::RestClient::Create(
+      *config, {.qps = options.qps, .burst = options.burst, .registry = impl->registry});
+  if (!client.ok()) return absl::InvalidArgumentError(client.status().message());
+  impl->client = std::move(*client);
+  impl->queue = std::make_unique<kube::WorkQueue>(
+      kube::WorkQueueOptions{.name = kControllerName, .registry = impl->registry});
+  impl->expectations = std::make_unique<kube::Expectations>();
+  impl->recorder = std::make_unique<kube::EventRecorder>(impl->client.get());
+  if (!options.default_worker_image.empty()) {
+    impl->controller_options.default_image = options.default_worker_image;
+  }
+  impl->controller_options.checkpoint_root = options.checkpoint_root;
+  impl->controller_options.cluster_domain = options.cluster_domain;
+  impl->InitMetrics();
+  return std::unique_ptr<Manager>(new Manager(std::move(impl)));
+}
+
+bool Manager::Healthy() const { return !impl_->lost_lease; }
+
+// Ready once the caches are synced, or while standing by for the lease: a
+// standby replica is healthy and must not be restarted or taken out of a
+// Service for not leading.
+bool Manager::Ready() const { return impl_->synced || (impl_->options.leader_elect && !impl_->leading); }
+
+absl::Status Manager::Run(std::stop_token stop) {
+  Impl& m = *impl_;
+  std::unique_ptr<MetricsServer> metrics, health;
+  if (m.options.metrics_port > 0) {
+    auto s = MetricsServer::Start(m.options.metrics_host, m.options.metrics_port, m.registry);
+    if (!s.ok()) return s.status();
+    metrics = std::move(*s);
+  }
+  if (m.options.health_port > 0) {
+    auto s = MetricsServer::Start(m.options.health_host, m.options.health_port, m.registry,
+                                  [this] { return Healthy(); }, [this] { return Ready(); });
+    if (!s.ok()) return s.status();
+    health = std::move(*s);
+  }
+  spdlog::info("distrain-operator {} against {} (metrics :{}, probes :{})", DISTRAIN_VERSION,
+               m.client->server(), m.options.metrics_port, m.options.health_port);
+
+  absl::Status result = absl::OkStatus();
+  if (!m.options.leader_elect) {
+    result = m.Lead(stop);
+  } else {
+    std::string lease_ns = m.options.leader_election_namespace;
+    if (lease_ns.empty()) lease_ns = Env("POD_NAMESPACE");
+    if (lease_ns.empty()) lease_ns = m.client->default_namespace();
+    absl::Status lead_status = absl::OkStatus();
+    kube::LeaderElectionConfig config{
+        .lease_namespace = lease_ns,
+        .lease_name = m.options.leader_election_id,
+        .lease_duration = m.options.lease_duration,
+        .renew_deadline = m.options.renew_deadline,
+        .retry_period = m.options.retry_period,
+        .registry = m.registry,
+        .on_started_leading = [&](std::stop_token leading) { lead_status = m.Lead(leading); },
+        .on_stopped_leading = [&] {
+          if (!stop.stop_requested()) m.lost_lease = true;
+        },
+        .on_new_leader = [](const std::string& id) { spdlog::info("leader is now {}", id); },
+    };
+    auto elector = kube::LeaderElector::Create(m.client.get(), std::move(config));
+    if (!elector.ok()) return elector.status();
+    spdlog::info("waiting to lead through Lease {}/{} as {}", lease_ns, m.options.leader_election_id,
+                 (*elector)->identity());
+    (*elector)->Run(stop);
+    if (m.lost_lease) {
+      result = absl::AbortedError("leader election lost: exiting so a fresh process starts clean");
+    } else if (!lead_status.ok()) {
+      result = lead_status;
+    }
+  }
+  m.recorder->Flush(absl::Seconds(3));
+  return result;
+}
+
+}  // namespace distrain

@@ -1,0 +1,449 @@
+#include "operator/controller/pods.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/cluster_spec.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/operator/controller/world.h"
+
+namespace distrain::controller {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAreArray;
+using testing::Json;
+using testing::MakeJob;
+using testing::Names;
+using testing::World;
+
+// The env entry `name` of the pod's main container, or null.
+Json Env(const Json& pod, const std::string& name) {
+  const Json* main = MainContainer(pod["spec"]);
+  for (const Json& e : (*main)["env"]) {
+    if (e["name"] == name) return e;
+  }
+  return Json();
+}
+
+std::string EnvValue(const Json& pod, const std::string& name) {
+  Json e = Env(pod, name);
+  return e.is_null() ? "<unset>" : e["value"].get<std::string>();
+}
+
+std::optional<int> PortNamed(const Json& pod, const std::string& name) {
+  for (const Json& p : (*MainContainer(pod["spec"]))["ports"]) {
+    if (p.value("name", "") == name) return p["containerPort"].get<int>();
+  }
+  return std::nullopt;
+}
+
+struct TopologyCase {
+  std::string name;
+  std::string spec;
+  std::vector<std::string> pods;  // in TF_CONFIG order
+  std::map<std::string, std::vector<std::string>> cluster;
+  std::string strategy_in_job_config;
+};
+
+std::string Host(const std::string& replica, int port = 2222) {
+  return absl::StrCat(replica, ".team-a.svc:", port);
+}
+
+std::vector<TopologyCase> TopologyCases() {
+  return {
+      {"OneDevice", "  strategy: OneDevice\n  replicaSpecs:\n    Worker: {replicas: 1}\n",
+       {"mnist-worker-0"},
+       {{"worker", {Host("mnist-worker-0")}}},
+       "OneDevice"},
+      {"Mirrored",
+       "  strategy: Mirrored\n  replicaSpecs:\n    Worker: {replicas: 1}\n"
+       "  training: {localReplicas: 4, globalBatchSize: 64}\n",
+       {"mnist-worker-0"},
+       {{"worker", {Host("mnist-worker-0")}}},
+       "Mirrored"},
+      {"CentralStorage",
+       "  strategy: CentralStorage\n  replicaSpecs:\n    Worker: {replicas: 1}\n",
+       {"mnist-worker-0"},
+       {{"worker", {Host("mnist-worker-0")}}},
+       "CentralStorage"},
+      {"MultiWorkerMirroredWithChief",
+       "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+       "    Worker: {replicas: 3}\n  training: {globalBatchSize: 128}\n",
+       {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-worker-2"},
+       {{"chief", {Host("mnist-chief-0")}},
+        {"worker", {Host("mnist-worker-0"), Host("mnist-worker-1"), Host("mnist-worker-2")}}},
+       "MultiWorkerMirrored"},
+      {"MultiWorkerMirroredWorkersAndEvaluator",
+       "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 2}\n"
+       "    Evaluator: {replicas: 1}\n  training: {globalBatchSize: 128}\n",
+       {"mnist-worker-0", "mnist-worker-1", "mnist-evaluator-0"},
+       {{"worker", {Host("mnist-worker-0"), Host("mnist-worker-1")}},
+        {"evaluator", {Host("mnist-evaluator-0")}}},
+       "MultiWorkerMirrored"},
+      {"ParameterServer",
+       "  strategy: ParameterServer\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+       "    Worker: {replicas: 2}\n    PS: {replicas: 2}\n    Evaluator: {replicas: 1}\n",
+       {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1", "mnist-ps-0", "mnist-ps-1",
+        "mnist-evaluator-0"},
+       {{"chief", {Host("mnist-chief-0")}},
+        {"worker", {Host("mnist-worker-0"), Host("mnist-worker-1")}},
+        {"ps", {Host("mnist-ps-0"), Host("mnist-ps-1")}},
+        {"evaluator", {Host("mnist-evaluator-0")}}},
+       "ParameterServer"},
+      {"TPU", "  strategy: TPU\n  replicaSpecs:\n    Worker: {replicas: 2}\n",
+       {"mnist-worker-0", "mnist-worker-1"},
+       {{"worker", {Host("mnist-worker-0"), Host("mnist-worker-1")}}},
+       "TPU"},
+      {"AutoSeveralPodsIsMultiWorkerMirrored",
+       "  strategy: Auto\n  replicaSpecs:\n    Worker: {replicas: 2}\n"
+       "  training: {globalBatchSize: 64}\n",
+       {"mnist-worker-0", "mnist-worker-1"},
+       {{"worker", {Host("mnist-worker-0"), Host("mnist-worker-1")}}},
+       "MultiWorkerMirrored"},
+      {"AutoOnePodWithGpusIsMirrored",
+       "  strategy: Auto\n  replicaSpecs:\n    Worker:\n      replicas: 1\n      template:\n"
+       "        spec:\n          containers:\n          - name: distrain\n"
+       "            resources: {limits: {nvidia.com/gpu: 2}}\n",
+       {"mnist-worker-0"},
+       {{"worker", {Host("mnist-worker-0")}}},
+       "Mirrored"},
+      {"AutoOnePodOnCpuIsOneDevice", "  strategy: Auto\n  replicaSpecs:\n    Worker: {replicas: 1}\n",
+       {"mnist-worker-0"},
+       {{"worker", {Host("mnist-worker-0")}}},
+       "OneDevice"},
+      {"AutoWithPsIsParameterServer",
+       "  strategy: Auto\n  replicaSpecs:\n    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n"
+       "    PS: {replicas: 1}\n",
+       {"mnist-chief-0", "mnist-worker-0", "mnist-ps-0"},
+       {{"chief", {Host("mnist-chief-0")}},
+        {"worker", {Host("mnist-worker-0")}},
+        {"ps", {Host("mnist-ps-0")}}},
+       "ParameterServer"},
+  };
+}
+
+class TopologyTest : public ::testing::TestWithParam<TopologyCase> {};
+
+TEST_P(TopologyTest, DesiredPodsServicesAndTfConfig) {
+  const TopologyCase& c = GetParam();
+  World w{MakeJob(c.spec)};
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_create), ElementsAreArray(c.pods));
+  EXPECT_THAT(Names(plan.services_to_create), ElementsAreArray(c.pods));
+  for (const Json& pod : plan.pods_to_create) {
+    const std::string name = pod["metadata"]["name"];
+    SCOPED_TRACE(name);
+    // TF_CONFIG parses with the worker's parser, names this pod's task, and
+    // lists exactly the expected cluster.
+    absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->jobs(), c.cluster);
+    EXPECT_EQ(spec->environment(), "cloud");
+    EXPECT_EQ(spec->task().type, pod["metadata"]["labels"][api::kLabelReplicaType]);
+    EXPECT_EQ(std::to_string(spec->task().index),
+              pod["metadata"]["labels"][api::kLabelReplicaIndex]);
+    EXPECT_EQ(name, ReplicaName("mnist", *ReplicaTypeFromTaskType(spec->task().type),
+                                spec->task().index));
+    // Exactly TensorFlow's top-level keys.
+    Json tf = Json::parse(EnvValue(pod, "TF_CONFIG"));
+    std::set<std::string> keys;
+    for (const auto& [k, v] : tf.items()) keys.insert(k);
+    EXPECT_EQ(keys, (std::set<std::string>{"cluster", "task", "environment"}));
+    // DISTRAIN_JOB_CONFIG is what the worker parses, with Auto resolved.
+    absl::StatusOr<JobConfig> config = ParseJobConfigJson(EnvValue(pod, "DISTRAIN_JOB_CONFIG"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(StrategyName(config->strategy), c.strategy_in_job_config);
+    EXPECT_TRUE(ValidateJobConfig(*config).ok());
+    EXPECT_EQ(config->name, "mnist");
+    EXPECT_EQ(config->namespace_, "team-a");
+    EXPECT_EQ(config->training, w.job.spec.training);
+    EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+    EXPECT_EQ(pod["spec"]["hostname"], name);
+    EXPECT_EQ(pod["spec"]["subdomain"], name);
+  }
+  // Each Service selects exactly its pod.
+  for (size_t i = 0; i < plan.services_to_create.size(); ++i) {
+    const Json& svc = plan.services_to_create[i];
+    const Json& pod = plan.pods_to_create[i];
+    EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+    EXPECT_EQ(svc["spec"]["publishNotReadyAddresses"], true);
+    int matching = 0;
+    for (const Json& other : plan.pods_to_create) {
+      bool all = true;
+      for (const auto& [k, v] : svc["spec"]["selector"].items()) {
+        all = all && other["metadata"]["labels"].value(k, "") == v;
+      }
+      matching += all;
+    }
+    EXPECT_EQ(matching, 1) << svc["metadata"]["name"];
+    for (const auto& [k, v] : svc["spec"]["selector"].items()) {
+      EXPECT_EQ(pod["metadata"]["labels"][k], v);
+    }
+    EXPECT_EQ(svc["spec"]["ports"][0]["port"], 2222);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, TopologyTest, ::testing::ValuesIn(TopologyCases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(TopologyTest, EveryExampleGetsPodsTheWorkerAccepts) {
+  int examples = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(DISTRAIN_SOURCE_DIR) + "/examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++examples;
+    SCOPED_TRACE(entry.path().string());
+    std::ifstream in(entry.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<api::DistributedTrainingJob> job = api::ParseJobYamlText(text.str());
+    ASSERT_TRUE(job.ok()) << job.status();
+    job->metadata.uid = "u";
+    World w(*job);
+    Plan plan = w.Step();
+    EXPECT_TRUE(w.job.status.IsTrue(api::kConditionCreated));
+    ASSERT_EQ(plan.pods_to_create.size(), DesiredReplicas(job->spec).size());
+    for (const Json& pod : plan.pods_to_create) {
+      absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      absl::StatusOr<JobConfig> config = ParseJobConfigJson(EnvValue(pod, "DISTRAIN_JOB_CONFIG"));
+      ASSERT_TRUE(config.ok()) << config.status();
+      EXPECT_TRUE(ValidateJobConfig(*config).ok());
+      EXPECT_NE(config->strategy, StrategyKind::kAuto);  // resolved by the operator
+    }
+  }
+  EXPECT_GE(examples, 7);
+}
+
+const char kMwms[] =
+    "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+    "    Worker: {replicas: 2}\n  training: {globalBatchSize: 60}\n";
+
+TEST(BuildPodTest, LabelsOwnerAndRole) {
+  World w{MakeJob(kMwms)};
+  Plan plan = w.Step();
+  ASSERT_EQ(plan.pods_to_create.size(), 3u);
+  for (const Json& pod : plan.pods_to_create) {
+    const Json& labels = pod["metadata"]["labels"];
+    EXPECT_EQ(labels[api::kLabelJobName], "mnist");
+    EXPECT_EQ(labels[api::kLabelManagedBy], "distrain-operator");
+    EXPECT_EQ(labels.contains(api::kLabelJobRole), pod["metadata"]["name"] == "mnist-chief-0");
+    ASSERT_EQ(pod["metadata"]["ownerReferences"].size(), 1u);
+    const Json& owner = pod["metadata"]["ownerReferences"][0];
+    EXPECT_EQ(owner["apiVersion"], "distrain.io/v1alpha1");
+    EXPECT_EQ(owner["kind"], "DistributedTrainingJob");
+    EXPECT_EQ(owner["name"], "mnist");
+    EXPECT_EQ(owner["uid"], "uid-mnist");
+    EXPECT_EQ(owner["controller"], true);
+    EXPECT_EQ(owner["blockOwnerDeletion"], true);
+    EXPECT_EQ(pod["metadata"]["namespace"], "team-a");
+  }
+  EXPECT_EQ(plan.services_to_create[0]["metadata"]["ownerReferences"][0]["uid"], "uid-mnist");
+  // Without a chief, worker 0 is the master.
+  World no_chief{MakeJob(
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 2}\n")};
+  Plan p2 = no_chief.Step();
+  EXPECT_EQ(p2.pods_to_create[0]["metadata"]["labels"][api::kLabelJobRole], "master");
+  EXPECT_FALSE(p2.pods_to_create[1]["metadata"]["labels"].contains(api::kLabelJobRole));
+}
+
+TEST(BuildPodTest, ContractEnvPortsAndDefaultContainer) {
+  World w{MakeJob(kMwms)};
+  Plan plan = w.Step();
+  const Json& pod = plan.pods_to_create[1];
+  const Json* main = MainContainer(pod["spec"]);
+  ASSERT_NE(main, nullptr);
+  EXPECT_EQ((*main)["name"], "distrain");
+  EXPECT_EQ((*main)["image"], w.options.default_image);
+  EXPECT_EQ((*main)["command"], Json::array({"distrain-worker"}));
+  EXPECT_EQ(EnvValue(pod, "DISTRAIN_METRICS_PORT"), "9090");
+  EXPECT_EQ(Env(pod, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+  EXPECT_EQ(Env(pod, "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.namespace");
+  EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), "<unset>");
+  EXPECT_EQ(PortNamed(pod, "distrain"), 2222);
+  EXPECT_EQ(PortNamed(pod, "metrics"), 9090);
+  EXPECT_TRUE(Env(pod, "TPU_WORKER_ID").is_null());
+  EXPECT_FALSE(main->contains("resources"));  // no devices asked for
+}
+
+TEST(BuildPodTest, TemplateIsKeptAndTheContractOverridesIt) {
+  World w{MakeJob(R"(  strategy: MultiWorkerMirrored
+  replicaSpecs:
+    Worker:
+      replicas: 2
+      template:
+        metadata:
+          labels: {team: vision}
+          annotations: {owner: me}
+        spec:
+          nodeSelector: {pool: cpu}
+          restartPolicy: OnFailure
+          containers:
+          - name: sidecar
+            image: busybox
+          - name: distrain
+            image: my/tf:1
+            env:
+            - {name: TF_CONFIG, value: "{}"}
+            - {name: KEEP, value: "yes"}
+            ports:
+            - {name: tfjob-port, containerPort: 3333}
+            - {name: metrics, containerPort: 9400}
+  training: {globalBatchSize: 64}
+)")};
+  Plan plan = w.Step();
+  ASSERT_EQ(plan.pods_to_create.size(), 2u);
+  const Json& pod = plan.pods_to_create[0];
+  EXPECT_EQ(pod["metadata"]["labels"]["team"], "vision");
+  EXPECT_EQ(pod["metadata"]["annotations"]["owner"], "me");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["pool"], "cpu");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(pod["spec"]["containers"][0]["name"], "sidecar");
+  EXPECT_FALSE(pod["spec"]["containers"][0].contains("env"));
+  EXPECT_EQ(pod["spec"]["containers"][1]["image"], "my/tf:1");
+  EXPECT_EQ(EnvValue(pod, "KEEP"), "yes");
+  int tf_configs = 0;
+  for (const Json& e : (*MainContainer(pod["spec"]))["env"]) tf_configs += e["name"] == "TF_CONFIG";
+  EXPECT_EQ(tf_configs, 1);
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->addresses("worker"),
+            (std::vector<std::string>{Host("mnist-worker-0", 3333), Host("mnist-worker-1", 3333)}));
+  EXPECT_FALSE(PortNamed(pod, "distrain").has_value());  // tfjob-port serves
+  EXPECT_EQ(EnvValue(pod, "DISTRAIN_METRICS_PORT"), "9400");
+  EXPECT_EQ(plan.services_to_create[0]["spec"]["ports"][0]["port"], 3333);
+}
+
+TEST(BuildPodTest, GpusAreNormalisedAndNcclAsksForThem) {
+  World mirrored{MakeJob(R"(  strategy: Mirrored
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            resources: {limits: {nvidia.com/gpu: 4, cpu: "8"}}
+)")};
+  Json pod = mirrored.Step().pods_to_create.at(0);
+  const Json& res = (*MainContainer(pod["spec"]))["resources"];
+  EXPECT_EQ(res["limits"][kGpuResource], 4);
+  EXPECT_EQ(res["requests"][kGpuResource], 4);
+  EXPECT_EQ(res["limits"]["cpu"], "8");
+  EXPECT_FALSE(res["requests"].contains("cpu"));
+
+  World nccl{MakeJob(R"(  strategy: MultiWorkerMirrored
+  replicaSpecs:
+    Chief: {replicas: 1}
+    Worker: {replicas: 1}
+    Evaluator: {replicas: 1}
+  training:
+    localReplicas: 2
+    globalBatchSize: 64
+    communication: {implementation: NCCL}
+)")};
+  Plan plan = nccl.Step();
+  ASSERT_EQ(plan.pods_to_create.size(), 3u);
+  for (int i : {0, 1}) {
+    const Json& r = (*MainContainer(plan.pods_to_create[i]["spec"]))["resources"];
+    EXPECT_EQ(r["limits"][kGpuResource], 2);
+    EXPECT_EQ(r["requests"][kGpuResource], 2);
+  }
+  EXPECT_FALSE((*MainContainer(plan.pods_to_create[2]["spec"])).contains("resources"));
+}
+
+TEST(BuildPodTest, TpuWorkersGetTheTpuEnvironment) {
+  World w{MakeJob(R"(  strategy: TPU
+  replicaSpecs:
+    Worker:
+      replicas: 2
+      template:
+        spec:
+          containers:
+          - name: distrain
+            image: tensorflow/tensorflow:2.21.0
+            resources: {requests: {google.com/tpu: 4}}
+)")};
+  Plan plan = w.Step();
+  ASSERT_EQ(plan.pods_to_create.size(), 2u);
+  for (int i : {0, 1}) {
+    const Json& pod = plan.pods_to_create[i];
+    EXPECT_EQ(EnvValue(pod, "TPU_WORKER_ID"), std::to_string(i));
+    EXPECT_EQ(EnvValue(pod, "TPU_WORKER_HOSTNAMES"),
+              "mnist-worker-0.team-a.svc,mnist-worker-1.team-a.svc");
+    const Json& res = (*MainContainer(pod["spec"]))["resources"];
+    EXPECT_EQ(res["limits"][kTpuResource], 4);
+    EXPECT_EQ(res["requests"][kTpuResource], 4);
+    EXPECT_EQ((*MainContainer(pod["spec"]))["image"], "tensorflow/tensorflow:2.21.0");
+  }
+}
+
+TEST(BuildPodTest, OptionsShapeHostsAndCheckpointDir) {
+  World w{MakeJob(kMwms)};
+  w.options.cluster_domain = "cluster.local";
+  w.options.checkpoint_root = "/ckpt";
+  Json pod = w.Step().pods_to_create.at(0);
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->addresses("chief")[0], "mnist-chief-0.team-a.svc.cluster.local:2222");
+  EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), "/ckpt/team-a/mnist");
+
+  World own{MakeJob(kMwms)};
+  own.job.spec.training.checkpoint.dir = "/data/ckpt";
+  own.options.checkpoint_root = "/ckpt";
+  EXPECT_EQ(EnvValue(own.Step().pods_to_create.at(0), "DISTRAIN_CHECKPOINT_DIR"), "/data/ckpt");
+}
+
+TEST(BuildTopologyTest, RejectsNamesThatMakeInvalidHostNames) {
+  const std::string name(52, 'a');  // + "-evaluator-0" = 64 characters
+  api::DistributedTrainingJob job = MakeJob(
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 1}\n"
+      "    Evaluator: {replicas: 1}\n",
+      name);
+  absl::StatusOr<Topology> t = BuildTopology(job, ControllerOptions{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("metadata.name:"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("at most 51 characters"));
+
+  job = MakeJob("  replicaSpecs:\n    Worker: {replicas: 1}\n", "9lives");
+  t = BuildTopology(job, ControllerOptions{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("must start with a lowercase letter"));
+}
+
+TEST(BuildTopologyTest, AutoThatBreaksTheChosenStrategysRulesIsRejected) {
+  // 3 workers: Auto picks MultiWorkerMirrored, and 64 is not divisible by 3.
+  api::DistributedTrainingJob job = MakeJob(
+      "  strategy: Auto\n  replicaSpecs:\n    Worker: {replicas: 3}\n"
+      "  training: {globalBatchSize: 64}\n");
+  absl::StatusOr<Topology> t = BuildTopology(job, ControllerOptions{});
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("spec.strategy: Auto chose MultiWorkerMirrored"));
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("spec.training.globalBatchSize"));
+}
+
+TEST(BuildTopologyTest, ClusterHashIgnoresTheEvaluatorButNotWorkers) {
+  auto hash = [](const std::string& spec) {
+    absl::StatusOr<Topology> t = BuildTopology(MakeJob(spec), ControllerOptions{});
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->cluster_hash : "";
+  };
+  const std::string two = "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 2}\n";
+  const std::string three = "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 4}\n";
+  EXPECT_EQ(hash(two), hash(two + "    Evaluator: {replicas: 1}\n"));
+  EXPECT_NE(hash(two), hash(three));
+  EXPECT_EQ(hash(two).size(), 16u);
+}
+
+}  // namespace
+}  // namespace distrain::controller
