@@ -19,10 +19,15 @@
 //
 // Rank 0 prints one line per size:
 //   RESULT {"side": "distrain", "ranks": N, "bytes": B, "iters": K,
-//           "median_s": T, "mean_s": T, "sent_per_byte": S}
+//           "median_s": T, "mean_s": T, "sent_per_byte": S, "cpu_s_per_op": C}
+// cpu_s_per_op is rank 0's process CPU time (user + system, all threads)
+// over the timed iterations, per operation: on a machine shared with other
+// load it says what an operation costs independently of what else runs.
 // sent_per_byte is what rank 0 sent per payload byte per operation
 // (2(N-1)/N for the ring, N-1 for the small-payload all-gather path).
 // Exit codes: 0 done, 1 a collective or the check failed, 2 bad flags or TF_CONFIG.
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,6 +64,14 @@ struct Flags {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// User + system CPU seconds of this process (all threads) so far.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 float Pattern(int64_t i, int rank) { return static_cast<float>((7 * i + 3 * int64_t{rank}) % 11); }
@@ -109,12 +122,14 @@ absl::Status MeasureSize(Collective& ring, int64_t bytes, const Flags& flags) {
   std::vector<double> times;
   times.reserve(iters);
   const int64_t sent_before = ring.stats().bytes_sent;
+  const double cpu_before = CpuSeconds();
   for (int i = 0; i < iters; ++i) {
     const double a = Now();
     if (absl::Status s = ring.AllReduce(absl::MakeSpan(buf), ReduceOp::kSum, opts); !s.ok()) return s;
     times.push_back(Now() - a);
   }
   const int64_t sent = ring.stats().bytes_sent - sent_before;
+  const double cpu = CpuSeconds() - cpu_before;
   if (ring.rank() == 0) {
     double total = 0;
     for (double t : times) total += t;
@@ -123,9 +138,10 @@ absl::Status MeasureSize(Collective& ring, int64_t bytes, const Flags& flags) {
         iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
     std::printf(
         "RESULT {\"side\": \"distrain\", \"ranks\": %d, \"bytes\": %lld, \"iters\": %d, "
-        "\"median_s\": %.9g, \"mean_s\": %.9g, \"sent_per_byte\": %.4f}\n",
+        "\"median_s\": %.9g, \"mean_s\": %.9g, \"sent_per_byte\": %.4f, "
+        "\"cpu_s_per_op\": %.9g}\n",
         ring.size(), static_cast<long long>(bytes), iters, median, total / iters,
-        bytes > 0 ? static_cast<double>(sent) / iters / bytes : 0.0);
+        bytes > 0 ? static_cast<double>(sent) / iters / bytes : 0.0, cpu / iters);
     std::fflush(stdout);
   }
   return absl::OkStatus();

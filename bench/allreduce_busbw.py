@@ -14,7 +14,11 @@ For N = 2, 3, 4 processes on 127.0.0.1 and float32 buffers of 4 KiB ... 256 MiB
   loopback    build/bench/loopback_limit: aggregate TCP throughput of N
               concurrent streams (L_agg, best of 3 repeats, measured before
               and after the sides, the higher counts); one ring link can move
-              at most L_agg / N, the ceiling for busbw
+              at most L_agg / N, the ceiling for busbw. Also L_ring: the same
+              N streams shaped as a ring of N single-threaded processes that
+              each send one stream and receive another, from and into 64 MiB
+              buffers (what a ring rank does, minus the reduction); see
+              bench/README.md for why both are shown
 
 Every side uses the same protocol: one all-reduce checked element by element
 against the exact sum (a wrong result fails the run), warm-up iterations, then
@@ -27,7 +31,10 @@ figures for different N compare, and a perfect ring reaches the link speed).
                            [--sides distrain,mpi,tf]
 
 Prints a table per N and the key ratios (64 MiB, N = 4: distrain/MPI,
-distrain/TF, distrain/(L_agg/N); 4 KiB latency distrain vs MPI). Not a
+distrain/TF, distrain/(L_agg/N), distrain/(L_ring/N), and the same two
+ceilings in CPU terms — loopback CPU seconds per byte over distrain's — which
+on a machine shared with other load say more than wall-clock ratios; 4 KiB
+latency distrain vs MPI). Not a
 pass/fail test: exit 0 when every side ran; non-zero with the failing side's
 output when one did not.
 """
@@ -113,9 +120,26 @@ def common_flags(args):
             "--max-iters", str(args.max_iters), "--target-seconds", str(args.target_seconds)]
 
 
-def run_loopback(n, args):
-    out = run_group(f"loopback N={n}", [([binary("loopback_limit"), "--streams", str(n)], None)], 120)
-    return parse_results("loopback", out, [n])[n]["bytes_per_second"]
+def run_loopback(n, args, topology="streams", buffer_bytes=None):
+    """Returns (bytes_per_second, cpu_s_per_byte) of loopback_limit."""
+    argv = [binary("loopback_limit"), "--streams", str(n), "--topology", topology]
+    if buffer_bytes:
+        argv += ["--buffer-bytes", str(buffer_bytes)]
+    out = run_group(f"loopback N={n} {topology}", [(argv, None)], 120)
+    r = parse_results("loopback", out, [n])[n]
+    return r["bytes_per_second"], r["cpu_s_per_byte"]
+
+
+def run_ceilings(n, args):
+    """L_agg (streams, 1 MiB buffers) and L_ring (ring, 64 MiB buffers)."""
+    agg = run_loopback(n, args)
+    ring = run_loopback(n, args, "ring", 64 * MIB)
+    return {"agg": agg, "ring": ring}
+
+
+def best_of(a, b):
+    """A limit: the higher rate and the lower CPU per byte of two measurements."""
+    return {k: (max(a[k][0], b[k][0]), min(a[k][1], b[k][1])) for k in a}
 
 
 def run_distrain(n, sizes, args):
@@ -154,6 +178,16 @@ def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def cpu_efficiency(n, size, result, limits):
+    """distrain's busbw relative to each ceiling in CPU terms: loopback CPU
+    seconds per byte over distrain's (rank 0's CPU per operation over the bytes
+    it sends per operation). Equal to the wall-clock ratio when both saturate
+    the same cores; unlike it, unaffected by other load. (a, b) pairs for ratio()."""
+    cpu = result.get("cpu_s_per_op")
+    per_byte = cpu / (size * 2 * (n - 1) / n) if cpu and size else None
+    return {k: (limits[k][1], per_byte) for k in limits}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -184,30 +218,37 @@ def main():
     started = time.time()
     load = os.getloadavg()[0]
     table = {}  # (n, side) -> {bytes: result}
-    ceilings = {}
+    ceilings = {}  # n -> L_agg (bytes/s)
+    limits = {}    # n -> {"agg"|"ring": (bytes/s, cpu s per byte)}
     for n in ranks:
-        # L_agg is a limit: measured before and after the sides, the best counts.
-        before = run_loopback(n, args)
+        # The ceilings are limits: measured before and after the sides, the best counts.
+        before = run_ceilings(n, args)
         for side in sides:
             t0 = time.time()
             table[(n, side)] = runners[side](n, sizes, args)
             print(f"N={n}: {side} done in {time.time() - t0:.0f} s", flush=True)
-        after = run_loopback(n, args)
-        ceilings[n] = max(before, after)
-        print(f"N={n}: loopback L_agg {before / 1e9:.2f} GB/s before, {after / 1e9:.2f} GB/s after; "
-              f"ceiling L_agg/N {ceilings[n] / n / 1e9:.2f} GB/s", flush=True)
+        after = run_ceilings(n, args)
+        limits[n] = best_of(before, after)
+        ceilings[n] = limits[n]["agg"][0]
+        print(f"N={n}: loopback L_agg {before['agg'][0] / 1e9:.2f} GB/s before, "
+              f"{after['agg'][0] / 1e9:.2f} GB/s after; ceiling L_agg/N {ceilings[n] / n / 1e9:.2f} GB/s; "
+              f"L_ring {limits[n]['ring'][0] / 1e9:.2f} GB/s; CPU ns/byte: streams "
+              f"{limits[n]['agg'][1] * 1e9:.3f}, ring {limits[n]['ring'][1] * 1e9:.3f}", flush=True)
 
     print()
     print(f"all-reduce float32 SUM on 127.0.0.1, {os.cpu_count()} cores, load {load:.2f} at start; "
           f"median time; busbw = bytes/time * 2(N-1)/N in GB/s (1e9)")
     for n in ranks:
         ceiling = ceilings[n] / n
-        print(f"\nN = {n}   L_agg {ceilings[n] / 1e9:.2f} GB/s, ceiling L_agg/N {ceiling / 1e9:.2f} GB/s")
+        ring_ceiling = limits[n]["ring"][0] / n
+        print(f"\nN = {n}   L_agg {ceilings[n] / 1e9:.2f} GB/s, ceiling L_agg/N {ceiling / 1e9:.2f} GB/s; "
+              f"L_ring {limits[n]['ring'][0] / 1e9:.2f} GB/s, L_ring/N {ring_ceiling / 1e9:.2f} GB/s")
         head = f"{'size':>9}"
         for side in sides:
             head += f" | {side + ' time':>13} {'busbw':>6}"
         if "distrain" in sides:
-            head += " | " + " ".join(f"{'d/' + s:>7}" for s in sides if s != "distrain") + f" {'d/ceil':>7}"
+            head += " | " + " ".join(f"{'d/' + s:>7}" for s in sides if s != "distrain") + \
+                f" {'d/ceil':>7} {'d/ring':>7} {'cpu/ceil':>8} {'cpu/ring':>8}"
         print(head)
         for size in sizes:
             row = f"{human_size(size):>9}"
@@ -218,7 +259,9 @@ def main():
                 row += f" | {human_time(t):>13} {bw[side] / 1e9:6.2f}"
             if "distrain" in sides:
                 row += " | " + " ".join(f"{ratio(bw['distrain'], bw[s]):>7}" for s in sides if s != "distrain")
-                row += f" {ratio(bw['distrain'], ceiling):>7}"
+                row += f" {ratio(bw['distrain'], ceiling):>7} {ratio(bw['distrain'], ring_ceiling):>7}"
+                eff = cpu_efficiency(n, size, table[(n, "distrain")][size], limits[n])
+                row += f" {ratio(*eff['agg']):>8} {ratio(*eff['ring']):>8}"
             print(row)
 
     print("\nkey figures")
@@ -230,6 +273,9 @@ def main():
             if side in sides:
                 line += f"; /{side} {ratio(d, busbw(key_n, key_size, table[(key_n, side)][key_size]['median_s']))}"
         line += f"; /(L_agg/N) {ratio(d, ceilings[key_n] / key_n)}"
+        line += f"; /(L_ring/N) {ratio(d, limits[key_n]['ring'][0] / key_n)}"
+        eff = cpu_efficiency(key_n, key_size, table[(key_n, "distrain")][key_size], limits[key_n])
+        line += f"; in CPU terms /(L_agg/N) {ratio(*eff['agg'])}, /(L_ring/N) {ratio(*eff['ring'])}"
         print(line)
     else:
         print("  (64 MiB at N=4 not in this sweep)")

@@ -17,6 +17,12 @@
 // thread-safe; StartWatching once per client. The failure callback runs on the
 // watcher thread: it must return promptly and must not destroy the client or
 // call StopWatching (typically it aborts the collective and records the error).
+// Whatever the callback refers to must outlive the client, or at least its
+// StopWatching: until that returns the watcher may call it at any moment (a
+// peer's client destroyed first is reported as that peer failing). Destroy
+// or StopWatching the client first, then what the callback uses; the other
+// order is a use-after-free that surfaces as heap corruption elsewhere, e.g.
+// gRPC aborting with "Mutex corrupt" while it destroys a channel.
 
 #include <cstdint>
 #include <functional>

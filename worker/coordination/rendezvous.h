@@ -29,7 +29,8 @@
 // Thread-safety: all methods are thread-safe; Shutdown once, from one thread.
 // The failure callback runs on the watcher thread (or on the caller's thread
 // in StartWatching); it must return promptly and must not destroy the
-// Rendezvous.
+// Rendezvous, and what it refers to must outlive the Rendezvous (or its
+// Shutdown): until then a peer's failure may call it at any moment.
 
 #include <memory>
 #include <string>

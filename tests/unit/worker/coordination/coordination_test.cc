@@ -51,7 +51,11 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// Collects the failure callback's status and when it arrived.
+// Collects the failure callback's status and when it arrived. A client's
+// watcher may call its sink until that client is destroyed (destroying the
+// coordinator's client, say, reports chief:0 failed to everyone still
+// watching), so sinks come from CoordinationTest::NewSink, which keeps them
+// alive until after every client of the test body is gone.
 struct FailureSink {
   absl::Mutex mu;
   int calls ABSL_GUARDED_BY(mu) = 0;
@@ -121,6 +125,12 @@ class CoordinationTest : public ::testing::Test {
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
   }
 
+  // Fixture members outlive the test body's locals, so a sink outlives the
+  // clients (and their watcher threads) that may call it.
+  FailureSink& NewSink() { return *sinks_.emplace_back(std::make_unique<FailureSink>()); }
+
+  // First member: destroyed last, after the service.
+  std::vector<std::unique_ptr<FailureSink>> sinks_;
   std::vector<TaskId> members_;
   std::unique_ptr<CoordinationService> service_;
   std::string address_;
@@ -159,6 +169,7 @@ TEST_F(CoordinationTest, UnrankedTasksJoinWithRankMinusOneAfterTheRankedOnes) {
   members_.push_back({"ps", 0});
   std::vector<absl::StatusOr<Membership>> results;
   auto clients = JoinAll(&results);
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(results[0]->rank, 0);
   EXPECT_EQ(results[1]->rank, 1);
   EXPECT_EQ(results[2]->rank, -1);
@@ -246,7 +257,7 @@ TEST_F(CoordinationTest, TaskThatNeverJoinsFailsOthersAtTheDeadlineNamingIt) {
 TEST_F(CoordinationTest, SecondLiveProcessForTheSameTaskIsRefused) {
   StartService(Tasks(2));
   auto clients = JoinAll();
-  FailureSink sink;
+  FailureSink& sink = NewSink();
   ASSERT_TRUE(clients[1]->StartWatching(sink.Callback()).ok());
   auto impostor = NewClient(members_[1]);
   ASSERT_TRUE(impostor->Connect(absl::Now() + absl::Seconds(5)).ok());
@@ -261,7 +272,8 @@ TEST_F(CoordinationTest, SecondLiveProcessForTheSameTaskIsRefused) {
 TEST_F(CoordinationTest, RestartAfterFailureRejoinsAndBumpsTheGeneration) {
   StartService(Tasks(2));
   auto clients = JoinAll();
-  FailureSink sink0, sink1;
+  FailureSink& sink0 = NewSink();
+  FailureSink& sink1 = NewSink();
   ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
   ASSERT_TRUE(clients[1]->StartWatching(sink1.Callback()).ok());
   clients[1].reset();  // crash
@@ -449,9 +461,9 @@ TEST_F(CoordinationTest, BarrierAbortsWhenAMemberFails) {
 TEST_F(CoordinationTest, TaskGoneWithoutLeaveIsReportedToEveryOtherWatcher) {
   StartService(Tasks(4));
   auto clients = JoinAll();
-  std::vector<std::unique_ptr<FailureSink>> sinks;
+  std::vector<FailureSink*> sinks;
   for (auto& c : clients) {
-    sinks.push_back(std::make_unique<FailureSink>());
+    sinks.push_back(&NewSink());
     ASSERT_TRUE(c->StartWatching(sinks.back()->Callback()).ok());
   }
   const absl::Time crash = absl::Now();
@@ -476,9 +488,9 @@ TEST_F(CoordinationTest, TaskGoneWithoutLeaveIsReportedToEveryOtherWatcher) {
 TEST_F(CoordinationTest, TaskThatLeavesFirstIsNotAFailure) {
   StartService(Tasks(3));
   auto clients = JoinAll();
-  std::vector<std::unique_ptr<FailureSink>> sinks;
+  std::vector<FailureSink*> sinks;
   for (auto& c : clients) {
-    sinks.push_back(std::make_unique<FailureSink>());
+    sinks.push_back(&NewSink());
     ASSERT_TRUE(c->StartWatching(sinks.back()->Callback()).ok());
   }
   ASSERT_TRUE(clients[1]->Leave().ok());
@@ -489,17 +501,39 @@ TEST_F(CoordinationTest, TaskThatLeavesFirstIsNotAFailure) {
   EXPECT_EQ(service_->generation(), 1);
 }
 
+// The guarantee NewSink relies on: once a client's destructor returns, its
+// callback has returned and never runs again, even when the destruction
+// races with a report in progress.
+TEST_F(CoordinationTest, DestroyingAClientWaitsForItsCallbackToReturn) {
+  StartService(Tasks(2));
+  auto clients = JoinAll();
+  absl::Notification entered;
+  std::atomic<bool> returned{false};
+  ASSERT_TRUE(clients[0]->StartWatching([](const absl::Status&) {}).ok());
+  ASSERT_TRUE(clients[1]
+                  ->StartWatching([&](const absl::Status&) {
+                    entered.Notify();
+                    absl::SleepFor(absl::Milliseconds(200));
+                    returned = true;
+                  })
+                  .ok());
+  clients[0].reset();  // chief:0 fails; worker:0's watcher runs the callback
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(2)));
+  clients[1].reset();
+  EXPECT_TRUE(returned);
+}
+
 TEST_F(CoordinationTest, FailureBeforeWatchingIsInTheFirstUpdate) {
   StartService(Tasks(3));
   auto clients = JoinAll();
-  FailureSink sink2;
+  FailureSink& sink2 = NewSink();
   ASSERT_TRUE(clients[2]->StartWatching(sink2.Callback()).ok());
   clients[2].reset();
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
   while (service_->generation() < 2 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  FailureSink sink0;
+  FailureSink& sink0 = NewSink();
   ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
   ASSERT_TRUE(sink0.fired.WaitForNotificationWithTimeout(absl::Seconds(2)));
   EXPECT_THAT(std::string(sink0.Get().message()), HasSubstr("worker:1"));
@@ -508,7 +542,7 @@ TEST_F(CoordinationTest, FailureBeforeWatchingIsInTheFirstUpdate) {
 TEST_F(CoordinationTest, CoordinatorLossIsReportedNamingItsAddress) {
   StartService(Tasks(2));
   auto clients = JoinAll();
-  FailureSink sink;
+  FailureSink& sink = NewSink();
   ASSERT_TRUE(clients[1]->StartWatching(sink.Callback()).ok());
   service_->Shutdown();
   ASSERT_TRUE(sink.fired.WaitForNotificationWithTimeout(absl::Seconds(2)));

@@ -138,9 +138,11 @@ TEST_F(RendezvousTest, WorkerZeroCoordinatesWhenThereIsNoChief) {
 
 TEST_F(RendezvousTest, DestroyedWithoutShutdownIsReportedWithThePeerAddress) {
   MakeCluster(1, 2);
-  auto rv = StartAll();
+  // Declared before the rendezvous: their callbacks may run until they are destroyed.
   absl::Notification fired;
   absl::Status seen;
+  absl::Status late;
+  auto rv = StartAll();
   rv[0]->StartWatching([&](const absl::Status& s) {
     seen = s;
     fired.Notify();
@@ -154,7 +156,6 @@ TEST_F(RendezvousTest, DestroyedWithoutShutdownIsReportedWithThePeerAddress) {
   // worker:0 registers its callback only now: the failure is delivered at once.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   while (rv[1]->health().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  absl::Status late;
   rv[1]->StartWatching([&](const absl::Status& s) { late = s; });
   EXPECT_THAT(std::string(late.message()), HasSubstr("worker:1"));
   EXPECT_EQ(rv[1]->generation(), 2);
@@ -162,9 +163,9 @@ TEST_F(RendezvousTest, DestroyedWithoutShutdownIsReportedWithThePeerAddress) {
 
 TEST_F(RendezvousTest, CoordinatorShutdownIsBoundedAndNamesWhoDidNotLeave) {
   MakeCluster(1, 1);
-  auto rv = StartAll();
-  absl::Notification lost;
+  absl::Notification lost;  // before the rendezvous: its callback may run until it is gone
   absl::Status seen;
+  auto rv = StartAll();
   rv[1]->StartWatching([&](const absl::Status& s) {
     seen = s;
     lost.Notify();
