@@ -50,6 +50,29 @@ bool IsCoordinator(const JobConfig& config, const LocalReplica& replica) {
   return replica.type == ReplicaType::kWorker && replica.index == 0;
 }
 
+bool ShouldRestartLocally(const JobConfig& config, const LocalReplica& replica, int exit_code,
+                          int restarts) {
+  if (config.strategy != StrategyKind::kParameterServer || replica.type != ReplicaType::kWorker ||
+      exit_code == 0) {
+    return false;
+  }
+  const int64_t limit = config.run_policy.backoff_limit.value_or(kDefaultLocalRestarts);
+  if (restarts >= limit) return false;
+  auto spec = config.replicas.find(ReplicaType::kWorker);
+  const RestartPolicy policy =
+      spec == config.replicas.end() ? RestartPolicy::kExitCode : spec->second.restart_policy;
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return false;
+    case RestartPolicy::kOnFailure:
+    case RestartPolicy::kAlways:
+      return true;
+    case RestartPolicy::kExitCode:
+      return exit_code >= 128 && exit_code <= 255;
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,
                                                            const LocalClusterOptions& options) {
   const ReplicaType kOrder[] = {ReplicaType::kChief, ReplicaType::kWorker, ReplicaType::kPS,

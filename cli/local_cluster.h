@@ -37,6 +37,18 @@ absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& conf
 // the chief, or worker 0 when there is no chief.
 bool IsCoordinator(const JobConfig& config, const LocalReplica& replica);
 
+// Whether `distrain run` restarts a replica that exited with `exit_code`
+// (non-zero, after `restarts` earlier restarts of it) instead of failing the
+// job, as the operator's restart policy would on a cluster. Only
+// ParameterServer workers: the chief re-queues a lost worker's closure and
+// re-admits the worker when it is back, so the job goes on. The replica's
+// restartPolicy decides (Never: no; OnFailure, Always: yes; ExitCode:
+// retryable codes 128-255 only), at most runPolicy.backoffLimit times
+// (unset: kDefaultLocalRestarts).
+inline constexpr int kDefaultLocalRestarts = 3;
+bool ShouldRestartLocally(const JobConfig& config, const LocalReplica& replica, int exit_code,
+                          int restarts);
+
 // Allocates `count` distinct free TCP ports on 127.0.0.1.
 absl::StatusOr<std::vector<int>> FreeLoopbackPorts(int count);
 

@@ -48,6 +48,7 @@ struct Child {
   int out_fd = -1;       // read end of the child's stdout+stderr
   std::string pending;   // partial line
   std::optional<int> exit_code;  // set once reaped; signals as 128+N
+  int restarts = 0;              // ShouldRestartLocally
 };
 
 std::string FindWorkerBinary(const std::string& flag) {
@@ -291,6 +292,26 @@ int RunJob(const RunOptions& options) {
       c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (c.out_fd >= 0) {
         PumpOutput(c, console, /*eof=*/false);
+      }
+      if (stop_sent_at < 0 && !job_exit &&
+          ShouldRestartLocally(*config, c.replica, *c.exit_code, c.restarts)) {
+        // A ParameterServer worker: the chief re-runs its closure elsewhere
+        // and re-admits it once it is back.
+        console.Line("", absl::StrFormat("distrain run: %s exited with code %d; restarting it "
+                                         "(restart %d; the chief re-admits it)",
+                                         c.replica.label, *c.exit_code, c.restarts + 1));
+        if (c.out_fd >= 0) {
+          PumpOutput(c, console, /*eof=*/true);
+          ::close(c.out_fd);
+        }
+        auto again = Spawn(binary, c.replica);
+        if (again.ok()) {
+          const int restarts = c.restarts + 1;
+          c = std::move(*again);
+          c.restarts = restarts;
+          continue;
+        }
+        console.Line("", "distrain run: " + std::string(again.status().message()));
       }
       const bool training_task = c.replica.type == ReplicaType::kChief ||
                                  c.replica.type == ReplicaType::kWorker ||

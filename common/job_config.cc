@@ -645,6 +645,7 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.logEverySteps", DISTRAIN_REF(training.log_every_steps), Min(0)),
       Field("training.evalEverySteps", DISTRAIN_REF(training.eval_every_steps), Min(0)),
       Field("training.localReplicas", DISTRAIN_REF(training.local_replicas), Min(0)),
+      Field("training.maxStaleness", DISTRAIN_REF(training.max_staleness), Min(0)),
   };
   return *kFields;
 }

@@ -126,6 +126,10 @@ struct TrainingConfig {
   int64_t log_every_steps = 50;
   int64_t eval_every_steps = 0;  // 0: evaluate once at the end
   int local_replicas = 0;        // Mirrored/CentralStorage: 0 = one per local device
+  // ParameterServer: a push whose gradient was computed from parameters more
+  // than this many updates old is rejected and redone on fresh parameters.
+  // Unset: unbounded (TensorFlow's asynchronous default).
+  std::optional<int64_t> max_staleness;
   bool operator==(const TrainingConfig&) const = default;
 };
 

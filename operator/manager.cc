@@ -13,6 +13,7 @@
 #include "common/metrics_server.h"
 #include "operator/api/distributed_training_job.h"
 #include "operator/controller/reconcile.h"
+#include "operator/controller/reconciler.h"
 #include "operator/kube/event_recorder.h"
 #include "operator/kube/expectations.h"
 #include "operator/kube/informer.h"
@@ -21,6 +22,7 @@
 #include "operator/kube/paths.h"
 #include "operator/kube/rest_client.h"
 #include "operator/kube/workqueue.h"
+#include "operator/progress_reporter.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -84,6 +86,7 @@ struct Manager::Impl {
   std::unique_ptr<kube::Expectations> expectations;
   std::unique_ptr<kube::EventRecorder> recorder;
   controller::ControllerOptions controller_options;
+  std::unique_ptr<controller::JobReconciler> reconciler;
 
   // One informer of each kind per watched namespace ("" = all namespaces).
   struct NamespaceInformers {
@@ -113,9 +116,6 @@ struct Manager::Impl {
   bool InformersSynced() const;
   void CheckPodGroupCrd();
   void Worker();
-  // Returns the delay before the key should be reconciled again, or an error.
-  absl::StatusOr<std::optional<absl::Duration>> Reconcile(const std::string& key);
-  absl::Status Apply(const std::string& key, const Json& job, const controller::Plan& plan);
   kube::Informer* InformerFor(const std::string& ns, int kind);
   std::vector<Json> Children(const std::string& ns, const std::string& job, int kind);
   void CountTransitions(const Json& job, const Json& old_status, const Json& new_status);
@@ -211,7 +211,11 @@ void Manager::Impl::StartInformers() {
     }
     set.jobs->AddHandlers({
         .on_add = [this](const Json& job) { queue->Add(kube::ObjectKey(job)); },
-        .on_update = [this](const Json&, const Json& job) { queue->Add(kube::ObjectKey(job)); },
+        .on_update =
+            [this](const Json& old_job, const Json& job) {
+              CountTransitions(job, old_job.value("status", Json()), job.value("status", Json()));
+              queue->Add(kube::ObjectKey(job));
+            },
         .on_delete =
             [this](const Json& job) {
               const std::string key = kube::ObjectKey(job);
@@ -288,136 +292,13 @@ void Manager::Impl::CountTransitions(const Json& job, const Json& old_status, co
   if (new_restarts > old_restarts) jobs_restarted->Add(labels).Increment(double(new_restarts - old_restarts));
 }
 
-absl::Status Manager::Impl::Apply(const std::string& key, const Json& job,
-                                  const controller::Plan& plan) {
-  const std::string ns = job["metadata"]["namespace"].get<std::string>();
-  const std::string name = job["metadata"]["name"].get<std::string>();
-  std::vector<std::string> errors;
-  auto record_error = [&](const std::string& what, const absl::StatusOr<kube::ApiResponse>& r) {
-    errors.push_back(absl::StrCat(what, ": ",
-                                  r.ok() ? absl::StrCat(r->status_code, " ", r->message())
-                                         : std::string(r.status().message())));
-  };
-
-  if (plan.delete_job) {
-    Json options = {{"apiVersion", "v1"},
-                    {"kind", "DeleteOptions"},
-                    {"propagationPolicy", "Background"},
-                    {"preconditions", {{"uid", Uid(job)}}}};
-    auto r = client->Request("DELETE", kube::ResourcePath(JobsResource(), ns, name), &options);
-    if (!r.ok() || (!r->ok() && !r->not_found())) record_error("delete job (TTL)", r);
-    else spdlog::info("{}: deleted (ttlSecondsAfterFinished)", key);
-  }
-
-  // Deletions first: a restart deletes the old generation before creating the new one.
-  if (!plan.pods_to_delete.empty()) {
-    std::vector<std::string> uids;
-    for (const auto& d : plan.pods_to_delete) uids.push_back(d.uid);
-    expectations->ExpectDeletions(key, uids);
-    for (const auto& d : plan.pods_to_delete) {
-      Json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}};
-      if (!d.uid.empty()) options["preconditions"] = {{"uid", d.uid}};
-      auto r = client->Request("DELETE", kube::ResourcePath(kube::PodsResource(), ns, d.name), &options);
-      if (!r.ok() || !r->ok()) {
-        // Not deleted by us: either gone already (404, 409 uid mismatch) or
-        // failed; the watch will not bring a DELETE for it, so settle now.
-        expectations->DeletionObserved(key, d.uid);
-        if (!r.ok() || (!r->not_found() && !r->conflict())) record_error("delete pod " + d.name, r);
-      } else {
-        spdlog::info("{}: deleted pod {} ({})", key, d.name, d.reason);
-      }
-    }
-  }
-  for (const auto& d : plan.services_to_delete) {
-    Json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}};
-    if (!d.uid.empty()) options["preconditions"] = {{"uid", d.uid}};
-    auto r = client->Request("DELETE", kube::ResourcePath(kube::ServicesResource(), ns, d.name), &options);
-    if (!r.ok() || (!r->ok() && !r->not_found() && !r->conflict())) record_error("delete service " + d.name, r);
-  }
-
-  if (!plan.pods_to_create.empty()) {
-    expectations->ExpectCreations(key, static_cast<int>(plan.pods_to_create.size()));
-    for (const Json& pod : plan.pods_to_create) {
-      const std::string pod_name = pod["metadata"]["name"].get<std::string>();
-      auto r = client->Request("POST", kube::ResourcePath(kube::PodsResource(), ns), &pod);
-      if (!r.ok() || !r->ok()) {
-        // The watch will bring no ADDED for a create that did not happen
-        // (an AlreadyExists pod is already in the cache or on its way).
-        expectations->CreationObserved(key);
-        if (!r.ok() || !r->conflict()) record_error("create pod " + pod_name, r);
-      }
-    }
-  }
-  for (const Json& service : plan.services_to_create) {
-    auto r = client->Request("POST", kube::ResourcePath(kube::ServicesResource(), ns), &service);
-    if (!r.ok() || (!r->ok() && !r->conflict())) {
-      record_error("create service " + service["metadata"]["name"].get<std::string>(), r);
-    }
-  }
-  if (plan.pod_group_to_create) {
-    auto r = client->Request("POST", kube::ResourcePath(PodGroupsResource(), ns), &*plan.pod_group_to_create);
-    if (!r.ok() || (!r->ok() && !r->conflict())) record_error("create PodGroup", r);
-  }
-
-  for (const controller::Event& e : plan.events) {
-    recorder->Event(job, e.type == "Warning" ? kube::EventType::kWarning : kube::EventType::kNormal,
-                    e.reason, "Reconcile", e.note);
-  }
-
-  if (plan.status_changed && !plan.delete_job) {
-    Json updated = job;
-    const Json old_status = job.contains("status") ? job["status"] : Json();
-    updated["status"] = api::StatusToJson(plan.status);
-    auto r = client->Request("PUT", kube::ResourcePath(JobsResource(), ns, name, "status"), &updated);
-    if (!r.ok() || !r->ok()) {
-      // 409: our cached job is stale; the newer version is already queued.
-      if (r.ok() && r->conflict()) return absl::AbortedError("status conflict; retrying with the newer job");
-      record_error("update status", r);
-    } else {
-      CountTransitions(job, old_status, updated["status"]);
-    }
-  }
-  if (!errors.empty()) return absl::UnavailableError(absl::StrJoin(errors, "; "));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::optional<absl::Duration>> Manager::Impl::Reconcile(const std::string& key) {
-  auto [ns, name] = kube::SplitObjectKey(key);
-  kube::Informer* jobs = InformerFor(ns, 0);
-  std::optional<Json> job = jobs == nullptr ? std::nullopt : jobs->Get(key);
-  if (!job) {
-    expectations->DeleteExpectations(key);
-    return std::optional<absl::Duration>();
-  }
-  if (!expectations->SatisfiedExpectations(key)) {
-    spdlog::debug("{}: waiting for the cache to see earlier creations/deletions", key);
-    // The watch event re-queues the key; this bounds a lost one.
-    return std::optional<absl::Duration>(kube::Expectations::kDefaultTtl);
-  }
-  controller::Observed observed;
-  observed.pods = Children(ns, name, 1);
-  observed.services = Children(ns, name, 2);
-  const bool gang = job->contains("spec") && (*job)["spec"].contains("runPolicy") &&
-                    (*job)["spec"]["runPolicy"].contains("scheduling") &&
-                    (*job)["spec"]["runPolicy"]["scheduling"].value("gang", false);
-  if (gang && pod_group_crd) {
-    auto r = client->Request("GET", kube::ResourcePath(PodGroupsResource(), ns, name));
-    if (!r.ok()) return r.status();
-    if (r->ok()) observed.pod_group = r->body;
-  }
-  controller::Facts facts{.now = absl::Now(), .pod_group_crd_installed = pod_group_crd};
-  controller::Plan plan = controller::ReconcileObject(*job, observed, facts, controller_options);
-  if (absl::Status s = Apply(key, *job, plan); !s.ok()) return s;
-  return plan.requeue_after;
-}
-
 void Manager::Impl::Worker() {
   while (true) {
     std::optional<std::string> key = queue->Get();
     if (!key) return;
     active_workers->Increment();
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::optional<absl::Duration>> result = Reconcile(*key);
+    absl::StatusOr<std::optional<absl::Duration>> result = reconciler->Reconcile(*key);
     reconcile_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
     active_workers->Decrement();
     if (!result.ok()) {
@@ -456,6 +337,18 @@ absl::Status Manager::Impl::Lead(std::stop_token stop) {
   spdlog::info("caches synced; {} reconcile workers", options.concurrent_reconciles);
   std::vector<std::thread> workers;
   for (int i = 0; i < options.concurrent_reconciles; ++i) workers.emplace_back([this] { Worker(); });
+  ProgressReporter progress(client.get(),
+                            {.jobs =
+                                 [this] {
+                                   std::vector<Json> all;
+                                   for (auto& [ns, set] : informers) {
+                                     for (Json& j : set.jobs->List()) all.push_back(std::move(j));
+                                   }
+                                   return all;
+                                 },
+                             .pods = [this](const std::string& ns,
+                                            const std::string& job) { return Children(ns, job, 1); }});
+  progress.Start();
   // Re-check the PodGroup CRD now and then: scheduler-plugins may be installed later.
   absl::Time next_crd_check = absl::Now() + absl::Minutes(1);
   while (!stop.stop_requested()) {
@@ -465,6 +358,7 @@ absl::Status Manager::Impl::Lead(std::stop_token stop) {
       next_crd_check = absl::Now() + absl::Minutes(1);
     }
   }
+  progress.Stop();
   queue->ShutDown();
   for (std::thread& t : workers) t.join();
   StopInformers();
@@ -495,6 +389,39 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
   impl->controller_options.checkpoint_root = options.checkpoint_root;
   impl->controller_options.cluster_domain = options.cluster_domain;
   impl->InitMetrics();
+  Impl* m = impl.get();
+  impl->reconciler = std::make_unique<controller::JobReconciler>(
+      impl->client.get(), impl->expectations.get(),
+      controller::ReconcilerHooks{
+          .get_job =
+              [m](const std::string& key) -> std::optional<Json> {
+                kube::Informer* jobs = m->InformerFor(kube::SplitObjectKey(key).first, 0);
+                return jobs == nullptr ? std::nullopt : jobs->Get(key);
+              },
+          .observe =
+              [m](const Json& job) {
+                const std::string ns = job["metadata"].value("namespace", "");
+                const std::string name = job["metadata"].value("name", "");
+                controller::Observed observed;
+                observed.pods = m->Children(ns, name, 1);
+                observed.services = m->Children(ns, name, 2);
+                if (m->pod_group_crd && job.contains("spec") &&
+                    job["spec"].value("/runPolicy/scheduling/gang"_json_pointer, false)) {
+                  auto r = m->client->Request("GET", kube::ResourcePath(PodGroupsResource(), ns, name));
+                  if (r.ok() && r->ok()) observed.pod_group = r->body;
+                }
+                return observed;
+              },
+          .pod_group_crd_installed = [m] { return m->pod_group_crd.load(); },
+          .record_event =
+              [m](const Json& job, const controller::Event& e) {
+                m->recorder->Event(job,
+                                   e.type == "Warning" ? kube::EventType::kWarning
+                                                       : kube::EventType::kNormal,
+                                   e.reason, "Reconcile", e.note);
+              },
+      },
+      impl->controller_options);
   return std::unique_ptr<Manager>(new Manager(std::move(impl)));
 }
 

@@ -19,11 +19,13 @@
 //   4. Reconcile: --concurrent-reconciles workers take keys from the
 //      rate-limited WorkQueue. A key whose expectations are unsatisfied is
 //      skipped (the awaited watch event re-queues it). Otherwise
-//      controller::ReconcileObject(job, observed children, facts) → Plan,
-//      and the Plan is applied: expectations raised before creates/deletes,
-//      children created/deleted, status written once through /status,
-//      events recorded, the job deleted when its TTL passed. Errors re-queue
-//      with per-key backoff; a Plan's requeue_after re-queues after it.
+//      controller::JobReconciler (controller/reconciler.h) computes the Plan
+//      from the caches and applies it. Errors re-queue with per-key backoff;
+//      a Plan's requeue_after re-queues after it. Job transitions seen on the
+//      job informer (a condition turning True, restartCount rising) feed the
+//      distrain_jobs_* counters.
+//   4b. Progress: a ProgressReporter (progress_reporter.h) copies the chief's
+//      step, loss and examples/s from its /metrics into status.progress.
 //   5. Stop (SIGTERM): workers drain, informers stop, the lease is released,
 //      queued events are flushed (bounded).
 //

@@ -19,7 +19,10 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
+#include "common/net.h"
 #include "spdlog/spdlog.h"
+#include "worker/evaluator.h"
+#include "worker/strategy/ps_worker.h"
 #include "worker/strategy/strategy.h"
 #include "worker/trainer.h"
 #ifdef DISTRAIN_HAVE_CUDA
@@ -121,7 +124,6 @@ int main(int argc, char** argv) {
 
   // 4. Metrics + health.
   auto registry = std::make_shared<prometheus::Registry>();
-  TrainingMetrics metrics(*registry);
   std::unique_ptr<MetricsServer> metrics_server;
   int metrics_port = metrics_port_flag;
   if (metrics_port < 0) {
@@ -134,7 +136,7 @@ int main(int argc, char** argv) {
     }
   }
   if (metrics_port > 0) {
-    auto server = MetricsServer::Start("0.0.0.0", metrics_port, registry);
+    auto server = MetricsServer::Start(ListenHost(), metrics_port, registry);
     if (!server.ok()) {
       spdlog::error("{}", server.status().message());
       return kExitInvalidConfig;
@@ -150,10 +152,50 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 
+  const std::string checkpoint_dir = !config->training.checkpoint.dir.empty()
+                                         ? config->training.checkpoint.dir
+                                     : !checkpoint_dir_flag.empty() ? checkpoint_dir_flag
+                                                                    : Env("DISTRAIN_CHECKPOINT_DIR");
+  if (cluster->task().type == "evaluator") {
+    // Never part of the training cluster: evaluates the chief's checkpoints
+    // from the shared directory (worker/evaluator.h).
+    EvaluatorMetrics eval_metrics(*registry);
+    auto options = EvaluatorOptionsFromEnv(checkpoint_dir);
+    if (!options.ok()) {
+      spdlog::error("{}", options.status().message());
+      return kExitInvalidConfig;
+    }
+    auto evaluator = Evaluator::Create(*config, *options, &eval_metrics);
+    if (!evaluator.ok()) {
+      spdlog::error("{}", evaluator.status().message());
+      return evaluator.status().code() == absl::StatusCode::kFailedPrecondition
+                 ? kExitInvalidConfig
+                 : kExitInvalidData;
+    }
+    EvaluatorOutcome outcome = (*evaluator)->Run(g_stop);
+    if (!outcome.status.ok()) {
+      spdlog::error("{} (exit code {}{})", outcome.status.message(), outcome.exit_code,
+                    IsRetryableExitCode(outcome.exit_code) ? ", retryable" : ", permanent");
+    }
+    return outcome.exit_code;
+  }
+
+  // ParameterServer: ps and worker tasks run their own roles; the chief (the
+  // coordinator) runs the Trainer below (worker/strategy/parameter_server.h).
+  if (config->strategy == StrategyKind::kParameterServer &&
+      (cluster->task().type == "ps" || cluster->task().type == "worker")) {
+    const int code = cluster->task().type == "ps"
+                         ? RunParameterServerTask(*config, *cluster, registry.get(), g_stop)
+                         : RunPsWorkerTask(*config, *cluster, registry.get(), g_stop);
+    return code == kExitTerminated && g_signal.load() == SIGINT ? kExitInterrupted : code;
+  }
+
+  TrainingMetrics metrics(*registry);
   TrainerEnv env;
-  env.checkpoint_dir = !config->training.checkpoint.dir.empty() ? config->training.checkpoint.dir
-                       : !checkpoint_dir_flag.empty()          ? checkpoint_dir_flag
-                                                               : Env("DISTRAIN_CHECKPOINT_DIR");
+  env.checkpoint_dir = checkpoint_dir;
+  // Strategies that checkpoint beside the chief (ParameterServer's ps tasks)
+  // read the resolved directory from the config.
+  config->training.checkpoint.dir = checkpoint_dir;
   env.status_file = Env("DISTRAIN_STATUS_FILE");
   env.metrics = &metrics;
   Trainer trainer(*config, *cluster, env, std::move(*strategy));

@@ -231,26 +231,43 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   } else {
     start_step = *synced;
   }
+  // A strategy that cannot assemble its state because a peer is gone (a lost
+  // ps) is a retryable peer failure, not an unusable checkpoint directory.
+  bool strategy_save_failed = false;
+  auto save_exit_code = [&](const absl::Status& s) {
+    return strategy_save_failed ? ExitCodeForStrategyError(s) : kExitCheckpoint;
+  };
   auto save = [&](int64_t step) -> absl::Status {
     if (!chief || checkpoints == nullptr) return absl::OkStatus();
     const double t0 = NowSeconds();
     auto state = strategy_->SaveState(step);
-    if (!state.ok()) return state.status();
+    if (!state.ok()) {
+      strategy_save_failed = true;
+      return state.status();
+    }
     state->metadata["strategy"] = strategy_->name();
     if (absl::Status s = checkpoints->Save(*state); !s.ok()) return s;
     if (env_.metrics) env_.metrics->checkpoint_duration.Observe(NowSeconds() - t0);
-    spdlog::info("checkpoint step {} written to {} ({:.0f} ms)", step, checkpoints->PathForStep(step),
-                 (NowSeconds() - t0) * 1000);
+    // state->step: an asynchronous strategy stopping early may have completed
+    // fewer steps than it scheduled (ParameterServerStrategy::RequestStop).
+    spdlog::info("checkpoint step {} written to {} ({:.0f} ms)", state->step,
+                 checkpoints->PathForStep(state->step), (NowSeconds() - t0) * 1000);
     return absl::OkStatus();
   };
 
   // 4. The loop.
   const int64_t per_process_batch = strategy_->per_process_batch_size(tc.global_batch_size);
-  std::unique_ptr<BatchSource> source = std::make_unique<ShardedBatcher>(
-      train_data, input->effective_policy, strategy_->input_shard_index(),
-      strategy_->num_input_shards(), per_process_batch, tc.seed, tc.dataset.shuffle, start_step);
-  if (tc.dataset.prefetch_batches > 0) {
-    source = std::make_unique<PrefetchingBatchSource>(std::move(source), tc.dataset.prefetch_batches);
+  // A process without local replicas (ParameterServer's coordinator) feeds
+  // no data: its workers read their own shards.
+  std::unique_ptr<BatchSource> source;
+  if (strategy_->num_local_replicas() > 0) {
+    source = std::make_unique<ShardedBatcher>(
+        train_data, input->effective_policy, strategy_->input_shard_index(),
+        strategy_->num_input_shards(), per_process_batch, tc.seed, tc.dataset.shuffle, start_step);
+    if (tc.dataset.prefetch_batches > 0) {
+      source =
+          std::make_unique<PrefetchingBatchSource>(std::move(source), tc.dataset.prefetch_batches);
+    }
   }
   if (env_.metrics) env_.metrics->total_steps.Set(static_cast<double>(tc.steps));
 
@@ -291,7 +308,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       return outcome;
     }
     const double t0 = NowSeconds();
-    Batch batch = source->Next();
+    Batch batch;
+    if (source != nullptr) batch = source->Next();
     const int64_t b = static_cast<int64_t>(batch.labels.size());
     StepFn step_fn = [&](ReplicaContext& ctx) {
       if (local_replicas == 1) {
@@ -342,7 +360,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f}", step, ev.loss, ev.accuracy);
     }
     if (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0 && step < tc.steps) {
-      if (absl::Status s = save(step); !s.ok()) return fail(kExitCheckpoint, s);
+      if (absl::Status s = save(step); !s.ok()) return fail(save_exit_code(s), s);
     }
   }
 
@@ -358,7 +376,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       env_.metrics->eval_loss.Set(ev.loss);
     }
   }
-  if (absl::Status s = save(step); !s.ok()) return fail(kExitCheckpoint, s);
+  if (absl::Status s = save(step); !s.ok()) return fail(save_exit_code(s), s);
   strategy_->Shutdown();
   outcome.wall_seconds = NowSeconds() - start_seconds_;
   if (outcome.eval_accuracy) {

@@ -353,6 +353,9 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   SetEnv(&env, "POD_NAMESPACE",
          {{"valueFrom",
            {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", "metadata.namespace"}}}}}});
+  // The worker binds its servers to the pod IP (common/net.h ListenHost).
+  SetEnv(&env, "POD_IP",
+         {{"valueFrom", {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", "status.podIP"}}}}}});
   if (config.strategy == StrategyKind::kTPU && id.type == ReplicaType::kWorker) {
     // What libtpu (and so TensorFlow's TPUClusterResolver(tpu="local") on a
     // TPU VM) reads to form a multi-host slice. GKE injects these only into

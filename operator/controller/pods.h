@@ -24,7 +24,7 @@
 //   DISTRAIN_METRICS_PORT   the port named "metrics", else the default;
 //   DISTRAIN_CHECKPOINT_DIR when spec.training.checkpoint.dir or the
 //                           operator's checkpoint root is set;
-//   POD_NAME, POD_NAMESPACE from the downward API;
+//   POD_NAME, POD_NAMESPACE, POD_IP from the downward API;
 //   TPU_WORKER_ID, TPU_WORKER_HOSTNAMES on TPU workers (see BuildPod);
 // and container ports named "distrain" and "metrics". These override entries
 // of the same name in the template: the contract is the operator's.

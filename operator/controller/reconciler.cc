@@ -61,11 +61,15 @@ JobReconciler::JobReconciler(kube::Client* client, kube::Expectations* expectati
       options_(std::move(options)),
       clock_(clock) {}
 
-absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<Json>& pods) {
+absl::Status JobReconciler::CreateAll(const std::string& key, const kube::Resource& resource,
+                                      const std::vector<Json>& pods) {
   if (pods.empty()) return absl::OkStatus();
+  // Only pods are tracked by expectations: they are what must never be
+  // created twice (a second Service POST is a harmless 409).
+  const bool expect = resource.plural == "pods";
   const std::string ns = pods.front()["metadata"]["namespace"];
-  const std::string path = kube::ResourcePath(kube::PodsResource(), ns);
-  expectations_->ExpectCreations(key, static_cast<int>(pods.size()));
+  const std::string path = kube::ResourcePath(resource, ns);
+  if (expect) expectations_->ExpectCreations(key, static_cast<int>(pods.size()));
   size_t next = 0;
   int batch = 1;
   Errors errors;
@@ -78,10 +82,11 @@ absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<
         const Json& pod = pods[next + i];
         absl::StatusOr<kube::ApiResponse> r = client_->Request("POST", path, &pod);
         if (r.ok() && r->ok()) return;
-        expectations_->CreationObserved(key);  // no ADDED event will come for it
+        if (expect) expectations_->CreationObserved(key);  // no ADDED event will come for it
         if (r.ok() && r->conflict()) return;   // already there: the cache will show it
         results[i] = absl::UnavailableError(absl::StrCat(
-            "creating pod ", pod["metadata"]["name"].get<std::string>(), ": ", Describe(r)));
+            "creating ", resource.plural, " ", pod["metadata"]["name"].get<std::string>(), ": ",
+            Describe(r)));
       });
     }
     for (std::thread& t : threads) t.join();
@@ -93,7 +98,9 @@ absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<
     next += n;
     if (failed) {
       // Do not repeat a quota or admission error for every remaining pod.
-      for (; next < pods.size(); ++next) expectations_->CreationObserved(key);
+      for (; next < pods.size(); ++next) {
+        if (expect) expectations_->CreationObserved(key);
+      }
       break;
     }
     batch = std::min(batch * 2, kMaxBatch);
@@ -143,15 +150,8 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
                                                  Describe(r)));
     }
   }
-  for (const Json& svc : plan.services_to_create) {
-    absl::StatusOr<kube::ApiResponse> r =
-        client_->Request("POST", kube::ResourcePath(kube::ServicesResource(), ns), &svc);
-    if (!(r.ok() && (r->ok() || r->conflict()))) {
-      errors.Add(absl::UnavailableError(absl::StrCat(
-          "creating Service ", svc["metadata"]["name"].get<std::string>(), ": ", Describe(r))));
-    }
-  }
-  errors.Add(CreateAll(key, plan.pods_to_create));
+  errors.Add(CreateAll(key, kube::ServicesResource(), plan.services_to_create));
+  errors.Add(CreateAll(key, kube::PodsResource(), plan.pods_to_create));
 
   if (!plan.pods_to_delete.empty()) {
     std::vector<std::string> uids;

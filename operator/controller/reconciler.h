@@ -16,8 +16,8 @@
 //   3. delete_job (TTL): DELETE the job, preconditioned on its uid,
 //      propagationPolicy Background (the garbage collector removes the
 //      children through their owner references).
-//   4. The PodGroup, then Services, then pods are POSTed. Pods go in
-//      slow-start batches (1, 2, 4, ... up to kMaxBatch in parallel, like
+//   4. The PodGroup, then Services, then pods are POSTed. Services and pods
+//      go in slow-start batches (1, 2, 4, ... up to kMaxBatch in parallel, like
 //      the Kubernetes job controller): a quota or admission error stops the
 //      rest rather than being repeated for each pod. ExpectCreations is set
 //      before the first POST; every create that fails (409 included) lowers
@@ -51,6 +51,7 @@
 #include "operator/kube/client.h"
 #include "operator/kube/clock.h"
 #include "operator/kube/expectations.h"
+#include "operator/kube/paths.h"
 
 namespace distrain::controller {
 
@@ -78,7 +79,9 @@ class JobReconciler {
   absl::StatusOr<std::optional<absl::Duration>> Reconcile(const std::string& key);
 
  private:
-  absl::Status CreateAll(const std::string& key, const std::vector<nlohmann::json>& pods);
+  // POSTs `objects` of `resource` in slow-start batches (step 4).
+  absl::Status CreateAll(const std::string& key, const kube::Resource& resource,
+                         const std::vector<nlohmann::json>& objects);
   absl::Status DeleteObject(const std::string& path, const Deletion& deletion,
                             bool* gone_or_stale);
 

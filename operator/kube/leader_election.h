@@ -81,7 +81,8 @@ struct LeaderElectionConfig {
   std::function<void(std::stop_token)> on_started_leading;
   // Runs on Run's thread when leadership ends (the operator exits here).
   std::function<void()> on_stopped_leading;
-  // Runs whenever the observed holder changes (also to ourselves).
+  // Runs whenever the observed holder changes (also to ourselves), on the
+  // thread of the attempt; it must not call back into the elector.
   std::function<void(const std::string& identity)> on_new_leader;
 };
 

@@ -440,6 +440,65 @@ absl::Status RestClient::Watch(std::string_view path_and_query,
   }
 }
 
+absl::StatusOr<ApiResponse> RestClient::Stream(std::string_view path_and_query,
+                                               const std::function<bool(std::string_view)>& on_data,
+                                               std::stop_token stop) {
+  const std::string url = absl::StrCat(impl_->config.server, std::string(path_and_query));
+  http_client_config config = impl_->http_config;
+  config.set_timeout(impl_->options.watch_idle_timeout);
+  http_client client(impl_->base_uri, config);
+  pplx::cancellation_token_source cancel;
+  std::stop_callback on_stop(stop, [&cancel] { cancel.cancel(); });
+  ApiResponse response;
+  auto start = std::chrono::steady_clock::now();
+  http_response resp;
+  try {
+    resp = client.request(impl_->MakeRequest("GET", path_and_query), cancel.get_token()).get();
+  } catch (const std::exception& e) {
+    impl_->Record("GET", "GET", kErrorCode, std::chrono::steady_clock::now() - start);
+    if (stop.stop_requested()) return response;
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", e.what()));
+  }
+  response.status_code = resp.status_code();
+  impl_->Record("GET", "GET", std::to_string(response.status_code),
+                std::chrono::steady_clock::now() - start);
+  if (!response.ok()) {
+    std::string text;
+    try {
+      std::vector<unsigned char> bytes = resp.extract_vector().get();
+      text.assign(bytes.begin(), bytes.end());
+    } catch (const std::exception&) {
+      // The status code is enough to report.
+    }
+    response.body = ParseBody(text);
+    return response;
+  }
+  auto body = resp.body().streambuf();
+  std::vector<uint8_t> chunk(64 * 1024);
+  while (true) {
+    size_t n = 0;
+    try {
+      // As in Watch: wait for one byte, then take whatever else has arrived.
+      n = body.getn(chunk.data(), 1).get();
+      if (n == 1) {
+        size_t more = std::min(body.in_avail(), chunk.size() - 1);
+        if (more > 0) n += body.getn(chunk.data() + 1, more).get();
+      }
+    } catch (const std::exception& e) {
+      if (stop.stop_requested()) return response;
+      return absl::UnavailableError(absl::StrCat("GET ", url, ": stream broke: ", e.what()));
+    }
+    if (stop.stop_requested() || n == 0) {
+      cancel.cancel();
+      return response;
+    }
+    if (!on_data(std::string_view(reinterpret_cast<const char*>(chunk.data()), n))) {
+      cancel.cancel();
+      return response;
+    }
+  }
+}
+
 absl::Status WatchStreamParser::Deliver(std::string_view line,
                                         const std::function<bool(const WatchEvent&)>& on_event) {
   nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);

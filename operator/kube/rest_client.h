@@ -88,6 +88,17 @@ class RestClient final : public Client {
                      std::stop_token stop) override;
   std::string server() const override;
 
+  // GETs path_and_query and hands the response body to on_data as it arrives,
+  // for answers that are not JSON or never end (pods/<pod>/log?follow=true).
+  // Not paced or retried, like Watch; the same idle timeout as Watch. Returns
+  // the answer: for a non-2xx one its body (parsed as Request's) without
+  // calling on_data; for a 2xx one a null body, once the server ends the
+  // stream, on_data returns false or `stop` is requested. Transport failures
+  // are kUnavailable naming the URL. (Added for kubectl-dtj logs.)
+  absl::StatusOr<ApiResponse> Stream(std::string_view path_and_query,
+                                     const std::function<bool(std::string_view)>& on_data,
+                                     std::stop_token stop);
+
   // The namespace of the kubeconfig context (or the pod's, in-cluster).
   const std::string& default_namespace() const;
 

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/net.h"
 #include "distrain/v1/coordination.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/coordination/task_ref.h"
@@ -686,7 +687,9 @@ absl::StatusOr<std::string> CoordinatorListenAddress(const std::string& tf_addre
   }
   const std::string host = absl::AsciiStrToLower(tf_address.substr(0, colon));
   if (absl::StartsWith(host, "127.") || host == "localhost" || host == "[::1]") return tf_address;
-  return absl::StrCat("0.0.0.0:", port);
+  // Our pod's own IP where the operator exported it (pods sharing one host
+  // network each bind their own address), else every interface.
+  return JoinHostPort(ListenHost(), port);
 }
 
 }  // namespace distrain

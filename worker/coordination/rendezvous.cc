@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/net.h"
 #include "worker/coordination/task_ref.h"
 
 namespace distrain {
@@ -65,9 +66,11 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Start(const ClusterSpec&
                                        coordinator.ToString()));
     }
     r->service_ = std::move(*service);
-    // Our own DNS name may not resolve yet; loopback always does.
-    if (absl::StartsWith(*listen, "0.0.0.0:")) {
-      connect_address = absl::StrCat("127.0.0.1:", r->service_->port());
+    // Our own DNS name may not resolve yet; the address we listen on always
+    // does (loopback for a wildcard listener).
+    if (*listen != coordinator_address) {
+      const std::string host = listen->substr(0, listen->rfind(':'));
+      connect_address = JoinHostPort(ConnectHostFor(host), r->service_->port());
     }
   }
 

@@ -1,9 +1,11 @@
 // CreateStrategy / CheckStrategySupported (declared in strategy.h): the one
 // place that maps spec.strategy to an implementation.
 #include "absl/strings/str_cat.h"
+#include "worker/strategy/central_storage.h"
 #include "worker/strategy/mirrored.h"
 #include "worker/strategy/multi_worker_mirrored.h"
 #include "worker/strategy/one_device.h"
+#include "worker/strategy/parameter_server.h"
 #include "worker/strategy/strategy.h"
 
 namespace distrain {
@@ -12,9 +14,12 @@ absl::Status CheckStrategySupported(const JobConfig& config) {
   switch (config.strategy) {
     case StrategyKind::kOneDevice:
     case StrategyKind::kMirrored:
+    case StrategyKind::kCentralStorage:
       return absl::OkStatus();
     case StrategyKind::kMultiWorkerMirrored:
       return CheckCollectiveImplementation(config.training.communication);
+    case StrategyKind::kParameterServer:
+      return absl::OkStatus();
     case StrategyKind::kTPU:
       return absl::FailedPreconditionError(
           "spec.strategy: TPU jobs run your own TensorFlow image (set "
@@ -40,6 +45,10 @@ absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config
       return std::make_unique<MirroredStrategy>();
     case StrategyKind::kMultiWorkerMirrored:
       return std::make_unique<MultiWorkerMirroredStrategy>();
+    case StrategyKind::kParameterServer:
+      return std::make_unique<ParameterServerStrategy>();
+    case StrategyKind::kCentralStorage:
+      return std::make_unique<CentralStorageStrategy>();
     default:
       return std::make_unique<OneDeviceStrategy>();
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/net.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "worker/collective/hierarchical.h"
@@ -124,7 +125,7 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   if (!me.ok()) return me.status();
   RingOptions ring_options;
   ring_options.key_prefix = store_prefix_;
-  ring_options.bind_host = IsLoopbackHost(me->host) ? me->host : "0.0.0.0";
+  ring_options.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
   ring_options.advertised_host = me->host;
   ring_options.peer_names = names;
   ring_options.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));

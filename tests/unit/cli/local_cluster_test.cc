@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
+#include <string>
 
 #include "common/cluster_spec.h"
 
@@ -54,6 +56,59 @@ TEST(LocalClusterTest, WorkerZeroCoordinatesWithoutAChief) {
   EXPECT_TRUE(IsCoordinator(c, (*plan)[0]));
   EXPECT_FALSE(IsCoordinator(c, (*plan)[1]));
 }
+
+struct RestartCase {
+  std::string name;
+  StrategyKind strategy;
+  ReplicaType type;
+  RestartPolicy policy;
+  std::optional<int64_t> backoff_limit;
+  int exit_code;
+  int restarts;
+  bool want;
+};
+
+class ShouldRestartLocallyTest : public ::testing::TestWithParam<RestartCase> {};
+
+TEST_P(ShouldRestartLocallyTest, RestartsOnlyParameterServerWorkersAsTheirPolicySays) {
+  const RestartCase& c = GetParam();
+  JobConfig config;
+  config.strategy = c.strategy;
+  config.replicas[ReplicaType::kWorker].restart_policy = c.policy;
+  config.replicas[ReplicaType::kChief].restart_policy = c.policy;
+  config.run_policy.backoff_limit = c.backoff_limit;
+  LocalReplica replica;
+  replica.type = c.type;
+  EXPECT_EQ(ShouldRestartLocally(config, replica, c.exit_code, c.restarts), c.want);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, ShouldRestartLocallyTest,
+    ::testing::Values(
+        RestartCase{"PsWorkerOnFailureKilled", StrategyKind::kParameterServer, ReplicaType::kWorker,
+                    RestartPolicy::kOnFailure, std::nullopt, 137, 0, true},
+        RestartCase{"PsWorkerOnFailurePermanentCode", StrategyKind::kParameterServer,
+                    ReplicaType::kWorker, RestartPolicy::kOnFailure, std::nullopt, 1, 0, true},
+        RestartCase{"PsWorkerExitCodeRetryable", StrategyKind::kParameterServer,
+                    ReplicaType::kWorker, RestartPolicy::kExitCode, std::nullopt, 170, 0, true},
+        RestartCase{"PsWorkerExitCodePermanent", StrategyKind::kParameterServer,
+                    ReplicaType::kWorker, RestartPolicy::kExitCode, std::nullopt, 3, 0, false},
+        RestartCase{"PsWorkerNever", StrategyKind::kParameterServer, ReplicaType::kWorker,
+                    RestartPolicy::kNever, std::nullopt, 137, 0, false},
+        RestartCase{"PsWorkerSucceeded", StrategyKind::kParameterServer, ReplicaType::kWorker,
+                    RestartPolicy::kAlways, std::nullopt, 0, 0, false},
+        RestartCase{"PsWorkerDefaultLimitReached", StrategyKind::kParameterServer,
+                    ReplicaType::kWorker, RestartPolicy::kOnFailure, std::nullopt, 137,
+                    kDefaultLocalRestarts, false},
+        RestartCase{"PsWorkerBackoffLimitReached", StrategyKind::kParameterServer,
+                    ReplicaType::kWorker, RestartPolicy::kOnFailure, 1, 137, 1, false},
+        RestartCase{"PsChiefFailsTheJob", StrategyKind::kParameterServer, ReplicaType::kChief,
+                    RestartPolicy::kOnFailure, std::nullopt, 137, 0, false},
+        RestartCase{"PsTaskFailsTheJob", StrategyKind::kParameterServer, ReplicaType::kPS,
+                    RestartPolicy::kOnFailure, std::nullopt, 137, 0, false},
+        RestartCase{"MultiWorkerMirroredWorkerFailsTheJob", StrategyKind::kMultiWorkerMirrored,
+                    ReplicaType::kWorker, RestartPolicy::kOnFailure, std::nullopt, 137, 0, false}),
+    [](const ::testing::TestParamInfo<RestartCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace distrain

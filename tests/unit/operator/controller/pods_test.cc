@@ -269,6 +269,7 @@ TEST(BuildPodTest, ContractEnvPortsAndDefaultContainer) {
   EXPECT_EQ(Env(pod, "POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
   EXPECT_EQ(Env(pod, "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
             "metadata.namespace");
+  EXPECT_EQ(Env(pod, "POD_IP")["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
   EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), "<unset>");
   EXPECT_EQ(PortNamed(pod, "distrain"), 2222);
   EXPECT_EQ(PortNamed(pod, "metrics"), 9090);

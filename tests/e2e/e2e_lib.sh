@@ -1,0 +1,55 @@
+# Shared by the e2e tests and scripts/quickstart.sh --kube: start the test node
+# agent and the operator against the developer control plane. Source it with
+# ROOT (the repository) and BUILD (the build directory) set and KUBECONFIG
+# exported; it defines functions only.
+#
+#   e2e_start_node STATE_DIR [NAMESPACE]   the node agent (needs root: /etc/hosts);
+#                                          pids under STATE_DIR/pids, logs under STATE_DIR/logs
+#   e2e_start_operator LOG [NAMESPACE]     the operator as a local process (admin kubeconfig)
+#   e2e_stop                               stops what the two started (their pids only)
+#   e2e_example FILE STEPS                 prints FILE with its training shortened to STEPS
+#                                          steps and at most 8000 examples (for speed)
+
+E2E_PIDS=()
+
+e2e_start_node() {
+  local state="$1" ns="${2:-}"
+  mkdir -p "$state"
+  local args=(--kubeconfig "$KUBECONFIG" --state-dir "$state"
+    --image-map "localhost/distrain/worker=$BUILD/worker/distrain-worker"
+    --image-map "localhost/distrain/operator=$BUILD/operator/distrain-operator")
+  [ -n "$ns" ] && args+=(--namespace "$ns")
+  "$BUILD/tests/e2e/distrain-test-node" "${args[@]}" >"$state/agent.log" 2>&1 &
+  E2E_PIDS+=($!)
+  E2E_NODE_PID=$!
+  local i
+  for i in $(seq 1 100); do
+    if grep -q "ready; kubelet endpoint" "$state/agent.log" 2>/dev/null; then return 0; fi
+    kill -0 "$E2E_NODE_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  echo "[e2e] the node agent did not start; its log:" >&2
+  cat "$state/agent.log" >&2
+  return 1
+}
+
+e2e_start_operator() {
+  local log="$1" ns="${2:-}"
+  local args=(--kubeconfig "$KUBECONFIG" --metrics-bind-address 0 --health-probe-bind-address 0)
+  [ -n "$ns" ] && args+=(--namespaces "$ns")
+  "$BUILD/operator/distrain-operator" "${args[@]}" >"$log" 2>&1 &
+  E2E_PIDS+=($!)
+  E2E_OPERATOR_PID=$!
+}
+
+e2e_stop() {
+  local pid
+  for pid in "${E2E_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${E2E_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  E2E_PIDS=()
+}
+
+e2e_example() {
+  sed -E -e "s/^(    steps:) [0-9]+/\1 $2/" -e 's/^(      numExamples:) [0-9]+/\1 8000/' \
+    -e 's/^(      numEvalExamples:) [0-9]+/\1 2000/' "$1"
+}

@@ -1,0 +1,52 @@
+#include "operator/progress_reporter.h"
+
+#include "gtest/gtest.h"
+
+namespace distrain {
+namespace {
+
+TEST(ProgressReporterTest, ReadsTheChiefsTrainingMetricsFromPrometheusText) {
+  const std::string text =
+      "# HELP distrain_steps_total Training steps completed by this process\n"
+      "# TYPE distrain_steps_total counter\n"
+      "distrain_steps_total 120\n"
+      "distrain_total_steps 400\n"
+      "distrain_examples_per_second 5123.46\n"
+      "distrain_loss 0.312345678\n"
+      "distrain_step_duration_seconds_bucket{le=\"0.001\"} 3\n"
+      "distrain_lossy 7\n";
+  ScrapedProgress p = ParseProgressMetrics(text);
+  ASSERT_TRUE(p.step && p.total_steps && p.examples_per_second && p.loss);
+  EXPECT_EQ(*p.step, 120);
+  EXPECT_EQ(*p.total_steps, 400);
+  EXPECT_DOUBLE_EQ(*p.examples_per_second, 5123.46);
+  EXPECT_DOUBLE_EQ(*p.loss, 0.312345678);
+}
+
+TEST(ProgressReporterTest, MissingOrMalformedSamplesAreLeftOutNotInvented) {
+  ScrapedProgress p = ParseProgressMetrics("distrain_steps_total NaN\ndistrain_loss abc\ngarbage\n");
+  EXPECT_FALSE(p.step);
+  EXPECT_FALSE(p.loss);
+  EXPECT_FALSE(p.total_steps);
+  // Merging keeps what the status already had for fields the scrape lacks.
+  nlohmann::json current = {{"totalSteps", 400}, {"step", 10}};
+  ScrapedProgress step_only;
+  step_only.step = 20;
+  nlohmann::json merged = MergeProgress(current, step_only);
+  EXPECT_EQ(merged["step"], 20);
+  EXPECT_EQ(merged["totalSteps"], 400);
+  EXPECT_FALSE(merged.contains("loss"));
+}
+
+TEST(ProgressReporterTest, RoundingKeepsUnchangedProgressEqualSoNothingIsWritten) {
+  ScrapedProgress a, b;
+  a.step = b.step = 5;
+  a.loss = 0.123456;
+  b.loss = 0.1234561;
+  a.examples_per_second = 100.01;
+  b.examples_per_second = 100.02;
+  EXPECT_EQ(MergeProgress(nullptr, a), MergeProgress(nullptr, b));
+}
+
+}  // namespace
+}  // namespace distrain

@@ -1,0 +1,701 @@
+// ClusterCoordinator scheduling with injected worker and ps failures (threads
+// and an in-memory transport, no processes), the ParameterServer sharding
+// helpers, and the whole strategy over in-process ps and worker services on
+// loopback gRPC.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "prometheus/registry.h"
+#include "worker/ps/ps_service.h"
+#include "worker/strategy/cluster_coordinator.h"
+#include "worker/strategy/parameter_server.h"
+#include "worker/strategy/ps_worker.h"
+
+namespace distrain {
+namespace {
+
+using Kind = ClosureOutcome::Kind;
+
+// Scripted workers. Each worker's behaviour is a function of (worker, the
+// number of RunStep calls it has had, closure id); everything observed is
+// recorded for the assertions.
+class FakeTransport : public WorkerTransport {
+ public:
+  struct Call {
+    int worker;
+    int64_t closure;
+    int attempt;
+  };
+  using StepScript = std::function<ClosureOutcome(int worker, int nth_call, int64_t closure)>;
+  using PrepareScript = std::function<absl::StatusOr<std::string>(int worker, int nth_call)>;
+
+  explicit FakeTransport(int workers) : workers_(workers) {
+    runs_per_worker_.assign(workers, 0);
+    prepares_per_worker_.assign(workers, 0);
+    in_flight_.assign(workers, 0);
+    max_in_flight_.assign(workers, 0);
+  }
+  void SetStep(StepScript s) { step_ = std::move(s); }
+  void SetPrepare(PrepareScript p) { prepare_ = std::move(p); }
+
+  int num_workers() const override { return workers_; }
+  std::string WorkerName(int w) const override { return absl::StrCat("worker:", w, " (fake)"); }
+  absl::StatusOr<std::string> Prepare(int w) override {
+    int nth;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("cancelled");
+      nth = prepares_per_worker_[w]++;
+    }
+    if (prepare_) return prepare_(w, nth);
+    return std::string("incarnation-1");
+  }
+  ClosureOutcome RunStep(int w, int64_t closure, int attempt) override {
+    int nth;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return {Kind::kWorkerLost, absl::CancelledError("cancelled"), {}};
+      nth = runs_per_worker_[w]++;
+      ++in_flight_[w];
+      max_in_flight_[w] = std::max(max_in_flight_[w], in_flight_[w]);
+      calls_.push_back({w, closure, attempt});
+    }
+    ClosureOutcome out;
+    if (step_) {
+      out = step_(w, nth, closure);
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      out.result = ClosureResult{1.0, 3, 4, 0, 0};
+    }
+    absl::MutexLock lock(&mu_);
+    --in_flight_[w];
+    if (out.kind == Kind::kDone) done_.push_back({w, closure, attempt});
+    return out;
+  }
+  void Finish(int w) override {
+    absl::MutexLock lock(&mu_);
+    finished_.insert(w);
+  }
+  void Cancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+
+  std::vector<Call> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  std::vector<Call> done() {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  int max_in_flight(int w) {
+    absl::MutexLock lock(&mu_);
+    return max_in_flight_[w];
+  }
+  std::set<int> finished() {
+    absl::MutexLock lock(&mu_);
+    return finished_;
+  }
+
+ private:
+  const int workers_;
+  StepScript step_;
+  PrepareScript prepare_;
+  absl::Mutex mu_;
+  bool cancelled_ = false;
+  std::vector<int> runs_per_worker_, prepares_per_worker_, in_flight_, max_in_flight_;
+  std::vector<Call> calls_, done_;
+  std::set<int> finished_;
+};
+
+ClosureOutcome Done(double loss = 1.0, int64_t examples = 4) {
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+  ClosureOutcome out;
+  out.result = ClosureResult{loss, 1, examples, 0, 0};
+  return out;
+}
+
+ClusterCoordinatorOptions FastProbes() {
+  ClusterCoordinatorOptions o;
+  o.probe_initial_backoff = absl::Milliseconds(1);
+  o.probe_max_backoff = absl::Milliseconds(5);
+  return o;
+}
+
+// Every closure id in [first, first + n) completed exactly once.
+void ExpectEachClosureDoneOnce(const std::vector<FakeTransport::Call>& done, int64_t first,
+                               int64_t n) {
+  std::map<int64_t, int> count;
+  for (const auto& c : done) ++count[c.closure];
+  ASSERT_EQ(count.size(), static_cast<size_t>(n));
+  for (int64_t id = first; id < first + n; ++id) EXPECT_EQ(count[id], 1) << "closure " << id;
+}
+
+TEST(ClusterCoordinatorTest, JoinWaitsForEveryScheduledClosureAndCountsEachOnce) {
+  FakeTransport transport(3);
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start(/*first_closure_id=*/100);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(coordinator.scheduled(), 60);
+  EXPECT_EQ(coordinator.completed(), 60);
+  EXPECT_EQ(coordinator.retried(), 0);
+  EXPECT_EQ(coordinator.admissions(), 3);
+  ExpectEachClosureDoneOnce(transport.done(), 100, 60);
+  CompletedClosures totals = coordinator.TakeCompleted();
+  EXPECT_EQ(totals.closures, 60);
+  EXPECT_EQ(totals.examples, 60 * 4);
+  EXPECT_DOUBLE_EQ(totals.loss_sum, 60 * 4 * 1.0);
+  EXPECT_EQ(coordinator.TakeCompleted().closures, 0) << "taken once";
+  coordinator.FinishWorkers();
+  EXPECT_EQ(transport.finished(), (std::set<int>{0, 1, 2}));
+}
+
+TEST(ClusterCoordinatorTest, RunsAtMostOneClosurePerWorkerAtATime) {
+  FakeTransport transport(2);
+  ClusterCoordinatorOptions options = FastProbes();
+  options.max_outstanding = 16;  // plenty queued, so a second closure could start if allowed
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start();
+  for (int i = 0; i < 80; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(transport.max_in_flight(0), 1);
+  EXPECT_EQ(transport.max_in_flight(1), 1);
+  std::set<int> used;
+  for (const auto& c : transport.done()) used.insert(c.worker);
+  EXPECT_EQ(used, (std::set<int>{0, 1})) << "both workers get closures";
+}
+
+TEST(ClusterCoordinatorTest, ScheduleBlocksOnceMaxOutstandingClosuresArePending) {
+  FakeTransport transport(1);
+  absl::Mutex gate_mu;
+  bool open = false;
+  transport.SetStep([&](int, int, int64_t) {
+    absl::MutexLock lock(&gate_mu);
+    gate_mu.Await(absl::Condition(&open));
+    return Done();
+  });
+  ClusterCoordinatorOptions options = FastProbes();
+  options.max_outstanding = 2;
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start();
+  ASSERT_TRUE(coordinator.Schedule().ok());  // 1 outstanding
+  std::atomic<bool> second_returned{false};
+  std::thread second([&] {
+    EXPECT_TRUE(coordinator.Schedule().ok());  // 2 outstanding: waits for a completion
+    second_returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(second_returned.load());
+  {
+    absl::MutexLock lock(&gate_mu);
+    open = true;
+  }
+  second.join();
+  EXPECT_TRUE(second_returned.load());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(coordinator.completed(), 2);
+}
+
+TEST(ClusterCoordinatorTest, DrainFinishesClosuresInFlightAndDropsQueuedOnes) {
+  FakeTransport transport(1);
+  absl::Mutex gate_mu;
+  bool open = false;
+  transport.SetStep([&](int, int, int64_t) {
+    absl::MutexLock lock(&gate_mu);
+    gate_mu.Await(absl::Condition(&open));
+    return Done();
+  });
+  ClusterCoordinatorOptions options = FastProbes();
+  options.max_outstanding = 8;
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start(/*first_closure_id=*/50);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  // Wait until the worker holds closure 50.
+  for (int i = 0; i < 400 && transport.calls().empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(transport.calls().size(), 1u);
+  std::atomic<bool> drained{false};
+  absl::StatusOr<int64_t> dropped;
+  std::thread drainer([&] {
+    dropped = coordinator.Drain();
+    drained = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(drained.load()) << "waits for the closure in flight";
+  {
+    absl::MutexLock lock(&gate_mu);
+    open = true;
+  }
+  drainer.join();
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(*dropped, 3);
+  EXPECT_EQ(coordinator.completed(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(transport.calls().size(), 1u) << "no queued closure starts after Drain";
+}
+
+TEST(ClusterCoordinatorTest, LostWorkersClosureIsRequeuedOntoAnotherWorker) {
+  FakeTransport transport(3);
+  std::atomic<int> calls{0};
+  std::atomic<int> lost_worker{-1};
+  std::atomic<int64_t> lost_closure{-1};
+  // The worker running the 5th closure attempt dies and never comes back.
+  transport.SetStep([&](int w, int, int64_t closure) {
+    if (calls++ == 4) {
+      lost_worker = w;
+      lost_closure = closure;
+      return ClosureOutcome{Kind::kWorkerLost, absl::UnavailableError("connection reset"), {}};
+    }
+    return Done();
+  });
+  transport.SetPrepare([&](int w, int) -> absl::StatusOr<std::string> {
+    if (w == lost_worker.load()) return absl::UnavailableError("connection refused");
+    return std::string("incarnation-1");
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(coordinator.completed(), 40);
+  EXPECT_EQ(coordinator.retried(), 1);
+  EXPECT_EQ(coordinator.active_workers(), 2);
+  ExpectEachClosureDoneOnce(transport.done(), 0, 40);
+  ASSERT_GE(lost_closure.load(), 0);
+  bool rerun = false;
+  for (const auto& c : transport.done()) {
+    if (c.closure == lost_closure.load()) {
+      rerun = true;
+      EXPECT_NE(c.worker, lost_worker.load()) << "re-run on another worker";
+      EXPECT_EQ(c.attempt, 1);
+    }
+  }
+  EXPECT_TRUE(rerun) << "closure " << lost_closure.load() << " ran again";
+  bool after_loss = false;
+  for (const auto& c : transport.calls()) {
+    if (after_loss) {
+      EXPECT_NE(c.worker, lost_worker.load()) << "a dead worker gets no closures";
+    }
+    after_loss = after_loss || c.closure == lost_closure.load();
+  }
+}
+
+TEST(ClusterCoordinatorTest, RestartedWorkerIsReadmittedAndScheduledAgain) {
+  FakeTransport transport(2);
+  std::atomic<int> calls{0};
+  std::atomic<int> lost_worker{-1};
+  std::atomic<bool> others_slow{false};
+  transport.SetStep([&](int w, int, int64_t) {
+    if (calls++ == 2) {
+      lost_worker = w;
+      return ClosureOutcome{Kind::kWorkerLost, absl::UnavailableError("worker killed"), {}};
+    }
+    if (others_slow && w != lost_worker.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return Done();
+  });
+  // After the loss, three probes find nothing listening; then the restarted
+  // process answers with a new incarnation.
+  std::atomic<int> probes_after_loss{0};
+  transport.SetPrepare([&](int w, int) -> absl::StatusOr<std::string> {
+    if (w != lost_worker.load()) return std::string("incarnation-1");
+    if (probes_after_loss++ < 3) return absl::UnavailableError("connection refused");
+    return std::string("incarnation-2");
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(coordinator.retried(), 1);
+  ASSERT_GE(lost_worker.load(), 0);
+  for (int i = 0; i < 1000 && coordinator.admissions() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(coordinator.admissions(), 3) << "the restarted worker was re-admitted";
+  EXPECT_EQ(probes_after_loss.load(), 4) << "probed until it answered";
+  EXPECT_EQ(coordinator.active_workers(), 2);
+  // With the other worker slow, the rejoined one must take most of the next closures.
+  others_slow = true;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  int done_after_rejoin = 0;
+  for (const auto& c : transport.done()) {
+    done_after_rejoin += c.worker == lost_worker.load() && c.closure >= 10;
+  }
+  EXPECT_GE(done_after_rejoin, 10) << "the rejoined worker runs closures again";
+  ExpectEachClosureDoneOnce(transport.done(), 0, 30);
+}
+
+TEST(ClusterCoordinatorTest, PsFailureStopsSchedulingAndNamesThePs) {
+  FakeTransport transport(2);
+  transport.SetStep([&](int w, int nth, int64_t) {
+    if (w == 0 && nth == 4) {
+      return ClosureOutcome{
+          Kind::kFatal,
+          absl::UnavailableError("ps:1 (127.0.0.1:5555): Push: UNAVAILABLE: connection refused"),
+          {}};
+    }
+    return Done();
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  absl::Status status;
+  for (int i = 0; i < 1000 && status.ok(); ++i) status = coordinator.Schedule();
+  if (status.ok()) status = coordinator.Join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(status.message().find("ps:1 (127.0.0.1:5555)"), std::string::npos) << status;
+  EXPECT_EQ(coordinator.Join().code(), absl::StatusCode::kUnavailable) << "Join reports it too";
+  EXPECT_EQ(coordinator.Schedule().code(), absl::StatusCode::kUnavailable);
+  const size_t calls = transport.calls().size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(transport.calls().size(), calls) << "no closure runs after the ps failed";
+  EXPECT_LT(coordinator.completed(), coordinator.scheduled());
+  coordinator.Stop();
+}
+
+TEST(ClusterCoordinatorTest, WorkerWithADifferentJobConfigIsFatal) {
+  FakeTransport transport(2);
+  transport.SetPrepare([](int w, int) -> absl::StatusOr<std::string> {
+    if (w == 1) return absl::FailedPreconditionError("plan abc differs from plan def");
+    return std::string("incarnation-1");
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  for (int i = 0; i < 200 && coordinator.fatal_error().ok(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  absl::Status status = coordinator.Schedule();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("worker:1 (fake)"), std::string::npos) << status;
+}
+
+TEST(ClusterCoordinatorTest, StopReturnsPromptlyWithClosuresQueuedAndNoWorker) {
+  FakeTransport transport(2);
+  transport.SetPrepare(
+      [](int, int) -> absl::StatusOr<std::string> { return absl::UnavailableError("down"); });
+  ClusterCoordinatorOptions options = FastProbes();
+  options.max_outstanding = 8;
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  std::thread joiner([&] { EXPECT_EQ(coordinator.Join().code(), absl::StatusCode::kCancelled); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  coordinator.Stop();
+  joiner.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_EQ(coordinator.completed(), 0);
+}
+
+TEST(ClusterCoordinatorTest, ExportsClosureAndAdmissionMetrics) {
+  prometheus::Registry registry;
+  FakeTransport transport(2);
+  std::atomic<int> calls{0};
+  transport.SetStep([&](int, int, int64_t) {
+    if (calls++ == 0) {  // the first closure's worker is lost, then comes back
+      return ClosureOutcome{Kind::kWorkerLost, absl::UnavailableError("reset"), {}};
+    }
+    return Done();
+  });
+  ClusterCoordinatorOptions options = FastProbes();
+  options.registry = &registry;
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  // The other worker may have run every closure before the lost one was re-admitted.
+  for (int i = 0; i < 200 && coordinator.active_workers() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::map<std::string, double> values;
+  for (const auto& family : registry.Collect()) {
+    if (family.metric.empty()) continue;
+    const auto& m = family.metric[0];
+    values[family.name] = family.type == prometheus::MetricType::Counter ? m.counter.value
+                          : family.type == prometheus::MetricType::Gauge
+                              ? m.gauge.value
+                              : static_cast<double>(m.histogram.sample_count);
+  }
+  EXPECT_EQ(values["distrain_ps_closures_scheduled_total"], 10);
+  EXPECT_EQ(values["distrain_ps_closures_completed_total"], 10);
+  EXPECT_EQ(values["distrain_ps_closures_retried_total"], 1);
+  EXPECT_EQ(values["distrain_ps_workers_admitted_total"], 3);  // the lost worker twice
+  EXPECT_EQ(values["distrain_ps_workers_active"], 2);
+  EXPECT_EQ(values["distrain_ps_closure_seconds"], 10);
+  EXPECT_EQ(values["distrain_ps_closure_staleness"], 10);
+}
+
+// --- sharding helpers -------------------------------------------------------
+
+TEST(PsShardingPlanTest, LargeKernelsSpreadOverEveryPsAndSmallVariablesStayWhole) {
+  ModelConfig config;
+  config.hidden_units = {1024};
+  auto model = Model::Create(config, 784, 10, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto plan = PsShardingPlan(**model, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const VariablePlan* kernel = plan->Find((*model)->parameters()[0]->name);
+  ASSERT_NE(kernel, nullptr);
+  ASSERT_EQ(kernel->shards.size(), 2u) << "784x1024 floats = 3 MiB over 2 ps";
+  EXPECT_NE(plan->shards()[kernel->shards[0]].ps_task, plan->shards()[kernel->shards[1]].ps_task);
+  const VariablePlan* bias = plan->Find((*model)->parameters()[1]->name);
+  ASSERT_NE(bias, nullptr);
+  EXPECT_EQ(bias->shards.size(), 1u) << "4 KiB is below the 256 KiB minimum shard";
+  // Every process derives the same plan.
+  auto again = Model::Create(config, 784, 10, 99);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(PsShardingPlan(**again, 2)->Fingerprint(), plan->Fingerprint());
+  EXPECT_NE(PsShardingPlan(**again, 3)->Fingerprint(), plan->Fingerprint());
+}
+
+TEST(PsShardingPlanTest, ModelDimsReadsInputWidthAndClassCount) {
+  ModelConfig config;
+  config.hidden_units = {32, 16};
+  auto model = Model::Create(config, 48, 7, 1);
+  ASSERT_TRUE(model.ok());
+  auto dims = ModelDimsOf(**model);
+  ASSERT_TRUE(dims.ok()) << dims.status();
+  EXPECT_EQ(dims->num_features, 48);
+  EXPECT_EQ(dims->num_classes, 7);
+}
+
+// --- the strategy over in-process ps and workers ----------------------------
+
+JobConfig SmallJob(int64_t steps) {
+  JobConfig config;
+  config.strategy = StrategyKind::kParameterServer;
+  config.training.model.hidden_units = {32};
+  config.training.dataset.num_examples = 2048;
+  config.training.dataset.num_eval_examples = 256;
+  config.training.dataset.num_features = 16;
+  config.training.dataset.num_classes = 4;
+  config.training.optimizer.type = OptimizerType::kAdam;
+  config.training.optimizer.learning_rate = 0.01f;
+  config.training.global_batch_size = 32;
+  config.training.steps = steps;
+  config.training.communication.timeout_seconds = 10;
+  return config;
+}
+
+// 2 ps + 2 workers as services in this process; the chief's cluster spec
+// points at them.
+struct InProcessPsJob {
+  explicit InProcessPsJob(const JobConfig& config) {
+    for (int t = 0; t < 2; ++t) {
+      PsServiceOptions o;
+      o.task_index = t;
+      o.num_ps = 2;
+      o.optimizer = config.training.optimizer;
+      o.max_staleness = config.training.max_staleness.value_or(-1);
+      auto s = PsServer::Start("127.0.0.1:0", o);
+      EXPECT_TRUE(s.ok()) << s.status();
+      ps_addresses.push_back((*s)->address());
+      ps.push_back(std::move(*s));
+    }
+    for (int w = 0; w < 2; ++w) {
+      // The service only reads its own index, the worker count and the ps
+      // addresses from the spec; the worker addresses are placeholders.
+      auto spec = ClusterSpec::Create({{"chief", {"127.0.0.1:1"}},
+                                       {"worker", {"127.0.0.1:2", "127.0.0.1:3"}},
+                                       {"ps", ps_addresses}},
+                                      TaskId{"worker", w});
+      EXPECT_TRUE(spec.ok()) << spec.status();
+      PsWorkerOptions o;
+      o.config = config;
+      o.cluster = *spec;
+      services.push_back(std::make_unique<PsWorkerService>(o));
+      grpc::ServerBuilder builder;
+      int port = 0;
+      builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+      builder.RegisterService(services.back().get());
+      servers.push_back(builder.BuildAndStart());
+      worker_addresses.push_back(absl::StrCat("127.0.0.1:", port));
+    }
+  }
+  ~InProcessPsJob() {
+    for (auto& s : servers) s->Shutdown(std::chrono::system_clock::now());
+  }
+  ClusterSpec Chief() const {
+    auto spec = ClusterSpec::Create(
+        {{"chief", {"127.0.0.1:1"}}, {"worker", worker_addresses}, {"ps", ps_addresses}},
+        TaskId{"chief", 0});
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+  std::vector<std::unique_ptr<PsServer>> ps;
+  std::vector<std::string> ps_addresses;
+  std::vector<std::unique_ptr<PsWorkerService>> services;
+  std::vector<std::unique_ptr<grpc::Server>> servers;
+  std::vector<std::string> worker_addresses;
+};
+
+TEST(ParameterServerStrategyTest, RunsEveryStepOnTheWorkersAndLearns) {
+  const JobConfig config = SmallJob(120);
+  InProcessPsJob job(config);
+  ParameterServerStrategy strategy;
+  ASSERT_TRUE(strategy.Init(job.Chief(), config).ok());
+  EXPECT_EQ(strategy.num_local_replicas(), 0) << "the coordinator feeds no data";
+  EXPECT_EQ(strategy.num_replicas_in_sync(), 2);
+  auto factory = [&] {
+    return Model::Create(config.training.model, 16, 4, config.training.seed);
+  };
+  ASSERT_TRUE(strategy.CreateVariables(factory, config.training.optimizer).ok());
+  auto start = strategy.SynchronizeInitialState(0);
+  ASSERT_TRUE(start.ok()) << start.status();
+  std::vector<float> initial(strategy.primary_model()->parameters()[0]->value.data(),
+                             strategy.primary_model()->parameters()[0]->value.data() + 16);
+  int64_t examples = 0;
+  double first_loss = -1, last_loss = 0;
+  for (int step = 0; step < 120; ++step) {
+    auto out = strategy.Run([](ReplicaContext&) -> LossResult {
+      ADD_FAILURE() << "the chief computes nothing";
+      return {};
+    }, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    examples += out->examples;
+    if (out->examples > 0 && first_loss < 0) first_loss = out->loss;
+    last_loss = out->loss;
+  }
+  // The final step joined: every closure completed, each counted once.
+  EXPECT_EQ(examples, 120 * 32);
+  EXPECT_EQ(strategy.coordinator()->completed(), 120);
+  EXPECT_LT(last_loss, first_loss);
+  // ... and pulled the trained variables into the chief's model.
+  const float* now = strategy.primary_model()->parameters()[0]->value.data();
+  EXPECT_NE(std::vector<float>(now, now + 16), initial);
+  // Every closure's gradient was applied to every shard exactly once.
+  auto plan = PsShardingPlan(*strategy.primary_model(), 2);
+  ASSERT_TRUE(plan.ok());
+  auto client = PsClient::Create(job.ps_addresses, *plan);
+  ASSERT_TRUE(client.ok());
+  auto pulled = (*client)->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  ASSERT_EQ(pulled->versions.size(), 4u);
+  for (const auto& [name, versions] : pulled->versions) {
+    for (int64_t v : versions) EXPECT_EQ(v, 120) << name;
+  }
+  strategy.Shutdown();
+  for (auto& s : job.services) EXPECT_TRUE(s->finished()) << "Shutdown tells the workers";
+}
+
+TEST(ParameterServerStrategyTest, CheckpointHoldsPsValuesAndSlotsAndResumes) {
+  JobConfig config = SmallJob(40);
+  const std::string dir = ::testing::TempDir() + "/ps_strategy_ckpt_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  config.training.checkpoint.dir = dir;
+  InProcessPsJob job(config);
+  auto factory = [&] {
+    return Model::Create(config.training.model, 16, 4, config.training.seed);
+  };
+  CheckpointState saved;
+  {
+    ParameterServerStrategy strategy;
+    ASSERT_TRUE(strategy.Init(job.Chief(), config).ok());
+    ASSERT_TRUE(strategy.CreateVariables(factory, config.training.optimizer).ok());
+    ASSERT_TRUE(strategy.SynchronizeInitialState(0).ok());
+    for (int i = 0; i < 25; ++i) ASSERT_TRUE(strategy.Run({}, 0).ok());
+    auto state = strategy.SaveState(25);
+    ASSERT_TRUE(state.ok()) << state.status();
+    saved = std::move(*state);
+    EXPECT_EQ(strategy.coordinator()->completed(), 25) << "SaveState drains in-flight closures";
+  }
+  EXPECT_EQ(saved.step, 25);
+  int variables = 0, slots = 0;
+  for (const auto& [name, t] : saved.tensors) {
+    variables += name.rfind("variables/", 0) == 0;
+    slots += name.rfind("optimizer/", 0) == 0;
+  }
+  EXPECT_EQ(variables, 4);
+  EXPECT_EQ(slots, 8) << "Adam m and v of every variable, as the ps held them";
+  EXPECT_EQ(saved.metadata["optimizer_iterations"], "25");
+
+  // A new chief (after a lost ps, say) resumes at step 25 from that state.
+  ParameterServerStrategy resumed;
+  ASSERT_TRUE(resumed.Init(job.Chief(), config).ok());
+  ASSERT_TRUE(resumed.CreateVariables(factory, config.training.optimizer).ok());
+  ASSERT_TRUE(resumed.RestoreState(saved).ok());
+  auto start = resumed.SynchronizeInitialState(25);
+  ASSERT_TRUE(start.ok()) << start.status();
+  EXPECT_EQ(*start, 25);
+  for (int step = 25; step < 40; ++step) ASSERT_TRUE(resumed.Run({}, 0).ok());
+  EXPECT_EQ(resumed.coordinator()->completed(), 15) << "only the remaining steps run";
+  resumed.Shutdown();
+  std::filesystem::remove_all(dir);
+}
+
+// Staleness is a property of the whole run, so both cases train the same
+// small job with 2 workers; asynchronous training sees stale pushes, a bound
+// of 0 admits none (rejected pushes are redone on fresh parameters).
+int64_t MaxStaleness(std::optional<int64_t> bound, int64_t* stale_retries) {
+  JobConfig config = SmallJob(150);
+  config.training.max_staleness = bound;
+  InProcessPsJob job(config);
+  ParameterServerStrategy strategy;
+  EXPECT_TRUE(strategy.Init(job.Chief(), config).ok());
+  auto factory = [&] {
+    return Model::Create(config.training.model, 16, 4, config.training.seed);
+  };
+  EXPECT_TRUE(strategy.CreateVariables(factory, config.training.optimizer).ok());
+  EXPECT_TRUE(strategy.SynchronizeInitialState(0).ok());
+  for (int i = 0; i < 150; ++i) {
+    auto out = strategy.Run({}, 0);
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) break;
+  }
+  EXPECT_EQ(strategy.coordinator()->completed(), 150);
+  strategy.Shutdown();
+  *stale_retries = strategy.stale_retries();
+  return strategy.max_staleness_seen();
+}
+
+TEST(ParameterServerStrategyTest, StalenessBoundOfZeroAdmitsNoStalePush) {
+  int64_t retries = 0;
+  EXPECT_EQ(MaxStaleness(0, &retries), 0);
+  std::cout << "pushes redone under the bound: " << retries << "\n";
+}
+
+TEST(ParameterServerStrategyTest, UnboundedTrainingIsAsynchronous) {
+  int64_t retries = 0;
+  EXPECT_GT(MaxStaleness(std::nullopt, &retries), 0)
+      << "two workers pushing independently see each other's updates";
+  EXPECT_EQ(retries, 0);
+}
+
+TEST(ParameterServerStrategyTest, RefusesToRunTheTrainerOnAWorkerTask) {
+  auto spec = ClusterSpec::Create(
+      {{"chief", {"127.0.0.1:1"}}, {"worker", {"127.0.0.1:2"}}, {"ps", {"127.0.0.1:3"}}},
+      TaskId{"worker", 0});
+  ASSERT_TRUE(spec.ok());
+  ParameterServerStrategy strategy;
+  absl::Status s = strategy.Init(*spec, SmallJob(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("worker:0"), std::string::npos) << s;
+}
+
+TEST(ParameterServerStrategyTest, FactoryCreatesIt) {
+  JobConfig config = SmallJob(1);
+  EXPECT_TRUE(CheckStrategySupported(config).ok());
+  auto created = CreateStrategy(config);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_STREQ((*created)->name(), "ParameterServer");
+}
+
+}  // namespace
+}  // namespace distrain

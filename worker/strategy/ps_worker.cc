@@ -1,0 +1,505 @@
+#include "worker/strategy/ps_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/check.h"
+#include "common/exit_codes.h"
+#include "common/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "spdlog/spdlog.h"
+#include "worker/coordination/coordination_service.h"
+#include "worker/data/dataset.h"
+#include "worker/ps/ps_service.h"
+
+namespace distrain {
+
+namespace v1 = ::distrain::v1;
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+std::string NewIncarnation() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x", rd(), rd());
+}
+
+// Sleeps in short slices until `stop` or `done()`.
+template <typename Done>
+void WaitUntil(const std::atomic<bool>& stop, Done done) {
+  while (!stop.load() && !done()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// PsWorkerService
+
+PsWorkerService::PsWorkerService(PsWorkerOptions options)
+    : options_(std::move(options)),
+      worker_index_(options_.cluster.task().index),
+      num_workers_(options_.cluster.num_tasks("worker")),
+      incarnation_(NewIncarnation()) {}
+
+PsWorkerService::~PsWorkerService() = default;
+
+absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
+  if (request.worker_index() != worker_index_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this process is worker:", worker_index_, " but the coordinator expects worker:",
+        request.worker_index(), " at this address; every task must get the same TF_CONFIG cluster"));
+  }
+  if (prepared_) {
+    if (request.num_features() == num_features_ && request.num_classes() == num_classes_ &&
+        request.plan_fingerprint() == fingerprint_) {
+      // A new coordinator (the chief restarted, maybe with restarted ps
+      // tasks): make sure every ps channel is connected again before
+      // closures arrive, rather than failing the first one on a channel
+      // still backing off from the old ps's death.
+      return ps_->WaitForReady();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker already trains a model with ", num_features_, " features and ", num_classes_,
+        " classes (plan ", fingerprint_, "); the coordinator asks for ", request.num_features(),
+        " and ", request.num_classes(), " (plan ", request.plan_fingerprint(),
+        "); restart the worker with the job's current configuration"));
+  }
+  if (request.num_features() <= 0 || request.num_classes() <= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Prepare: num_features must be > 0 and num_classes > 1, got ",
+                     request.num_features(), " and ", request.num_classes()));
+  }
+  const TrainingConfig& tc = options_.config.training;
+  auto model = Model::Create(tc.model, request.num_features(), request.num_classes(), tc.seed);
+  if (!model.ok()) return model.status();
+  const int num_ps = options_.cluster.num_tasks("ps");
+  auto plan = PsShardingPlan(**model, num_ps);
+  if (!plan.ok()) return plan.status();
+  if (plan->Fingerprint() != request.plan_fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the variables this worker derives from its job config (plan ", plan->Fingerprint(),
+        ") differ from the chief's (plan ", request.plan_fingerprint(),
+        "); every task must get the same DISTRAIN_JOB_CONFIG"));
+  }
+  PsClientOptions client_options;
+  client_options.rpc_timeout = options_.ps_rpc_timeout;
+  client_options.connect_timeout = options_.ps_connect_timeout;
+  client_options.registry = options_.registry;
+  auto ps = PsClient::Create(options_.cluster.addresses("ps"), *plan, client_options);
+  if (!ps.ok()) return ps.status();
+  if (absl::Status s = (*ps)->WaitForReady(); !s.ok()) return s;
+
+  auto input = OpenTrainingInput(tc.dataset, tc.seed, worker_index_, num_workers_);
+  if (!input.ok()) return input.status();
+  if (input->dataset->num_features() != request.num_features()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker's data has ", input->dataset->num_features(),
+        " features but the chief's model takes ", request.num_features()));
+  }
+  std::shared_ptr<const Dataset> data = std::move(input->dataset);
+  std::unique_ptr<BatchSource> batches = std::make_unique<ShardedBatcher>(
+      data, input->effective_policy, worker_index_, num_workers_, tc.global_batch_size, tc.seed,
+      tc.dataset.shuffle, /*start_step=*/0);
+  if (tc.dataset.prefetch_batches > 0) {
+    batches = std::make_unique<PrefetchingBatchSource>(std::move(batches), tc.dataset.prefetch_batches);
+  }
+
+  model_ = std::move(*model);
+  ps_ = std::move(*ps);
+  batches_ = std::move(batches);
+  values_.clear();
+  grads_.clear();
+  for (Parameter* p : model_->parameters()) {
+    values_.push_back(MutableTensorRef{p->name, &p->value});
+    grads_.push_back(TensorRef{p->name, &p->grad});
+  }
+  layer_grads_.clear();
+  for (const std::vector<Parameter*>& layer : model_->parameters_by_layer()) {
+    layer_grads_.emplace_back();
+    for (Parameter* p : layer) layer_grads_.back().push_back(TensorRef{p->name, &p->grad});
+  }
+  num_features_ = request.num_features();
+  num_classes_ = request.num_classes();
+  fingerprint_ = request.plan_fingerprint();
+  prepared_ = true;
+  spdlog::info("worker:{} ready: {}, data shard {}/{}, {} ps task(s)", worker_index_,
+               model_->Summary(), worker_index_, num_workers_, num_ps);
+  return absl::OkStatus();
+}
+
+grpc::Status PsWorkerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
+                                      v1::PrepareResponse* response) {
+  absl::MutexLock lock(&mu_);
+  absl::Status s = PrepareLocked(*request);
+  if (!s.ok()) {
+    spdlog::warn("worker:{} Prepare: {}", worker_index_, s.message());
+    return ToGrpc(s);
+  }
+  response->set_worker_index(worker_index_);
+  response->set_incarnation(incarnation_);
+  return grpc::Status::OK;
+}
+
+grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepRequest* request,
+                                      v1::RunStepResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (!prepared_) {
+    // A restarted worker that the coordinator has not re-admitted yet: the
+    // coordinator treats this like a lost worker and probes with Prepare.
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("worker:", worker_index_, " is not prepared (restarted?)"));
+  }
+  auto report_ps_error = [&](const absl::Status& s) {
+    response->Clear();
+    response->set_ps_error(std::string(s.message()));
+    response->set_ps_error_code(static_cast<int>(s.code()));
+    spdlog::error("worker:{} closure {}: {}", worker_index_, request->closure_id(), s.message());
+    return grpc::Status::OK;
+  };
+  Batch batch = batches_->Next();
+  if (!options_.config.training.max_staleness.has_value()) {
+    absl::Status s = RunStepOverlapped(batch, response);
+    if (!s.ok()) return report_ps_error(s);
+  } else {
+    absl::Status s = RunStepBounded(batch, response);
+    if (!s.ok()) return report_ps_error(s);
+  }
+  ++steps_run_;
+  pull_seconds_ += response->pull_seconds();
+  compute_seconds_ += response->compute_seconds();
+  push_seconds_ += response->push_seconds();
+  return grpc::Status::OK;
+}
+
+absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepResponse* response) {
+  // 1. Current parameters. Every push of a dense model changes every shard,
+  // so there is nothing to skip: pull all, keep the versions for staleness.
+  auto t0 = std::chrono::steady_clock::now();
+  ShardVersions pulled;
+  if (absl::Status s = ps_->PullInto(values_, &pulled); !s.ok()) return s;
+  response->set_pull_seconds(Seconds(t0));
+  // 2. Backward, last layer first; each layer's gradients are pushed the
+  // moment they are final, while backward goes on with the layers below (as
+  // TensorFlow's graph applies each variable's update as soon as its
+  // gradient exists). Without a staleness bound each shard's update stands
+  // on its own, so nothing is lost by not pushing all-or-nothing.
+  t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<absl::StatusOr<PushResult>>> pushes;
+  LossResult r = model_->TrainStep(batch.features, batch.labels, [&](int layer) {
+    if (layer_grads_[layer].empty()) return;
+    pushes.push_back(std::async(std::launch::async, [this, layer, &pulled] {
+      return ps_->Push(layer_grads_[layer], &pulled);
+    }));
+  });
+  response->set_compute_seconds(Seconds(t0));
+  // 3. What is left of the pushes once backward is done.
+  t0 = std::chrono::steady_clock::now();
+  absl::Status first_error;
+  int64_t staleness = 0;
+  for (auto& f : pushes) {
+    absl::StatusOr<PushResult> pushed = f.get();
+    if (!pushed.ok()) {
+      if (first_error.ok()) first_error = pushed.status();
+      continue;
+    }
+    staleness = std::max(staleness, pushed->max_staleness);
+  }
+  response->set_push_seconds(Seconds(t0));
+  if (!first_error.ok()) return first_error;
+  response->set_loss(r.loss);
+  response->set_correct(r.correct);
+  response->set_examples(static_cast<int64_t>(batch.labels.size()));
+  response->set_max_staleness(staleness);
+  return absl::OkStatus();
+}
+
+absl::Status PsWorkerService::RunStepBounded(const Batch& batch, v1::RunStepResponse* response) {
+  for (int attempt = 0;; ++attempt) {
+    // 1. Current parameters. Every push of a dense model changes every shard,
+    // so there is nothing to skip: pull all, keep the versions for staleness.
+    auto t0 = std::chrono::steady_clock::now();
+    ShardVersions pulled;
+    if (absl::Status s = ps_->PullInto(values_, &pulled); !s.ok()) return s;
+    response->set_pull_seconds(response->pull_seconds() + Seconds(t0));
+    // 2. Gradients of this worker's batch.
+    t0 = std::chrono::steady_clock::now();
+    LossResult r = model_->TrainStep(batch.features, batch.labels);
+    response->set_compute_seconds(response->compute_seconds() + Seconds(t0));
+    // 3. Push; the ps applies the optimizer.
+    t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<PushResult> pushed = ps_->Push(grads_, &pulled);
+    response->set_push_seconds(response->push_seconds() + Seconds(t0));
+    if (!pushed.ok() && pushed.status().code() == absl::StatusCode::kFailedPrecondition &&
+        attempt < kMaxStaleRetries) {
+      // Rejected by the staleness bound (the ps checks every shard of a
+      // push before applying any, so nothing was applied): redo it on
+      // fresher parameters.
+      response->set_stale_retries(attempt + 1);
+      continue;
+    }
+    if (!pushed.ok()) return pushed.status();
+    response->set_loss(r.loss);
+    response->set_correct(r.correct);
+    response->set_examples(static_cast<int64_t>(batch.labels.size()));
+    response->set_max_staleness(pushed->max_staleness);
+    return absl::OkStatus();
+  }
+}
+
+grpc::Status PsWorkerService::Finish(grpc::ServerContext*, const v1::FinishRequest*,
+                                     v1::FinishResponse*) {
+  absl::MutexLock lock(&mu_);
+  const double n = static_cast<double>(std::max<int64_t>(1, steps_run_));
+  spdlog::info("worker:{}: the coordinator says the job is done after {} closure(s) here "
+               "(mean pull {:.1f} ms, compute {:.1f} ms, push {:.1f} ms)",
+               worker_index_, steps_run_, 1000 * pull_seconds_ / n, 1000 * compute_seconds_ / n,
+               1000 * push_seconds_ / n);
+  finished_.store(true);
+  return grpc::Status::OK;
+}
+
+// ---------------------------------------------------------------------------
+// GrpcWorkerTransport
+
+GrpcWorkerTransport::GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options)
+    : addresses_(std::move(worker_addresses)), options_(std::move(options)) {
+  for (const std::string& address : addresses_) {
+    grpc::ChannelArguments args;
+    // A restarted worker is back within a second or two; gRPC's default
+    // reconnect backoff (1 s growing to 120 s) would delay its re-admission.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs_.push_back(v1::PsWorker::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+GrpcWorkerTransport::~GrpcWorkerTransport() = default;
+
+std::string GrpcWorkerTransport::WorkerName(int worker) const {
+  return absl::StrCat("worker:", worker, " (", addresses_[worker], ")");
+}
+
+bool GrpcWorkerTransport::Track(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  in_flight_.push_back(ctx);
+  return true;
+}
+
+void GrpcWorkerTransport::Untrack(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  std::erase(in_flight_, ctx);
+}
+
+void GrpcWorkerTransport::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
+}
+
+absl::StatusOr<std::string> GrpcWorkerTransport::Prepare(int worker) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(options_.prepare_timeout));
+  if (!Track(&ctx)) return absl::CancelledError("coordinator stopped");
+  v1::PrepareRequest request;
+  request.set_num_features(options_.dims.num_features);
+  request.set_num_classes(options_.dims.num_classes);
+  request.set_plan_fingerprint(options_.plan_fingerprint);
+  request.set_worker_index(worker);
+  v1::PrepareResponse response;
+  grpc::Status s = stubs_[worker]->Prepare(&ctx, request, &response);
+  Untrack(&ctx);
+  if (!s.ok()) return FromGrpc(s);
+  return response.incarnation();
+}
+
+ClosureOutcome GrpcWorkerTransport::RunStep(int worker, int64_t closure_id, int attempt) {
+  ClosureOutcome outcome;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoMilliseconds(options_.step_timeout));
+  if (!Track(&ctx)) {
+    outcome.kind = ClosureOutcome::Kind::kWorkerLost;
+    outcome.status = absl::CancelledError("coordinator stopped");
+    return outcome;
+  }
+  v1::RunStepRequest request;
+  request.set_closure_id(closure_id);
+  request.set_attempt(attempt);
+  v1::RunStepResponse response;
+  grpc::Status s = stubs_[worker]->RunStep(&ctx, request, &response);
+  Untrack(&ctx);
+  if (!s.ok()) {
+    outcome.kind = ClosureOutcome::Kind::kWorkerLost;
+    outcome.status = FromGrpc(s);
+    return outcome;
+  }
+  if (!response.ps_error().empty()) {
+    // The ps is what failed; naming it is the worker's message. UNAVAILABLE
+    // keeps it retryable for the Trainer (kExitPeerLost).
+    outcome.kind = ClosureOutcome::Kind::kFatal;
+    outcome.status = absl::UnavailableError(
+        absl::StrCat("parameter server lost: ", response.ps_error(), " (reported by ",
+                     WorkerName(worker), " running closure ", closure_id, ")"));
+    return outcome;
+  }
+  outcome.result.loss = response.loss();
+  outcome.result.correct = response.correct();
+  outcome.result.examples = response.examples();
+  outcome.result.max_staleness = response.max_staleness();
+  outcome.result.stale_retries = response.stale_retries();
+  return outcome;
+}
+
+void GrpcWorkerTransport::Finish(int worker) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::FinishResponse response;
+  grpc::Status s = stubs_[worker]->Finish(&ctx, v1::FinishRequest(), &response);
+  if (!s.ok()) spdlog::warn("coordinator: Finish to {}: {}", WorkerName(worker), s.error_message());
+}
+
+// ---------------------------------------------------------------------------
+// Task entry points
+
+namespace {
+
+// Requests this process's ps service has answered (distrain_ps_rpc_seconds
+// samples with side="server").
+int64_t ServedRpcs(prometheus::Registry& registry) {
+  int64_t total = 0;
+  for (const prometheus::MetricFamily& family : registry.Collect()) {
+    if (family.name != "distrain_ps_rpc_seconds") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "side" && label.value == "server") {
+          total += static_cast<int64_t>(metric.histogram.sample_count);
+        }
+      }
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<std::string> ListenAddress(const ClusterSpec& cluster) {
+  std::optional<std::string> mine = cluster.my_address();
+  if (!mine) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG: no address for this task ", cluster.task().ToString()));
+  }
+  return CoordinatorListenAddress(*mine);
+}
+
+}  // namespace
+
+int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
+                           prometheus::Registry* registry, const std::atomic<bool>& stop) {
+  auto listen = ListenAddress(cluster);
+  if (!listen.ok()) {
+    spdlog::error("{}", listen.status().message());
+    return kExitInvalidConfig;
+  }
+  PsServiceOptions options;
+  options.task_index = cluster.task().index;
+  options.num_ps = cluster.num_tasks("ps");
+  options.optimizer = config.training.optimizer;
+  options.max_staleness = config.training.max_staleness.value_or(-1);
+  options.checkpoint_keep = std::max(1, config.training.checkpoint.keep);
+  options.registry = registry;
+  auto server = PsServer::Start(*listen, options);
+  if (!server.ok()) {
+    spdlog::error("ps:{}: {}", cluster.task().index, server.status().message());
+    return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig
+                                                                         : kExitUnreachable;
+  }
+  spdlog::info("ps:{} of {} serving on {} (optimizer applied here; staleness {})",
+               options.task_index, options.num_ps, *listen,
+               options.max_staleness < 0 ? std::string("unbounded")
+                                         : absl::StrCat("<= ", options.max_staleness));
+  // Like TensorFlow's ps tasks: serve until the process is told to stop.
+  WaitUntil(stop, [] { return false; });
+  // SIGTERM reaches every task of a stopping job at about the same time, and
+  // the chief may be writing its final checkpoint through this ps: keep
+  // serving while requests keep coming, until kPsQuietPeriod passes without
+  // one (at most kPsStopGrace).
+  constexpr auto kPsQuietPeriod = std::chrono::milliseconds(500);
+  constexpr auto kPsStopGrace = std::chrono::seconds(10);
+  if (registry != nullptr) {
+    const auto give_up = std::chrono::steady_clock::now() + kPsStopGrace;
+    int64_t seen = ServedRpcs(*registry);
+    auto quiet_since = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - quiet_since < kPsQuietPeriod &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int64_t now = ServedRpcs(*registry);
+      if (now != seen) {
+        seen = now;
+        quiet_since = std::chrono::steady_clock::now();
+      }
+    }
+  }
+  spdlog::info("ps:{}: stopping", options.task_index);
+  (*server)->Shutdown();
+  return kExitOk;
+}
+
+int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,
+                    prometheus::Registry* registry, const std::atomic<bool>& stop) {
+  auto listen = ListenAddress(cluster);
+  if (!listen.ok()) {
+    spdlog::error("{}", listen.status().message());
+    return kExitInvalidConfig;
+  }
+  PsWorkerOptions options;
+  options.config = config;
+  options.cluster = cluster;
+  options.ps_rpc_timeout = absl::Seconds(config.training.communication.timeout_seconds);
+  options.registry = registry;
+  PsWorkerService service(options);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(*listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    spdlog::error("worker:{}: cannot listen on {} (port in use?)", cluster.task().index, *listen);
+    return kExitUnreachable;
+  }
+  spdlog::info("worker:{} serving step closures on {} (incarnation {}); waiting for the coordinator",
+               cluster.task().index, *listen, service.incarnation());
+  WaitUntil(stop, [&] { return service.finished(); });
+  // Let the Finish call's answer reach the coordinator before closing.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  return service.finished() ? kExitOk : kExitTerminated;
+}
+
+}  // namespace distrain

@@ -1,0 +1,162 @@
+#ifndef DISTRAIN_WORKER_STRATEGY_PS_WORKER_H_
+#define DISTRAIN_WORKER_STRATEGY_PS_WORKER_H_
+
+// The non-chief roles of a ParameterServer job (see parameter_server.h) and
+// the chief's client of the PsWorker protocol (proto/distrain/v1/ps_worker.proto):
+//
+//   RunParameterServerTask  a `ps` task: serves PsService on its TF_CONFIG
+//                           address until stopped (SIGTERM/SIGINT), then exits 0.
+//   RunPsWorkerTask         a `worker` task: serves PsWorkerService on its
+//                           TF_CONFIG address until the coordinator says
+//                           Finish (exit 0) or the process is stopped.
+//   GrpcWorkerTransport     the coordinator's WorkerTransport over gRPC.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "common/job_config.h"
+#include "distrain/v1/ps_worker.grpc.pb.h"
+#include "prometheus/registry.h"
+#include "worker/data/batcher.h"
+#include "worker/model/model.h"
+#include "worker/ps/ps_client.h"
+#include "worker/strategy/cluster_coordinator.h"
+#include "worker/strategy/parameter_server.h"
+
+namespace grpc {
+class ClientContext;
+class Server;
+}  // namespace grpc
+
+namespace distrain {
+
+struct PsWorkerOptions {
+  JobConfig config;
+  ClusterSpec cluster;  // this task must be worker:<index>
+  // Each RPC to a ps; a hung ps fails the closure instead of hanging it.
+  absl::Duration ps_rpc_timeout = absl::Seconds(60);
+  // Prepare waits this long for every ps to answer.
+  absl::Duration ps_connect_timeout = absl::Seconds(20);
+  prometheus::Registry* registry = nullptr;  // optional: ps client metrics
+};
+
+// gRPC PsWorker service of one worker task.
+//
+// Prepare builds (once; later calls with the same model are no-ops) the model
+// from the coordinator's dimensions, checks the ShardingPlan fingerprint,
+// connects a PsClient and opens this worker's data shard: shard <index> of
+// <#workers>, batches of globalBatchSize, prefetched. RunStep pulls every
+// variable into the model, computes gradients on the next batch and pushes
+// them with the versions pulled: layer by layer while backward continues when
+// staleness is unbounded; all at once with spec.training.maxStaleness set (a
+// push the ps rejects for staleness is redone from a fresh pull on the same
+// batch, up to kMaxStaleRetries times). Only
+// one RunStep runs at a time (a call arriving while one runs waits).
+// Thread-safety: handlers run on gRPC threads; state is under mu_.
+class PsWorkerService final : public distrain::v1::PsWorker::Service {
+ public:
+  static constexpr int kMaxStaleRetries = 1000;
+
+  explicit PsWorkerService(PsWorkerOptions options);
+  ~PsWorkerService() override;
+
+  grpc::Status Prepare(grpc::ServerContext* ctx, const distrain::v1::PrepareRequest* request,
+                       distrain::v1::PrepareResponse* response) override;
+  grpc::Status RunStep(grpc::ServerContext* ctx, const distrain::v1::RunStepRequest* request,
+                       distrain::v1::RunStepResponse* response) override;
+  grpc::Status Finish(grpc::ServerContext* ctx, const distrain::v1::FinishRequest* request,
+                      distrain::v1::FinishResponse* response) override;
+
+  // Set once Finish was called; the task then exits.
+  bool finished() const { return finished_.load(); }
+  const std::string& incarnation() const { return incarnation_; }
+
+ private:
+  absl::Status PrepareLocked(const distrain::v1::PrepareRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One closure on `batch`; errors are the ps's. Unbounded staleness: each
+  // layer's gradients are pushed while backward continues below it. With a
+  // bound: one all-or-nothing push, redone from a fresh pull when rejected.
+  absl::Status RunStepOverlapped(const Batch& batch, distrain::v1::RunStepResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RunStepBounded(const Batch& batch, distrain::v1::RunStepResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const PsWorkerOptions options_;
+  const int worker_index_;
+  const int num_workers_;
+  const std::string incarnation_;
+  std::atomic<bool> finished_{false};
+
+  absl::Mutex mu_;
+  bool prepared_ ABSL_GUARDED_BY(mu_) = false;
+  int num_features_ ABSL_GUARDED_BY(mu_) = 0;
+  int num_classes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string fingerprint_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PsClient> ps_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<BatchSource> batches_ ABSL_GUARDED_BY(mu_);
+  std::vector<MutableTensorRef> values_ ABSL_GUARDED_BY(mu_);  // into model_
+  std::vector<TensorRef> grads_ ABSL_GUARDED_BY(mu_);          // into model_
+  std::vector<std::vector<TensorRef>> layer_grads_ ABSL_GUARDED_BY(mu_);  // grads_ by layer
+  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
+  double pull_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // totals over steps_run_, for the final log
+  double compute_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double push_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Client side: one channel per worker task of TF_CONFIG.
+// Classification of RunStep: a transport error (or a worker that answers an
+// error) is kWorkerLost; an answer with ps_error set is kFatal, unless its
+// code says the ps is fine (it never does today: every ps error is fatal).
+// Thread-safety: see WorkerTransport.
+class GrpcWorkerTransport : public WorkerTransport {
+ public:
+  struct Options {
+    ModelDims dims;
+    std::string plan_fingerprint;
+    absl::Duration step_timeout = absl::Seconds(60);      // one RunStep
+    absl::Duration prepare_timeout = absl::Seconds(30);   // one Prepare
+  };
+  GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options);
+  ~GrpcWorkerTransport() override;
+
+  int num_workers() const override { return static_cast<int>(addresses_.size()); }
+  std::string WorkerName(int worker) const override;
+  absl::StatusOr<std::string> Prepare(int worker) override;
+  ClosureOutcome RunStep(int worker, int64_t closure_id, int attempt) override;
+  void Finish(int worker) override;
+  void Cancel() override;
+
+ private:
+  // Registers ctx so Cancel can reach it; false when already cancelled.
+  bool Track(grpc::ClientContext* ctx);
+  void Untrack(grpc::ClientContext* ctx);
+
+  const std::vector<std::string> addresses_;
+  const Options options_;
+  std::vector<std::unique_ptr<distrain::v1::PsWorker::Stub>> stubs_;
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+// The role entry points used by worker/main.cc; return the process exit code
+// (common/exit_codes.h). `stop` is set by SIGTERM/SIGINT.
+int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
+                           prometheus::Registry* registry, const std::atomic<bool>& stop);
+int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,
+                    prometheus::Registry* registry, const std::atomic<bool>& stop);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_STRATEGY_PS_WORKER_H_
