@@ -71,7 +71,15 @@ out_ns="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$N
 [ "$(grep -c '^kind: RoleBinding' <<<"$out_ns")" = 3 ] || fail "watchNamespaces: want 2 RoleBindings + the leader-election one"
 grep -q '^kind: ClusterRoleBinding' <<<"$out_ns" && fail "watchNamespaces must not bind cluster-wide"
 grep -qF -- "--namespaces=team-a,team-b" <<<"$out_ns" || fail "watchNamespaces not passed to the operator"
-pass "helm template renders the operator, probes, restricted security context, namespace-scoped RBAC"
+mon="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" \
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor \
+  --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true --set metrics.prometheusRelease=kps)"
+[ "$(grep -c 'release: "kps"' <<<"$mon")" = 2 ] || fail "ServiceMonitor and PodMonitor must carry the configured release label"
+grep -q 'kind: PodMonitor' <<<"$mon" || fail "no PodMonitor rendered"
+nomon="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" \
+  --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true)"
+grep -q 'kind: ServiceMonitor' <<<"$nomon" && fail "monitors must not render without the Prometheus Operator CRDs"
+pass "helm template renders the operator, probes, restricted security context, namespace-scoped RBAC, monitors with the release label only where their CRDs exist"
 
 if "$CP" status >/dev/null 2>&1; then
   say "reusing the running control plane"
