@@ -784,5 +784,18 @@ TEST(CoordinatorListenAddressTest, BindsLoopbackExactlyAndEverythingElseOnAllInt
   }
 }
 
+// Pods sharing one host network (the e2e test node) each listen on their own
+// $POD_IP; loopback TF_CONFIG hosts are still bound exactly.
+TEST(CoordinatorListenAddressTest, BindsThePodIpWhenPodIpIsSet) {
+  setenv("POD_IP", "127.0.4.5", 1);
+  const auto remote = CoordinatorListenAddress("job-chief-0.job.default.svc:2222");
+  const auto local = CoordinatorListenAddress("127.0.0.1:2222");
+  unsetenv("POD_IP");
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(*remote, "127.0.4.5:2222");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ(*local, "127.0.0.1:2222");
+}
+
 }  // namespace
 }  // namespace distrain
