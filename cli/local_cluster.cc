@@ -13,6 +13,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
+#include "common/exit_codes.h"
 
 namespace distrain {
 
@@ -61,16 +62,7 @@ bool ShouldRestartLocally(const JobConfig& config, const LocalReplica& replica, 
   auto spec = config.replicas.find(ReplicaType::kWorker);
   const RestartPolicy policy =
       spec == config.replicas.end() ? RestartPolicy::kExitCode : spec->second.restart_policy;
-  switch (policy) {
-    case RestartPolicy::kNever:
-      return false;
-    case RestartPolicy::kOnFailure:
-    case RestartPolicy::kAlways:
-      return true;
-    case RestartPolicy::kExitCode:
-      return exit_code >= 128 && exit_code <= 255;
-  }
-  return false;
+  return ShouldRestart(policy, exit_code);
 }
 
 absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,

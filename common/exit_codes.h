@@ -5,6 +5,8 @@
 // ExitCode restart policy reads them: 1-127 are permanent (restarting cannot
 // help: fix the job), 128-255 are retryable (a peer or the node went away).
 // Documented in README.md ("Exit codes").
+#include "common/job_config.h"
+
 namespace distrain {
 
 inline constexpr int kExitOk = 0;
@@ -20,6 +22,23 @@ inline constexpr int kExitPeerLost = 170;       // a peer died or stopped answer
 inline constexpr int kExitUnreachable = 171;    // peers never came up before the deadline
 
 inline bool IsRetryableExitCode(int code) { return code >= 128 && code <= 255; }
+
+// Whether a replica whose process exited with `exit_code` (not 0) restarts
+// under `policy` (spec.replicaSpecs.<type>.restartPolicy). One rule for the
+// operator's pods and `distrain run`'s local processes, so both read the
+// codes above the same way.
+inline bool ShouldRestart(RestartPolicy policy, int exit_code) {
+  switch (policy) {
+    case RestartPolicy::kNever:
+      return false;
+    case RestartPolicy::kOnFailure:
+    case RestartPolicy::kAlways:
+      return true;
+    case RestartPolicy::kExitCode:
+      return IsRetryableExitCode(exit_code);
+  }
+  return false;
+}
 
 }  // namespace distrain
 

@@ -23,6 +23,14 @@ std::string Str(const Json& j, const char* pointer) {
   return j.contains(p) && j.at(p).is_string() ? j.at(p).get<std::string>() : "";
 }
 
+bool ConditionTrue(const Json& job, const char* type) {
+  if (!job.contains("status") || !job["status"].contains("conditions")) return false;
+  for (const Json& c : job["status"]["conditions"]) {
+    if (c.value("type", "") == type && c.value("status", "") == "True") return true;
+  }
+  return false;
+}
+
 bool RunningConditionTrue(const Json& job) {
   if (!job.contains("status") || !job["status"].contains("conditions")) return false;
   bool running = false;
@@ -114,9 +122,24 @@ void ProgressReporter::Stop() {
 
 void ProgressReporter::ReportOnce() {
   for (const Json& job : sources_.jobs()) {
-    if (!RunningConditionTrue(job)) continue;
     const std::string ns = Str(job, "/metadata/namespace");
     const std::string name = Str(job, "/metadata/name");
+    if (ConditionTrue(job, api::kConditionSucceeded)) {
+      // A job succeeds only when its chief (or every worker) finished all
+      // its steps, so the final step is known even when the job ended
+      // between two scrapes.
+      const Json current = job["status"].value("progress", Json());
+      if (current.is_object() && current.contains("totalSteps") &&
+          current.value("step", Json()) != current["totalSteps"]) {
+        Json patch = {{"status", {{"progress", {{"step", current["totalSteps"]}}}}}};
+        (void)client_->Request(
+            "PATCH",
+            kube::ResourcePath({api::kGroup, api::kVersion, api::kPlural, true}, ns, name, "status"),
+            &patch, "application/merge-patch+json");
+      }
+      continue;
+    }
+    if (!RunningConditionTrue(job)) continue;
     for (const Json& pod : sources_.pods(ns, name)) {
       const Json& labels = pod["metadata"].value("labels", Json::object());
       if (labels.value(api::kLabelJobRole, "") != "master") continue;

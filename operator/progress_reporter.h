@@ -19,6 +19,9 @@
 //      progress only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries
 //      with this one).
+//   4. A Succeeded job's progress.step is set to totalSteps: a job succeeds
+//      only when training ran every step, which a short job may do between
+//      two scrapes.
 // A pod that does not answer is skipped until the next round; nothing is
 // invented: fields the scrape did not see are left as they were.
 //

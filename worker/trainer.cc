@@ -18,6 +18,7 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
+#include "worker/evaluator.h"
 #include "worker/strategy/param_checksum.h"
 
 namespace distrain {
@@ -50,31 +51,6 @@ int ExitCodeForStrategyError(const absl::Status& s) {
     default:
       return kExitInternal;
   }
-}
-
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-};
-
-EvalResult EvaluateDataset(Model& model, const Dataset& data) {
-  constexpr int64_t kEvalBatch = 1024;
-  const int64_t n = data.size();
-  const int f = data.num_features();
-  Tensor features;
-  std::vector<int32_t> labels;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  for (int64_t begin = 0; begin < n; begin += kEvalBatch) {
-    const int64_t b = std::min(kEvalBatch, n - begin);
-    features.Resize({b, f});
-    labels.resize(b);
-    for (int64_t i = 0; i < b; ++i) data.Get(begin + i, features.data() + i * f, &labels[i]);
-    LossResult r = model.Evaluate(features, labels);
-    loss_sum += r.loss * b;
-    correct += r.correct;
-  }
-  return {n > 0 ? loss_sum / n : 0, n > 0 ? static_cast<double>(correct) / n : 0};
 }
 
 // Copies rows [begin, end) of a batch into a replica's slice.
@@ -352,7 +328,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
     if (chief && eval_data != nullptr && tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 &&
         step < tc.steps) {
-      EvalResult ev = EvaluateDataset(*strategy_->primary_model(), *eval_data);
+      EvalSummary ev = EvaluateModel(*strategy_->primary_model(), *eval_data);
       if (env_.metrics) {
         env_.metrics->eval_accuracy.Set(ev.accuracy);
         env_.metrics->eval_loss.Set(ev.loss);
@@ -368,7 +344,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   outcome.steps_done = step;
   outcome.final_loss = last_loss;
   if (chief && eval_data != nullptr) {
-    EvalResult ev = EvaluateDataset(*strategy_->primary_model(), *eval_data);
+    EvalSummary ev = EvaluateModel(*strategy_->primary_model(), *eval_data);
     outcome.eval_accuracy = ev.accuracy;
     outcome.eval_loss = ev.loss;
     if (env_.metrics) {

@@ -7,20 +7,12 @@
 namespace distrain::controller {
 
 bool RestartsAfterFailure(RestartPolicy policy, const ObservedPod& pod) {
-  switch (policy) {
-    case RestartPolicy::kNever:
-      return false;
-    case RestartPolicy::kOnFailure:
-    case RestartPolicy::kAlways:
-      return true;
-    case RestartPolicy::kExitCode:
-      // No exit code: the pod ended without its container exiting (evicted,
-      // node lost), which says nothing about the job: retry. A Failed pod
-      // whose main container exited 0 failed for another container's sake;
-      // the same holds.
-      return !pod.exit_code || *pod.exit_code == 0 || IsRetryableExitCode(*pod.exit_code);
-  }
-  return false;
+  // No exit code: the pod ended without its container exiting (evicted, node
+  // lost), which says nothing about the job: retry (ExitCode included). A
+  // Failed pod whose main container exited 0 failed for another container's
+  // sake; the same holds.
+  if (!pod.exit_code || *pod.exit_code == 0) return policy != RestartPolicy::kNever;
+  return ShouldRestart(policy, *pod.exit_code);
 }
 
 bool RestartsAfterSuccess(RestartPolicy policy, ReplicaType type) {

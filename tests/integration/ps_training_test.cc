@@ -20,30 +20,20 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/sync_reference.h"
 
 namespace distrain {
 namespace {
 
 using testing::DistrainBinary;
+using testing::FreshTempDir;
 using testing::SourceDir;
 using testing::Subprocess;
 using testing::WorkerBinary;
+using testing::WriteTextFile;
 namespace fs = std::filesystem;
 
 constexpr int kExitPeerLost = 170;  // common/exit_codes.h
-
-std::string TempDir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("distrain_ps_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-std::string WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-  return path;
-}
 
 // The example's problem (examples/parameter-server.yaml), with the steps and
 // checkpoint cadence each test needs.
@@ -134,8 +124,8 @@ double MetricValue(const std::string& metrics, const std::string& name) {
 }
 
 TEST(PsTrainingTest, TwoPsThreeWorkersAndAChiefReachTheExamplesAccuracy) {
-  const std::string dir = TempDir("accuracy");
-  const std::string job = WriteFile(dir + "/job.yaml", JobYaml(3, 400));
+  const std::string dir = FreshTempDir("accuracy");
+  const std::string job = WriteTextFile(dir + "/job.yaml", JobYaml(3, 400));
   PsCluster cluster(job, dir, 3);
   cluster.StartAll();
   auto rc = cluster.chief->Wait(60);
@@ -165,9 +155,9 @@ TEST(PsTrainingTest, TwoPsThreeWorkersAndAChiefReachTheExamplesAccuracy) {
 }
 
 TEST(PsTrainingTest, KilledWorkersClosureIsRerunAndTheRestartedWorkerRejoins) {
-  const std::string dir = TempDir("worker_kill");
+  const std::string dir = FreshTempDir("worker_kill");
   const int64_t kSteps = 2500;
-  const std::string job = WriteFile(dir + "/job.yaml", JobYaml(2, kSteps));
+  const std::string job = WriteTextFile(dir + "/job.yaml", JobYaml(2, kSteps));
   PsCluster cluster(job, dir, 2);
   cluster.StartAll();
   ASSERT_TRUE(cluster.chief->WaitForOutput("step 200/", 30)) << cluster.chief->output();
@@ -208,9 +198,9 @@ TEST(PsTrainingTest, KilledWorkersClosureIsRerunAndTheRestartedWorkerRejoins) {
 }
 
 TEST(PsTrainingTest, KilledPsStopsTheChiefRetryablyAndARerunResumesFromTheCheckpoint) {
-  const std::string dir = TempDir("ps_kill");
+  const std::string dir = FreshTempDir("ps_kill");
   const int64_t kSteps = 1200;
-  const std::string job = WriteFile(
+  const std::string job = WriteTextFile(
       dir + "/job.yaml", JobYaml(2, kSteps, "    checkpoint: {everySteps: 100, keep: 3}\n"));
   PsCluster cluster(job, dir, 2);
   cluster.StartAll();
@@ -255,7 +245,7 @@ TEST(PsTrainingTest, KilledPsStopsTheChiefRetryablyAndARerunResumesFromTheCheckp
 }
 
 TEST(PsTrainingTest, DistrainRunRunsTheParameterServerExample) {
-  const std::string dir = TempDir("run");
+  const std::string dir = FreshTempDir("run");
   Subprocess run({DistrainBinary(), "run", SourceDir() + "/examples/parameter-server.yaml",
                   "--no-progress", "--work-dir", dir});
   auto rc = run.Wait(90);

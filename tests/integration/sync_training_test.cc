@@ -21,113 +21,32 @@
 #include "absl/strings/str_cat.h"
 #include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
+#include "tests/integration/sync_reference.h"
 #include "worker/checkpoint/checkpoint.h"
 
 namespace distrain {
 namespace {
 
 using testing::DistrainBinary;
+using testing::ExpectSameVariables;
+using testing::FinalVariables;
+using testing::FreshTempDir;
+using testing::OneDeviceReference;
+using testing::ReadLines;
 using testing::SourceDir;
 using testing::Subprocess;
+using testing::SyncJobYaml;
 using testing::WorkerBinary;
+using testing::WriteTextFile;
 namespace fs = std::filesystem;
 
-constexpr int kSteps = 200;
-
-std::string TempDir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("distrain_sync_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-std::string WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-  return path;
-}
-
-std::vector<std::string> ReadLines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
-// One job, three placements. Small enough that 4 processes on a loaded
-// 2-core machine finish 200 steps in seconds; Adam, so optimizer slots matter.
-std::string JobYaml(const std::string& strategy, const std::string& replica_specs, int64_t steps,
-                    const std::string& extra_training = "") {
-  return absl::StrCat("apiVersion: distrain.io/v1alpha1\n",                                       //
-                      "kind: DistributedTrainingJob\n",                                           //
-                      "metadata: {name: sync}\n",                                                 //
-                      "spec:\n",                                                                  //
-                      "  strategy: ", strategy, "\n",                                             //
-                      "  replicaSpecs:\n", replica_specs,                                         //
-                      "  training:\n",                                                            //
-                      "    model: {hiddenUnits: [64, 32]}\n",                                     //
-                      "    dataset: {type: synthetic, numExamples: 4096, numEvalExamples: 512,",  //
-                      " numFeatures: 48, numClasses: 10, noise: 1.5, autoShardPolicy: DATA}\n",   //
-                      "    optimizer: {type: adam, learningRate: 0.002}\n",                       //
-                      "    globalBatchSize: 64\n",                                                //
-                      "    steps: ", steps, "\n",                                                 //
-                      "    logEverySteps: 20\n",                                                  //
-                      "    seed: 7\n", extra_training);
-}
+constexpr int kSteps = testing::kReferenceSteps;
 
 const char kOneWorker[] = "    Worker: {replicas: 1}\n";
 const char kChiefAnd3Workers[] = "    Chief: {replicas: 1}\n    Worker: {replicas: 3}\n";
 // Small buckets so every step reduces several buckets while backward runs.
 const char kCommunication[] =
     "    communication: {implementation: Ring, timeoutSeconds: 10, bytesPerPack: 4096}\n";
-
-std::map<std::string, Tensor> FinalVariables(const std::string& checkpoint_dir) {
-  auto state = CheckpointManager(checkpoint_dir, 3).RestoreLatest();
-  EXPECT_TRUE(state.ok()) << state.status();
-  std::map<std::string, Tensor> out;
-  if (!state.ok() || !state->has_value()) {
-    ADD_FAILURE() << "no checkpoint in " << checkpoint_dir;
-    return out;
-  }
-  EXPECT_EQ((*state)->step, kSteps);
-  for (auto& [name, tensor] : (*state)->tensors) {
-    if (name.rfind("variables/", 0) == 0) out.emplace(name, tensor);
-  }
-  return out;
-}
-
-void ExpectSameVariables(const std::map<std::string, Tensor>& got,
-                         const std::map<std::string, Tensor>& want, float tolerance) {
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(want.empty());
-  float overall = 0;
-  for (const auto& [name, w] : want) {
-    auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << name;
-    ASSERT_EQ(it->second.size(), w.size()) << name;
-    float worst = 0;
-    for (int64_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(it->second[i] - w[i]));
-    EXPECT_LE(worst, tolerance) << name << " differs from OneDevice by " << worst;
-    overall = std::max(overall, worst);
-  }
-  std::cout << "max abs difference from OneDevice: " << overall << "\n";
-}
-
-// OneDevice on the same global batch and seed, trained once per test binary.
-const std::map<std::string, Tensor>& OneDeviceReference() {
-  static const auto* reference = [] {
-    const std::string dir = TempDir("onedevice");
-    const std::string job = WriteFile(dir + "/job.yaml", JobYaml("OneDevice", kOneWorker, kSteps));
-    Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
-                      {{"OPENBLAS_NUM_THREADS", "1"}});
-    auto rc = worker.Wait(120);
-    EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
-    auto* vars = new std::map<std::string, Tensor>(FinalVariables(dir + "/ckpt"));
-    fs::remove_all(dir);
-    return vars;
-  }();
-  return *reference;
-}
 
 // The processes of a chief + N workers job, started with their own TF_CONFIG
 // the way the operator starts pods.
@@ -189,9 +108,10 @@ struct Cluster {
 
 TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndStaysInSync) {
   const auto& reference = OneDeviceReference();
-  const std::string dir = TempDir("mwms");
-  const std::string job = WriteFile(
-      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  const std::string dir = FreshTempDir("mwms");
+  const std::string job =
+      WriteTextFile(dir + "/job.yaml",
+                    SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
   Cluster cluster(job, dir, 3);
   cluster.ExpectAllSucceed(120);
   // The chief wrote the checkpoint; it equals single-process training.
@@ -205,11 +125,11 @@ TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndSta
 // and step, and the job ends exactly where an uninterrupted one does.
 TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas) {
   const auto& reference = OneDeviceReference();
-  const std::string dir = TempDir("resume");
+  const std::string dir = FreshTempDir("resume");
   {
     const std::string job =
-        WriteFile(dir + "/first.yaml",
-                  JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps / 2, kCommunication));
+        WriteTextFile(dir + "/first.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
+                                                       kSteps / 2, kCommunication));
     Cluster first(job, dir, 3);
     first.ExpectAllSucceed(120);
   }
@@ -217,8 +137,9 @@ TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas)
     const std::string theirs = dir + "/ckpt-" + task;
     ASSERT_TRUE(!fs::exists(theirs) || fs::is_empty(theirs)) << "only the chief writes checkpoints";
   }
-  const std::string job = WriteFile(
-      dir + "/job.yaml", JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  const std::string job =
+      WriteTextFile(dir + "/job.yaml",
+                    SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
   Cluster second(job, dir, 3);
   second.ExpectAllSucceed(120);
   EXPECT_NE(second.processes[0]->output().find("resumed from checkpoint step 100"),
@@ -237,11 +158,11 @@ TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas)
 // ring -> local broadcast), still the same 4 replicas in sync.
 TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
   const auto& reference = OneDeviceReference();
-  const std::string dir = TempDir("hierarchical");
-  const std::string job = WriteFile(
+  const std::string dir = FreshTempDir("hierarchical");
+  const std::string job = WriteTextFile(
       dir + "/job.yaml",
-      JobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
-              kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
+      SyncJobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
+                  kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
   Cluster cluster(job, dir, 1);
   cluster.ExpectAllSucceed(120);
   EXPECT_NE(cluster.processes[0]->output().find("replicas in sync 4"), std::string::npos)
@@ -253,11 +174,11 @@ TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
 
 TEST(SyncTrainingTest, MirroredFourReplicasMatchesOneDeviceAndStaysInSync) {
   const auto& reference = OneDeviceReference();
-  const std::string dir = TempDir("mirrored");
+  const std::string dir = FreshTempDir("mirrored");
   const std::string job =
-      WriteFile(dir + "/job.yaml",
-                JobYaml("Mirrored", kOneWorker, kSteps,
-                        "    localReplicas: 4\n    communication: {bytesPerPack: 4096}\n"));
+      WriteTextFile(dir + "/job.yaml",
+                    SyncJobYaml("Mirrored", kOneWorker, kSteps,
+                                "    localReplicas: 4\n    communication: {bytesPerPack: 4096}\n"));
   // Through distrain run, as a user would; the hook's file names the task.
   Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
                  {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
@@ -284,10 +205,10 @@ class SyncTrainingKillTest : public ::testing::TestWithParam<KillCase> {};
 
 TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
   const int victim = GetParam().victim;
-  const std::string dir = TempDir("kill_" + GetParam().name);
+  const std::string dir = FreshTempDir("kill_" + GetParam().name);
   const std::string job =
-      WriteFile(dir + "/job.yaml",
-                JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
+      WriteTextFile(dir + "/job.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
+                                                   100000000, kCommunication));
   Cluster cluster(job, dir, 3);
   // Training is under way everywhere.
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
@@ -345,10 +266,10 @@ INSTANTIATE_TEST_SUITE_P(Victims, SyncTrainingKillTest,
 // SIGTERM reaches one process only: the whole job still stops after one
 // common step, with the chief's final checkpoint at that step.
 TEST(SyncTrainingTest, SigtermStopsEveryProcessAfterTheSameStepWithACheckpoint) {
-  const std::string dir = TempDir("sigterm");
+  const std::string dir = FreshTempDir("sigterm");
   const std::string job =
-      WriteFile(dir + "/job.yaml",
-                JobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication));
+      WriteTextFile(dir + "/job.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
+                                                   100000000, kCommunication));
   Cluster cluster(job, dir, 3);
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
     ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))

@@ -13,37 +13,23 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <mutex>
-#include <random>
-#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "operator/kube/kubeconfig.h"
 #include "operator/kube/paths.h"
 #include "operator/kube/rest_client.h"
+#include "tests/kube/kube_test_util.h"
 
 namespace distrain::kube {
 namespace {
 
 using Json = nlohmann::json;
 using ::testing::ElementsAreArray;
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
-
-template <typename Pred>
-bool Eventually(Pred pred, std::chrono::seconds timeout = std::chrono::seconds(20)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return pred();
-}
+using kubetest::AdminClient;
+using kubetest::Env;
+using kubetest::TestNamespace;
+using kubetest::WaitUntil;
 
 Json ConfigMap(const std::string& ns, const std::string& name, const std::string& value,
                bool labelled = true) {
@@ -81,22 +67,15 @@ struct Recorder {
 class InformerKubeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto config = LoadRestConfig({});
-    ASSERT_TRUE(config.ok()) << "run through tests/kube/with_control_plane.sh: " << config.status();
     RestClientOptions options;
     options.qps = 0;
     options.max_retries = 10;  // ride out the API server restart
-    auto client = RestClient::Create(*config, options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-    ns_ = "kubea-inf-" + std::to_string(std::random_device{}() % 1000000);
-    Json ns = {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns_}}}};
-    auto created = client_->Request("POST", ResourcePath(NamespacesResource()), &ns);
-    ASSERT_TRUE(created.ok() && created->ok());
+    client_ = AdminClient(options);
+    ASSERT_NE(client_, nullptr);
+    namespace_ = std::make_unique<TestNamespace>(*client_, "kubea-inf");
+    ns_ = namespace_->name();
   }
-  void TearDown() override {
-    if (client_) (void)client_->Request("DELETE", ResourcePath(NamespacesResource(), "", ns_));
-  }
+  void TearDown() override { namespace_.reset(); }
 
   void Create(const Json& cm) {
     auto r = client_->Request("POST", ResourcePath(ConfigMapsResource(), ns_), &cm);
@@ -126,17 +105,18 @@ class InformerKubeTest : public ::testing::Test {
       expected.push_back(ObjectKey(item) + "@" + ResourceVersionOf(item));
     }
     std::sort(expected.begin(), expected.end());
-    ASSERT_TRUE(Eventually([&] {
+    ASSERT_TRUE(WaitUntil([&] {
       std::vector<std::string> cached;
       for (const auto& object : informer.List()) {
         cached.push_back(ObjectKey(object) + "@" + ResourceVersionOf(object));
       }
       std::sort(cached.begin(), cached.end());
       return cached == expected;
-    })) << "cache never matched the LIST";
+    }, 20)) << "cache never matched the LIST";
   }
 
   std::unique_ptr<RestClient> client_;
+  std::unique_ptr<TestNamespace> namespace_;
   std::string ns_;
 };
 
@@ -161,9 +141,9 @@ TEST_F(InformerKubeTest, SeesAddsUpdatesDeletesAndMatchesList) {
   auto deleted = client_->Request("DELETE", ResourcePath(ConfigMapsResource(), ns_, "b"));
   ASSERT_TRUE(deleted.ok() && deleted->ok());
 
-  ASSERT_TRUE(Eventually([&] {
+  ASSERT_TRUE(WaitUntil([&] {
     return rec.Saw("add d") && rec.Saw("update a v2") && rec.Saw("delete b");
-  }));
+  }, 20));
   EXPECT_EQ(informer.ByIndex("tier", "v2").size(), 1u);
   EXPECT_EQ(informer.ByIndex("tier", "v1").size(), 2u);  // c and d
   ExpectCacheMatchesList(informer);
@@ -180,7 +160,7 @@ TEST_F(InformerKubeTest, SurvivesApiServerRestartAndRelistsOn410) {
   informer.AddHandlers(rec.Handlers());
   informer.Start();
   ASSERT_TRUE(informer.WaitForSync(absl::Seconds(20)));
-  ASSERT_TRUE(Eventually([&] { return informer.stats().watches >= 1; }));
+  ASSERT_TRUE(WaitUntil([&] { return informer.stats().watches >= 1; }, 20));
   const std::string old_rv = informer.LastResourceVersion();
 
   // A write the informer does not see moves etcd's revision past old_rv.
@@ -190,7 +170,7 @@ TEST_F(InformerKubeTest, SurvivesApiServerRestartAndRelistsOn410) {
   // The server itself answers 410 for a watch from old_rv (while its watch
   // cache initialises it may answer 429 first).
   int code = 0;
-  ASSERT_TRUE(Eventually([&] {
+  ASSERT_TRUE(WaitUntil([&] {
     ListOptions watch;
     watch.watch = true;
     watch.resource_version = old_rv;
@@ -204,15 +184,15 @@ TEST_F(InformerKubeTest, SurvivesApiServerRestartAndRelistsOn410) {
         },
         {});
     return code == 410;
-  })) << "last ERROR code " << code;
+  }, 20)) << "last ERROR code " << code;
 
   // The informer relisted because of it, and keeps working.
-  ASSERT_TRUE(Eventually([&] { return informer.stats().relists_after_gone >= 1; }))
+  ASSERT_TRUE(WaitUntil([&] { return informer.stats().relists_after_gone >= 1; }, 20))
       << "watch errors " << informer.stats().watch_errors << ", lists " << informer.stats().lists;
   Create(ConfigMap(ns_, "after", "v1"));
   auto deleted = client_->Request("DELETE", ResourcePath(ConfigMapsResource(), ns_, "before"));
   ASSERT_TRUE(deleted.ok() && deleted->ok());
-  ASSERT_TRUE(Eventually([&] { return rec.Saw("add after") && rec.Saw("delete before"); }));
+  ASSERT_TRUE(WaitUntil([&] { return rec.Saw("add after") && rec.Saw("delete before"); }, 20));
   EXPECT_FALSE(informer.Get(ns_, "unseen").has_value());
   ExpectCacheMatchesList(informer);
   informer.Stop();

@@ -184,6 +184,14 @@ TEST_F(OperatorKubeTest, PodPhasesMoveTheJobToRunningThenSucceeded) {
   const Json job = GetJob("ok");
   EXPECT_TRUE(job["status"].contains("completionTime"));
   EXPECT_EQ(job["status"]["observedGeneration"], job["metadata"]["generation"]);
+  // A succeeded job ran every step, even if it ended between two scrapes.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        const Json j = GetJob("ok");
+        return j.is_object() && j.value("/status/progress/step"_json_pointer, 0) == 10;
+      },
+      15))
+      << GetJob("ok")["status"].dump();
   std::string events = Kubectl("-n " + ns() + " get events.events.k8s.io -o json");
   EXPECT_THAT(events, HasSubstr("Succeeded"));
 }

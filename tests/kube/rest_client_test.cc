@@ -6,13 +6,9 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -22,17 +18,16 @@
 #include "operator/kube/kubeconfig.h"
 #include "operator/kube/paths.h"
 #include "prometheus/registry.h"
+#include "tests/kube/kube_test_util.h"
 
 namespace distrain::kube {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? "" : v;
-}
+using kubetest::Env;
+using kubetest::Kubectl;
+using kubetest::TestNamespace;
 
 RestConfig AdminConfig() {
   auto config = LoadRestConfig({});
@@ -53,46 +48,6 @@ std::unique_ptr<RestClient> MakeClient(const RestConfig& config, RestClientOptio
   return std::move(*client);
 }
 
-// Runs the control plane's kubectl as admin; returns stdout, fails the test on a non-zero exit.
-std::string Kubectl(const std::string& args) {
-  std::string cmd = Env("DISTRAIN_KUBE_BINDIR") + "/kubectl --kubeconfig=" + Env("KUBECONFIG") +
-                    " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return "";
-  }
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  int rc = pclose(pipe);
-  EXPECT_EQ(rc, 0) << cmd << "\n" << out;
-  return out;
-}
-
-// A namespace for one test, deleted (without waiting) at the end.
-class TestNamespace {
- public:
-  explicit TestNamespace(Client& client) : client_(client) {
-    std::random_device rd;
-    name_ = "kubea-rc-" + std::to_string(rd() % 1000000);
-    nlohmann::json ns = {{"apiVersion", "v1"}, {"kind", "Namespace"},
-                         {"metadata", {{"name", name_}}}};
-    auto created = client_.Request("POST", ResourcePath(NamespacesResource()), &ns);
-    EXPECT_TRUE(created.ok() && created->ok())
-        << (created.ok() ? created->message() : std::string(created.status().message()));
-  }
-  ~TestNamespace() {
-    (void)client_.Request("DELETE", ResourcePath(NamespacesResource(), "", name_));
-  }
-  const std::string& name() const { return name_; }
-
- private:
-  Client& client_;
-  std::string name_;
-};
-
 nlohmann::json ConfigMap(const std::string& ns, const std::string& name, const std::string& value) {
   return {{"apiVersion", "v1"},
           {"kind", "ConfigMap"},
@@ -106,7 +61,7 @@ class RestClientKubeTest : public ::testing::Test {
     admin_config_ = AdminConfig();
     client_ = MakeClient(admin_config_);
     ASSERT_NE(client_, nullptr);
-    ns_ = std::make_unique<TestNamespace>(*client_);
+    ns_ = std::make_unique<TestNamespace>(*client_, "kubea-rc");
   }
   void TearDown() override { ns_.reset(); }
 

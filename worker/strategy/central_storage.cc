@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "spdlog/spdlog.h"
+#include "worker/strategy/local_replicas.h"
 #include "worker/strategy/mirrored.h"
 #include "worker/strategy/variable_state.h"
 #include "worker/tensor/cpu_math.h"
@@ -46,21 +47,11 @@ absl::Status CentralStorageStrategy::Init(const ClusterSpec& cluster, const JobC
   }
   const TrainingConfig& t = config.training;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  num_replicas_ =
-      t.local_replicas > 0 ? t.local_replicas : DefaultLocalReplicas(hardware, t.global_batch_size);
-  if (t.global_batch_size % num_replicas_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.globalBatchSize: ", t.global_batch_size, " is not divisible by the ",
-        num_replicas_, " local replicas (spec.training.localReplicas); use a multiple of ",
-        num_replicas_));
-  }
+  auto replicas = ResolveLocalReplicas(t, hardware);
+  if (!replicas.ok()) return replicas.status();
+  num_replicas_ = *replicas;
   // The replicas share the cores; see MirroredStrategy for why this is safe.
-  const int cores = std::max(1, std::min(hardware, cpu::BlasThreads()));
-  const int blas = std::max(1, cores / num_replicas_);
-  if (blas != cpu::BlasThreads()) {
-    previous_blas_threads_ = cpu::BlasThreads();
-    cpu::SetBlasThreads(blas);
-  }
+  const int blas = ShareBlasThreads(num_replicas_, hardware, &previous_blas_threads_);
   spdlog::info("CentralStorage: {} local replica(s) as threads{}, variables and optimizer on the "
                "host, {} BLAS thread(s) each",
                num_replicas_, t.local_replicas > 0 ? "" : " (localReplicas 0: one per core)", blas);
@@ -161,14 +152,7 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     barrier_->Wait();
     CopyHostToReplica(r);  // 4.
   });
-  StepOutput out;
-  for (const LossResult& r : results) {
-    out.loss += r.loss;
-    out.correct += r.correct;
-  }
-  out.loss /= n;  // equal slices: the mean of the replicas' means is the batch mean
-  out.examples = examples;
-  return out;
+  return CombineReplicaResults(results, examples);
 }
 
 absl::StatusOr<CheckpointState> CentralStorageStrategy::SaveState(int64_t step) {

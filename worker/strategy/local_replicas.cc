@@ -1,9 +1,13 @@
 #include "worker/strategy/local_replicas.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "worker/strategy/mirrored.h"
 #include "worker/strategy/variable_state.h"
+#include "worker/tensor/cpu_math.h"
 
 namespace distrain {
 
@@ -77,13 +81,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
     }
   }
   if (first_error != nullptr) return *first_error;
-  StepOutput out;
-  for (const LossResult& r : results) {
-    out.loss += r.loss;
-    out.correct += r.correct;
-  }
-  out.loss /= n;  // equal slices: the mean of the replicas' means is the batch mean
-  out.examples = examples;
+  StepOutput out = CombineReplicaResults(results, examples);
   out.stop_requested = stop_votes_[0] > 0;  // the mean of 0/1 votes, identical on every replica
   return out;
 }
@@ -110,6 +108,41 @@ absl::Status LocalReplicas::CopyReplicaZeroToOthers() {
     }
   }
   return absl::OkStatus();
+}
+
+StepOutput CombineReplicaResults(const std::vector<LossResult>& results, int64_t examples) {
+  StepOutput out;
+  for (const LossResult& r : results) {
+    out.loss += r.loss;
+    out.correct += r.correct;
+  }
+  // Equal slices: the mean of the replicas' means is the batch mean.
+  out.loss /= static_cast<int>(results.size());
+  out.examples = examples;
+  return out;
+}
+
+absl::StatusOr<int> ResolveLocalReplicas(const TrainingConfig& training, int hardware_threads) {
+  const int replicas = training.local_replicas > 0
+                           ? training.local_replicas
+                           : DefaultLocalReplicas(hardware_threads, training.global_batch_size);
+  if (training.global_batch_size % replicas != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.globalBatchSize: ", training.global_batch_size,
+        " is not divisible by the ", replicas,
+        " local replicas (spec.training.localReplicas); use a multiple of ", replicas));
+  }
+  return replicas;
+}
+
+int ShareBlasThreads(int replicas, int hardware_threads, int* previous) {
+  const int cores = std::max(1, std::min(hardware_threads, cpu::BlasThreads()));
+  const int blas = std::max(1, cores / replicas);
+  if (blas != cpu::BlasThreads()) {
+    *previous = cpu::BlasThreads();
+    cpu::SetBlasThreads(blas);
+  }
+  return blas;
 }
 
 }  // namespace distrain

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/job_config.h"
 #include "worker/collective/collective.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
@@ -82,6 +83,23 @@ class LocalReplicas {
   std::vector<std::unique_ptr<OverlappedGradientReducer>> reducers_;
   std::unique_ptr<ReplicaRunner> runner_;
 };
+
+// One step's output from the replicas' results on equal slices of a batch of
+// `examples`: the mean loss and the total correct.
+StepOutput CombineReplicaResults(const std::vector<LossResult>& results, int64_t examples);
+
+// The number of local replicas of a single-process strategy (Mirrored,
+// CentralStorage): spec.training.localReplicas, or with 0 DefaultLocalReplicas
+// (mirrored.h) for `hardware_threads`. InvalidArgument, naming both fields,
+// when it does not divide globalBatchSize (each replica takes an equal slice).
+absl::StatusOr<int> ResolveLocalReplicas(const TrainingConfig& training, int hardware_threads);
+
+// Gives each of `replicas` replica threads an equal share (at least one) of
+// the cores for its BLAS calls, so that concurrent replicas do not
+// oversubscribe them. Returns the share. When it changes the BLAS thread
+// count, *previous receives the count it replaced (for the strategy to
+// restore when it is destroyed); otherwise *previous is left as it was.
+int ShareBlasThreads(int replicas, int hardware_threads, int* previous);
 
 }  // namespace distrain
 

@@ -31,24 +31,14 @@ absl::Status MirroredStrategy::Init(const ClusterSpec& cluster, const JobConfig&
   }
   const TrainingConfig& t = config.training;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  num_replicas_ =
-      t.local_replicas > 0 ? t.local_replicas : DefaultLocalReplicas(hardware, t.global_batch_size);
-  if (t.global_batch_size % num_replicas_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.globalBatchSize: ", t.global_batch_size, " is not divisible by the ",
-        num_replicas_, " local replicas (spec.training.localReplicas); use a multiple of ",
-        num_replicas_));
-  }
+  auto replicas = ResolveLocalReplicas(t, hardware);
+  if (!replicas.ok()) return replicas.status();
+  num_replicas_ = *replicas;
   bytes_per_pack_ = t.communication.bytes_per_pack;
   collective_options_.timeout = absl::Seconds(t.communication.timeout_seconds);
   collective_options_.tag = "gradients";
 
-  const int cores = std::max(1, std::min(hardware, cpu::BlasThreads()));
-  const int blas = std::max(1, cores / num_replicas_);
-  if (blas != cpu::BlasThreads()) {
-    previous_blas_threads_ = cpu::BlasThreads();
-    cpu::SetBlasThreads(blas);
-  }
+  const int blas = ShareBlasThreads(num_replicas_, hardware, &previous_blas_threads_);
   spdlog::info("Mirrored: {} local replica(s) as threads{}, {} BLAS thread(s) each", num_replicas_,
                t.local_replicas > 0 ? "" : " (localReplicas 0: one per core)", blas);
   return absl::OkStatus();
