@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <regex>
+#include <thread>
 
 #include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
@@ -61,8 +63,27 @@ TEST(EvaluatorTest, EvaluatesTheCheckpointsOfATrainingProcessAndExitsZeroOnTheFi
                     TfConfig(worker, evaluator, "worker"), "--checkpoint-dir", dir + "/ckpt"},
                    {{"OPENBLAS_NUM_THREADS", "1"}});
 
+  // The evaluator exits once it has evaluated the final checkpoint, and a fast
+  // machine trains 200 steps in a blink: pause training at its first
+  // checkpoint so the evaluator is still up to be scraped.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool paused = false;
+  while (!paused && std::chrono::steady_clock::now() < deadline) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir + "/ckpt", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("ckpt-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".dtc") {
+        train.Signal(SIGSTOP);
+        paused = true;
+        break;
+      }
+    }
+    if (!paused) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(paused) << train.output();
   ASSERT_TRUE(eval.WaitForOutput("evaluator: checkpoint step", 60)) << eval.output();
   const std::string metrics = testing::HttpGet(ports[2], "/metrics");
+  train.Signal(SIGCONT);
   std::smatch step;
   ASSERT_TRUE(std::regex_search(metrics, step,
                                 std::regex(R"(\ndistrain_eval_checkpoint_step ([0-9.e+]+))")))

@@ -81,6 +81,16 @@ class TestNamespace {
     auto created = client_.Request("POST", kube::ResourcePath(kube::NamespacesResource()), &ns);
     EXPECT_TRUE(created.ok() && created->ok())
         << (created.ok() ? created->message() : std::string(created.status().message()));
+    // Pods cannot be created before the controller manager has made the
+    // namespace's default ServiceAccount (slow right after an API-server
+    // restart); wait for it so tests do not race it.
+    const std::string sa = kube::ResourcePath({"", "v1", "serviceaccounts", true}, name_, "default");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto r = client_.Request("GET", sa);
+      if (r.ok() && r->ok()) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   ~TestNamespace() { (void)client_.Request("DELETE", kube::ResourcePath(kube::NamespacesResource(), "", name_)); }
   const std::string& name() const { return name_; }
