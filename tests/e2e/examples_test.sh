@@ -160,8 +160,10 @@ run_kill() {
     dump "$job"
     return
   fi
-  k describe dtj "$job" | grep -Eq "Restarting .*$job-worker-1" ||
-    fail "$job: 'kubectl describe dtj' shows no Restarting event for $job-worker-1"
+  # The event names the first failed pod the operator saw: worker-1, or a
+  # peer that exited 170 (peer lost) a moment earlier.
+  k describe dtj "$job" | grep -Eq "Restarting .*$job-(worker|chief)-[0-9]" ||
+    fail "$job: 'kubectl describe dtj' shows no Restarting event naming a pod of $job"
   echo "ok: $job Succeeded after the kill; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
 }
 
