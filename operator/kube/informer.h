@@ -26,7 +26,8 @@
 // object JSON, with indexes: AddIndex(name, fn) maps an object to the values
 // it is filed under; ByIndex(name, value) returns the objects filed there.
 // AddLabelIndex(label) is the common case (value = that label's value).
-// LIST items are completed with the list's apiVersion and kind so cached
+// Cached objects lack metadata.managedFields (nobody reads it; it is often
+// the bulk of an object). LIST items are completed with the list's apiVersion and kind so cached
 // objects look the same whichever way they arrived.
 //
 // Handlers run on the informer's thread, one at a time, in event order, after
