@@ -1,3 +1,4 @@
+#include "tests/unit/worker/strategy/local_step_util.h"
 #include "worker/strategy/mirrored.h"
 
 #include <gtest/gtest.h>
@@ -82,37 +83,11 @@ std::unique_ptr<Strategy> Make(const JobConfig& config) {
   return s;
 }
 
-// One step the way the Trainer runs it: replica r takes rows
-// [r * b / n, (r + 1) * b / n) of the batch.
 absl::StatusOr<StepOutput> Step(Strategy& s, const Tensor& features,
                                 const std::vector<int32_t>& labels) {
-  const int n = s.num_local_replicas();
-  const int64_t b = features.dim(0);
-  std::vector<Tensor> f(n);
-  std::vector<std::vector<int32_t>> l(n);
-  StepFn fn = [&](ReplicaContext& ctx) {
-    const int r = ctx.local_replica;
-    const int64_t per = b / n;
-    f[r].Resize({per, kFeatures});
-    std::memcpy(f[r].data(), features.data() + r * per * kFeatures,
-                per * kFeatures * sizeof(float));
-    l[r].assign(labels.begin() + r * per, labels.begin() + (r + 1) * per);
-    return ctx.model->TrainStep(f[r], l[r], ctx.on_layer_grads_ready);
-  };
-  return s.Run(fn, b);
+  return testing::LocalReplicaStep(s, features, labels);
 }
-
-float MaxAbsDiff(Model& a, Model& b) {
-  float worst = 0;
-  auto pa = a.parameters();
-  auto pb = b.parameters();
-  for (size_t i = 0; i < pa.size(); ++i) {
-    for (int64_t j = 0; j < pa[i]->value.size(); ++j) {
-      worst = std::max(worst, std::fabs(pa[i]->value[j] - pb[i]->value[j]));
-    }
-  }
-  return worst;
-}
+float MaxAbsDiff(Model& a, Model& b) { return testing::MaxAbsParameterDiff(a, b); }
 
 // Adam is nearly invariant to the gradients' scale, so momentum SGD is also
 // run: it would expose a SUM where a MEAN belongs.
