@@ -1188,6 +1188,35 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
       break;
   }
 
+  // The job's name prefixes its replicas' pod and Service names,
+  // <job>-<type>-<index>, and a Service name is a DNS-1035 label: a letter
+  // first, at most 63 characters. Caught here, not when the first Service is
+  // refused mid-creation. (The CRD's CEL rules say the same.)
+  if (IsDnsLabel(config.name)) {
+    if (config.name.front() < 'a' || config.name.front() > 'z') {
+      issues.Add("metadata.name",
+                 absl::StrCat("must start with a letter: it prefixes the job's Service names "
+                              "(<job>-<type>-<index>), which are DNS-1035 labels; got \"",
+                              config.name, "\""));
+    }
+    for (const auto& [type, spec] : config.replicas) {
+      int count = spec.replicas;
+      if (type == ReplicaType::kWorker && config.elastic_policy)
+        count = std::max(count, config.elastic_policy->max_replicas);
+      if (count < 1) continue;
+      const std::string longest =
+          absl::StrCat(config.name, "-", ReplicaTaskType(type), "-", count - 1);
+      if (longest.size() > 63) {
+        issues.Add("metadata.name",
+                   absl::StrCat("too long for its replicas' pod and Service names: \"", longest,
+                                "\" has ", longest.size(),
+                                " characters (at most 63); shorten the name to at most ",
+                                63 - (longest.size() - config.name.size()), " characters"));
+        break;
+      }
+    }
+  }
+
   if (config.elastic_policy) {
     const ElasticPolicy& elastic = *config.elastic_policy;
     Check(ElasticBoundRule(), Json(elastic.min_replicas), "spec.elasticPolicy.minReplicas",

@@ -1120,5 +1120,43 @@ TEST(ExamplesTest, EveryExampleParsesAndValidates) {
     EXPECT_TRUE(seen.count(stem)) << "missing examples/" << stem << ".yaml";
 }
 
+// The job's name prefixes <job>-<type>-<index>, a Service name (DNS-1035,
+// at most 63 characters): how long a name may be depends on the replica
+// counts, the elastic maximum included.
+TEST(ValidateJobConfigNameTest, LongestReplicaNameMustFitADnsLabel) {
+  const std::string name54 = "mnist-" + std::string(48, 'x');
+  auto doc = [&](const std::string& name, const std::string& spec) {
+    return absl::StrCat("apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\n",
+                        "metadata: {name: ", name, "}\nspec:\n", spec);
+  };
+  auto validate = [](const std::string& yaml) {
+    absl::StatusOr<JobConfig> config = ParseJobYaml(yaml);
+    if (!config.ok()) return config.status();
+    return ValidateJobConfig(*config);
+  };
+  const std::string mwm10 =
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs: {Worker: {replicas: 10}}\n"
+      "  training: {globalBatchSize: 100}\n";
+  EXPECT_TRUE(validate(doc(name54, mwm10)).ok())
+      << "the longest name has exactly 63 characters: " << validate(doc(name54, mwm10));
+  absl::Status too_many = validate(doc(
+      name54, "  strategy: MultiWorkerMirrored\n  replicaSpecs: {Worker: {replicas: 100}}\n"
+               "  training: {globalBatchSize: 100}\n"));
+  EXPECT_THAT(std::string(too_many.message()),
+              HasSubstr(absl::StrCat("metadata.name: too long for its replicas' pod and Service "
+                                     "names: \"",
+                                     name54, "-worker-99\" has 64 characters (at most 63); "
+                                     "shorten the name to at most 53 characters")));
+  absl::Status elastic = validate(doc(
+      name54, mwm10 + "  elasticPolicy: {minReplicas: 1, maxReplicas: 100}\n"));
+  EXPECT_THAT(std::string(elastic.message()), HasSubstr("-worker-99\" has 64 characters"))
+      << "scaling up to maxReplicas would create that name";
+  absl::Status evaluator = validate(doc(
+      name54, "  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}, Evaluator: {}}\n"));
+  EXPECT_THAT(std::string(evaluator.message()), HasSubstr("-evaluator-0\" has 66 characters"));
+  EXPECT_THAT(std::string(validate(doc("3d-unet", "  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n")).message()),
+              HasSubstr("metadata.name: must start with a letter"));
+}
+
 }  // namespace
 }  // namespace distrain
