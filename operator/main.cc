@@ -18,6 +18,7 @@
 #include "common/exit_codes.h"
 #include "common/logging.h"
 #include "operator/manager.h"
+#include "operator/self_check.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -85,6 +86,21 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("--version", version, "print the version and exit");
+  // `check`: the Helm test hook's probe of an installed operator (self_check.h).
+  SelfCheckOptions check_options;
+  std::string check_wait = "30s";
+  bool check_standby_ok = false;
+  CLI::App* check = app.add_subcommand(
+      "check", "check a running operator from outside: /readyz answers 200, /metrics reports "
+               "leader_election_master_status 1, the API server serves the CRD; exit 0 when all pass, 1 otherwise");
+  check->add_option("--readyz-url", check_options.readyz_url, "URL of the operator's /readyz (\"\": skip)");
+  check->add_option("--metrics-url", check_options.metrics_url, "URL of the operator's /metrics (\"\": skip)");
+  check->add_flag("--no-leader-election", check_standby_ok,
+                  "the operator runs without --leader-elect: do not require leader_election_master_status");
+  check->add_option("--crd", check_options.crd,
+                    "plural.group/version whose serving to check through the API server, e.g. "
+                    "distributedtrainingjobs.distrain.io/v1alpha1 (\"\": skip)");
+  check->add_option("--wait", check_wait, "retry each check this long before failing");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -92,6 +108,22 @@ int main(int argc, char** argv) {
   }
   if (version) {
     std::cout << "distrain-operator " << DISTRAIN_VERSION << "\n";
+    return kExitOk;
+  }
+  if (*check) {
+    InitLogging("warn");
+    if (!absl::ParseDuration(check_wait, &check_options.wait) || check_options.wait < absl::ZeroDuration()) {
+      std::cerr << "check --wait: must be a duration such as 30s, got \"" << check_wait << "\"\n";
+      return kExitUsage;
+    }
+    check_options.require_leader = !check_standby_ok;
+    check_options.kubeconfig = options.kubeconfig;
+    absl::Status s = RunSelfCheck(check_options, [](const std::string& line) { std::cout << line << std::endl; });
+    if (!s.ok()) {
+      std::cout << "FAIL: " << s.message() << std::endl;
+      return 1;
+    }
+    std::cout << "the operator works" << std::endl;
     return kExitOk;
   }
   InitLogging(log_level);

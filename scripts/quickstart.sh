@@ -6,33 +6,44 @@
 # With --kube, the whole user path on this machine instead: starts the
 # developer control plane (scripts/control-plane.sh up; reused when running),
 # applies the CRDs, starts the test node agent (tests/e2e/node_agent.cc: runs
-# pods as local processes; needs root for /etc/hosts) and the operator (a local
-# process with the admin kubeconfig), then `kubectl apply`s the job, follows it
-# to Succeeded or Failed and prints the result and the chief's last log lines.
-# The agent and operator stop at exit; the control plane keeps running
-# (scripts/control-plane.sh down stops it).
-#   scripts/quickstart.sh --kube [job.yaml]
+# pods as local processes; needs root for /etc/hosts and pod volumes), installs
+# the Helm chart charts/distrain (release "distrain" in namespace
+# distrain-quickstart; the operator then runs as the chart's pod, in-cluster,
+# under the chart's ServiceAccount and RBAC), then `kubectl apply`s the job,
+# follows it to Succeeded or Failed and prints the result and the chief's last
+# log lines. At exit the chart is uninstalled and the agent stops; the control
+# plane keeps running (scripts/control-plane.sh down stops it).
+#   scripts/quickstart.sh --kube [--no-build] [job.yaml]
+# --no-build skips setup and build (distrain already built in
+# ${DISTRAIN_BUILD_DIR:-build}); the e2e test e2e.quickstart_kube uses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-kube=0
-if [ "${1:-}" = --kube ]; then
-  kube=1
+kube=0 build=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kube) kube=1 ;;
+    --no-build) build=0 ;;
+    *) break ;;
+  esac
   shift
+done
+if [ $build = 1 ]; then
+  scripts/setup.sh --no-peers
+  scripts/build.sh
 fi
-scripts/setup.sh --no-peers
-scripts/build.sh
 BUILD="$(cd "${DISTRAIN_BUILD_DIR:-build}" && pwd)"
 JOB_FILE="${1:-examples/onedevice.yaml}"
 if [ $kube = 0 ]; then
   exec "$BUILD/cli/distrain" run "$JOB_FILE"
 fi
 
-[ "$(id -u)" = 0 ] || { echo "quickstart --kube: the test node agent needs root (it manages /etc/hosts); run with sudo" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "quickstart --kube: the test node agent needs root (it manages /etc/hosts and mounts pod volumes); run with sudo" >&2; exit 1; }
 ROOT="$PWD"
 scripts/control-plane.sh status >/dev/null 2>&1 || scripts/control-plane.sh up >/dev/null
 export KUBECONFIG
 KUBECONFIG="$(scripts/control-plane.sh kubeconfig)"
 KUBECTL="$(scripts/control-plane.sh bindir)/kubectl"
+HELM="$(scripts/control-plane.sh helmbin)"
 "$KUBECTL" apply --server-side --force-conflicts -f crds/ >/dev/null
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/distributedtrainingjobs.distrain.io >/dev/null
 
@@ -40,18 +51,29 @@ KUBECTL="$(scripts/control-plane.sh bindir)/kubectl"
 . tests/e2e/e2e_lib.sh
 STATE=/tmp/distrain-quickstart
 NS=distrain-quickstart
+REL=distrain
 JOB="$(awk '/^metadata:/ { m = 1; next } m && /^  name:/ { print $2; exit }' "$JOB_FILE")"
 cleanup() {
   "$KUBECTL" -n "$NS" delete dtj "$JOB" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+  "$HELM" uninstall "$REL" -n "$NS" --wait >/dev/null 2>&1 || true
   e2e_stop
 }
 trap cleanup EXIT
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 "$KUBECTL" -n "$NS" delete dtj "$JOB" --ignore-not-found --wait=true >/dev/null
+"$HELM" uninstall "$REL" -n "$NS" --wait >/dev/null 2>&1 || true  # what an interrupted run left
 rm -rf "$STATE"
 e2e_start_node "$STATE" "$NS"
-e2e_start_operator "$STATE/operator.log" "$NS"
-echo "node agent and operator running (logs in $STATE); applying $JOB_FILE to namespace $NS"
+# The operator as a user installs it: the chart's Deployment (image mapped by
+# the agent to build/operator/distrain-operator). It watches this namespace
+# only and binds its ports to its pod address (pods share the host's network
+# here; see e2e_helm_install).
+e2e_helm_install "$REL" "$NS" >"$STATE/helm-install.log" 2>&1 ||
+  { cat "$STATE/helm-install.log" >&2; echo "quickstart --kube: helm install failed" >&2; exit 1; }
+leader="$(e2e_wait_leader "$REL-operator" "$NS" 60)" ||
+  { echo "quickstart --kube: no operator pod took the lease within 60 s; logs in $STATE/logs" >&2; exit 1; }
+echo "helm release $REL installed in $NS; operator pod $leader leads (node agent and pod logs in $STATE)"
+echo "applying $JOB_FILE to namespace $NS"
 "$KUBECTL" -n "$NS" apply -f "$JOB_FILE"
 
 # Follow: print the job's row whenever it changes, until Succeeded or Failed.

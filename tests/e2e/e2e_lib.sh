@@ -4,13 +4,21 @@
 # exported; it defines functions only.
 #
 #   e2e_start_node STATE_DIR [NAMESPACE]   the node agent (needs root: /etc/hosts);
-#                                          pids under STATE_DIR/pids, logs under STATE_DIR/logs
+#                                          pids under STATE_DIR/pids, logs under STATE_DIR/logs;
+#                                          more agent flags in the array E2E_NODE_ARGS
 #   e2e_start_operator LOG [NAMESPACE]     the operator as a local process (admin kubeconfig)
 #   e2e_stop                               stops what the two started (their pids only)
 #   e2e_example FILE STEPS                 prints FILE with its training shortened to STEPS
 #                                          steps and at most 8000 examples (for speed)
+#   e2e_helm_install REL NS [ARGS...]      helm-installs charts/distrain as a user would, the
+#                                          operator then running as a pod on the test node
+#                                          (HELM: the helm binary); ARGS go to helm install
+#   e2e_wait_leader LEASE NS SECONDS       waits until a pod holds the operator's Lease (the
+#                                          chart names it <fullname>-operator); prints the
+#                                          pod's name (holder identity <hostname>_<uuid>)
 
 E2E_PIDS=()
+E2E_NODE_ARGS=()
 
 e2e_start_node() {
   local state="$1" ns="${2:-}"
@@ -19,6 +27,7 @@ e2e_start_node() {
     --image-map "localhost/distrain/worker=$BUILD/worker/distrain-worker"
     --image-map "localhost/distrain/operator=$BUILD/operator/distrain-operator")
   [ -n "$ns" ] && args+=(--namespace "$ns")
+  args+=("${E2E_NODE_ARGS[@]}")
   "$BUILD/tests/e2e/distrain-test-node" "${args[@]}" >"$state/agent.log" 2>&1 &
   E2E_PIDS+=($!)
   E2E_NODE_PID=$!
@@ -52,4 +61,29 @@ e2e_stop() {
 e2e_example() {
   sed -E -e "s/^(    steps:) [0-9]+/\1 $2/" -e 's/^(      numExamples:) [0-9]+/\1 8000/' \
     -e 's/^(      numEvalExamples:) [0-9]+/\1 2000/' "$1"
+}
+
+# The operator binds its servers to its pod address (operator.listenOnPodIP):
+# on the test node every pod shares the host's network namespace, so two
+# replicas listening on :8080 would collide. It watches NS only, so it leaves
+# other tests' jobs on a shared control plane alone.
+e2e_helm_install() {
+  local rel="$1" ns="$2"
+  shift 2
+  "$HELM" install "$rel" "$ROOT/charts/distrain" -n "$ns" --set operator.listenOnPodIP=true \
+    --set "operator.watchNamespaces={$ns}" "$@"
+}
+
+e2e_wait_leader() {
+  local lease="$1" ns="$2" secs="$3" holder="" i
+  for i in $(seq 1 $((secs * 5))); do
+    holder="$("$KUBECTL" -n "$ns" get lease "$lease" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)"
+    holder="${holder%%_*}"
+    if [ -n "$holder" ] && "$KUBECTL" -n "$ns" get pod "$holder" >/dev/null 2>&1; then
+      echo "$holder"
+      return 0
+    fi
+    sleep 0.2
+  done
+  return 1
 }

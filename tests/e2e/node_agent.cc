@@ -9,14 +9,49 @@
 //   3. runs each bound pod's main container (named "distrain", else the
 //      first) as a local process: the image is mapped to a locally built
 //      binary (--image-map REPO=PATH, matched on the repository without tag),
-//      with the pod's command/args and env (fieldRef downward-API fields,
-//      configMapKeyRef and secretKeyRef resolved through the API);
+//      with the pod's command/args and env as a kubelet builds them
+//      (kubelet_env.h): envFrom then env in order, fieldRef downward-API
+//      fields, configMapKeyRef and secretKeyRef (Secret data base64-decoded)
+//      read through the API, `$(VAR)` in values expanded against the entries
+//      before it and the service env, `$$` an escaped `$`, unknown references
+//      left as written, and command/args expanded against the final env. A
+//      ConfigMap or Secret that is not there yet (and not optional) leaves the
+//      pod Pending (CreateContainerConfigError) and is retried every second;
+//   3a. in-cluster API access: the service env is KUBERNETES_SERVICE_HOST /
+//      _PORT = the API server of the agent's kubeconfig (127.0.0.1:<port>),
+//      not a ClusterIP: the dev control plane runs no kube-proxy, so the
+//      `kubernetes` Service's ClusterIP leads nowhere;
+//   3b. volumes the main container mounts are written under
+//      <state-dir>/pods/<ns>_<pod>/volumes/<volume>: emptyDir, hostPath,
+//      configMap, secret, and projected (serviceAccountToken from the
+//      TokenRequest API for the pod's ServiceAccount, bound to the pod, with
+//      the requested audience and expiry; configMap items such as
+//      kube-root-ca.crt, which kube-controller-manager's root-ca-cert-publisher
+//      publishes (scripts/control-plane.sh passes --root-ca-file); secret;
+//      downwardAPI fieldRefs). Tokens are re-requested after 80% of their
+//      lifetime (kubelet's rule; --token-refresh-seconds for tests) and
+//      replaced atomically. The process runs in a mount namespace of its own
+//      (unshare(CLONE_NEWNS), / made MS_PRIVATE|MS_REC) where each volume is
+//      bind-mounted at its mountPath (read-only for configMap, secret and
+//      projected volumes, and where readOnly is set), so only it sees them;
+//      the mount point directories are created on the host (empty). It also
+//      gets a UTS namespace whose hostname is the pod's (spec.hostname, else
+//      its name). Setting these up needs root (CAP_SYS_ADMIN); a failure
+//      fails the pod with CreateContainerError and a message naming the step;
+//   3c. readinessProbe httpGet (HTTP) and tcpSocket run against the pod's
+//      address every periodSeconds with the thresholds of the spec; the pod's
+//      Ready condition follows (no probe: Ready once running). Liveness and
+//      startup probes are not run; neither is runAsUser applied (pods run as
+//      the agent's user, root);
 //   4. gives every pod an address of its own, 127.0.<a>.<b> (all of 127/8 is
 //      loopback), as status.podIP — the distrain worker binds its servers to
 //      $POD_IP, so every pod can listen on port 2222;
 //   5. makes names resolve: a managed block in the hosts file maps each pod's
 //      <hostname>.<subdomain>.<ns>.svc[.cluster.local] and each headless
-//      Service's <service>.<ns>.svc[.cluster.local] to the pod's address;
+//      Service's <service>.<ns>.svc[.cluster.local] to the pod's address,
+//      and each ClusterIP Service with a selector to the address of the
+//      first (by name) ready pod it selects — there is no proxy, so a client
+//      reaches it only where the Service's port equals the container's;
 //   6. reports status like a kubelet: Running with a running container state,
 //      then Succeeded (exit 0) or Failed with the terminated state's exit code
 //      and reason; restartPolicy OnFailure/Always restart the process in
@@ -35,17 +70,23 @@
 // process id to <state-dir>/pids/<namespace>_<pod>.pid, so tests can read a
 // chief's log or kill -9 one replica.
 //
+// A new pod's log starts empty; a restart in place appends to it.
+//
 // Threads: informer threads only enqueue pod keys; one sync thread owns the
 // process table, forks the pods and does the pod API writes; one reaper thread
-// waits for children; one heartbeat thread; cpprestsdk's listener threads serve
-// logs (reading files and the process table). Shared state is guarded by mu_;
-// hosts_mu_ serialises rewrites of the hosts file.
+// waits for children; one heartbeat thread; one housekeeping thread refreshes
+// tokens and runs readiness probes (a readiness change is written by the sync
+// thread); cpprestsdk's listener threads serve logs (reading files and the
+// process table). Shared state is guarded by mu_; hosts_mu_ serialises
+// rewrites of the hosts file.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <signal.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +94,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -64,6 +106,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -75,6 +118,7 @@
 #include "operator/kube/paths.h"
 #include "operator/kube/rest_client.h"
 #include "spdlog/spdlog.h"
+#include "tests/e2e/kubelet_env.h"
 // Last, and U undefined after: cpprestsdk defines a macro U that breaks fmt.
 #include "cpprest/http_listener.h"
 #include "cpprest/producerconsumerstream.h"
@@ -126,6 +170,7 @@ struct Options {
   std::string namespace_name;  // "": pods of every namespace
   int kubelet_port = 0;        // 0: a free port
   int first_address = 256;     // 127.0.1.0
+  int token_refresh_seconds = 0;  // 0: refresh a token after 80% of its lifetime (kubelet's rule)
 };
 
 // A loopback TCP port that was free a moment ago.
@@ -162,17 +207,46 @@ std::string TailLines(const std::string& text, int64_t n) {
 
 class NodeAgent {
  public:
-  NodeAgent(Options options, std::unique_ptr<kube::RestClient> client)
-      : options_(std::move(options)), client_(std::move(client)) {}
+  NodeAgent(Options options, std::unique_ptr<kube::RestClient> client, const std::string& server)
+      : options_(std::move(options)), client_(std::move(client)) {
+    std::tie(api_host_, api_port_) = ServerHostPort(server);
+  }
 
   absl::Status Run(std::stop_token stop);
 
  private:
+  // A volume directory (or file, for a subPath) bound at a path the process sees.
+  struct Mount {
+    std::string source, target;
+    bool read_only = false;
+  };
+  // A projected serviceAccountToken file, re-requested before it expires.
+  struct Token {
+    std::string file, service_account, audience;
+    int64_t expiration_seconds = 3600;
+    int mode = 0644;
+    absl::Time refresh_at = absl::InfiniteFuture();
+  };
+  // A readinessProbe (httpGet or tcpSocket) and its running tally.
+  struct Probe {
+    bool http = true;
+    std::string path = "/";
+    int port = 0;
+    absl::Duration period = absl::Seconds(10), timeout = absl::Seconds(1);
+    int success_threshold = 1, failure_threshold = 3;
+    absl::Time next = absl::InfinitePast();
+    int successes = 0, failures = 0;
+  };
   struct Proc {
     pid_t pid = -1;
-    std::string ns, name, uid, container, ip;
+    std::string ns, name, uid, container, ip, service_account, hostname;
     std::vector<std::string> argv;
     std::map<std::string, std::string> env;
+    std::vector<Mount> mounts;
+    std::vector<Token> tokens;
+    std::optional<Probe> readiness;
+    bool ready = true;  // false until a readinessProbe succeeds
+    bool report_readiness = false;  // `ready` changed; the sync thread reports it
     std::string restart_policy;
     int restarts = 0;
     std::string started_at;
@@ -194,8 +268,16 @@ class NodeAgent {
   absl::Status Start(const Json& pod);
   absl::StatusOr<std::map<std::string, std::string>> ResolveEnv(const Json& pod, const Json& container,
                                                                 const std::string& ip);
+  absl::StatusOr<std::optional<std::map<std::string, std::string>>> GetData(const std::string& ns, bool secret,
+                                                                            const std::string& name);
   absl::StatusOr<std::string> MapImage(const std::string& image, const std::string& command0);
-  pid_t Spawn(Proc& p);
+  absl::StatusOr<pid_t> Spawn(Proc& p);
+  absl::StatusOr<std::string> FieldRef(const Json& pod, const std::string& path, const std::string& ip);
+  absl::Status MaterializeVolumes(const Json& pod, const Json& container, Proc& p);
+  absl::Status RequestToken(const std::string& ns, const std::string& pod, const std::string& uid, Token& token);
+  void Housekeeping(std::stop_token stop);
+  bool RunProbe(const std::string& ip, const Probe& probe);
+  void FailPod(const std::string& key, Proc failed, const std::string& reason, const std::string& message);
   void ReportRunning(const Proc& p);
   void ReportTerminated(const Proc& p, int exit_code);
   void PatchStatus(const std::string& ns, const std::string& name, const Json& status);
@@ -208,6 +290,7 @@ class NodeAgent {
   std::unique_ptr<kube::Informer> pods_, services_;
 
   int kubelet_port_ = 0;
+  std::string api_host_, api_port_;  // the API server, for pods' in-cluster config
   std::unique_ptr<web::http::experimental::listener::http_listener> kubelet_;
   std::stop_source follow_stop_;  // ends `kubectl logs -f` streams at shutdown
 
@@ -218,6 +301,8 @@ class NodeAgent {
   std::map<std::string, Proc> procs_;      // pod key -> process
   std::map<pid_t, std::string> by_pid_;
   int next_address_ = 0;
+  std::map<std::string, std::string> reserved_ip_;  // pod key -> address, while the pod waits to start
+  std::map<std::string, absl::Time> retry_at_;      // pod key -> when to try starting it again
   std::string last_hosts_;
 };
 
@@ -399,62 +484,357 @@ absl::StatusOr<std::string> NodeAgent::MapImage(const std::string& image, const 
                                           it->second));
 }
 
+// One key of a ConfigMap or Secret, decoded (Secret data is base64 on the API;
+// a kubelet hands the container the bytes). nullopt when the object or the key
+// is missing.
+absl::StatusOr<std::optional<std::map<std::string, std::string>>> NodeAgent::GetData(const std::string& ns,
+                                                                                     bool secret,
+                                                                                     const std::string& name) {
+  auto r = client_->Request("GET", kube::ResourcePath({"", "v1", secret ? "secrets" : "configmaps", true}, ns, name));
+  if (!r.ok()) return r.status();
+  if (r->not_found()) return std::optional<std::map<std::string, std::string>>();
+  if (!r->ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("reading ", secret ? "secret " : "configmap ", ns, "/", name, ": ", r->message()));
+  }
+  std::map<std::string, std::string> data;
+  const Json fields = r->body.value("data", Json::object());
+  for (const auto& [k, v] : fields.items()) {
+    if (!v.is_string()) continue;
+    if (!secret) {
+      data[k] = v.get<std::string>();
+      continue;
+    }
+    std::string decoded;
+    if (!absl::Base64Unescape(v.get<std::string>(), &decoded)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("secret ", ns, "/", name, ": data.", k, " is not valid base64"));
+    }
+    data[k] = std::move(decoded);
+  }
+  if (!secret) {  // binaryData is base64 on a ConfigMap too
+    const Json binary = r->body.value("binaryData", Json::object());
+    for (const auto& [k, v] : binary.items()) {
+      std::string decoded;
+      if (v.is_string() && absl::Base64Unescape(v.get<std::string>(), &decoded)) data[k] = std::move(decoded);
+    }
+  }
+  return std::optional<std::map<std::string, std::string>>(std::move(data));
+}
+
+// A downward-API field of `pod` (env fieldRef and downwardAPI volume items).
+absl::StatusOr<std::string> NodeAgent::FieldRef(const Json& pod, const std::string& path, const std::string& ip) {
+  if (path == "status.podIP" || path == "status.podIPs") return ip;
+  if (path == "status.hostIP" || path == "status.hostIPs") return std::string("127.0.0.1");
+  if (path == "spec.nodeName") return options_.node_name;
+  if (path == "spec.serviceAccountName") return Str(pod, "/spec/serviceAccountName", "default");
+  if (path == "metadata.name") return Str(pod, "/metadata/name");
+  if (path == "metadata.namespace") return Str(pod, "/metadata/namespace");
+  if (path == "metadata.uid") return Str(pod, "/metadata/uid");
+  if (path == "metadata.labels" || path == "metadata.annotations") {  // volumes only: k="v" lines, sorted
+    std::string out;
+    const Json fields = pod["metadata"].value(path.substr(9), Json::object());
+    for (const auto& [k, v] : fields.items()) {
+      out += absl::StrCat(k, "=", Json(v.is_string() ? v.get<std::string>() : v.dump()).dump(), "\n");
+    }
+    return out;
+  }
+  if (absl::StartsWith(path, "metadata.labels['") || absl::StartsWith(path, "metadata.annotations['")) {
+    const bool labels = absl::StartsWith(path, "metadata.labels");
+    const size_t open = path.find("['") + 2, close = path.rfind("']");
+    if (close == std::string::npos || close < open) return absl::InvalidArgumentError(absl::StrCat("fieldPath ", path, " is malformed"));
+    const std::string k = path.substr(open, close - open);
+    const Json& m = pod["metadata"].value(labels ? "labels" : "annotations", Json::object());
+    return m.contains(k) && m[k].is_string() ? m[k].get<std::string>() : std::string();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("fieldPath ", path, " is not supported by the test node"));
+}
+
 absl::StatusOr<std::map<std::string, std::string>> NodeAgent::ResolveEnv(const Json& pod, const Json& container,
                                                                          const std::string& ip) {
-  std::map<std::string, std::string> env;
-  env["HOSTNAME"] = Str(pod, "/spec/hostname", Str(pod, "/metadata/name"));
-  if (!container.contains("env")) return env;
-  for (const Json& e : container["env"]) {
+  const std::string ns = Str(pod, "/metadata/namespace");
+  std::vector<EnvEntry> entries;
+  // envFrom first (kubelet's order), then env; later names replace earlier ones.
+  for (const Json& from : container.value("envFrom", Json::array())) {
+    const bool secret = from.contains("secretRef");
+    const Json& ref = secret ? from["secretRef"] : from.value("configMapRef", Json::object());
+    const std::string ref_name = ref.value("name", "");
+    auto data = GetData(ns, secret, ref_name);
+    if (!data.ok()) return data.status();
+    if (!data->has_value()) {
+      if (ref.value("optional", false)) continue;
+      return absl::FailedPreconditionError(absl::StrCat("envFrom: ", secret ? "secret " : "configmap ", ns, "/", ref_name,
+                                              " not found"));
+    }
+    const std::string prefix = from.value("prefix", "");
+    for (const auto& [k, v] : **data) entries.push_back({prefix + k, v, false});
+  }
+  for (const Json& e : container.value("env", Json::array())) {
     const std::string name = e.value("name", "");
-    if (e.contains("value")) {
-      env[name] = e["value"].get<std::string>();
+    if (e.contains("value") && e["value"].is_string()) {
+      entries.push_back({name, e["value"].get<std::string>(), true});
       continue;
     }
     if (!e.contains("valueFrom")) {
-      env[name] = "";
+      entries.push_back({name, "", true});
       continue;
     }
     const Json& from = e["valueFrom"];
     if (from.contains("fieldRef")) {
-      const std::string path = from["fieldRef"].value("fieldPath", "");
-      if (path == "status.podIP" || path == "status.podIPs") env[name] = ip;
-      else if (path == "status.hostIP" || path == "status.hostIPs") env[name] = "127.0.0.1";
-      else if (path == "spec.nodeName") env[name] = options_.node_name;
-      else if (path == "spec.serviceAccountName") env[name] = Str(pod, "/spec/serviceAccountName", "default");
-      else if (path == "metadata.name") env[name] = Str(pod, "/metadata/name");
-      else if (path == "metadata.namespace") env[name] = Str(pod, "/metadata/namespace");
-      else if (path == "metadata.uid") env[name] = Str(pod, "/metadata/uid");
-      else if (absl::StartsWith(path, "metadata.labels['") || absl::StartsWith(path, "metadata.annotations['")) {
-        const bool labels = absl::StartsWith(path, "metadata.labels");
-        const size_t open = path.find("['") + 2, close = path.rfind("']");
-        const std::string k = path.substr(open, close - open);
-        const Json& m = pod["metadata"].value(labels ? "labels" : "annotations", Json::object());
-        env[name] = m.contains(k) ? m[k].get<std::string>() : "";
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat("env ", name, ": fieldPath ", path, " is not supported"));
-      }
+      auto value = FieldRef(pod, from["fieldRef"].value("fieldPath", ""), ip);
+      if (!value.ok()) return absl::InvalidArgumentError(absl::StrCat("env ", name, ": ", value.status().message()));
+      entries.push_back({name, *value, false});
     } else if (from.contains("configMapKeyRef") || from.contains("secretKeyRef")) {
       const bool secret = from.contains("secretKeyRef");
       const Json& ref = secret ? from["secretKeyRef"] : from["configMapKeyRef"];
-      auto r = client_->Request("GET", kube::ResourcePath({"", "v1", secret ? "secrets" : "configmaps", true},
-                                                          Str(pod, "/metadata/namespace"), ref.value("name", "")));
-      if (!r.ok() || !r->ok()) {
-        if (ref.value("optional", false)) continue;
-        return absl::NotFoundError(absl::StrCat("env ", name, ": ", secret ? "secret " : "configmap ",
-                                                ref.value("name", ""), " not found"));
+      const std::string ref_name = ref.value("name", ""), key = ref.value("key", "");
+      auto data = GetData(ns, secret, ref_name);
+      if (!data.ok()) return data.status();
+      const bool found = data->has_value() && (*data)->count(key) > 0;
+      if (!found) {
+        if (ref.value("optional", false)) continue;  // kubelet leaves the variable unset
+        // Retried, as a kubelet does (CreateContainerConfigError): the
+        // object may be created right after the pod.
+        return absl::FailedPreconditionError(absl::StrCat("env ", name, ": ", secret ? "secret " : "configmap ", ns, "/",
+                                                ref_name, data->has_value() ? absl::StrCat(" has no key ", key)
+                                                                            : std::string(" not found")));
       }
-      const std::string key = ref.value("key", "");
-      const Json& data = r->body.value("data", Json::object());
-      if (!data.contains(key)) return absl::NotFoundError(absl::StrCat("env ", name, ": key ", key, " missing"));
-      env[name] = data[key].get<std::string>();  // secrets: base64, as a kubelet would NOT leave it; tests use configmaps
+      entries.push_back({name, (*data)->at(key), false});
     } else {
       return absl::InvalidArgumentError(absl::StrCat("env ", name, ": this valueFrom is not supported"));
     }
   }
-  return env;
+  // The service env a kubelet adds (only the API server's: there are no
+  // Service links here). Host and port are the API server's real ones, not a
+  // ClusterIP: the dev control plane runs no kube-proxy, so a ClusterIP would
+  // lead nowhere; 127.0.0.1 is reachable from every pod process on this node.
+  std::map<std::string, std::string> service_env = {{"HOSTNAME", Str(pod, "/spec/hostname", Str(pod, "/metadata/name"))}};
+  if (!api_host_.empty()) {
+    service_env["KUBERNETES_SERVICE_HOST"] = api_host_;
+    service_env["KUBERNETES_SERVICE_PORT"] = api_port_;
+    service_env["KUBERNETES_SERVICE_PORT_HTTPS"] = api_port_;
+    service_env["KUBERNETES_PORT"] = absl::StrCat("tcp://", api_host_, ":", api_port_);
+  }
+  return BuildContainerEnv(entries, service_env);
 }
 
-pid_t NodeAgent::Spawn(Proc& p) {
+namespace {
+
+// Writes `content` to dir/rel with `mode`, atomically (temp file + rename), so
+// a process reading a refreshed token never sees half of it. `rel` comes from
+// the pod spec: it must stay inside `dir`.
+absl::Status WriteVolumeFile(const fs::path& dir, const std::string& rel, const std::string& content, int mode) {
+  const fs::path relative = fs::path(rel).lexically_normal();
+  if (rel.empty() || relative.is_absolute() || *relative.begin() == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("volume item path \"", rel, "\" must be relative and stay inside the volume"));
+  }
+  const fs::path target = dir / relative;
+  std::error_code ec;
+  fs::create_directories(target.parent_path(), ec);
+  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << content;
+    if (!out.flush()) return absl::InternalError(absl::StrCat("writing ", tmp.string(), " failed"));
+  }
+  fs::permissions(tmp, static_cast<fs::perms>(mode & 0777), ec);
+  fs::rename(tmp, target, ec);
+  if (ec) return absl::InternalError(absl::StrCat("renaming ", tmp.string(), " to ", target.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// The keys of a ConfigMap or Secret as files: every key, or only `items`
+// ([{key, path, mode}]) when given.
+absl::Status ProjectKeys(const fs::path& dir, const std::map<std::string, std::string>& data, const Json& items,
+                         int default_mode, const std::string& what) {
+  if (!items.is_array() || items.empty()) {
+    for (const auto& [k, v] : data) {
+      if (absl::Status st = WriteVolumeFile(dir, k, v, default_mode); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+  for (const Json& item : items) {
+    const std::string key = item.value("key", "");
+    auto it = data.find(key);
+    if (it == data.end()) return absl::FailedPreconditionError(absl::StrCat(what, " has no key ", key));
+    if (absl::Status st = WriteVolumeFile(dir, item.value("path", key), it->second, item.value("mode", default_mode));
+        !st.ok()) {
+      return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// POST .../serviceaccounts/<sa>/token (the TokenRequest API), bound to the pod
+// as a kubelet binds it, then writes the token file and when to refresh it:
+// after 80% of its lifetime (kubelet's rule), or --token-refresh-seconds.
+absl::Status NodeAgent::RequestToken(const std::string& ns, const std::string& pod, const std::string& uid,
+                                     Token& token) {
+  Json request = {{"apiVersion", "authentication.k8s.io/v1"},
+                  {"kind", "TokenRequest"},
+                  {"spec",
+                   {{"expirationSeconds", token.expiration_seconds},
+                    {"boundObjectRef", {{"apiVersion", "v1"}, {"kind", "Pod"}, {"name", pod}, {"uid", uid}}}}}};
+  if (!token.audience.empty()) request["spec"]["audiences"] = Json::array({token.audience});
+  auto r = client_->Request(
+      "POST", kube::ResourcePath({"", "v1", "serviceaccounts", true}, ns, token.service_account, "token"), &request);
+  if (!r.ok()) return r.status();
+  if (!r->ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("TokenRequest for serviceaccount ", ns, "/",
+                                                      token.service_account, ": ", r->message()));
+  }
+  const std::string jwt = Str(r->body, "/status/token");
+  if (jwt.empty()) return absl::InternalError("TokenRequest answered without status.token");
+  if (absl::Status st = WriteVolumeFile(fs::path(token.file).parent_path(), fs::path(token.file).filename().string(),
+                                        jwt, token.mode);
+      !st.ok()) {
+    return st;
+  }
+  const absl::Duration lifetime = options_.token_refresh_seconds > 0
+                                      ? absl::Seconds(options_.token_refresh_seconds)
+                                      : absl::Seconds(token.expiration_seconds * 8 / 10);
+  token.refresh_at = absl::Now() + lifetime;
+  return absl::OkStatus();
+}
+
+// Writes every volume the main container mounts under the pod's state
+// directory and records where each is mounted. Missing ConfigMaps, Secrets or
+// keys (not optional) are kFailedPrecondition: the pod waits, as on a kubelet.
+absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& container, Proc& p) {
+  const fs::path root = fs::path(options_.state_dir) / "pods" / (p.ns + "_" + p.name) / "volumes";
+  std::error_code ec;
+  fs::remove_all(root, ec);  // a replaced pod of the same name starts clean
+  std::map<std::string, const Json*> volumes;
+  const Json pod_volumes = pod["spec"].value("volumes", Json::array());
+  for (const Json& v : pod_volumes) volumes[v.value("name", "")] = &v;
+  std::map<std::string, std::pair<fs::path, bool>> made;  // volume -> (dir, always read-only)
+  for (const Json& vm : container.value("volumeMounts", Json::array())) {
+    const std::string name = vm.value("name", ""), mount_path = vm.value("mountPath", "");
+    auto vit = volumes.find(name);
+    if (vit == volumes.end()) return absl::InvalidArgumentError(absl::StrCat("volumeMount ", name, ": no such volume"));
+    if (!made.count(name)) {
+      const Json& v = *vit->second;
+      const fs::path dir = root / name;
+      fs::create_directories(dir, ec);
+      bool read_only = true;  // configMap, secret and projected volumes are read-only on a kubelet
+      const std::string what = absl::StrCat("volume ", name);
+      if (v.contains("emptyDir")) {
+        read_only = false;
+      } else if (v.contains("hostPath")) {
+        read_only = false;
+        const std::string path = v["hostPath"].value("path", "");
+        const std::string type = v["hostPath"].value("type", "");
+        if (type == "DirectoryOrCreate") fs::create_directories(path, ec);
+        if (!fs::exists(path)) return absl::FailedPreconditionError(absl::StrCat(what, ": hostPath ", path, " does not exist"));
+        made[name] = {fs::path(path), false};
+        continue;
+      } else if (v.contains("configMap") || v.contains("secret")) {
+        const bool secret = v.contains("secret");
+        const Json& src = secret ? v["secret"] : v["configMap"];
+        const std::string obj = src.value(secret ? "secretName" : "name", "");
+        auto data = GetData(p.ns, secret, obj);
+        if (!data.ok()) return data.status();
+        if (!data->has_value()) {
+          if (!src.value("optional", false)) {
+            return absl::FailedPreconditionError(absl::StrCat(what, ": ", secret ? "secret " : "configmap ", p.ns, "/", obj, " not found"));
+          }
+        } else if (absl::Status st = ProjectKeys(dir, **data, src.value("items", Json::array()), src.value("defaultMode", 0644),
+                                                 absl::StrCat(what, ": ", obj));
+                   !st.ok()) {
+          return st;
+        }
+      } else if (v.contains("projected")) {
+        const int default_mode = v["projected"].value("defaultMode", 0644);
+        for (const Json& source : v["projected"].value("sources", Json::array())) {
+          if (source.contains("serviceAccountToken")) {
+            const Json& t = source["serviceAccountToken"];
+            Token token;
+            token.file = (dir / fs::path(t.value("path", "token")).lexically_normal()).string();
+            token.service_account = p.service_account;
+            token.audience = t.value("audience", "");
+            token.expiration_seconds = t.value("expirationSeconds", int64_t{3600});
+            token.mode = default_mode;
+            if (absl::Status st = RequestToken(p.ns, p.name, p.uid, token); !st.ok()) {
+              return absl::Status(st.code(), absl::StrCat(what, ": ", st.message()));
+            }
+            p.tokens.push_back(token);
+          } else if (source.contains("configMap") || source.contains("secret")) {
+            const bool secret = source.contains("secret");
+            const Json& src = secret ? source["secret"] : source["configMap"];
+            const std::string obj = src.value("name", "");
+            auto data = GetData(p.ns, secret, obj);
+            if (!data.ok()) return data.status();
+            if (!data->has_value()) {
+              if (src.value("optional", false)) continue;
+              return absl::FailedPreconditionError(absl::StrCat(what, ": ", secret ? "secret " : "configmap ", p.ns, "/",
+                                                                obj, " not found"));
+            }
+            if (absl::Status st = ProjectKeys(dir, **data, src.value("items", Json::array()), default_mode,
+                                              absl::StrCat(what, ": ", obj));
+                !st.ok()) {
+              return st;
+            }
+          } else if (source.contains("downwardAPI")) {
+            for (const Json& item : source["downwardAPI"].value("items", Json::array())) {
+              if (!item.contains("fieldRef")) {
+                return absl::InvalidArgumentError(absl::StrCat(what, ": only fieldRef downwardAPI items are supported"));
+              }
+              auto value = FieldRef(pod, item["fieldRef"].value("fieldPath", ""), p.ip);
+              if (!value.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", value.status().message()));
+              if (absl::Status st = WriteVolumeFile(dir, item.value("path", ""), *value, item.value("mode", default_mode));
+                  !st.ok()) {
+                return st;
+              }
+            }
+          } else {
+            return absl::InvalidArgumentError(absl::StrCat(what, ": a projected source other than serviceAccountToken, "
+                                                           "configMap, secret or downwardAPI is not supported by the test node"));
+          }
+        }
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": only emptyDir, hostPath, configMap, secret and projected "
+                                                       "volumes are supported by the test node"));
+      }
+      made[name] = {dir, read_only};
+    }
+    const auto& [dir, always_ro] = made[name];
+    fs::path source = dir;
+    if (const std::string sub = vm.value("subPath", ""); !sub.empty()) {
+      const fs::path rel = fs::path(sub).lexically_normal();
+      if (rel.is_absolute() || *rel.begin() == "..") {
+        return absl::InvalidArgumentError(absl::StrCat("volumeMount ", name, ": subPath ", sub, " must stay inside the volume"));
+      }
+      source = dir / rel;
+      if (!fs::exists(source)) fs::create_directories(source, ec);
+    }
+    if (mount_path.empty() || mount_path.front() != '/') {
+      return absl::InvalidArgumentError(absl::StrCat("volumeMount ", name, ": mountPath must be absolute"));
+    }
+    // The mount point must exist for a bind mount. It is made on the host's
+    // filesystem (mount namespaces separate mounts, not directories); an empty
+    // directory such as /var/run/secrets/kubernetes.io/serviceaccount is left.
+    if (fs::is_directory(source)) {
+      fs::create_directories(mount_path, ec);
+    } else {
+      fs::create_directories(fs::path(mount_path).parent_path(), ec);
+      if (!fs::exists(mount_path)) std::ofstream(mount_path).flush();
+    }
+    if (!fs::exists(mount_path)) {
+      return absl::InternalError(absl::StrCat("volumeMount ", name, ": cannot create the mount point ", mount_path));
+    }
+    p.mounts.push_back({source.string(), mount_path, always_ro || vm.value("readOnly", false)});
+  }
+  return absl::OkStatus();
+}
+
+// Forks and execs p.argv. With mounts, the child first enters a mount
+// namespace of its own (unshare(CLONE_NEWNS), / made private so nothing leaks
+// back to the host) and bind-mounts each volume at its mountPath, so only this
+// process sees them. A failure there comes back through a close-on-exec pipe
+// as an error naming the step; an exec that fails exits 127.
+absl::StatusOr<pid_t> NodeAgent::Spawn(Proc& p) {
   fs::create_directories(fs::path(options_.state_dir) / "logs");
   fs::create_directories(fs::path(options_.state_dir) / "pids");
   const fs::path workdir = fs::path(options_.state_dir) / "pods" / (p.ns + "_" + p.name);
@@ -474,10 +854,46 @@ pid_t NodeAgent::Spawn(Proc& p) {
   for (std::string& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string dir = workdir.string();
+  const std::vector<Mount> mounts = p.mounts;
+  const std::string hostname = p.hostname.substr(0, 63);
+  struct ChildError {
+    int step = 0;  // 1 unshare, 2 make / private, 3 bind mount, 4 remount read-only, 5 sethostname
+    int err = 0;
+    int index = 0;  // which mount
+  };
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
   pid_t pid = fork();
+  if (pid < 0) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+  }
   if (pid == 0) {
+    close(pipe_fds[0]);
+    auto fail = [&](int step, int index) {
+      ChildError e{step, errno, index};
+      (void)!write(pipe_fds[1], &e, sizeof(e));
+      _exit(126);
+    };
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // an agent that dies takes its pods with it
+    // A UTS namespace too: the process's hostname is the pod's, as in a
+    // container (leader election names its identity after it).
+    if (unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0) fail(1, 0);
+    if (sethostname(hostname.data(), hostname.size()) != 0) fail(5, 0);
+    if (!mounts.empty()) {
+      if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(2, 0);
+      for (size_t i = 0; i < mounts.size(); ++i) {
+        if (mount(mounts[i].source.c_str(), mounts[i].target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+          fail(3, static_cast<int>(i));
+        }
+        if (mounts[i].read_only &&
+            mount(nullptr, mounts[i].target.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr) != 0) {
+          fail(4, static_cast<int>(i));
+        }
+      }
+    }
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -493,6 +909,30 @@ pid_t NodeAgent::Spawn(Proc& p) {
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
+  close(pipe_fds[1]);
+  ChildError e;
+  ssize_t n;
+  do {
+    n = read(pipe_fds[0], &e, sizeof(e));
+  } while (n < 0 && errno == EINTR);
+  close(pipe_fds[0]);
+  if (n == static_cast<ssize_t>(sizeof(e))) {
+    // The reaper collects the child; it is not in by_pid_, so nothing reports it.
+    const Mount* m = e.index < static_cast<int>(mounts.size()) ? &mounts[e.index] : nullptr;
+    switch (e.step) {
+      case 1:
+        return absl::PermissionDeniedError(absl::StrCat(
+            "unshare(CLONE_NEWNS | CLONE_NEWUTS) failed: ", strerror(e.err),
+            " — the test node needs root (CAP_SYS_ADMIN) to give a pod its own mount and UTS namespaces"));
+      case 5:
+        return absl::PermissionDeniedError(absl::StrCat("sethostname(", hostname, "): ", strerror(e.err)));
+      case 2:
+        return absl::PermissionDeniedError(absl::StrCat("making / private in the pod's mount namespace: ", strerror(e.err)));
+      default:
+        return absl::InternalError(absl::StrCat(e.step == 3 ? "bind-mounting " : "remounting read-only ",
+                                                m ? m->source : "?", " at ", m ? m->target : "?", ": ", strerror(e.err)));
+    }
+  }
   std::ofstream(fs::path(options_.state_dir) / "pids" / (p.ns + "_" + p.name + ".pid")) << pid << "\n";
   return pid;
 }
@@ -504,29 +944,70 @@ absl::Status NodeAgent::Start(const Json& pod) {
   p.ns = Str(pod, "/metadata/namespace");
   p.name = Str(pod, "/metadata/name");
   p.uid = Str(pod, "/metadata/uid");
+  p.service_account = Str(pod, "/spec/serviceAccountName", "default");
+  p.hostname = Str(pod, "/spec/hostname", p.name);
   p.container = container->value("name", "main");
   p.restart_policy = Str(pod, "/spec/restartPolicy", "Always");
   std::vector<std::string> command = container->value("command", std::vector<std::string>{});
   auto binary = MapImage(container->value("image", ""), command.empty() ? "" : command[0]);
   if (!binary.ok()) return binary.status();
   p.argv.push_back(*binary);
-  for (size_t i = 1; i < command.size(); ++i) p.argv.push_back(command[i]);
-  for (const std::string& a : container->value("args", std::vector<std::string>{})) p.argv.push_back(a);
+  const std::string key = kube::ObjectKey(p.ns, p.name);
   {
+    // A pod that waits (a ConfigMap not there yet) keeps its address.
     std::lock_guard<std::mutex> lock(mu_);
-    p.ip = AllocateAddress();
+    auto& ip = reserved_ip_[key];
+    if (ip.empty()) ip = AllocateAddress();
+    p.ip = ip;
   }
   auto env = ResolveEnv(pod, *container, p.ip);
   if (!env.ok()) return env.status();
   p.env = std::move(*env);
+  // command and args are expanded against the container's final env (kubelet's
+  // ExpandContainerCommandAndArgs).
+  for (size_t i = 1; i < command.size(); ++i) p.argv.push_back(ExpandKubeVars(command[i], {&p.env}));
+  for (const std::string& a : container->value("args", std::vector<std::string>{})) {
+    p.argv.push_back(ExpandKubeVars(a, {&p.env}));
+  }
   p.env["POD_IP"] = p.env.count("POD_IP") ? p.env["POD_IP"] : p.ip;
+  if (absl::Status st = MaterializeVolumes(pod, *container, p); !st.ok()) return st;
+  if (container->contains("readinessProbe")) {
+    const Json& rp = (*container)["readinessProbe"];
+    Probe probe;
+    const Json* action = rp.contains("httpGet") ? &rp["httpGet"] : rp.contains("tcpSocket") ? &rp["tcpSocket"] : nullptr;
+    if (action != nullptr && action->value("scheme", "HTTP") == "HTTP") {
+      probe.http = rp.contains("httpGet");
+      probe.path = action->value("path", "/");
+      const Json& port = action->value("port", Json());
+      if (port.is_number_integer()) probe.port = port.get<int>();
+      for (const Json& cp : container->value("ports", Json::array())) {  // a named port
+        if (port.is_string() && cp.value("name", "") == port.get<std::string>()) probe.port = cp.value("containerPort", 0);
+      }
+      probe.period = absl::Seconds(rp.value("periodSeconds", 10));
+      probe.timeout = absl::Seconds(rp.value("timeoutSeconds", 1));
+      probe.success_threshold = rp.value("successThreshold", 1);
+      probe.failure_threshold = rp.value("failureThreshold", 3);
+      probe.next = absl::Now() + absl::Seconds(rp.value("initialDelaySeconds", 0));
+      if (probe.port > 0) {
+        p.readiness = probe;
+        p.ready = false;
+      }
+    }
+    if (!p.readiness) spdlog::warn("{}: readinessProbe not supported by the test node (exec/https); treated as ready", key);
+  }
   p.started_at = Now();
-  const std::string key = kube::ObjectKey(p.ns, p.name);
+  // A new pod (not a restart in place) starts a new log, as on a kubelet: a
+  // pod recreated under the same name does not show its predecessor's lines.
+  fs::create_directories(fs::path(options_.state_dir) / "logs");
+  std::ofstream(fs::path(options_.state_dir) / "logs" / (p.ns + "_" + p.name + ".log"), std::ios::trunc).flush();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    p.pid = Spawn(p);
+    auto pid = Spawn(p);
+    if (!pid.ok()) return pid.status();
+    p.pid = *pid;
     by_pid_[p.pid] = key;
     procs_[key] = p;
+    reserved_ip_.erase(key);
   }
   spdlog::info("started {} as pid {} on {}: {}", key, p.pid, p.ip, absl::StrJoin(p.argv, " "));
   WriteHosts();
@@ -555,12 +1036,12 @@ void NodeAgent::ReportRunning(const Proc& p) {
       {"conditions",
        {{{"type", "PodScheduled"}, {"status", "True"}, {"lastTransitionTime", now}},
         {{"type", "Initialized"}, {"status", "True"}, {"lastTransitionTime", now}},
-        {{"type", "ContainersReady"}, {"status", "True"}, {"lastTransitionTime", now}},
-        {{"type", "Ready"}, {"status", "True"}, {"lastTransitionTime", now}}}},
+        {{"type", "ContainersReady"}, {"status", p.ready ? "True" : "False"}, {"lastTransitionTime", now}},
+        {{"type", "Ready"}, {"status", p.ready ? "True" : "False"}, {"lastTransitionTime", now}}}},
       {"containerStatuses",
-       {{{"name", p.container}, {"ready", true}, {"started", true}, {"restartCount", p.restarts},
+       {{{"name", p.container}, {"ready", p.ready}, {"started", true}, {"restartCount", p.restarts},
          {"image", "local"}, {"imageID", "local://" + p.argv[0]}, {"containerID", absl::StrCat("process://", p.pid)},
-         {"state", {{"running", {{"startedAt", now}}}}}}}}};
+         {"state", {{"running", {{"startedAt", p.started_at}}}}}}}}};
   PatchStatus(p.ns, p.name, status);
 }
 
@@ -595,12 +1076,14 @@ void NodeAgent::WriteHosts() {
   // <ip> names, for every running pod and every headless Service selecting it.
   std::map<std::string, std::set<std::string>> names;  // ip -> names
   std::map<std::string, std::string> pod_ip;           // ns/name -> ip
+  std::set<std::string> ready;                         // ns/name of running, ready pods
   std::vector<Json> pods;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, p] : procs_) {
       if (p.exit_code && p.finished_reported) continue;
       pod_ip[key] = p.ip;
+      if (!p.exit_code && p.ready) ready.insert(key);
     }
   }
   for (const auto& [key, ip] : pod_ip) {
@@ -615,11 +1098,18 @@ void NodeAgent::WriteHosts() {
     }
     pods.push_back(std::move(*pod));
   }
+  // Headless Services name every selected pod (the operator's publish
+  // not-ready addresses). A ClusterIP Service has no proxy here (no
+  // kube-proxy): its name resolves to one ready pod it selects, the first by
+  // name, so a client reaches it on the Service's port when that equals the
+  // container port.
   for (const Json& svc : services_ ? services_->List() : std::vector<Json>{}) {
-    if (Str(svc, "/spec/clusterIP") != "None" || !svc["spec"].contains("selector")) continue;
+    if (!svc["spec"].contains("selector") || Str(svc, "/spec/type", "ClusterIP") == "ExternalName") continue;
+    const bool headless = Str(svc, "/spec/clusterIP") == "None";
     const Json& selector = svc["spec"]["selector"];
     const std::string ns = Str(svc, "/metadata/namespace");
     for (const Json& pod : pods) {
+      if (!headless && !ready.count(kube::ObjectKey(pod))) continue;
       if (Str(pod, "/metadata/namespace") != ns) continue;
       const Json& labels = pod["metadata"].value("labels", Json::object());
       bool match = !selector.empty();
@@ -630,6 +1120,7 @@ void NodeAgent::WriteHosts() {
       const std::string& ip = pod_ip[kube::ObjectKey(pod)];
       names[ip].insert(absl::StrCat(Str(svc, "/metadata/name"), ".", ns, ".svc"));
       names[ip].insert(absl::StrCat(Str(svc, "/metadata/name"), ".", ns, ".svc.cluster.local"));
+      if (!headless) break;
     }
   }
   std::string block = "# BEGIN distrain-test-node (managed; removed when the agent stops)\n";
@@ -654,6 +1145,10 @@ void NodeAgent::Sync(const std::string& key) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = procs_.find(key);
   Proc* proc = it == procs_.end() ? nullptr : &it->second;
+  if (!pod || pod->at("metadata").contains("deletionTimestamp")) {
+    retry_at_.erase(key);
+    reserved_ip_.erase(key);
+  }
   if (!pod || (proc != nullptr && Str(*pod, "/metadata/uid") != proc->uid)) {
     // Deleted (or replaced under the same name): kill what runs.
     if (proc != nullptr) {
@@ -707,6 +1202,21 @@ void NodeAgent::Sync(const std::string& key) {
   if (proc == nullptr) {
     lock.unlock();
     if (absl::Status s = Start(*pod); !s.ok()) {
+      if (s.code() == absl::StatusCode::kFailedPrecondition) {
+        // What the pod needs is not there yet: it waits and is retried, as on
+        // a kubelet (CreateContainerConfigError / ContainerCreating).
+        spdlog::warn("{} waits: {}", key, s.message());
+        PatchStatus(Str(*pod, "/metadata/namespace"), Str(*pod, "/metadata/name"),
+                    {{"phase", "Pending"},
+                     {"containerStatuses",
+                      {{{"name", MainContainer(*pod) ? MainContainer(*pod)->value("name", "main") : "main"},
+                        {"ready", false}, {"restartCount", 0}, {"image", "local"}, {"imageID", ""},
+                        {"state", {{"waiting", {{"reason", "CreateContainerConfigError"},
+                                                {"message", std::string(s.message())}}}}}}}}});
+        std::lock_guard<std::mutex> l(mu_);
+        retry_at_[key] = absl::Now() + absl::Seconds(1);
+        return;
+      }
       spdlog::error("cannot run {}: {}", key, s.message());
       Proc failed;
       failed.ns = Str(*pod, "/metadata/namespace");
@@ -725,6 +1235,15 @@ void NodeAgent::Sync(const std::string& key) {
     }
     return;
   }
+  if (!proc->exit_code && proc->report_readiness) {
+    proc->report_readiness = false;
+    Proc copy = *proc;
+    lock.unlock();
+    spdlog::info("{} is {}", key, copy.ready ? "ready" : "not ready (its readinessProbe fails)");
+    ReportRunning(copy);
+    WriteHosts();
+    return;
+  }
   if (proc->exit_code && !proc->finished_reported) {
     const int code = *proc->exit_code;
     const bool restart = proc->restart_policy == "Always" || (proc->restart_policy == "OnFailure" && code != 0);
@@ -733,7 +1252,24 @@ void NodeAgent::Sync(const std::string& key) {
       proc->restarts++;
       proc->exit_code.reset();
       proc->started_at = Now();
-      proc->pid = Spawn(*proc);
+      proc->ready = !proc->readiness;
+      if (proc->readiness) {
+        proc->readiness->successes = proc->readiness->failures = 0;
+        proc->readiness->next = absl::Now();
+      }
+      auto pid = Spawn(*proc);
+      if (!pid.ok()) {
+        proc->exit_code = 128;
+        proc->finished_reported = true;
+        Proc copy = *proc;
+        lock.unlock();
+        spdlog::error("restarting {}: {}", key, pid.status().message());
+        PatchStatus(copy.ns, copy.name,
+                    {{"phase", "Failed"}, {"reason", "CreateContainerError"}, {"message", std::string(pid.status().message())}});
+        WriteHosts();
+        return;
+      }
+      proc->pid = *pid;
       by_pid_[proc->pid] = key;
       Proc copy = *proc;
       lock.unlock();
@@ -748,6 +1284,106 @@ void NodeAgent::Sync(const std::string& key) {
     spdlog::info("{} exited with code {}", key, code);
     ReportTerminated(copy, code);
     WriteHosts();
+  }
+}
+
+// A readiness probe against the pod's own address: an HTTP GET answered 200-399
+// (httpGet) or an accepted connection (tcpSocket), within the probe's timeout.
+bool NodeAgent::RunProbe(const std::string& ip, const Probe& probe) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  timeval tv{};
+  tv.tv_sec = absl::ToInt64Seconds(probe.timeout);
+  tv.tv_usec = absl::ToInt64Microseconds(probe.timeout) % 1000000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(probe.port));
+  bool ok = inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) == 1 &&
+            connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (ok && probe.http) {
+    const std::string request =
+        absl::StrCat("GET ", probe.path, " HTTP/1.0\r\nHost: ", ip, ":", probe.port, "\r\nUser-Agent: kube-probe/distrain-test-node\r\n\r\n");
+    ok = send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
+    char buf[64] = {};
+    ssize_t n = ok ? recv(fd, buf, sizeof(buf) - 1, 0) : -1;
+    int code = 0;
+    ok = n > 12 && std::sscanf(buf, "HTTP/%*d.%*d %d", &code) == 1 && code >= 200 && code < 400;
+  }
+  close(fd);
+  return ok;
+}
+
+// Once a second: refreshes projected tokens that are due and runs readiness
+// probes; a pod whose readiness flips gets its status patched and the hosts
+// block rewritten (Services resolve to ready pods only).
+void NodeAgent::Housekeeping(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    const absl::Time now = absl::Now();
+    struct Due {
+      std::string key, ns, name, uid;
+      Token token;
+      size_t index;
+    };
+    std::vector<Due> tokens;
+    std::vector<std::pair<std::string, std::pair<std::string, Probe>>> probes;  // key -> (ip, probe)
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [key, p] : procs_) {
+        if (p.exit_code) continue;
+        for (size_t i = 0; i < p.tokens.size(); ++i) {
+          if (p.tokens[i].refresh_at <= now) tokens.push_back({key, p.ns, p.name, p.uid, p.tokens[i], i});
+        }
+        if (p.readiness && p.readiness->next <= now) {
+          p.readiness->next = now + p.readiness->period;
+          probes.push_back({key, {p.ip, *p.readiness}});
+        }
+      }
+    }
+    for (Due& d : tokens) {
+      absl::Status st = RequestToken(d.ns, d.name, d.uid, d.token);
+      if (!st.ok()) {
+        spdlog::warn("refreshing the token of {} ({}): {}", d.key, d.token.file, st.message());
+        d.token.refresh_at = absl::Now() + absl::Seconds(5);
+      } else {
+        spdlog::debug("refreshed the token of {}", d.key);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = procs_.find(d.key);
+      if (it != procs_.end() && it->second.uid == d.uid && d.index < it->second.tokens.size()) {
+        it->second.tokens[d.index].refresh_at = d.token.refresh_at;
+      }
+    }
+    for (const auto& [key, ip_probe] : probes) {
+      const bool ok = RunProbe(ip_probe.first, ip_probe.second);
+      bool changed = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = procs_.find(key);
+        if (it == procs_.end() || !it->second.readiness || it->second.exit_code) continue;
+        Proc& p = it->second;
+        Probe& pr = *p.readiness;
+        if (ok) {
+          pr.failures = 0;
+          ++pr.successes;
+          if (!p.ready && pr.successes >= pr.success_threshold) {
+            p.ready = true;
+            changed = true;
+          }
+        } else {
+          pr.successes = 0;
+          ++pr.failures;
+          if (p.ready && pr.failures >= pr.failure_threshold) {
+            p.ready = false;
+            changed = true;
+          }
+        }
+        if (changed) p.report_readiness = true;
+      }
+      if (changed) Enqueue(key);  // the sync thread writes the pod's status
+    }
+    for (int i = 0; i < 10 && !stop.stop_requested(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
@@ -789,6 +1425,15 @@ void NodeAgent::SyncLoop(std::stop_token stop) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return !dirty_.empty(); });
       batch.swap(dirty_);
+      const absl::Time now = absl::Now();
+      for (auto it = retry_at_.begin(); it != retry_at_.end();) {
+        if (it->second > now) {
+          ++it;
+          continue;
+        }
+        batch.insert(it->first);
+        it = retry_at_.erase(it);
+      }
     }
     for (const std::string& key : batch) Sync(key);
   }
@@ -819,6 +1464,7 @@ absl::Status NodeAgent::Run(std::stop_token stop) {
   std::jthread heartbeat([this](std::stop_token s) { Heartbeat(s); });
   std::jthread reaper([this](std::stop_token s) { Reaper(s); });
   std::jthread sync([this](std::stop_token s) { SyncLoop(s); });
+  std::jthread housekeeping([this](std::stop_token s) { Housekeeping(s); });
   spdlog::info("node {} ready; kubelet endpoint https://127.0.0.1:{}; state in {}", options_.node_name, kubelet_port_,
                options_.state_dir);
   while (!stop.stop_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -832,6 +1478,7 @@ absl::Status NodeAgent::Run(std::stop_token stop) {
   }
   reaper.request_stop();
   heartbeat.request_stop();
+  housekeeping.request_stop();
   follow_stop_.request_stop();
   try {
     kubelet_->close().wait();
@@ -864,6 +1511,9 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", options.state_dir, "logs, pid files and pod working directories");
   app.add_option("--hosts-file", options.hosts_file, "hosts file whose managed block resolves pod and Service names");
   app.add_option("--namespace", options.namespace_name, "run only pods of this namespace (default: every namespace)");
+  app.add_option("--token-refresh-seconds", options.token_refresh_seconds,
+                 "re-request projected ServiceAccount tokens this often (default: after 80% of their lifetime, as a "
+                 "kubelet does); tests use a few seconds to see a refresh");
   app.add_option("--kubelet-port", options.kubelet_port,
                  "port of the HTTPS log endpoint on 127.0.0.1 (default: a free port)");
   try {
@@ -895,7 +1545,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  testnode::NodeAgent agent(options, std::move(*client));
+  testnode::NodeAgent agent(options, std::move(*client), config->server);
   absl::Status s = agent.Run(testnode::g_stop.get_token());
   if (!s.ok()) {
     spdlog::error("{}", s.message());
