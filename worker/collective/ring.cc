@@ -25,8 +25,13 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x47525444;   // "DTRG"
 constexpr uint32_t kAckMagic = 0x41525444;     // "DTRA"
 constexpr uint32_t kHeaderMagic = 0x48435244;  // "DRCH"
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: all-reduce slices interleave steps
 constexpr int kMaxIov = 16;
+// Slices the all-reduce's staging ring holds. More than one, so a rank can
+// always take in the next slice while the right neighbour drains the last
+// (with one, every rank could wait for its right neighbour at once).
+constexpr int64_t kStageSlices = 4;
+constexpr int64_t kHeaderBytes = 24;
 constexpr size_t kMaxPendingConnections = 32;
 
 struct Hello {
@@ -119,9 +124,13 @@ RingCollective::RingCollective(int rank, int size, const RingOptions& options)
     names_.push_back(options.peer_names.empty() ? absl::StrCat("rank ", r)
                                                 : options.peer_names[r]);
   }
-  // Any size works: a float split across two reads waits in the scratch.
-  scratch_bytes_ = std::max<int64_t>(64, options.chunk_bytes);
-  scratch_ = std::make_unique<float[]>((scratch_bytes_ + 3) / 4);
+  // Whole floats per slice; reads may still end inside a float (they are
+  // capped at chunk_bytes, which need not be a multiple of 4).
+  slice_bytes_ = std::max<int64_t>(64, options.chunk_bytes) & ~int64_t{3};
+  stage_bytes_ = kStageSlices * slice_bytes_;
+  stage_ = std::make_unique<float[]>(stage_bytes_ / 4);
+  segment_begin_.assign(size, 0);
+  segment_bytes_.assign(size, 0);
   header_out_.Add(&out_header_, sizeof(Header));
   header_in_.Add(&in_header_, sizeof(Header));
   barrier_blocks_.assign(size, 0.0f);
@@ -460,32 +469,12 @@ absl::Status RingCollective::CheckHeader(const Header& in, const std::string& pe
   return absl::OkStatus();
 }
 
-void RingCollective::Reduce(const RecvUnit& unit, int64_t position, const float* src,
-                            int64_t count) {
-  while (count > 0) {
-    int64_t length = 0;
-    float* dst = reinterpret_cast<float*>(
-        unit.vector->Piece(position, count * static_cast<int64_t>(sizeof(float)), &length));
-    const int64_t n = length / static_cast<int64_t>(sizeof(float));
-    if (unit.mode == Mode::kReduceDivide) {
-      collective_internal::AddIntoAndDivide(dst, src, n, divisor_);
-    } else {
-      collective_internal::AddInto(dst, src, n);
-    }
-    src += n;
-    count -= n;
-    position += length;
-  }
-}
-
 absl::Status RingCollective::Transfer(absl::Time deadline) {
   const int num_send = static_cast<int>(send_units_.size());
   const int num_recv = static_cast<int>(recv_units_.size());
   int s = 0, v = 0;                       // current units
-  int64_t sent = 0, got = 0;              // bytes done in them (got: received and processed)
-  int64_t partial = 0;                    // bytes of a split float waiting in the scratch
+  int64_t sent = 0, got = 0;              // bytes done in them
   int64_t total_sent = 0, total_received = 0;
-  char* const scratch = reinterpret_cast<char*>(scratch_.get());
   const int send_fd = send_fd_.get();
   const int recv_fd = recv_fd_.get();
   iovec iov[kMaxIov];
@@ -532,28 +521,14 @@ absl::Status RingCollective::Transfer(absl::Time deadline) {
       account();
       return Fail(absl::OkStatus());
     }
-    // Receive: straight into place for copies, through the scratch for reductions.
+    // Receive straight into place.
     if (v < num_recv && recv_ready) {
       const RecvUnit& unit = recv_units_[v];
-      ssize_t n;
       int64_t requested;
-      if (unit.mode == Mode::kCopy || unit.mode == Mode::kHeader) {
-        char* p = unit.vector->Piece(unit.begin + got, unit.length - got, &requested);
-        n = recv(recv_fd, p, requested, MSG_DONTWAIT);
-        if (n > 0) got += n;
-      } else {
-        requested = std::min(unit.length - got - partial, scratch_bytes_ - partial);
-        n = recv(recv_fd, scratch + partial, requested, MSG_DONTWAIT);
-        if (n > 0) {
-          const int64_t have = partial + n;
-          const int64_t whole = have & ~int64_t{3};
-          Reduce(unit, unit.begin + got, scratch_.get(), whole / 4);
-          got += whole;
-          partial = have - whole;
-          if (partial > 0) std::memcpy(scratch, scratch + whole, partial);
-        }
-      }
+      char* p = unit.vector->Piece(unit.begin + got, unit.length - got, &requested);
+      const ssize_t n = recv(recv_fd, p, requested, MSG_DONTWAIT);
       if (n > 0) {
+        got += n;
         total_received += n;
         recv_ready = n == requested;  // a short read drained the socket
       } else if (n == 0) {
@@ -841,7 +816,6 @@ bool RingCollective::ArmReceiveTimeout(int peer, absl::Time deadline) {
 
 absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes, int from,
                                       char* in, int64_t in_bytes, absl::Time deadline) {
-  constexpr int64_t kHeaderBytes = sizeof(Header);
   const int64_t out_total = to >= 0 ? kHeaderBytes + out_bytes : 0;
   const int64_t in_total = from >= 0 ? kHeaderBytes + in_bytes : 0;
   int64_t sent = 0, got = 0;
@@ -1074,28 +1048,287 @@ void RingCollective::PlanAllGather(ByteVector* vector, int64_t block_bytes) {
 }
 
 absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
+  const int n = size_;
+  const int steps = 2 * (n - 1);
   const int64_t elements = data_.size() / static_cast<int64_t>(sizeof(float));
-  auto segment = [&](int g, int64_t* begin) {
-    const int64_t lo = elements * g / size_;
-    const int64_t hi = elements * (g + 1) / size_;
-    *begin = lo * static_cast<int64_t>(sizeof(float));
-    return (hi - lo) * static_cast<int64_t>(sizeof(float));
-  };
-  AddSend(&header_out_, 0, sizeof(Header), -1);
-  AddRecv(&header_in_, 0, sizeof(Header), Mode::kHeader);
-  int previous = -1;
-  for (int t = 0; t < 2 * (size_ - 1); ++t) {
-    int64_t begin = 0;
-    int64_t length = segment(Mod(rank_ - t, size_), &begin);
-    AddSend(&data_, begin, length, previous);
-    Mode mode = Mode::kCopy;
-    if (t < size_ - 2) mode = Mode::kReduce;
-    if (t == size_ - 2) mode = op == ReduceOp::kMean ? Mode::kReduceDivide : Mode::kReduce;
-    length = segment(Mod(rank_ - t - 1, size_), &begin);
-    previous = AddRecv(&data_, begin, length, mode);
+  const int64_t slice = slice_bytes_;
+  const int64_t stage_bytes = stage_bytes_;
+  const int64_t read_limit = std::max<int64_t>(64, options_.chunk_bytes);
+  char* const stage = reinterpret_cast<char*>(stage_.get());
+  int64_t longest = 0;
+  for (int g = 0; g < n; ++g) {
+    const int64_t lo = elements * g / n;
+    const int64_t hi = elements * (g + 1) / n;
+    segment_begin_[g] = lo * static_cast<int64_t>(sizeof(float));
+    segment_bytes_[g] = (hi - lo) * static_cast<int64_t>(sizeof(float));
+    longest = std::max(longest, segment_bytes_[g]);
   }
-  divisor_ = static_cast<float>(size_);
-  return Transfer(deadline);
+  const int64_t rounds = (longest + slice - 1) / slice;
+  // Unit (round k, step t): slice k of the segment that step t carries.
+  auto in_segment = [&](int t) { return Mod(rank_ - t - 1, n); };
+  auto out_segment = [&](int t) { return Mod(rank_ - t, n); };
+  auto unit_bytes = [&](int64_t k, int g) {
+    return std::clamp<int64_t>(segment_bytes_[g] - k * slice, 0, slice);
+  };
+  int64_t in_total = 0, out_total = 0;
+  for (int t = 0; t < steps; ++t) {
+    in_total += segment_bytes_[in_segment(t)];
+    out_total += segment_bytes_[out_segment(t)];
+  }
+
+  // A position in one of the two streams: unit (round, step), bytes into the
+  // unit, and bytes into the stream's payload.
+  struct Cursor {
+    int64_t round = 0;
+    int step = 0;
+    int64_t offset = 0;
+    int64_t position = 0;
+  };
+  // Moves `c` past finished and empty units; with `skip_last`, also past the
+  // incoming last-step units, which are consumed here and never forwarded.
+  auto settle = [&](Cursor& c, bool incoming, bool skip_last) {
+    while (c.round < rounds) {
+      const int64_t length =
+          unit_bytes(c.round, incoming ? in_segment(c.step) : out_segment(c.step));
+      const bool skip = skip_last && c.step == steps - 1;
+      if (c.offset < length && !skip) return;
+      if (skip) c.position += length - c.offset;
+      c.offset = 0;
+      if (++c.step == steps) {
+        c.step = 0;
+        ++c.round;
+      }
+    }
+  };
+  Cursor processed;  // incoming: received, reduced or copied into place
+  Cursor forwarded;  // incoming: sent on (skips the last step's units)
+  Cursor out;        // outgoing
+  settle(processed, true, false);
+  settle(forwarded, true, true);
+  settle(out, false, false);
+  int64_t received = 0;  // incoming payload bytes in the stage
+  int64_t header_in = 0, header_out = 0;
+  int64_t total_sent = 0, total_received = 0;
+  const float divisor = static_cast<float>(n);
+  const bool mean = op == ReduceOp::kMean;
+
+  // Reduces or copies the received whole floats up to `limit` (see the class
+  // comment): the stage keeps the value to forward, the caller's vector gets
+  // its own contribution read and, from the last reduction on, the result.
+  auto process = [&](int64_t limit) {
+    while (processed.round < rounds && processed.position < limit) {
+      const int t = processed.step;
+      const int g = in_segment(t);
+      const int64_t at = processed.position % stage_bytes;
+      const int64_t want = std::min({unit_bytes(processed.round, g) - processed.offset,
+                                     limit - processed.position, stage_bytes - at});
+      int64_t length = 0;
+      float* own = reinterpret_cast<float*>(
+          data_.Piece(segment_begin_[g] + processed.round * slice + processed.offset, want,
+                      &length));
+      float* staged = reinterpret_cast<float*>(stage + at);
+      const size_t count = static_cast<size_t>(length) / sizeof(float);
+      if (t < n - 1) {
+        if (t == n - 2 && mean) {
+          collective_internal::AddIntoAndDivide(staged, own, count, divisor);
+        } else {
+          collective_internal::AddInto(staged, own, count);
+        }
+      }
+      if (t >= n - 2) collective_internal::StreamCopy(own, staged, count);
+      processed.offset += length;
+      processed.position += length;
+      settle(processed, true, false);
+    }
+  };
+  // Walks the outgoing stream from (o, f) over at most `budget` bytes that
+  // can go now: step 0 from the caller's vector, later steps from the stage
+  // once processed. Records the pieces when `iov` is set (up to kMaxIov).
+  auto walk_send = [&](Cursor& o, Cursor& f, int64_t budget, iovec* iov, int* count) {
+    int64_t walked = 0;
+    while (o.round < rounds && budget > 0 && (iov == nullptr || *count < kMaxIov)) {
+      const int g = out_segment(o.step);
+      int64_t take = std::min(unit_bytes(o.round, g) - o.offset, budget);
+      char* p;
+      if (o.step == 0) {
+        p = data_.Piece(segment_begin_[g] + o.round * slice + o.offset, take, &take);
+      } else {
+        const int64_t at = f.position % stage_bytes;
+        take = std::min({take, processed.position - f.position, stage_bytes - at});
+        if (take <= 0) break;
+        p = stage + at;
+        f.offset += take;
+        f.position += take;
+        settle(f, true, true);
+      }
+      if (iov != nullptr) iov[(*count)++] = iovec{p, static_cast<size_t>(take)};
+      o.offset += take;
+      o.position += take;
+      walked += take;
+      budget -= take;
+      settle(o, false, false);
+    }
+    return walked;
+  };
+  // The stage holds incoming bytes until they are processed and, unless
+  // consumed by the last step, forwarded.
+  auto room = [&] {
+    const int64_t released = std::min(processed.position, forwarded.position);
+    return std::min({released + stage_bytes - received, in_total - received, read_limit});
+  };
+  auto account = [&] {
+    bytes_sent_.fetch_add(total_sent, std::memory_order_relaxed);
+    bytes_received_.fetch_add(total_received, std::memory_order_relaxed);
+  };
+  auto progress_text = [&] {
+    return absl::StrCat("received ", total_received, " of ", kHeaderBytes + in_total,
+                        " bytes from ", left_name_, ", sent ", total_sent, " of ",
+                        kHeaderBytes + out_total, " bytes to ", right_name_);
+  };
+  const int send_fd = send_fd_.get();
+  const int recv_fd = recv_fd_.get();
+  char* const header_in_bytes = reinterpret_cast<char*>(&in_header_);
+  char* const header_out_bytes = reinterpret_cast<char*>(&out_header_);
+  iovec iov[kMaxIov];
+  bool recv_ready = true;  // worth a syscall: optimistic at first, then as poll() says
+  bool send_ready = true;
+  auto receive_left = [&] { return header_in < kHeaderBytes || received < in_total; };
+  auto send_left = [&] { return header_out < kHeaderBytes || out.round < rounds; };
+  auto can_send = [&] {
+    return header_out < kHeaderBytes ||
+           (out.round < rounds && (out.step == 0 || processed.position > forwarded.position));
+  };
+
+  while (receive_left() || processed.round < rounds || send_left()) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      account();
+      return Fail(absl::OkStatus());
+    }
+    bool progressed = false;
+    if (receive_left() && recv_ready && (header_in < kHeaderBytes || room() > 0)) {
+      int count = 0;
+      int64_t requested = 0;
+      if (header_in < kHeaderBytes) {
+        iov[count++] =
+            iovec{header_in_bytes + header_in, static_cast<size_t>(kHeaderBytes - header_in)};
+        requested += kHeaderBytes - header_in;
+      }
+      const int64_t want = std::max<int64_t>(0, room());
+      const int64_t at = received % stage_bytes;
+      const int64_t first = std::min(want, stage_bytes - at);
+      if (first > 0) iov[count++] = iovec{stage + at, static_cast<size_t>(first)};
+      if (want > first) iov[count++] = iovec{stage, static_cast<size_t>(want - first)};
+      requested += want;
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      const ssize_t got = recvmsg(recv_fd, &msg, MSG_DONTWAIT);
+      if (got > 0) {
+        total_received += got;
+        recv_ready = got == requested;  // a short read drained the socket
+        progressed = true;
+        int64_t left = got;
+        if (header_in < kHeaderBytes) {
+          const int64_t h = std::min(left, kHeaderBytes - header_in);
+          header_in += h;
+          left -= h;
+          if (header_in == kHeaderBytes) {
+            if (absl::Status s = CheckHeader(in_header_, left_name_); !s.ok()) {
+              account();
+              return Fail(s);
+            }
+          }
+        }
+        received += left;
+        process(received & ~int64_t{3});
+      } else if (got == 0) {
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(
+            What(), ": ", left_name_, " closed the connection (", progress_text(),
+            "); that process exited or failed (possibly because of an earlier peer failure)")));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        recv_ready = false;
+      } else if (errno != EINTR) {
+        const int err = errno;
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", left_name_,
+                                                        " broke: ", std::strerror(err), " (",
+                                                        progress_text(), ")")));
+      }
+    }
+    if (send_ready && can_send()) {
+      int count = 0;
+      int64_t requested = 0;
+      if (header_out < kHeaderBytes) {
+        iov[count++] =
+            iovec{header_out_bytes + header_out, static_cast<size_t>(kHeaderBytes - header_out)};
+        requested += kHeaderBytes - header_out;
+      }
+      Cursor o = out, f = forwarded;
+      requested += walk_send(o, f, out_total, iov, &count);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = count;
+      const ssize_t sent = sendmsg(send_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent > 0) {
+        total_sent += sent;
+        send_ready = sent == requested;  // a short write filled the socket buffer
+        progressed = true;
+        int64_t left = sent;
+        if (header_out < kHeaderBytes) {
+          const int64_t h = std::min(left, kHeaderBytes - header_out);
+          header_out += h;
+          left -= h;
+        }
+        walk_send(out, forwarded, left, nullptr, nullptr);
+      } else if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        send_ready = false;
+      } else if (sent < 0 && errno != EINTR) {
+        const int err = errno;
+        account();
+        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", right_name_,
+                                                        " broke: ", std::strerror(err), " (",
+                                                        progress_text(), ")")));
+      }
+    }
+    if (progressed) continue;
+
+    pollfd fds[3];
+    int nfds = 0;
+    int recv_slot = -1, send_slot = -1;
+    if (receive_left() && (header_in < kHeaderBytes || room() > 0)) {
+      recv_slot = nfds;
+      fds[nfds++] = pollfd{recv_fd, POLLIN, 0};
+    }
+    if (can_send()) {
+      send_slot = nfds;
+      fds[nfds++] = pollfd{send_fd, POLLOUT, 0};
+    }
+    fds[nfds++] = pollfd{abort_fd_.get(), POLLIN, 0};
+    const int ready = poll(fds, nfds, tcp::PollTimeoutMs(deadline));
+    if (ready < 0 && errno != EINTR) {
+      const int err = errno;
+      account();
+      return Fail(absl::InternalError(absl::StrCat(What(), ": poll: ", std::strerror(err))));
+    }
+    if (recv_slot >= 0 && fds[recv_slot].revents != 0) recv_ready = true;
+    if (send_slot >= 0 && fds[send_slot].revents != 0) send_ready = true;
+    if (ready == 0 && absl::Now() >= deadline) {
+      account();
+      // With the stage full this rank can only go on once the right
+      // neighbour takes bytes, whatever the left one does.
+      const std::string waiting =
+          recv_slot >= 0 ? absl::StrCat("waiting for ", left_name_, " to send")
+                         : absl::StrCat("waiting for ", right_name_, " to receive");
+      return Fail(absl::DeadlineExceededError(absl::StrCat(
+          What(), " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
+          "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
+          "the ring reaches every rank through its left neighbour)")));
+    }
+  }
+  account();
+  operations_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 absl::Status RingCollective::GatherAllReduce(absl::Span<const absl::Span<float>> buffers,

@@ -255,6 +255,70 @@ TEST(RingCollectiveTest, ReductionReassemblesFloatsSplitAcrossReads) {
   CheckAllReduce(ring, 100003, ReduceOp::kMean);
 }
 
+// The bandwidth path streams each segment in slices of chunk_bytes through a
+// staging ring of four slices. Tiny slices make every boundary case happen
+// many times per operation: segments one float longer than the others (an
+// extra round in which the shorter ones send nothing), a last slice shorter
+// than the rest, sizes divisible by neither N nor the slice, and the stage
+// wrapping around.
+TEST(RingCollectiveTest, SlicedAllReduceHandlesUnequalSegmentsAndStageWrap) {
+  struct Case {
+    int ranks;
+    int64_t elements;
+    int64_t chunk_bytes;
+  };
+  for (const Case& c : {Case{2, 4097, 64}, Case{3, 193, 64}, Case{3, 20011, 100},
+                        Case{4, 10003, 1000}, Case{5, 5 * 16 * 7 + 4, 64}, Case{8, 13, 64}}) {
+    RingOptions options = Options(c.ranks);
+    options.small_allreduce_bytes = -1;
+    options.chunk_bytes = c.chunk_bytes;
+    Ring ring = MakeRing(c.ranks, options);
+    ASSERT_FALSE(HasFailure());
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+      SCOPED_TRACE(absl::StrCat("ranks ", c.ranks, ", elements ", c.elements, ", chunk_bytes ",
+                                c.chunk_bytes, op == ReduceOp::kMean ? ", mean" : ", sum"));
+      CheckAllReduce(ring, c.elements, op);
+      ASSERT_FALSE(HasFailure());
+    }
+  }
+}
+
+TEST(RingCollectiveTest, SlicesSpanSeveralBuffers) {
+  constexpr int kRanks = 4;
+  RingOptions options = Options(kRanks);
+  options.small_allreduce_bytes = -1;
+  options.chunk_bytes = 64;  // 16 floats: most slices cross a buffer boundary
+  Ring ring = MakeRing(kRanks, options);
+  ASSERT_FALSE(HasFailure());
+  const std::vector<size_t> sizes = {3, 0, 50, 1, 17, 200, 5, 33};
+  std::vector<std::vector<std::vector<float>>> data(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    int64_t i = 0;
+    for (size_t s : sizes) {
+      std::vector<float> b(s);
+      for (float& x : b) x = Value(r, i++);
+      data[r].push_back(b);
+    }
+  }
+  OnEveryRank(kRanks, [&](int r) {
+    std::vector<absl::Span<float>> spans;
+    for (auto& b : data[r]) spans.push_back(absl::MakeSpan(b));
+    absl::Status s = ring[r]->AllReduce(spans, ReduceOp::kMean, Timeout());
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    int64_t i = 0;
+    for (const auto& b : data[r]) {
+      for (float x : b) {
+        float sum = 0;
+        for (int k = 0; k < kRanks; ++k) sum += Value(k, i);
+        ASSERT_EQ(x, sum / kRanks) << "rank " << r << " i=" << i;
+        ++i;
+      }
+    }
+  }
+}
+
 TEST(RingCollectiveTest, AllReduceIsBitIdenticalOnEveryRank) {
   constexpr int kRanks = 3;
   Ring ring = MakeRing(kRanks, Options(kRanks));
