@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  distrain::KeepPsBuffersMapped();  // as the strategy's ps and worker tasks do
   if (flags.role == "ps") return distrain::RunPs(flags);
   if (flags.ps.empty()) {
     std::fprintf(stderr, "ps_throughput: --role worker needs --ps host:port\n");

@@ -27,7 +27,7 @@ max(1, cores / workers) BLAS threads each (what `distrain run` gives them);
 TensorFlow's in-process workers share `cores` intra-op threads
 (--tf-threads default lets TensorFlow pick its own).
 
-  bench/ps_training.py [--steps 200] [--warmup 20] [--batch 32,256] [--repeats 2]
+  bench/ps_training.py [--steps 200] [--warmup 20] [--batch 32,256] [--repeats 2] [--cpu]
 
 For each batch size (examples per closure; both sides use the same) prints
 both figures from the same run and their ratio; exits non-zero with the
@@ -35,12 +35,21 @@ failing side's output when a side does not run. With 256 examples a closure
 is mostly the model's arithmetic, which both sides do with the same FLOPs on
 the same cores; with 32 the per-closure cost of the parameter server
 machinery (scheduling, pull, push, apply) dominates.
+
+--cpu also measures each side's CPU time per closure (user + system, every
+process of the side together): each side runs once with --steps closures and
+once with a quarter of them, and the difference of their CPU times is divided
+by the difference of the closure counts, so start-up, tracing and warm-up
+cancel out. When the processes of both sides saturate the same cores, the
+throughput ratio tends to the inverse ratio of these figures; unlike steps/s
+they do not depend on what else runs on the machine.
 """
 import argparse
 import datetime
 import json
 import os
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -142,6 +151,26 @@ def tf_rate(args, batch):
     return json.loads(m.group(1))["steps_per_second"]
 
 
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_per_closure(rate_fn, args, batch):
+    """CPU seconds per closure of one side (see --cpu): the difference of two
+    runs' CPU (every finished child process) over their closure counts."""
+    short = argparse.Namespace(**vars(args))
+    short.steps = max(args.warmup, (args.steps // 4) // args.warmup * args.warmup)
+    if short.steps >= args.steps:
+        fail("--cpu needs --steps of at least 2 x --warmup")
+    before = children_cpu()
+    rate_fn(short, batch)
+    middle = children_cpu()
+    rate_fn(args, batch)
+    after = children_cpu()
+    return ((after - middle) - (middle - before)) / (args.steps - short.steps)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200, help="timed closures (a multiple of --warmup)")
@@ -152,6 +181,8 @@ def main():
                     help="budget: TensorFlow's workers share as many threads as this machine has "
                          "cores, like distrain's; default: TensorFlow's own choice")
     ap.add_argument("--timeout", type=float, default=900, help="one side's run (s)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also measure each side's CPU time per closure (two more runs per side)")
     args = ap.parse_args()
     if args.warmup < 1 or args.steps < 1 or args.steps % args.warmup:
         fail("--steps must be a positive multiple of --warmup")
@@ -160,6 +191,7 @@ def main():
     started = time.time()
     load = os.getloadavg()[0]
     results = {}
+    cpu = {}
     for batch in batches:
         d_rates, t_rates = [], []
         for i in range(args.repeats):
@@ -168,6 +200,10 @@ def main():
             t_rates.append(tf_rate(args, batch))
             print(f"  batch {batch}, round {i + 1}: tf       {t_rates[-1]:7.2f} steps/s", flush=True)
         results[batch] = (max(d_rates), max(t_rates))
+        if args.cpu:
+            cpu[batch] = (cpu_per_closure(distrain_rate, args, batch), cpu_per_closure(tf_rate, args, batch))
+            print(f"  batch {batch}: CPU per closure distrain {cpu[batch][0] * 1000:.1f} ms, "
+                  f"tf {cpu[batch][1] * 1000:.1f} ms", flush=True)
     print()
     print(f"ParameterServer, {WORKERS} workers + {PS} ps + coordinator on 127.0.0.1; MLP 784-1024-1024-10, "
           f"Adam, float32; {os.cpu_count()} cores shared by all processes; {args.steps} timed closures "
@@ -179,6 +215,11 @@ def main():
         print(f"{batch:>6} | {d:16.2f} {d * batch:10.0f} | {t:10.2f} {t * batch:10.0f} | {d / t:10.2f}x")
     print("ratios distrain/tf: " + ", ".join(f"batch {b} {results[b][0] / results[b][1]:.2f}x"
                                              for b in batches))
+    if cpu:
+        print(f"{'batch':>6} | {'distrain CPU ms/closure':>23} | {'tf CPU ms/closure':>17} | {'tf/distrain':>11}")
+        for batch in batches:
+            d, t = cpu[batch]
+            print(f"{batch:>6} | {d * 1000:23.1f} | {t * 1000:17.1f} | {t / d:10.2f}x")
     print(f"wall time {time.time() - started:.0f} s; load {load:.2f} at start, {os.getloadavg()[0]:.2f} at end")
 
 

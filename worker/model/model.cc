@@ -72,9 +72,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
 }
 
 LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> labels,
-                            const std::function<void(int layer_index)>& on_layer_grads_ready) {
+                            const std::function<void(int layer_index)>& on_layer_grads_ready,
+                            const std::function<void(int layer_index)>& before_layer_forward) {
   const Tensor* x = &features;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    if (before_layer_forward) before_layer_forward(static_cast<int>(i));
     layers_[i]->Forward(*x, &activations_[i]);
     x = &activations_[i];
   }

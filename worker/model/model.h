@@ -26,9 +26,12 @@ class Model {
   // Forward + backward on one batch; overwrites every parameter's grad with
   // the gradient of the batch-mean loss. After the parameter grads of a layer
   // are final, calls on_layer_grads_ready(layer_index) — last layer first —
-  // so a strategy can start reducing while backward continues.
+  // so a strategy can start reducing while backward continues. Before layer i
+  // reads its parameters in the forward pass, calls before_layer_forward(i),
+  // so a strategy can fetch them layer by layer while earlier layers compute.
   LossResult TrainStep(const Tensor& features, absl::Span<const int32_t> labels,
-                       const std::function<void(int layer_index)>& on_layer_grads_ready = {});
+                       const std::function<void(int layer_index)>& on_layer_grads_ready = {},
+                       const std::function<void(int layer_index)>& before_layer_forward = {});
   LossResult Evaluate(const Tensor& features, absl::Span<const int32_t> labels);
 
   // Stable order: layers first to last, kernel before bias.

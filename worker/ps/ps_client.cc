@@ -11,8 +11,12 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "grpcpp/support/sync_stream.h"
+#include "worker/ps/ps_wire.h"
 
 namespace distrain {
 
@@ -61,6 +65,21 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+struct PsClient::RawMethods {
+  explicit RawMethods(std::shared_ptr<grpc::Channel> ch)
+      : channel(std::move(ch)),
+        initialize("/distrain.v1.ParameterServer/Initialize",
+                   grpc::internal::RpcMethod::CLIENT_STREAMING, channel),
+        pull("/distrain.v1.ParameterServer/Pull", grpc::internal::RpcMethod::SERVER_STREAMING,
+             channel),
+        push("/distrain.v1.ParameterServer/Push", grpc::internal::RpcMethod::CLIENT_STREAMING,
+             channel) {}
+  std::shared_ptr<grpc::Channel> channel;
+  grpc::internal::RpcMethod initialize;
+  grpc::internal::RpcMethod pull;
+  grpc::internal::RpcMethod push;
+};
+
 // One shard's slice of an uploaded tensor.
 struct PsClient::Upload {
   const ShardInfo* shard;
@@ -106,8 +125,15 @@ PsClient::PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClie
     // One connection per ps per client, not shared with other clients of
     // the same process (tests run several).
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs_.push_back(v1::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    // Pushes send the caller's gradient memory without copying it; a retry
+    // buffer would keep references to it beyond the call. Nothing here is
+    // retried by gRPC anyway (failures go to the coordinator).
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    for (const auto& [name, value] : PsTransportArgs()) args.SetInt(name, value);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    stubs_.push_back(v1::ParameterServer::NewStub(channel));
+    raw_.push_back(std::make_unique<RawMethods>(std::move(channel)));
   }
   if (options_.registry != nullptr) {
     metrics_ = std::make_unique<PsMetrics>(*options_.registry, "client");
@@ -246,24 +272,22 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
   Timer timer(metrics_.get(), method);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
-  std::unique_ptr<grpc::ClientWriter<v1::UploadMessage>> writer;
   const bool push = std::strcmp(method, "Push") == 0;
-  if (push) {
-    writer = stubs_[task]->Push(&ctx, static_cast<v1::PushResponse*>(response));
-  } else {
-    writer = stubs_[task]->Initialize(&ctx, static_cast<v1::InitializeResponse*>(response));
-  }
-  v1::UploadMessage msg;
-  v1::UploadHeader* header = msg.mutable_header();
-  header->set_overwrite(overwrite);
+  const RawMethods& raw = *raw_[task];
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          raw.channel.get(), push ? raw.push : raw.initialize, &ctx, response));
+  v1::UploadHeader header;
+  header.set_overwrite(overwrite);
   for (const Upload& u : shards) {
-    v1::UploadShard* us = header->add_shards();
+    v1::UploadShard* us = header.add_shards();
     us->mutable_ref()->set_variable(u.shard->variable);
     us->mutable_ref()->set_shard(u.shard->index);
     us->set_num_elements(u.shard->num_elements());
     if (u.pulled_version) us->set_pulled_version(*u.pulled_version);
   }
-  int64_t msg_bytes = 0;
+  ps_wire::FrameBuilder msg;
+  msg.AddMessage(ps_wire::kHeaderField, header);
   bool stream_ok = true;
   const int64_t chunk_elements = options_.chunk_bytes / static_cast<int64_t>(sizeof(float));
   for (size_t i = 0; i < shards.size() && stream_ok; ++i) {
@@ -271,22 +295,18 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
     const int64_t total = u.shard->num_elements();
     int64_t offset = 0;
     while (offset < total && stream_ok) {
-      const int64_t room = (options_.chunk_bytes - msg_bytes) / static_cast<int64_t>(sizeof(float));
+      const int64_t room =
+          (options_.chunk_bytes - msg.size()) / static_cast<int64_t>(sizeof(float));
       if (room <= 0) {
-        stream_ok = writer->Write(msg);
-        msg.Clear();
-        msg_bytes = 0;
+        stream_ok = writer->Write(msg.Finish());
         continue;
       }
       const int64_t take = std::min({total - offset, room, chunk_elements});
-      v1::DataChunk* chunk = msg.add_chunks();
-      chunk->set_index(static_cast<int32_t>(i));
-      chunk->set_offset(offset);
-      // mutable_data()->assign copies once; set_data(ptr, n) builds a temporary
-      // std::string and copies it again (protobuf 3.21's ConstStringParam).
-      chunk->mutable_data()->assign(reinterpret_cast<const char*>(u.data + offset),
-                                    take * sizeof(float));
-      msg_bytes += take * static_cast<int64_t>(sizeof(float));
+      // The caller's memory itself: it stays unchanged until this call
+      // returns, and the synchronous Write returns only once gRPC has handed
+      // the bytes to the socket.
+      msg.AddChunk(static_cast<int32_t>(i), offset,
+                   grpc::Slice(u.data + offset, take * sizeof(float), grpc::Slice::STATIC_SLICE));
       offset += take;
     }
     if (metrics_) {
@@ -294,7 +314,7 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
         metrics_->AddBytes("pushed", u.shard->key(), static_cast<double>(total * sizeof(float)));
     }
   }
-  if (stream_ok && (msg.has_header() || msg.chunks_size() > 0)) stream_ok = writer->Write(msg);
+  if (stream_ok && !msg.empty()) stream_ok = writer->Write(msg.Finish());
   if (stream_ok) writer->WritesDone();
   // Finish reports the server's status even when a Write failed because the
   // server rejected the stream early.
@@ -366,6 +386,11 @@ absl::StatusOr<PushResult> PsClient::Push(const std::map<std::string, Tensor>& g
 
 absl::Status PsClient::PullInto(absl::Span<const MutableTensorRef> targets,
                                 ShardVersions* versions) {
+  return PullInto(targets, versions, nullptr);
+}
+
+absl::Status PsClient::PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions,
+                                const std::function<void(const ShardInfo&)>& on_shard) {
   struct Dest {
     const ShardInfo* shard;
     float* data;
@@ -404,40 +429,58 @@ absl::Status PsClient::PullInto(absl::Span<const MutableTensorRef> targets,
     request.set_max_chunk_bytes(options_.chunk_bytes);
     grpc::ClientContext ctx;
     SetDeadline(ctx);
-    std::unique_ptr<grpc::ClientReader<v1::PullMessage>> reader = stubs_[task]->Pull(&ctx, request);
+    const RawMethods& raw = *raw_[task];
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(raw.channel.get(), raw.pull,
+                                                                      &ctx, request));
     std::vector<int64_t> received(dests.size(), 0);
     std::vector<bool> announced(dests.size(), false);
     absl::Status bad;
-    v1::PullMessage msg;
-    while (bad.ok() && reader->Read(&msg)) {
-      for (const v1::PulledShard& h : msg.shards()) {
-        if (h.index() < 0 || h.index() >= static_cast<int>(dests.size()) ||
+    grpc::ByteBuffer buffer;
+    ps_wire::Frame frame;
+    v1::PulledShard h;
+    while (bad.ok() && reader->Read(&buffer)) {
+      if (absl::Status s = frame.Parse(buffer); !s.ok()) {
+        bad = absl::InternalError(
+            absl::StrCat(PsName(task), ": Pull: the answer is not a PullMessage: ", s.message()));
+        break;
+      }
+      for (const std::string& bytes : frame.headers()) {
+        if (!h.ParseFromString(bytes) || h.index() < 0 ||
+            h.index() >= static_cast<int>(dests.size()) ||
             h.ref().variable() != dests[h.index()].shard->variable ||
             h.ref().shard() != dests[h.index()].shard->index ||
-            std::vector<int64_t>(h.shape().begin(), h.shape().end()) !=
-                dests[h.index()].shard->shape) {
+            !std::equal(h.shape().begin(), h.shape().end(), dests[h.index()].shard->shape.begin(),
+                        dests[h.index()].shard->shape.end())) {
           bad = absl::InternalError(
               absl::StrCat(PsName(task), ": Pull: the answer's shard header #", h.index(),
                            " (variable \"", h.ref().variable(), "\" shard ", h.ref().shard(),
                            ") does not match the request; is the ps running a different model?"));
           break;
         }
+        const bool first_header = !announced[h.index()];
         announced[h.index()] = true;
         dests[h.index()].version = h.version();
+        if (on_shard && first_header && dests[h.index()].shard->num_elements() == 0) {
+          on_shard(*dests[h.index()].shard);
+        }
       }
-      for (const v1::DataChunk& c : msg.chunks()) {
+      for (const ps_wire::DecodedChunk& c : frame.chunks()) {
         if (!bad.ok()) break;
-        const int64_t count = static_cast<int64_t>(c.data().size() / sizeof(float));
-        if (c.index() < 0 || c.index() >= static_cast<int>(dests.size()) || !announced[c.index()] ||
-            c.offset() != received[c.index()] || c.data().size() % sizeof(float) != 0 ||
-            count > dests[c.index()].shard->num_elements() - received[c.index()]) {
+        const int64_t count = static_cast<int64_t>(c.data.size / sizeof(float));
+        if (c.index < 0 || c.index >= static_cast<int>(dests.size()) || !announced[c.index] ||
+            c.offset != received[c.index] || c.data.size % sizeof(float) != 0 ||
+            count > dests[c.index].shard->num_elements() - received[c.index]) {
           bad = absl::InternalError(absl::StrCat(PsName(task), ": Pull: malformed chunk (index ",
-                                                 c.index(), ", offset ", c.offset(), ", ",
-                                                 c.data().size(), " bytes) in the answer"));
+                                                 c.index, ", offset ", c.offset, ", ", c.data.size,
+                                                 " bytes) in the answer"));
           break;
         }
-        std::memcpy(dests[c.index()].data + c.offset(), c.data().data(), c.data().size());
-        received[c.index()] += count;
+        frame.CopyTo(c.data, dests[c.index].data + c.offset);
+        received[c.index] += count;
+        if (on_shard && count > 0 && received[c.index] == dests[c.index].shard->num_elements()) {
+          on_shard(*dests[c.index].shard);
+        }
       }
     }
     if (!bad.ok()) {

@@ -2,6 +2,7 @@
 #define DISTRAIN_WORKER_PS_PS_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,7 +63,10 @@ struct InitializeResult {
 
 // Client of every ps task of a job: splits variables into shards with the
 // ShardingPlan, talks to the ps tasks in parallel (one thread per ps involved
-// in a call), and reassembles whole tensors.
+// in a call), and reassembles whole tensors. Tensor bytes travel in the
+// proto's wire format without protobuf copies (ps_wire.h): a push sends the
+// caller's gradient memory as it is, a pull copies each chunk once, straight
+// into the caller's tensor.
 //
 // Failures name the ps: "ps:1 (host:port): Pull: UNAVAILABLE ...". Only
 // WaitForReady retries; every other call fails fast (its deadline is
@@ -92,6 +96,13 @@ class PsClient {
   absl::StatusOr<PullResult> Pull(const std::vector<std::string>& names = {});
   // Pulls straight into caller-owned tensors of the variables' shapes.
   absl::Status PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions);
+  // As above; each ps streams its shards in `targets` order, and `on_shard`
+  // runs (on the thread reading that ps, so concurrently for different ps
+  // tasks) the moment a shard's last element has been written, while the
+  // rest still streams. A shard announced before a failure may have been
+  // reported; the call's status is what counts. `versions` is written last.
+  absl::Status PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions,
+                        const std::function<void(const ShardInfo&)>& on_shard);
   // Pushes gradients shaped like their variables. `pulled` (optional): the
   // versions the gradients were computed from, for staleness.
   absl::StatusOr<PushResult> Push(absl::Span<const TensorRef> grads,
@@ -111,6 +122,7 @@ class PsClient {
 
  private:
   struct Upload;
+  struct RawMethods;  // Initialize, Pull, Push on raw ByteBuffers (ps_wire.h)
   PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClientOptions options);
   absl::Status UploadShards(const char* method, int task, const std::vector<Upload>& shards,
                             bool overwrite, google::protobuf::Message* response);
@@ -124,7 +136,8 @@ class PsClient {
   const ShardingPlan plan_;
   const PsClientOptions options_;
   std::vector<std::unique_ptr<distrain::v1::ParameterServer::Stub>> stubs_;
-  std::unique_ptr<PsMetrics> metrics_;  // null without a registry
+  std::vector<std::unique_ptr<RawMethods>> raw_;  // per ps, like stubs_
+  std::unique_ptr<PsMetrics> metrics_;            // null without a registry
 };
 
 }  // namespace distrain

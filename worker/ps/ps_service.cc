@@ -1,5 +1,7 @@
 #include "worker/ps/ps_service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -15,10 +17,13 @@
 #include "absl/strings/str_split.h"
 #include "common/check.h"
 #include "common/logging.h"
+#include "grpc/grpc.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/method_handler.h"
 #include "spdlog/spdlog.h"
 #include "worker/ps/partitioner.h"
+#include "worker/ps/ps_wire.h"
 
 namespace distrain {
 
@@ -39,6 +44,20 @@ constexpr int64_t kHeaderOverheadBytes = 64;
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// The single answer of a client-streaming method served raw.
+grpc::Status WriteAnswer(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                         const google::protobuf::MessageLite& answer) {
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  grpc::Status s =
+      grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(answer, &buffer, &own);
+  if (!s.ok()) return s;
+  if (!stream->Write(buffer)) {
+    return grpc::Status(grpc::CANCELLED, "the client went away before the answer");
+  }
+  return grpc::Status::OK;
 }
 
 std::string RefString(const std::string& variable, int index) {
@@ -118,7 +137,9 @@ struct PsService::Upload {
   struct Item {
     Shard* shard;
     std::optional<int64_t> pulled_version;
-    std::vector<float> data;
+    // The shard's num_elements(), allocated when the first chunk arrives
+    // (not zero-filled: every element is written before it is read).
+    std::unique_ptr<float[]> data;
   };
   bool overwrite = false;
   std::vector<Item> items;
@@ -146,6 +167,14 @@ absl::StatusOr<std::unique_ptr<PsService>> PsService::Create(PsServiceOptions op
 }
 
 PsService::PsService(PsServiceOptions options) : options_(std::move(options)) {
+  // The bulk methods take raw ByteBuffers (ps_wire.h) instead of the
+  // generated protobuf handlers; the bytes on the wire are unchanged. Indices
+  // are the methods' order in parameter_server.proto.
+  using Handler =
+      grpc::internal::BidiStreamingHandler<PsService, grpc::ByteBuffer, grpc::ByteBuffer>;
+  MarkMethodStreamed(1, new Handler(&PsService::InitializeRaw, this));
+  MarkMethodStreamed(2, new Handler(&PsService::PullRaw, this));
+  MarkMethodStreamed(3, new Handler(&PsService::PushRaw, this));
   if (options_.registry != nullptr) {
     metrics_ = std::make_unique<PsMetrics>(*options_.registry, "server");
   }
@@ -266,23 +295,36 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
-                                   grpc::ServerReader<v1::UploadMessage>* reader, Upload& upload) {
-  v1::UploadMessage msg;
-  if (!reader->Read(&msg)) {
+absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx, RawStream* stream,
+                                   Upload& upload) {
+  grpc::ByteBuffer buffer;
+  ps_wire::Frame frame;
+  if (!stream->Read(&buffer)) {
     if (ctx->IsCancelled())
       return absl::CancelledError(absl::StrCat(method, ": cancelled by the client"));
     return absl::InvalidArgumentError(
         absl::StrCat(method, ": empty stream; the first message must carry the header"));
   }
-  if (!msg.has_header() || msg.header().shards_size() == 0) {
+  if (absl::Status s = frame.Parse(buffer); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(method, ": message 0 is not an UploadMessage: ", s.message()));
+  }
+  v1::UploadHeader header;
+  for (const std::string& bytes : frame.headers()) {
+    // Repeated occurrences of a message field merge, as protobuf does.
+    if (!header.MergeFromString(bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(method, ": message 0: the header is not a valid UploadHeader"));
+    }
+  }
+  if (frame.headers().empty() || header.shards_size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(method, ": the first message must carry a header listing at least one shard"));
   }
-  upload.overwrite = msg.header().overwrite();
+  upload.overwrite = header.overwrite();
   std::vector<int64_t> received;
-  for (int i = 0; i < msg.header().shards_size(); ++i) {
-    const v1::UploadShard& us = msg.header().shards(i);
+  for (int i = 0; i < header.shards_size(); ++i) {
+    const v1::UploadShard& us = header.shards(i);
     const std::string field = absl::StrCat(method, ": header.shards[", i, "]");
     if (us.ref().variable().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".ref.variable is empty"));
@@ -316,52 +358,56 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
     received.push_back(0);
   }
   const int n = static_cast<int>(upload.items.size());
-  bool first = true;
-  while (first || reader->Read(&msg)) {
-    if (!first && msg.has_header()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(method, ": a header arrived after the first message; send it once"));
+  for (int64_t message = 0;; ++message) {
+    if (message > 0) {
+      if (!stream->Read(&buffer)) break;
+      if (absl::Status s = frame.Parse(buffer); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": message ", message, " is not an UploadMessage: ", s.message()));
+      }
+      if (!frame.headers().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(method, ": a header arrived after the first message; send it once"));
+      }
     }
-    first = false;
-    for (int c = 0; c < msg.chunks_size(); ++c) {
-      const v1::DataChunk& chunk = msg.chunks(c);
-      if (chunk.index() < 0 || chunk.index() >= n) {
-        return absl::InvalidArgumentError(absl::StrCat(method, ": chunk index ", chunk.index(),
+    for (const ps_wire::DecodedChunk& chunk : frame.chunks()) {
+      if (chunk.index < 0 || chunk.index >= n) {
+        return absl::InvalidArgumentError(absl::StrCat(method, ": chunk index ", chunk.index,
                                                        " is out of range; the header lists ", n,
                                                        " shards"));
       }
-      Upload::Item& item = upload.items[chunk.index()];
+      Upload::Item& item = upload.items[chunk.index];
       const std::string what = RefString(item.shard->info.variable, item.shard->info.index);
       const int64_t total = item.shard->info.num_elements();
-      int64_t& got = received[chunk.index()];
-      if (chunk.data().size() % sizeof(float) != 0) {
+      int64_t& got = received[chunk.index];
+      if (chunk.data.size % sizeof(float) != 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset(), " has ",
-                         chunk.data().size(), " bytes, not a whole number of float32 elements"));
+            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset, " has ",
+                         chunk.data.size, " bytes, not a whole number of float32 elements"));
       }
-      const int64_t count = static_cast<int64_t>(chunk.data().size() / sizeof(float));
-      if (chunk.offset() < 0) {
+      const int64_t count = static_cast<int64_t>(chunk.data.size / sizeof(float));
+      if (chunk.offset < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(method, ": ", what, ": chunk offset ", chunk.offset(), " is negative"));
+            absl::StrCat(method, ": ", what, ": chunk offset ", chunk.offset, " is negative"));
       }
-      if (chunk.offset() < got) {
+      if (chunk.offset < got) {
         return absl::InvalidArgumentError(
             absl::StrCat(method, ": ", what, ": duplicate or overlapping chunk at element offset ",
-                         chunk.offset(), " (", got, " elements already received)"));
+                         chunk.offset, " (", got, " elements already received)"));
       }
-      if (chunk.offset() > got) {
+      if (chunk.offset > got) {
         return absl::InvalidArgumentError(absl::StrCat(
-            method, ": ", what, ": chunk at offset ", chunk.offset(),
+            method, ": ", what, ": chunk at offset ", chunk.offset,
             " skips elements; expected offset ", got, " (chunks must arrive in order)"));
       }
       if (count > total - got) {
         return absl::InvalidArgumentError(
-            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset(), " with ", count,
+            absl::StrCat(method, ": ", what, ": chunk at offset ", chunk.offset, " with ", count,
                          " elements runs past the shard's ", total, " elements"));
       }
-      if (item.data.empty()) item.data.reserve(total);
-      item.data.resize(got + count);
-      std::memcpy(item.data.data() + got, chunk.data().data(), chunk.data().size());
+      if (count == 0) continue;
+      if (item.data == nullptr) item.data.reset(new float[total]);
+      frame.CopyTo(chunk.data, item.data.get() + got);
       got += count;
     }
   }
@@ -380,12 +426,12 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
-grpc::Status PsService::Initialize(grpc::ServerContext* ctx,
-                                   grpc::ServerReader<v1::UploadMessage>* reader,
-                                   v1::InitializeResponse* response) {
+grpc::Status PsService::InitializeRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Initialize");
   Upload upload;
-  if (absl::Status s = ReadUpload("Initialize", ctx, reader, upload); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = ReadUpload("Initialize", ctx, stream, upload); !s.ok()) return ToGrpc(s);
+  v1::InitializeResponse answer;
+  v1::InitializeResponse* response = &answer;
   for (Upload::Item& item : upload.items) {
     Shard& shard = *item.shard;
     v1::ShardRef* ref;
@@ -397,7 +443,8 @@ grpc::Status PsService::Initialize(grpc::ServerContext* ctx,
         absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
         DISTRAIN_CHECK(opt.ok()) << "validated in Create";
         shard.optimizer = std::move(*opt);
-        shard.value = std::move(item.data);
+        const int64_t n = shard.info.num_elements();
+        shard.value.assign(item.data.get(), item.data.get() + n);
         shard.version = 0;
         shard.initialized = true;
         ref = response->add_initialized();
@@ -406,12 +453,22 @@ grpc::Status PsService::Initialize(grpc::ServerContext* ctx,
     ref->set_variable(shard.info.variable);
     ref->set_shard(shard.info.index);
   }
-  return grpc::Status::OK;
+  return WriteAnswer(stream, answer);
 }
 
-grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* request,
-                             grpc::ServerWriter<v1::PullMessage>* writer) {
+grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Pull");
+  v1::PullRequest request_message;
+  {
+    grpc::ByteBuffer buffer;
+    if (!stream->Read(&buffer)) {
+      return grpc::Status(grpc::INVALID_ARGUMENT, "Pull: the call carries no PullRequest");
+    }
+    if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&buffer, &request_message).ok()) {
+      return grpc::Status(grpc::INVALID_ARGUMENT, "Pull: the request is not a valid PullRequest");
+    }
+  }
+  const v1::PullRequest* request = &request_message;
   std::vector<Shard*> targets;
   auto add = [&](Shard* s) -> bool {
     if (std::find(targets.begin(), targets.end(), s) != targets.end()) return false;
@@ -472,71 +529,65 @@ grpc::Status PsService::Pull(grpc::ServerContext* ctx, const v1::PullRequest* re
     }
   }
 
-  // Messages are built under the shard's reader lock (one copy, a consistent
-  // snapshot) and written after it is released, so a slow reader never
-  // blocks pushes.
-  std::vector<v1::PullMessage> ready;
-  v1::PullMessage current;
-  int64_t current_bytes = 0;
-  auto flush = [&] {
-    ready.push_back(std::move(current));
-    current = v1::PullMessage();
-    current_bytes = 0;
-  };
+  // Each shard is copied once, under its reader lock, into a slice (a
+  // consistent snapshot); messages reference sub-slices of it and are written
+  // after the lock is released, so a slow reader never blocks pushes.
+  std::vector<grpc::ByteBuffer> ready;
+  ps_wire::FrameBuilder current;
+  auto flush = [&] { ready.push_back(current.Finish()); };
   for (size_t t = 0; t < targets.size(); ++t) {
     Shard& shard = *targets[t];
     const int64_t total = shard.info.num_elements();
+    const size_t bytes = static_cast<size_t>(total) * sizeof(float);
+    grpc_slice raw = grpc_slice_malloc(bytes);
+    v1::PulledShard header;
+    header.set_index(static_cast<int32_t>(t));
+    header.mutable_ref()->set_variable(shard.info.variable);
+    header.mutable_ref()->set_shard(shard.info.index);
+    for (int64_t d : shard.info.shape) header.add_shape(d);
     {
       absl::ReaderMutexLock lock(&shard.mu);
-      if (current_bytes + kHeaderOverheadBytes > chunk_bytes && current_bytes > 0) flush();
-      v1::PulledShard* header = current.add_shards();
-      header->set_index(static_cast<int32_t>(t));
-      header->mutable_ref()->set_variable(shard.info.variable);
-      header->mutable_ref()->set_shard(shard.info.index);
-      for (int64_t d : shard.info.shape) header->add_shape(d);
-      header->set_version(shard.version);
-      current_bytes += kHeaderOverheadBytes + static_cast<int64_t>(shard.info.variable.size());
-      int64_t offset = 0;
-      while (offset < total) {
-        const int64_t room = (chunk_bytes - current_bytes) / static_cast<int64_t>(sizeof(float));
-        if (room <= 0) {
-          flush();
-          continue;
-        }
-        const int64_t take = std::min({total - offset, room, chunk_elements});
-        v1::DataChunk* chunk = current.add_chunks();
-        chunk->set_index(static_cast<int32_t>(t));
-        chunk->set_offset(offset);
-        // One copy (set_data(ptr, n) would copy twice; see PsClient::UploadShards).
-        chunk->mutable_data()->assign(reinterpret_cast<const char*>(shard.value.data() + offset),
-                                      take * sizeof(float));
-        current_bytes += take * static_cast<int64_t>(sizeof(float));
-        offset += take;
+      header.set_version(shard.version);
+      if (bytes > 0) std::memcpy(GRPC_SLICE_START_PTR(raw), shard.value.data(), bytes);
+    }
+    const grpc::Slice snapshot(raw, grpc::Slice::STEAL_REF);
+    if (current.size() + kHeaderOverheadBytes > chunk_bytes && !current.empty()) flush();
+    current.AddMessage(ps_wire::kHeaderField, header);
+    int64_t offset = 0;
+    while (offset < total) {
+      const int64_t room = (chunk_bytes - current.size()) / static_cast<int64_t>(sizeof(float));
+      if (room <= 0) {
+        flush();
+        continue;
       }
+      const int64_t take = std::min({total - offset, room, chunk_elements});
+      current.AddChunk(static_cast<int32_t>(t), offset,
+                       snapshot.sub(offset * sizeof(float), (offset + take) * sizeof(float)));
+      offset += take;
     }
     if (metrics_)
       metrics_->AddBytes("pulled", shard.key, static_cast<double>(total * sizeof(float)));
-    for (v1::PullMessage& m : ready) {
-      if (!writer->Write(m)) {
+    for (grpc::ByteBuffer& m : ready) {
+      if (!stream->Write(m)) {
         return grpc::Status(grpc::CANCELLED, "Pull: the client went away mid-stream");
       }
     }
     ready.clear();
   }
-  if (current.shards_size() > 0 || current.chunks_size() > 0) {
-    if (!writer->Write(current)) {
+  if (!current.empty()) {
+    if (!stream->Write(current.Finish())) {
       return grpc::Status(grpc::CANCELLED, "Pull: the client went away mid-stream");
     }
   }
   return grpc::Status::OK;
 }
 
-grpc::Status PsService::Push(grpc::ServerContext* ctx,
-                             grpc::ServerReader<v1::UploadMessage>* reader,
-                             v1::PushResponse* response) {
+grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Push");
   Upload upload;
-  if (absl::Status s = ReadUpload("Push", ctx, reader, upload); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = ReadUpload("Push", ctx, stream, upload); !s.ok()) return ToGrpc(s);
+  v1::PushResponse answer;
+  v1::PushResponse* response = &answer;
 
   // Checks that cannot change between here and the apply (values never lose
   // initialisation; versions only grow), so failing them applies nothing.
@@ -560,8 +611,10 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx,
   auto apply = [&](Upload::Item& item) {
     Shard& shard = *item.shard;
     const int64_t staleness = item.pulled_version ? shard.version - *item.pulled_version : 0;
-    shard.optimizer->ApplyDense(shard.key, absl::MakeSpan(shard.value),
-                                absl::MakeConstSpan(item.data), shard.version + 1);
+    shard.optimizer->ApplyDense(
+        shard.key, absl::MakeSpan(shard.value),
+        absl::MakeConstSpan(item.data.get(), static_cast<size_t>(shard.info.num_elements())),
+        shard.version + 1);
     ++shard.version;
     v1::ShardVersion* v = response->add_shards();
     v->mutable_ref()->set_variable(shard.info.variable);
@@ -570,7 +623,7 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx,
     v->set_staleness(staleness);
     if (metrics_) {
       metrics_->AddBytes("pushed", shard.key,
-                         static_cast<double>(item.data.size() * sizeof(float)));
+                         static_cast<double>(shard.info.num_elements() * sizeof(float)));
       if (item.pulled_version) metrics_->ObserveStaleness(staleness);
     }
   };
@@ -613,7 +666,7 @@ grpc::Status PsService::Push(grpc::ServerContext* ctx,
     for (Upload::Item* item : order) apply(*item);
   }
   pushes_applied_.fetch_add(1, std::memory_order_relaxed);
-  return grpc::Status::OK;
+  return WriteAnswer(stream, answer);
 }
 
 grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* request,
@@ -770,6 +823,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const std::string& add
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  for (const auto& [name, value] : PsTransportArgs()) builder.AddChannelArgument(name, value);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("ps server: cannot listen on ", address,
@@ -799,6 +853,22 @@ void PsServer::Wait() {
 
 // ---------------------------------------------------------------------------
 // Checkpoints
+
+std::vector<std::pair<std::string, int>> PsTransportArgs() {
+  return {
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
+      {GRPC_ARG_HTTP2_MAX_FRAME_SIZE, 4 << 20},
+      {GRPC_ARG_TCP_READ_CHUNK_SIZE, 1 << 20},
+      {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},
+  };
+}
+
+void KeepPsBuffersMapped() {
+  // The working set is about the model's size and stable from the first
+  // closure on, so memory kept is memory reused.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
 
 std::string PsCheckpointDir(const std::string& dir, int task, int num_ps) {
   return absl::StrCat(dir, "/ps-", task, "-of-", num_ps);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -16,6 +17,8 @@
 #include "common/job_config.h"
 #include "distrain/v1/parameter_server.grpc.pb.h"
 #include "grpcpp/server.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -74,7 +77,7 @@ class PsMetrics {
 //   2. Pull copies value + version under the shard's reader lock, so a pull
 //      never sees half an update.
 //   3. Push receives the whole gradient of every announced shard into staging
-//      buffers (growing with the bytes actually received) and validates it
+//      buffers (each allocated when its first chunk arrives) and validates it
 //      before touching anything; a truncated, cancelled or malformed stream
 //      applies nothing.
 //   4. Apply, per shard under its writer lock: staleness = version -
@@ -96,14 +99,6 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   grpc::Status CreateVariables(grpc::ServerContext* ctx,
                                const distrain::v1::CreateVariablesRequest* request,
                                distrain::v1::CreateVariablesResponse* response) override;
-  grpc::Status Initialize(grpc::ServerContext* ctx,
-                          grpc::ServerReader<distrain::v1::UploadMessage>* reader,
-                          distrain::v1::InitializeResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* ctx, const distrain::v1::PullRequest* request,
-                    grpc::ServerWriter<distrain::v1::PullMessage>* writer) override;
-  grpc::Status Push(grpc::ServerContext* ctx,
-                    grpc::ServerReader<distrain::v1::UploadMessage>* reader,
-                    distrain::v1::PushResponse* response) override;
   grpc::Status Save(grpc::ServerContext* ctx, const distrain::v1::SaveRequest* request,
                     distrain::v1::SaveResponse* response) override;
   grpc::Status Restore(grpc::ServerContext* ctx, const distrain::v1::RestoreRequest* request,
@@ -116,14 +111,24 @@ class PsService final : public distrain::v1::ParameterServer::Service {
  private:
   struct Shard;
   struct Upload;
+  using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
   explicit PsService(PsServiceOptions options);
+
+  // Initialize, Pull and Push are served on raw ByteBuffers in the proto's
+  // wire format (worker/ps/ps_wire.h): tensor bytes are copied once on each
+  // side (the ps's snapshot of a pulled shard, the staging of a pushed
+  // gradient) instead of through protobuf `bytes` fields. Clients of the
+  // generated stubs see the same protocol.
+  grpc::Status InitializeRaw(grpc::ServerContext* ctx, RawStream* stream);
+  grpc::Status PullRaw(grpc::ServerContext* ctx, RawStream* stream);
+  grpc::Status PushRaw(grpc::ServerContext* ctx, RawStream* stream);
 
   // nullptr when not hosted.
   Shard* FindShard(const std::string& variable, int index) const;
   std::vector<Shard*> ShardsOfVariable(const std::string& variable) const;
   std::vector<Shard*> AllShards() const;
-  absl::Status ReadUpload(const char* method, grpc::ServerContext* ctx,
-                          grpc::ServerReader<distrain::v1::UploadMessage>* reader, Upload& upload);
+  absl::Status ReadUpload(const char* method, grpc::ServerContext* ctx, RawStream* stream,
+                          Upload& upload);
   std::string Name() const;  // "ps:0"
 
   const PsServiceOptions options_;
@@ -195,6 +200,22 @@ struct PsCheckpoint {
   // "optimizer_iterations" (max version): what RestoreVariableState reads.
   CheckpointState ToCheckpointState() const;
 };
+
+// gRPC transport settings of the ps channels, client and server side alike
+// (name, value): HTTP/2 windows and frames large enough that a shard of a
+// few MiB streams without waiting for window updates, and socket reads in
+// large pieces. On loopback (bench/ps_throughput) they change nothing
+// measurable; on a real network they spare the ramp-up from gRPC's 64 KiB
+// initial window.
+std::vector<std::pair<std::string, int>> PsTransportArgs();
+
+// Process-wide: tunes glibc malloc for a process that moves tensors through
+// the parameter server (ps tasks, their workers, benchmarks). Each closure
+// allocates and frees blocks of a few MiB (gRPC slices, staging buffers);
+// by default glibc serves them with fresh mmaps and unmaps them on free, so
+// every closure paid page faults, zero-filled pages and munmaps (a fifth of
+// a ps task's CPU). Keeps such blocks in the heap and the heap mapped.
+void KeepPsBuffersMapped();
 
 std::string PsCheckpointDir(const std::string& dir, int task, int num_ps);
 // `step` unset: the newest consistent step (a corrupt file makes that step

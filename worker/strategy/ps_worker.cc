@@ -137,9 +137,16 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
     grads_.push_back(TensorRef{p->name, &p->grad});
   }
   layer_grads_.clear();
+  layer_shards_.clear();
+  variable_layer_.clear();
   for (const std::vector<Parameter*>& layer : model_->parameters_by_layer()) {
     layer_grads_.emplace_back();
-    for (Parameter* p : layer) layer_grads_.back().push_back(TensorRef{p->name, &p->grad});
+    layer_shards_.push_back(0);
+    for (Parameter* p : layer) {
+      layer_grads_.back().push_back(TensorRef{p->name, &p->grad});
+      layer_shards_.back() += static_cast<int>(ps_->plan().Find(p->name)->shards.size());
+      variable_layer_[p->name] = static_cast<int>(layer_grads_.size()) - 1;
+    }
   }
   num_features_ = request.num_features();
   num_classes_ = request.num_classes();
@@ -195,29 +202,68 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepReq
 }
 
 absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepResponse* response) {
-  // 1. Current parameters. Every push of a dense model changes every shard,
-  // so there is nothing to skip: pull all, keep the versions for staleness.
-  auto t0 = std::chrono::steady_clock::now();
+  // 1. Current parameters, pulled on a helper thread: each ps streams its
+  // shards in parameter (= forward) order, and layer i's forward waits only
+  // until the shards of layer i have arrived, so the rest of the pull
+  // overlaps the forward pass of the earlier layers. Every push of a dense
+  // model changes every shard, so nothing is skipped; the versions are kept
+  // for staleness.
+  absl::Mutex pull_mu;
+  // Guarded by pull_mu: shards still to arrive per layer, and whether
+  // PullInto has returned (with pull_status, and `pulled` written).
+  std::vector<int> missing = layer_shards_;
+  bool pull_done = false;
+  absl::Status pull_status;
   ShardVersions pulled;
-  if (absl::Status s = ps_->PullInto(values_, &pulled); !s.ok()) return s;
-  response->set_pull_seconds(Seconds(t0));
-  // 2. Backward, last layer first; each layer's gradients are pushed the
-  // moment they are final, while backward goes on with the layers below (as
-  // TensorFlow's graph applies each variable's update as soon as its
-  // gradient exists). Without a staleness bound each shard's update stands
-  // on its own, so nothing is lost by not pushing all-or-nothing.
-  t0 = std::chrono::steady_clock::now();
-  std::vector<std::future<absl::StatusOr<PushResult>>> pushes;
-  LossResult r = model_->TrainStep(batch.features, batch.labels, [&](int layer) {
-    if (layer_grads_[layer].empty()) return;
-    pushes.push_back(std::async(std::launch::async, [this, layer, &pulled] {
-      return ps_->Push(layer_grads_[layer], &pulled);
-    }));
+  std::thread puller([&] {
+    absl::Status s = ps_->PullInto(values_, &pulled, [&](const ShardInfo& shard) {
+      absl::MutexLock lock(&pull_mu);
+      --missing[variable_layer_.at(shard.variable)];
+    });
+    absl::MutexLock lock(&pull_mu);
+    pull_status = s;
+    pull_done = true;
   });
-  response->set_compute_seconds(Seconds(t0));
+  double waited = 0;
+  auto wait_for_layer = [&](int layer) {
+    const auto start = std::chrono::steady_clock::now();
+    std::pair<const int*, const bool*> arg(&missing[layer], &pull_done);
+    absl::MutexLock lock(&pull_mu);
+    pull_mu.Await(absl::Condition(
+        +[](std::pair<const int*, const bool*>* a) { return *a->first <= 0 || *a->second; },
+        &arg));
+    waited += Seconds(start);
+  };
+  // 2. Forward as parameters arrive; backward, last layer first, each layer's
+  // gradients pushed the moment they are final while backward goes on with
+  // the layers below (as TensorFlow's graph applies each variable's update
+  // as soon as its gradient exists). Without a staleness bound each shard's
+  // update stands on its own, so nothing is lost by not pushing
+  // all-or-nothing. Nothing is pushed when a pull failed.
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::future<absl::StatusOr<PushResult>>> pushes;
+  LossResult r = model_->TrainStep(
+      batch.features, batch.labels,
+      [&](int layer) {
+        if (layer_grads_[layer].empty()) return;
+        {
+          // The versions to push with are complete once PullInto returned
+          // (the last shard has arrived by now; this waits microseconds).
+          absl::MutexLock lock(&pull_mu);
+          pull_mu.Await(absl::Condition(&pull_done));
+          if (!pull_status.ok()) return;
+        }
+        pushes.push_back(std::async(std::launch::async, [this, layer, &pulled] {
+          return ps_->Push(layer_grads_[layer], &pulled);
+        }));
+      },
+      wait_for_layer);
+  puller.join();
+  response->set_pull_seconds(waited);
+  response->set_compute_seconds(Seconds(t0) - waited);
   // 3. What is left of the pushes once backward is done.
   t0 = std::chrono::steady_clock::now();
-  absl::Status first_error;
+  absl::Status first_error = pull_status;
   int64_t staleness = 0;
   for (auto& f : pushes) {
     absl::StatusOr<PushResult> pushed = f.get();
@@ -422,6 +468,7 @@ absl::StatusOr<std::string> ListenAddress(const ClusterSpec& cluster) {
 
 int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
                            prometheus::Registry* registry, const std::atomic<bool>& stop) {
+  KeepPsBuffersMapped();
   auto listen = ListenAddress(cluster);
   if (!listen.ok()) {
     spdlog::error("{}", listen.status().message());
@@ -473,6 +520,7 @@ int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
 
 int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,
                     prometheus::Registry* registry, const std::atomic<bool>& stop) {
+  KeepPsBuffersMapped();
   auto listen = ListenAddress(cluster);
   if (!listen.ok()) {
     spdlog::error("{}", listen.status().message());

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +56,13 @@ struct PsWorkerOptions {
 // connects a PsClient and opens this worker's data shard: shard <index> of
 // <#workers>, batches of globalBatchSize, prefetched. RunStep pulls every
 // variable into the model, computes gradients on the next batch and pushes
-// them with the versions pulled: layer by layer while backward continues when
-// staleness is unbounded; all at once with spec.training.maxStaleness set (a
+// them with the versions pulled. When staleness is unbounded this is
+// pipelined by layer: a helper thread pulls the layers in forward order while
+// the forward pass computes the layers already pulled, and each layer's
+// gradients are pushed while backward continues below it (RunStepResponse's
+// pull_seconds is then the time forward waited for parameters, push_seconds
+// what was left of the pushes after backward). With
+// spec.training.maxStaleness set everything happens all at once (a
 // push the ps rejects for staleness is redone from a fresh pull on the same
 // batch, up to kMaxStaleRetries times). Only
 // one RunStep runs at a time (a call arriving while one runs waits).
@@ -107,6 +113,8 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   std::vector<MutableTensorRef> values_ ABSL_GUARDED_BY(mu_);  // into model_
   std::vector<TensorRef> grads_ ABSL_GUARDED_BY(mu_);          // into model_
   std::vector<std::vector<TensorRef>> layer_grads_ ABSL_GUARDED_BY(mu_);  // grads_ by layer
+  std::vector<int> layer_shards_ ABSL_GUARDED_BY(mu_);  // ps shards of each layer's variables
+  std::map<std::string, int> variable_layer_ ABSL_GUARDED_BY(mu_);  // variable -> layer
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   double pull_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // totals over steps_run_, for the final log
   double compute_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,8 +1,11 @@
 #include "worker/ps/ps_client.h"
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -157,6 +160,52 @@ TEST(PsClientTest, PsWithoutShardsStillTakesPartInCheckpoints) {
   absl::StatusOr<PullResult> pulled = client->Pull();
   ASSERT_TRUE(pulled.ok());
   EXPECT_TRUE(BitEqual(pulled->values["w"], w));
+}
+
+// The ParameterServer worker starts a layer's forward pass when PullInto
+// reports that layer's shards: each must be reported exactly once, after
+// its values are in place, and before the call returns.
+TEST(PsClientTest, PullIntoReportsEachShardOnceWithItsValuesInPlace) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(2, options);
+  PsClientOptions client_options;
+  client_options.chunk_bytes = 256;  // shards span several messages
+  const ShardingPlan plan = Plan({{"w0", {40, 9}}, {"b0", {9}}, {"w1", {9, 3}}, {"empty", {0, 3}}},
+                                 *Partitioner::FixedShards(3), 2);
+  std::unique_ptr<PsClient> client = cluster.Client(plan, client_options);
+  ASSERT_NE(client, nullptr);
+  std::map<std::string, Tensor> init;
+  std::vector<TensorRef> refs;
+  uint32_t seed = 20;
+  for (const VariablePlan& v : plan.variables()) init.emplace(v.name, Pattern(v.shape, seed++));
+  for (const auto& [name, t] : init) refs.push_back(TensorRef{name, &t});
+  ASSERT_TRUE(client->Initialize(refs).ok());
+
+  std::map<std::string, Tensor> out;
+  std::vector<MutableTensorRef> targets;
+  for (const VariablePlan& v : plan.variables()) {
+    auto [it, _] = out.emplace(v.name, Tensor(v.shape));
+    targets.push_back(MutableTensorRef{v.name, &it->second});
+  }
+  absl::Mutex mu;
+  std::map<std::string, int> reported;  // shard key -> times
+  bool all_in_place = true;
+  ShardVersions versions;
+  absl::Status s = client->PullInto(targets, &versions, [&](const ShardInfo& shard) {
+    const float* got = out.at(shard.variable).data() + shard.element_offset();
+    const float* want = init.at(shard.variable).data() + shard.element_offset();
+    const bool same = std::memcmp(got, want, shard.num_elements() * sizeof(float)) == 0;
+    absl::MutexLock lock(&mu);
+    ++reported[shard.key()];
+    all_in_place = all_in_place && same;
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(all_in_place);
+  ASSERT_EQ(reported.size(), plan.shards().size());
+  for (const ShardInfo& shard : plan.shards()) EXPECT_EQ(reported[shard.key()], 1) << shard.key();
+  for (const auto& [name, t] : init) EXPECT_TRUE(BitEqual(out.at(name), t)) << name;
+  EXPECT_EQ(versions.size(), init.size());
 }
 
 }  // namespace

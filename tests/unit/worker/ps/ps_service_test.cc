@@ -5,13 +5,17 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/unit/worker/ps/ps_test_cluster.h"
@@ -119,6 +123,95 @@ TEST(PsServiceTest, TensorLargerThanTheMessageLimitRoundTripsInChunks) {
   ASSERT_TRUE(pulled.ok()) << pulled.status();
   EXPECT_TRUE(BitEqual(pulled->values["big"], want));
   EXPECT_EQ(pulled->versions["big"][0], 1);
+}
+
+// PsClient and PsService move tensor bytes in hand-encoded protobuf
+// (ps_wire.h); peers using the generated stubs must see the same protocol.
+TEST(PsServiceTest, ZeroCopyPathsMatchTheProtobufStubs) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+  // 64-byte chunks: every shard spans many chunks and messages.
+  PsClientOptions client_options;
+  client_options.chunk_bytes = 64;
+  const ShardingPlan plan = Plan({{"w", {300, 7}}, {"b", {7}}}, *Partitioner::FixedShards(3), 1);
+  const Tensor init_w = Pattern({300, 7}, 11), init_b = Pattern({7}, 12);
+  const Tensor grad_w = Pattern({300, 7}, 13), grad_b = Pattern({7}, 14);
+  PsTestCluster raw_cluster(1, options), proto_cluster(1, options);
+  std::unique_ptr<PsClient> raw = raw_cluster.Client(plan, client_options);
+  std::unique_ptr<PsClient> proto = proto_cluster.Client(plan, client_options);
+  ASSERT_NE(raw, nullptr);
+  ASSERT_NE(proto, nullptr);
+  ASSERT_TRUE(raw->Initialize({{"w", &init_w}, {"b", &init_b}}).ok());
+  ASSERT_TRUE(proto->Initialize({{"w", &init_w}, {"b", &init_b}}).ok());
+
+  // The same gradients: through PsClient on one ps, as protobuf messages of
+  // 100-element chunks through the generated stub on the other.
+  ASSERT_TRUE(raw->Push({{"w", &grad_w}, {"b", &grad_b}}).ok());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(proto_cluster.servers[0]->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::PushResponse response;
+  auto writer = stub->Push(&ctx, &response);
+  v1::UploadMessage m;
+  std::vector<std::pair<const float*, int64_t>> sources;
+  for (const ShardInfo& s : plan.shards()) {
+    v1::UploadShard* us = m.mutable_header()->add_shards();
+    us->mutable_ref()->set_variable(s.variable);
+    us->mutable_ref()->set_shard(s.index);
+    us->set_num_elements(s.num_elements());
+    const Tensor& g = s.variable == "w" ? grad_w : grad_b;
+    sources.push_back({g.data() + s.element_offset(), s.num_elements()});
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    for (int64_t off = 0; off < sources[i].second; off += 100) {
+      const int64_t n = std::min<int64_t>(100, sources[i].second - off);
+      v1::DataChunk* c = m.add_chunks();
+      c->set_index(static_cast<int32_t>(i));
+      c->set_offset(off);
+      c->set_data(
+          std::string(reinterpret_cast<const char*>(sources[i].first + off), n * sizeof(float)));
+      ASSERT_TRUE(writer->Write(m));
+      m.Clear();
+    }
+  }
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  EXPECT_EQ(response.shards_size(), static_cast<int>(plan.shards().size()));
+
+  absl::StatusOr<PullResult> a = raw->Pull();
+  absl::StatusOr<PullResult> b = proto->Pull();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(BitEqual(a->values["w"], b->values["w"]));
+  EXPECT_TRUE(BitEqual(a->values["b"], b->values["b"]));
+  EXPECT_FALSE(BitEqual(a->values["w"], init_w));
+  EXPECT_EQ(a->versions, b->versions);
+
+  // The ps's hand-encoded Pull answer parses as protobuf PullMessages.
+  grpc::ClientContext pull_ctx;
+  v1::PullRequest request;
+  request.add_variables("w");
+  request.set_max_chunk_bytes(64);
+  auto reader = stub->Pull(&pull_ctx, request);
+  Tensor assembled({300, 7});
+  std::map<int, const ShardInfo*> by_index;
+  v1::PullMessage msg;
+  int messages = 0;
+  while (reader->Read(&msg)) {
+    ++messages;
+    for (const v1::PulledShard& h : msg.shards()) {
+      by_index[h.index()] = &plan.shards()[plan.Find("w")->shards[h.ref().shard()]];
+      EXPECT_EQ(h.version(), 1);
+    }
+    for (const v1::DataChunk& c : msg.chunks()) {
+      ASSERT_TRUE(by_index.contains(c.index()));
+      std::memcpy(assembled.data() + by_index[c.index()]->element_offset() + c.offset(),
+                  c.data().data(), c.data().size());
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GT(messages, 100);
+  EXPECT_TRUE(BitEqual(assembled, b->values["w"]));
 }
 
 // ---------------------------------------------------------------------------
@@ -295,6 +388,55 @@ TEST_F(PsHostileTest, MalformedPushesAreRejectedAndApplyNothing) {
     EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.name;
     ExpectUnchanged(c.name);
   }
+}
+
+// Bytes that no protobuf encoder would produce, sent as raw messages.
+TEST_F(PsHostileTest, GarbageAndTruncatedMessagesAreRejectedAndApplyNothing) {
+  auto raw_push = [&](const std::vector<std::string>& messages) {
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateChannel(cluster_->servers[0]->address(), grpc::InsecureChannelCredentials());
+    grpc::internal::RpcMethod method("/distrain.v1.ParameterServer/Push",
+                                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                      &response));
+    for (const std::string& bytes : messages) {
+      grpc::Slice slice(bytes);
+      if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::UploadMessage header = Header({{"w", 0, 6}});
+  AddChunk(header, 0, 0, 3);
+  v1::UploadMessage rest;
+  AddChunk(rest, 0, 3, 3);
+  const std::string rest_bytes = rest.SerializeAsString();
+  struct Case {
+    const char* name;
+    std::vector<std::string> messages;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"garbage", {std::string("\xff\xff\xff", 3)}, "message 0 is not an UploadMessage"},
+      {"truncated second message",
+       {header.SerializeAsString(), rest_bytes.substr(0, rest_bytes.size() - 2)},
+       "message 1 is not an UploadMessage: malformed message at byte 0"},
+      {"header that is no UploadHeader",
+       {std::string("\x0a\x01\xff", 3)},
+       "the header is not a valid UploadHeader"},
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = raw_push(c.messages);
+    EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << c.name << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.name;
+    ExpectUnchanged(c.name);
+  }
+  // The same messages, untruncated, are a valid push.
+  EXPECT_TRUE(raw_push({header.SerializeAsString(), rest_bytes}).ok());
 }
 
 TEST_F(PsHostileTest, CancelledPushMidStreamAppliesNothing) {
