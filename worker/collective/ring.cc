@@ -421,6 +421,19 @@ std::string RingCollective::What() const {
              : absl::StrCat(op_name_, " '", *op_tag_, "' #", sequence_);
 }
 
+absl::Status RingCollective::PeerClosed(const std::string& peer,
+                                        const std::string& progress) const {
+  return absl::UnavailableError(absl::StrCat(
+      What(), ": ", peer, " closed the connection (", progress,
+      "); that process exited or failed (possibly because of an earlier peer failure)"));
+}
+
+absl::Status RingCollective::PeerBroke(const char* direction, const std::string& peer, int err,
+                                       const std::string& progress) const {
+  return absl::UnavailableError(absl::StrCat(What(), ": connection ", direction, " ", peer,
+                                             " broke: ", std::strerror(err), " (", progress, ")"));
+}
+
 absl::Status RingCollective::BeginOp(Kind kind, ReduceOp op, int root, int64_t payload_bytes) {
   if (aborted_.load()) return Fail(absl::OkStatus());
   if (!failed_.ok()) {
@@ -533,17 +546,13 @@ absl::Status RingCollective::Transfer(absl::Time deadline) {
         recv_ready = n == requested;  // a short read drained the socket
       } else if (n == 0) {
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(
-            What(), ": ", left_name_, " closed the connection (", progress_text(),
-            "); that process exited or failed (possibly because of an earlier peer failure)")));
+        return Fail(PeerClosed(left_name_, progress_text()));
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         recv_ready = false;
       } else if (errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", left_name_,
-                                                        " broke: ", std::strerror(err), " (",
-                                                        progress_text(), ")")));
+        return Fail(PeerBroke("from", left_name_, err, progress_text()));
       }
     }
 
@@ -593,9 +602,7 @@ absl::Status RingCollective::Transfer(absl::Time deadline) {
         } else if (n < 0 && errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", right_name_,
-                                                          " broke: ", std::strerror(err), " (",
-                                                          progress_text(), ")")));
+          return Fail(PeerBroke("to", right_name_, err, progress_text()));
         }
       }
     }
@@ -701,8 +708,7 @@ absl::Status RingCollective::MeshTransfer(absl::Time deadline, const char* out, 
         } else if (n < 0 && errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", names_[p],
-                                                          " broke: ", std::strerror(err))));
+          return Fail(PeerBroke("to", names_[p], err, "while sending"));
         }
       }
       if (mesh_got_[p] < total && mesh_can_recv_[p]) {
@@ -726,16 +732,14 @@ absl::Status RingCollective::MeshTransfer(absl::Time deadline, const char* out, 
           }
         } else if (n == 0) {
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(
-              What(), ": ", names_[p], " closed the connection (received ", mesh_got_[p], " of ",
-              total, " bytes from it); that process exited or failed")));
+          return Fail(PeerClosed(
+              names_[p], absl::StrCat("received ", mesh_got_[p], " of ", total, " bytes from it")));
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
           mesh_can_recv_[p] = false;
         } else if (errno != EINTR) {
           const int err = errno;
           account();
-          return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", names_[p],
-                                                          " broke: ", std::strerror(err))));
+          return Fail(PeerBroke("from", names_[p], err, "while receiving"));
         }
       }
       const bool send_left = mesh_sent_[p] < total;
@@ -868,8 +872,7 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
       } else if (n < 0 && errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", names_[to],
-                                                        " broke: ", std::strerror(err))));
+        return Fail(PeerBroke("to", names_[to], err, "while sending"));
       }
     }
     // When only the receive is left, block in recvmsg itself: one syscall
@@ -915,9 +918,8 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
         }
       } else if (n == 0) {
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(
-            What(), ": ", names_[from], " closed the connection (received ", got, " of ", in_total,
-            " bytes from it); that process exited or failed")));
+        return Fail(PeerClosed(names_[from],
+                               absl::StrCat("received ", got, " of ", in_total, " bytes from it")));
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         recv_ready = false;
         if (block && absl::Now() >= deadline) {
@@ -927,8 +929,7 @@ absl::Status RingCollective::Exchange(int to, const char* out, int64_t out_bytes
       } else if (errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", names_[from],
-                                                        " broke: ", std::strerror(err))));
+        return Fail(PeerBroke("from", names_[from], err, "while receiving"));
       }
     }
     if (sent == out_total && got == in_total) break;
@@ -1243,17 +1244,13 @@ absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
         process(received & ~int64_t{3});
       } else if (got == 0) {
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(
-            What(), ": ", left_name_, " closed the connection (", progress_text(),
-            "); that process exited or failed (possibly because of an earlier peer failure)")));
+        return Fail(PeerClosed(left_name_, progress_text()));
       } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         recv_ready = false;
       } else if (errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection from ", left_name_,
-                                                        " broke: ", std::strerror(err), " (",
-                                                        progress_text(), ")")));
+        return Fail(PeerBroke("from", left_name_, err, progress_text()));
       }
     }
     if (send_ready && can_send()) {
@@ -1286,9 +1283,7 @@ absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
       } else if (sent < 0 && errno != EINTR) {
         const int err = errno;
         account();
-        return Fail(absl::UnavailableError(absl::StrCat(What(), ": connection to ", right_name_,
-                                                        " broke: ", std::strerror(err), " (",
-                                                        progress_text(), ")")));
+        return Fail(PeerBroke("to", right_name_, err, progress_text()));
       }
     }
     if (progressed) continue;

@@ -251,6 +251,11 @@ class RingCollective : public Collective {
   // Names the current operation in errors ("all-reduce 'grads' #12"); built
   // only on the error path so steady state does not allocate.
   std::string What() const;
+  // The two ways a peer's socket ends mid-operation, worded alike by every
+  // transfer loop; `progress` says how far the operation got.
+  absl::Status PeerClosed(const std::string& peer, const std::string& progress) const;
+  absl::Status PeerBroke(const char* direction, const std::string& peer, int err,
+                         const std::string& progress) const;
   void AddSend(const ByteVector* v, int64_t begin, int64_t length, int depends_on);
   int AddRecv(ByteVector* v, int64_t begin, int64_t length, Mode mode);
 

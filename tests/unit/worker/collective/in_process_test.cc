@@ -9,20 +9,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/worker/collective/collective_test_util.h"
+
 namespace distrain {
 namespace {
 
 using Group = std::vector<std::unique_ptr<InProcessCollective>>;
 
-// Runs fn(rank) on one thread per rank and waits for all.
-void OnEveryRank(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
-
-// Integer-valued so sums and means are exact whatever the summation order.
-float Value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 97) + rank); }
+using collective_testing::ExpectSeveralBuffersReduceAsOneVector;
+using collective_testing::OnEveryRank;
+using collective_testing::Value;
 
 CollectiveOptions Quick(absl::Duration timeout = absl::Seconds(20)) {
   CollectiveOptions o;
@@ -87,30 +83,11 @@ TEST(InProcessCollectiveTest, AllReduceIsBitIdenticalOnEveryRankWithRoundingValu
 TEST(InProcessCollectiveTest, AllReduceTreatsSeveralBuffersAsOneVector) {
   constexpr int kRanks = 3;
   Group group = InProcessCollective::CreateGroup(kRanks);
-  const std::vector<size_t> sizes = {3, 0, 500, 1};
-  std::vector<std::vector<std::vector<float>>> data(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (size_t s : sizes) {
-      std::vector<float> b(s);
-      for (float& x : b) x = Value(r, i++);
-      data[r].push_back(b);
-    }
-  }
-  OnEveryRank(kRanks, [&](int r) {
-    std::vector<absl::Span<float>> spans;
-    for (auto& b : data[r]) spans.push_back(absl::MakeSpan(b));
-    ASSERT_TRUE(group[r]->AllReduce(spans, ReduceOp::kSum, Quick()).ok());
-  });
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (const auto& b : data[r]) {
-      for (float x : b) {
-        EXPECT_EQ(x, Value(0, i) + Value(1, i) + Value(2, i)) << "i=" << i;
-        ++i;
-      }
-    }
-  }
+  ExpectSeveralBuffersReduceAsOneVector(
+      kRanks, {3, 0, 500, 1}, ReduceOp::kSum,
+      [&](int r, const std::vector<absl::Span<float>>& spans) {
+        return group[r]->AllReduce(spans, ReduceOp::kSum, Quick());
+      });
 }
 
 TEST(InProcessCollectiveTest, ReduceWritesOnlyTheRoot) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/unit/worker/collective/collective_test_util.h"
 #include "worker/collective/tcp_socket.h"
 
 namespace distrain {
@@ -19,11 +20,9 @@ namespace {
 
 using Ring = std::vector<std::unique_ptr<RingCollective>>;
 
-void OnEveryRank(int n, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
-  for (auto& t : threads) t.join();
-}
+using collective_testing::ExpectSeveralBuffersReduceAsOneVector;
+using collective_testing::OnEveryRank;
+using collective_testing::Value;
 
 RingOptions Options(int n, const std::string& prefix = "test") {
   RingOptions o;
@@ -49,8 +48,6 @@ Ring MakeRing(int n, const RingOptions& options) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
   return ring;
 }
-
-float Value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 97) + rank); }
 
 CollectiveOptions Timeout(absl::Duration timeout = absl::Seconds(20)) {
   CollectiveOptions o;
@@ -131,31 +128,11 @@ TEST_P(RingPathTest, SeveralBuffersAreOneLogicalVector) {
   constexpr int kRanks = 3;
   Ring ring = MakeRing(kRanks, PathOptions(kRanks));
   ASSERT_FALSE(HasFailure());
-  const std::vector<size_t> sizes = {3, 0, 5000, 1, 17};
-  std::vector<std::vector<std::vector<float>>> data(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (size_t s : sizes) {
-      std::vector<float> b(s);
-      for (float& x : b) x = Value(r, i++);
-      data[r].push_back(b);
-    }
-  }
-  OnEveryRank(kRanks, [&](int r) {
-    std::vector<absl::Span<float>> spans;
-    for (auto& b : data[r]) spans.push_back(absl::MakeSpan(b));
-    absl::Status s = ring[r]->AllReduce(spans, ReduceOp::kSum, Timeout());
-    ASSERT_TRUE(s.ok()) << s;
-  });
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (const auto& b : data[r]) {
-      for (float x : b) {
-        ASSERT_EQ(x, Value(0, i) + Value(1, i) + Value(2, i)) << "rank " << r << " i=" << i;
-        ++i;
-      }
-    }
-  }
+  ExpectSeveralBuffersReduceAsOneVector(
+      kRanks, {3, 0, 5000, 1, 17}, ReduceOp::kSum,
+      [&](int r, const std::vector<absl::Span<float>>& spans) {
+        return ring[r]->AllReduce(spans, ReduceOp::kSum, Timeout());
+      });
 }
 
 TEST_P(RingPathTest, BroadcastCopiesFromEveryRoot) {
@@ -290,33 +267,11 @@ TEST(RingCollectiveTest, SlicesSpanSeveralBuffers) {
   options.chunk_bytes = 64;  // 16 floats: most slices cross a buffer boundary
   Ring ring = MakeRing(kRanks, options);
   ASSERT_FALSE(HasFailure());
-  const std::vector<size_t> sizes = {3, 0, 50, 1, 17, 200, 5, 33};
-  std::vector<std::vector<std::vector<float>>> data(kRanks);
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (size_t s : sizes) {
-      std::vector<float> b(s);
-      for (float& x : b) x = Value(r, i++);
-      data[r].push_back(b);
-    }
-  }
-  OnEveryRank(kRanks, [&](int r) {
-    std::vector<absl::Span<float>> spans;
-    for (auto& b : data[r]) spans.push_back(absl::MakeSpan(b));
-    absl::Status s = ring[r]->AllReduce(spans, ReduceOp::kMean, Timeout());
-    ASSERT_TRUE(s.ok()) << s;
-  });
-  for (int r = 0; r < kRanks; ++r) {
-    int64_t i = 0;
-    for (const auto& b : data[r]) {
-      for (float x : b) {
-        float sum = 0;
-        for (int k = 0; k < kRanks; ++k) sum += Value(k, i);
-        ASSERT_EQ(x, sum / kRanks) << "rank " << r << " i=" << i;
-        ++i;
-      }
-    }
-  }
+  ExpectSeveralBuffersReduceAsOneVector(
+      kRanks, {3, 0, 50, 1, 17, 200, 5, 33}, ReduceOp::kMean,
+      [&](int r, const std::vector<absl::Span<float>>& spans) {
+        return ring[r]->AllReduce(spans, ReduceOp::kMean, Timeout());
+      });
 }
 
 TEST(RingCollectiveTest, AllReduceIsBitIdenticalOnEveryRank) {
