@@ -3,6 +3,8 @@
 # ROOT (the repository) and BUILD (the build directory) set and KUBECONFIG
 # exported; it defines functions only.
 #
+#   e2e_preflight                          exits 77 (skip) unless root, 1 unless the agent,
+#                                          operator and worker are built in BUILD
 #   e2e_start_node STATE_DIR [NAMESPACE]   the node agent (needs root: /etc/hosts);
 #                                          pids under STATE_DIR/pids, logs under STATE_DIR/logs;
 #                                          more agent flags in the array E2E_NODE_ARGS
@@ -19,6 +21,17 @@
 
 E2E_PIDS=()
 E2E_NODE_ARGS=()
+
+e2e_preflight() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: the test node agent needs root (it manages /etc/hosts and mounts pod volumes)"
+    exit 77
+  fi
+  local b
+  for b in tests/e2e/distrain-test-node operator/distrain-operator worker/distrain-worker; do
+    [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built (ninja -C $BUILD $(basename "$b"))"; exit 1; }
+  done
+}
 
 e2e_start_node() {
   local state="$1" ns="${2:-}"

@@ -18,16 +18,10 @@ KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 WAIT_S="${E2E_WAIT_S:-300}"
 CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill}"
 
-if [ "$(id -u)" != 0 ]; then
-  echo "SKIP: the test node agent needs root to manage /etc/hosts"
-  exit 77
-fi
-for b in tests/e2e/distrain-test-node operator/distrain-operator worker/distrain-worker; do
-  [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built (ninja -C $BUILD $(basename "$b"))"; exit 1; }
-done
 
 # shellcheck source=tests/e2e/e2e_lib.sh
 . "$ROOT/tests/e2e/e2e_lib.sh"
+e2e_preflight
 NS="e2e-$$"
 WORK="$(mktemp -d /tmp/distrain-e2e.XXXXXX)"
 k() { "$KUBECTL" -n "$NS" "$@"; }

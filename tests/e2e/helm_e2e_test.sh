@@ -33,17 +33,11 @@ KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
 WAIT_S="${E2E_WAIT_S:-180}"
 
-if [ "$(id -u)" != 0 ]; then
-  echo "SKIP: the test node agent needs root to manage /etc/hosts and mount pod volumes"
-  exit 77
-fi
-for b in tests/e2e/distrain-test-node operator/distrain-operator worker/distrain-worker; do
-  [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built (ninja -C $BUILD $(basename "$b"))"; exit 1; }
-done
-HELM="$("$CP" helmbin 2>/dev/null)" || { echo "FAIL: no helm (scripts/control-plane.sh build builds it)"; exit 1; }
 
 # shellcheck source=tests/e2e/e2e_lib.sh
 . "$ROOT/tests/e2e/e2e_lib.sh"
+e2e_preflight
+HELM="$("$CP" helmbin 2>/dev/null)" || { echo "FAIL: no helm (scripts/control-plane.sh build builds it)"; exit 1; }
 NS="e2e-helm-$$"
 REL="dt$$"  # cluster-scoped objects are named after it: unique on a shared control plane
 SA="$REL-distrain"
