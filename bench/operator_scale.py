@@ -6,6 +6,8 @@
    until a watch has seen every one of the job's pods and Services ADDED.
    Prints pods/s (workers / seconds) and objects/s (pods + Services).
    JobSet publishes 290 pods/s for its controller; the target is >= 300.
+   The pods are O(1) in size: the cluster (every host) is in one ConfigMap per
+   job, which TF_CONFIG refers to (DESIGN.md §5); the ceiling POSTs the same.
 2. Footprint: --jobs small jobs (default 200, one worker each) are applied and
    reconciled; then the operator watches them idle for --idle seconds. Prints
    the operator's peak RSS (VmHWM) over the whole run and its CPU use while
@@ -151,6 +153,15 @@ def proc_stats(pid):
     return hwm, rss, cpu
 
 
+def stored_pod_bytes(kubectl, ns, name):
+    """Size of a pod's spec, labels and annotations as the API server stores
+    them (its defaults included), to check the ceiling POSTs the operator's shape."""
+    pod = json.loads(sh(*kubectl, "-n", ns, "get", "pod", name, "-o", "json"))
+    kept = {"labels": pod["metadata"].get("labels", {}), "annotations": pod["metadata"].get("annotations", {}),
+            "spec": pod["spec"]}
+    return len(json.dumps(kept, separators=(",", ":")))
+
+
 def job_yaml(name, workers):
     return f"""apiVersion: distrain.io/v1alpha1
 kind: DistributedTrainingJob
@@ -226,28 +237,57 @@ def main():
     ns_raw = ns + "-raw"
     op = None
     try:
-        # 0. The ceiling: the same pods and Services (taken from a dry run of
-        # the operator's output shape: same size, same env) POSTed by a bare
-        # client with 32 connections, no operator involved.
+        # 0. The ceiling: what the operator writes for this job, POSTed by a
+        # bare client with 32 connections, no operator involved: the job's
+        # cluster-spec ConfigMap (every host, once) first, then the pods in
+        # the operator's shape (TF_CONFIG refers to the ConfigMap; same env,
+        # ports, labels and annotation as controller/pods.cc writes) and the
+        # headless Services. The pod size is checked against the operator's
+        # own pods after step 1.
         sh(*kubectl, "create", "namespace", ns_raw)
-        env = [{"name": "TF_CONFIG", "value": "x" * (60 * args.workers)},
-               {"name": "DISTRAIN_JOB_CONFIG", "value": "y" * 600}]
+        hosts = [f"raw-worker-{i}.{ns_raw}.svc:2222" for i in range(args.workers)]
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": "raw-cluster-spec",
+                                   "labels": {"distrain.io/job-name": "raw",
+                                              "app.kubernetes.io/managed-by": "distrain-operator"},
+                                   "annotations": {"distrain.io/cluster-spec-hash": "0" * 16}},
+                      "data": {"cluster": json.dumps({"worker": hosts}, separators=(",", ":"))}}
+        job_config = "y" * 1030  # DISTRAIN_JOB_CONFIG of this job is ~1 KB
         raw = []
         for i in range(args.workers):
             labels = {"distrain.io/job-name": "raw", "distrain.io/replica-type": "worker",
-                      "distrain.io/replica-index": str(i)}
+                      "distrain.io/replica-index": str(i), "app.kubernetes.io/managed-by": "distrain-operator"}
+            if i == 0:
+                labels["distrain.io/job-role"] = "master"
+            field = lambda path: {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+            env = [{"name": "DISTRAIN_TF_CLUSTER",
+                    "valueFrom": {"configMapKeyRef": {"name": "raw-cluster-spec", "key": "cluster"}}},
+                   {"name": "TF_CONFIG", "value": '{"cluster":$(DISTRAIN_TF_CLUSTER),"task":{"type":"worker","index":%d},'
+                                                  '"environment":"cloud"}' % i},
+                   {"name": "DISTRAIN_JOB_CONFIG", "value": job_config},
+                   {"name": "DISTRAIN_METRICS_PORT", "value": "9090"},
+                   {"name": "POD_NAME", **field("metadata.name")},
+                   {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+                   {"name": "POD_IP", **field("status.podIP")}]
             raw.append((f"/api/v1/namespaces/{ns_raw}/pods",
-                        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"raw-worker-{i}", "labels": labels},
+                        {"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": f"raw-worker-{i}", "labels": labels,
+                                      "annotations": {"distrain.io/cluster-spec-hash": "0" * 16}},
                          "spec": {"restartPolicy": "Never", "hostname": f"raw-worker-{i}", "subdomain": f"raw-worker-{i}",
                                   "containers": [{"name": "distrain", "image": "localhost/distrain/worker:latest",
-                                                  "env": env, "ports": [{"name": "distrain", "containerPort": 2222}]}]}}))
+                                                  "command": ["distrain-worker"], "env": env,
+                                                  "ports": [{"name": "distrain", "containerPort": 2222, "protocol": "TCP"},
+                                                            {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]}]}}))
             raw.append((f"/api/v1/namespaces/{ns_raw}/services",
                         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"raw-worker-{i}", "labels": labels},
-                         "spec": {"clusterIP": "None", "selector": labels, "publishNotReadyAddresses": True,
-                                  "ports": [{"name": "distrain", "port": 2222}]}}))
-        t_raw = api.create_raw(ns_raw, raw)
-        print(f"[bench] API server ceiling (bare client, 32 connections): {args.workers} pods + Services in "
-              f"{t_raw:.2f} s = {args.workers / t_raw:.0f} pods/s")
+                         "spec": {"clusterIP": "None", "selector": {k: labels[k] for k in list(labels)[:3]},
+                                  "publishNotReadyAddresses": True,
+                                  "ports": [{"name": "distrain", "port": 2222, "targetPort": 2222, "protocol": "TCP"}]}}))
+        t_cm = api.create_raw(ns_raw, [(f"/api/v1/namespaces/{ns_raw}/configmaps", config_map)], connections=1)
+        t_raw = t_cm + api.create_raw(ns_raw, raw)
+        print(f"[bench] API server ceiling (bare client, 32 connections): the ConfigMap + {args.workers} pods + "
+              f"Services in {t_raw:.2f} s = {args.workers / t_raw:.0f} pods/s")
+        raw_pod_bytes = stored_pod_bytes(kubectl, ns_raw, "raw-worker-1")
         subprocess.run([*kubectl, "delete", "namespace", ns_raw, "--wait=false"], capture_output=True)
         time.sleep(5)
 
@@ -286,6 +326,8 @@ def main():
               f"JobSet publishes 290 pods/s (its cluster, not this machine): {args.workers / t_all / 290:.2f}x")
         hwm, _, _ = proc_stats(op.pid)
         print(f"[bench] operator peak RSS during the burst: {hwm / 2**20:.1f} MiB")
+        print(f"[bench] a pod as stored (spec + labels + annotations): operator "
+              f"{stored_pod_bytes(kubectl, ns, 'big-worker-1')} bytes, bare client {raw_pod_bytes} bytes")
         stop_operator(op)
         subprocess.run([*kubectl, "delete", "namespace", ns, "--wait=false"], capture_output=True)
 

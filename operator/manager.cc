@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "operator/api/distributed_training_job.h"
+#include "operator/controller/pods.h"
 #include "operator/controller/reconcile.h"
 #include "operator/controller/reconciler.h"
 #include "operator/kube/event_recorder.h"
@@ -90,7 +91,7 @@ struct Manager::Impl {
 
   // One informer of each kind per watched namespace ("" = all namespaces).
   struct NamespaceInformers {
-    std::unique_ptr<kube::Informer> jobs, pods, services;
+    std::unique_ptr<kube::Informer> jobs, pods, services, config_maps;
   };
   std::map<std::string, NamespaceInformers> informers;
 
@@ -118,6 +119,8 @@ struct Manager::Impl {
   void Worker();
   kube::Informer* InformerFor(const std::string& ns, int kind);
   std::vector<Json> Children(const std::string& ns, const std::string& job, int kind);
+  std::vector<controller::ObjectRef> ChildrenShared(const std::string& ns, const std::string& job,
+                                                    int kind);
   void CountTransitions(const Json& job, const Json& old_status, const Json& new_status);
 };
 
@@ -172,8 +175,10 @@ kube::Informer* Manager::Impl::InformerFor(const std::string& ns, int kind) {
       return it->second.jobs.get();
     case 1:
       return it->second.pods.get();
-    default:
+    case 2:
       return it->second.services.get();
+    default:
+      return it->second.config_maps.get();
   }
 }
 
@@ -185,6 +190,13 @@ std::vector<Json> Manager::Impl::Children(const std::string& ns, const std::stri
     out.push_back(std::move(object));
   }
   return out;
+}
+
+std::vector<controller::ObjectRef> Manager::Impl::ChildrenShared(const std::string& ns,
+                                                                 const std::string& job, int kind) {
+  kube::Informer* informer = InformerFor(ns, kind);
+  if (informer == nullptr) return {};
+  return informer->ByIndexShared(kJobIndex, kube::ObjectKey(ns, job));
 }
 
 void Manager::Impl::StartInformers() {
@@ -201,6 +213,11 @@ void Manager::Impl::StartInformers() {
                                             .label_selector = selector, .registry = registry});
     set.services = std::make_unique<kube::Informer>(
         client.get(), kube::InformerOptions{.resource = kube::ServicesResource(),
+                                            .namespace_name = ns, .label_selector = selector,
+                                            .registry = registry});
+    // The jobs' cluster-spec ConfigMaps (controller/pods.h), looked up by name.
+    set.config_maps = std::make_unique<kube::Informer>(
+        client.get(), kube::InformerOptions{.resource = kube::ConfigMapsResource(),
                                             .namespace_name = ns, .label_selector = selector,
                                             .registry = registry});
     for (kube::Informer* child : {set.pods.get(), set.services.get()}) {
@@ -220,6 +237,7 @@ void Manager::Impl::StartInformers() {
             [this](const Json& job) {
               const std::string key = kube::ObjectKey(job);
               expectations->DeleteExpectations(key);
+              expectations->DeleteExpectations(controller::ConfigMapExpectationsKey(key));
               queue->Add(key);
             },
     });
@@ -248,15 +266,29 @@ void Manager::Impl::StartInformers() {
         .on_update = [this](const Json&, const Json& s) { if (auto key = OwnerJobKey(s)) queue->Add(*key); },
         .on_delete = [this](const Json& s) { if (auto key = OwnerJobKey(s)) queue->Add(*key); },
     });
+    // A write of the reconciler is observed by an add (create) or an update (PUT).
+    auto config_map_seen = [this](const Json& cm) {
+      if (auto key = OwnerJobKey(cm)) {
+        expectations->CreationObserved(controller::ConfigMapExpectationsKey(*key));
+        queue->Add(*key);
+      }
+    };
+    set.config_maps->AddHandlers({
+        .on_add = config_map_seen,
+        .on_update = [config_map_seen](const Json&, const Json& cm) { config_map_seen(cm); },
+        .on_delete = [this](const Json& cm) { if (auto key = OwnerJobKey(cm)) queue->Add(*key); },
+    });
     set.jobs->Start();
     set.pods->Start();
     set.services->Start();
+    set.config_maps->Start();
   }
 }
 
 void Manager::Impl::StopInformers() {
   for (auto& [ns, set] : informers) {
-    for (kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get()}) {
+    for (kube::Informer* i :
+         {set.jobs.get(), set.pods.get(), set.services.get(), set.config_maps.get()}) {
       if (i != nullptr) i->Stop();
     }
   }
@@ -264,7 +296,8 @@ void Manager::Impl::StopInformers() {
 
 bool Manager::Impl::InformersSynced() const {
   for (const auto& [ns, set] : informers) {
-    for (const kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get()}) {
+    for (const kube::Informer* i :
+         {set.jobs.get(), set.pods.get(), set.services.get(), set.config_maps.get()}) {
       if (i == nullptr || !i->HasSynced()) return false;
     }
   }
@@ -375,6 +408,17 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
   auto config = kube::LoadRestConfig({.kubeconfig_path = options.kubeconfig, .context = options.context});
   if (!config.ok()) return absl::InvalidArgumentError(config.status().message());
   impl->rest_config = *config;
+  if (!config->ca_pem.empty()) {
+    // cpprestsdk calls set_default_verify_paths on every new connection's
+    // context, which parses the system CA bundle ($SSL_CERT_FILE or
+    // OpenSSL's default, ~140 PEM certificates through OpenSSL 3's decoders)
+    // only for RestClient to replace the store with the cluster's CA: two
+    // thirds of the operator's CPU while creating a 500-pod job. With a CA
+    // given the system store is never consulted (rest_client.h), so point
+    // OpenSSL's default file at nothing. Set here, before the client's threads
+    // exist; nothing else in this process uses OpenSSL's default paths.
+    setenv("SSL_CERT_FILE", "/dev/null", /*overwrite=*/1);
+  }
   auto client = kube::RestClient::Create(
       *config, {.qps = options.qps, .burst = options.burst, .registry = impl->registry});
   if (!client.ok()) return absl::InvalidArgumentError(client.status().message());
@@ -403,8 +447,12 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
                 const std::string ns = job["metadata"].value("namespace", "");
                 const std::string name = job["metadata"].value("name", "");
                 controller::Observed observed;
-                observed.pods = m->Children(ns, name, 1);
-                observed.services = m->Children(ns, name, 2);
+                observed.pods = m->ChildrenShared(ns, name, 1);
+                observed.services = m->ChildrenShared(ns, name, 2);
+                if (kube::Informer* cms = m->InformerFor(ns, 3)) {
+                  observed.cluster_config_map =
+                      cms->Get(ns, controller::ClusterConfigMapName(name));
+                }
                 if (m->pod_group_crd && job.contains("spec") &&
                     job["spec"].value("/runPolicy/scheduling/gang"_json_pointer, false)) {
                   auto r = m->client->Request("GET", kube::ResourcePath(PodGroupsResource(), ns, name));
@@ -446,8 +494,9 @@ absl::Status Manager::Run(std::stop_token stop) {
     if (!s.ok()) return s.status();
     health = std::move(*s);
   }
-  spdlog::info("distrain-operator {} against {} (metrics :{}, probes :{})", DISTRAIN_VERSION,
-               m.client->server(), m.options.metrics_port, m.options.health_port);
+  spdlog::info("distrain-operator {} against {} as {} (metrics :{}, probes :{})", DISTRAIN_VERSION,
+               m.client->server(), m.rest_config.source, m.options.metrics_port,
+               m.options.health_port);
 
   absl::Status result = absl::OkStatus();
   if (!m.options.leader_elect) {

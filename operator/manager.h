@@ -11,9 +11,9 @@
 //      stay live but do nothing else. Losing the lease ends Run with an error
 //      (the process exits and its Deployment restarts it: client-go's advice,
 //      since a deposed leader's caches and expectations are suspect).
-//   3. Lead: informers for DistributedTrainingJobs, their pods and Services
-//      (label distrain.io/job-name), one set per watched namespace (or one
-//      cluster-wide). Job events enqueue the job's key; child events enqueue
+//   3. Lead: informers for DistributedTrainingJobs, their pods, Services and
+//      cluster-spec ConfigMaps (label distrain.io/job-name), one set per
+//      watched namespace (or one cluster-wide). Job events enqueue the job's key; child events enqueue
 //      the owning job's key and settle expectations. /readyz turns 200 once
 //      every informer has synced.
 //   4. Reconcile: --concurrent-reconciles workers take keys from the

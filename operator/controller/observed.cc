@@ -99,12 +99,12 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
   return p;
 }
 
-std::vector<ObservedPod> ParseObservedPods(const std::vector<nlohmann::json>& pods,
+std::vector<ObservedPod> ParseObservedPods(const std::vector<ObjectRef>& pods,
                                            const std::string& job_name,
                                            const std::string& job_uid) {
   std::vector<ObservedPod> out;
-  for (const Json& pod : pods) {
-    if (std::optional<ObservedPod> p = ParseObservedPod(pod, job_name, job_uid)) {
+  for (const ObjectRef& pod : pods) {
+    if (std::optional<ObservedPod> p = ParseObservedPod(*pod, job_name, job_uid)) {
       out.push_back(std::move(*p));
     }
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "operator/controller/plan.h"
 #include "operator/controller/pods.h"
 
 namespace distrain::controller {
@@ -42,7 +43,7 @@ struct ObservedPod {
 std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std::string& job_name,
                                             const std::string& job_uid);
 
-std::vector<ObservedPod> ParseObservedPods(const std::vector<nlohmann::json>& pods,
+std::vector<ObservedPod> ParseObservedPods(const std::vector<ObjectRef>& pods,
                                            const std::string& job_name, const std::string& job_uid);
 
 }  // namespace distrain::controller

@@ -11,6 +11,7 @@
 //
 // Value types; thread-compatible.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,11 +43,16 @@ struct ControllerOptions {
   std::string gang_scheduler_name = "scheduler-plugins-scheduler";
 };
 
+// A child as the informer caches it: shared, never modified.
+using ObjectRef = std::shared_ptr<const nlohmann::json>;
+
 // What the informers show of the job's children, as the API returns them.
 struct Observed {
-  std::vector<nlohmann::json> pods;      // pods labelled distrain.io/job-name=<job>
-  std::vector<nlohmann::json> services;  // services labelled distrain.io/job-name=<job>
+  std::vector<ObjectRef> pods;      // pods labelled distrain.io/job-name=<job>
+  std::vector<ObjectRef> services;  // services labelled distrain.io/job-name=<job>
   std::optional<nlohmann::json> pod_group;  // the PodGroup named after the job, if any
+  // The job's cluster-spec ConfigMap (pods.h ClusterConfigMapName), if any.
+  std::optional<nlohmann::json> cluster_config_map;
 };
 
 // Facts about the world that are not children of the job.
@@ -76,6 +82,11 @@ struct Event {
 };
 
 struct Plan {
+  // The job's cluster-spec ConfigMap, to POST (absent) or PUT (the observed
+  // object with new data; its resourceVersion makes a concurrent change fail).
+  // Applied before any pod is created: pods read it when they start.
+  std::optional<nlohmann::json> config_map_to_create;
+  std::optional<nlohmann::json> config_map_to_update;
   // Complete objects, ready to POST.
   std::vector<nlohmann::json> pods_to_create;
   std::vector<nlohmann::json> services_to_create;

@@ -252,6 +252,9 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
   // The training cluster only: the evaluator coming or going changes no ring.
   Json training_cluster(check->TrainingCluster().jobs());
   t.cluster_hash = Fnv1aHex(training_cluster.dump());
+  // ClusterSpec::ToJson's "cluster", so the kubelet's expansion of TF_CONFIG
+  // gives ToJson's bytes exactly.
+  t.cluster_json = nlohmann::ordered_json::parse(check->ToJson())["cluster"].dump();
   t.job_config_json = JobConfigToJson(t.config);
   return t;
 }
@@ -335,10 +338,19 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
 
   // Environment.
   Json env = main->contains("env") && (*main)["env"].is_array() ? (*main)["env"] : Json::array();
-  absl::StatusOr<ClusterSpec> cluster =
-      ClusterSpec::Create(topology.cluster, TaskId{ReplicaTaskType(id.type), id.index});
-  DISTRAIN_CHECK(cluster.ok()) << cluster.status().message();  // BuildTopology validated it
-  SetEnv(&env, "TF_CONFIG", {{"value", cluster->ToJson()}});
+  // TF_CONFIG refers to DISTRAIN_TF_CLUSTER, so it must come after it (the
+  // kubelet expands $(VAR) only from variables defined earlier in the list).
+  SetEnv(&env, kClusterEnv,
+         {{"valueFrom",
+           {{"configMapKeyRef",
+             {{"name", ClusterConfigMapName(job.metadata.name)},
+              {"key", kClusterConfigMapKey}}}}}});
+  // BuildTopology validated the cluster and DesiredReplicas the index; the
+  // task's spelling is ClusterSpec::ToJson's.
+  nlohmann::ordered_json task = {{"type", ReplicaTaskType(id.type)}, {"index", id.index}};
+  SetEnv(&env, "TF_CONFIG",
+         {{"value", absl::StrCat("{\"cluster\":$(", kClusterEnv, "),\"task\":", task.dump(),
+                                 ",\"environment\":\"cloud\"}")}});
   SetEnv(&env, "DISTRAIN_JOB_CONFIG", {{"value", topology.job_config_json}});
   const int metrics_port = topology.metrics_ports.at(id.type);
   SetEnv(&env, "DISTRAIN_METRICS_PORT", {{"value", std::to_string(metrics_port)}});
@@ -396,6 +408,24 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
 
   pod["spec"] = std::move(spec);
   return pod;
+}
+
+std::string ClusterConfigMapName(const std::string& job_name) {
+  return absl::StrCat(job_name, kClusterConfigMapSuffix);
+}
+
+nlohmann::json BuildClusterConfigMap(const api::DistributedTrainingJob& job,
+                                     const Topology& topology) {
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata",
+           {{"name", ClusterConfigMapName(job.metadata.name)},
+            {"namespace", job.metadata.namespace_},
+            {"labels",
+             {{api::kLabelJobName, job.metadata.name}, {api::kLabelManagedBy, api::kManagedBy}}},
+            {"annotations", {{kClusterHashAnnotation, topology.cluster_hash}}},
+            {"ownerReferences", Json::array({ControllerReference(job)})}}},
+          {"data", {{kClusterConfigMapKey, topology.cluster_json}}}};
 }
 
 nlohmann::json BuildService(const api::DistributedTrainingJob& job, const Topology& topology,

@@ -16,9 +16,14 @@
 // `hostname -f` resolves too.
 //
 // The main container (named "distrain", else the first) gets:
-//   TF_CONFIG               TensorFlow's shape, built with common/cluster_spec
-//                           (evaluator included), port 2222 or the template's
+//   DISTRAIN_TF_CLUSTER     from the job's ConfigMap "J-cluster-spec", key
+//                           "cluster": TF_CONFIG's "cluster" object (evaluator
+//                           included), hosts on port 2222 or the template's
 //                           port named "distrain" or "tfjob-port";
+//   TF_CONFIG               {"cluster":$(DISTRAIN_TF_CLUSTER),"task":{...},
+//                           "environment":"cloud"}: the kubelet expands the
+//                           reference, so the container sees exactly
+//                           common/cluster_spec's ToJson, TensorFlow's shape;
 //   DISTRAIN_JOB_CONFIG     common/job_config's JobConfigToJson of the spec
 //                           (Auto resolved to the strategy chosen here);
 //   DISTRAIN_METRICS_PORT   the port named "metrics", else the default;
@@ -28,6 +33,11 @@
 //   TPU_WORKER_ID, TPU_WORKER_HOSTNAMES on TPU workers (see BuildPod);
 // and container ports named "distrain" and "metrics". These override entries
 // of the same name in the template: the contract is the operator's.
+// Why a ConfigMap: every pod lists every host, so inlining the cluster made a
+// job's pod specs O(N^2) bytes (25 KB per pod at 500 workers), which the
+// operator, the API server and etcd all serialise, store and watch. The
+// ConfigMap holds it once; pods stay O(1). The pod only starts once the
+// kubelet can read the ConfigMap, which the reconciler creates before any pod.
 // The pod's restartPolicy is always Never: restarts are the operator's
 // (restart.h), so they are counted, bounded by backoffLimit, and can restart
 // several pods together, none of which a kubelet restart can do.
@@ -63,6 +73,11 @@ inline constexpr char kTpuResource[] = "google.com/tpu";
 // Hash of the TF_CONFIG cluster a pod was created with: a pod whose hash is
 // not the current one belongs to an older membership (elastic.h).
 inline constexpr char kClusterHashAnnotation[] = "distrain.io/cluster-spec-hash";
+// The job's cluster-spec ConfigMap ("<job>-cluster-spec") and its one key.
+inline constexpr char kClusterConfigMapSuffix[] = "-cluster-spec";
+inline constexpr char kClusterConfigMapKey[] = "cluster";
+// The env var the kubelet fills from that key; TF_CONFIG refers to it.
+inline constexpr char kClusterEnv[] = "DISTRAIN_TF_CLUSTER";
 // Label scheduler-plugins' coscheduling reads to find a pod's PodGroup.
 inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
 // Label Kueue reads for the queue of a pod (runPolicy.scheduling.queue).
@@ -106,6 +121,7 @@ struct Topology {
   std::map<ReplicaType, int> ports;          // TF_CONFIG port per type
   std::map<ReplicaType, int> metrics_ports;  // DISTRAIN_METRICS_PORT per type
   std::string cluster_hash;                  // of `cluster` without the evaluator
+  std::string cluster_json;                  // `cluster` in TF_CONFIG's order (the ConfigMap's value)
   std::string job_config_json;               // DISTRAIN_JOB_CONFIG
 };
 
@@ -124,6 +140,15 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
 // The complete Pod object for one replica (see the file comment).
 nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& topology,
                         ReplicaId id, const ControllerOptions& options);
+
+// "<job>-cluster-spec".
+std::string ClusterConfigMapName(const std::string& job_name);
+
+// The job's ConfigMap holding TF_CONFIG's "cluster" (key "cluster"), labelled
+// like the job's children (job name, managed-by), annotated with the cluster
+// hash, owned by the job.
+nlohmann::json BuildClusterConfigMap(const api::DistributedTrainingJob& job,
+                                     const Topology& topology);
 
 // The headless Service of one replica.
 nlohmann::json BuildService(const api::DistributedTrainingJob& job, const Topology& topology,

@@ -38,6 +38,24 @@ const char* RestartPolicyName(RestartPolicy p) {
 
 bool IsTrainingType(ReplicaType t) { return t != ReplicaType::kEvaluator; }
 
+// How soon to look again when the ConfigMap of an earlier job of the same name
+// is still there (normally its deletion event comes first).
+constexpr absl::Duration kForeignConfigMapRetry = absl::Seconds(5);
+
+// Whether a child is the job's own and not being deleted.
+bool OwnedByJob(const Json& child, const std::string& job_uid) {
+  if (!child.is_object() || !child.contains("metadata")) return false;
+  const Json& metadata = child["metadata"];
+  if (!metadata.is_object() || metadata.contains("deletionTimestamp")) return false;
+  if (!metadata.contains("ownerReferences") || !metadata["ownerReferences"].is_array()) {
+    return false;
+  }
+  for (const Json& ref : metadata["ownerReferences"]) {
+    if (ref.is_object() && ref.value("uid", "") == job_uid) return true;
+  }
+  return false;
+}
+
 // One reconcile's working state: the plan being built and what it needs.
 class Reconciler {
  public:
@@ -71,6 +89,10 @@ class Reconciler {
     Set(api::kConditionRestarting, false, reason, message, /*emit=*/false);
     status().completion_time = facts_.now;
     finished_ = true;
+  }
+
+  bool OwnedByJob(const Json& child) const {
+    return controller::OwnedByJob(child, job_.metadata.uid);
   }
 
   void DeletePod(const ObservedPod& pod, const std::string& reason) {
@@ -107,14 +129,15 @@ Plan Reconciler::Run(const Observed& observed, const ControllerOptions& options)
   const JobConfig& config = topology_.config;
 
   pods_ = ParseObservedPods(observed.pods, job_.metadata.name, job_.metadata.uid);
-  for (const Json& pod : observed.pods) {
-    if (pod.contains("metadata") && pod["metadata"].is_object()) {
-      observed_pod_names_.insert(pod["metadata"].value("name", ""));
+  for (const ObjectRef& pod : observed.pods) {
+    if (pod->contains("metadata") && (*pod)["metadata"].is_object()) {
+      observed_pod_names_.insert((*pod)["metadata"].value("name", ""));
     }
   }
-  for (const Json& svc : observed.services) {
-    if (svc.contains("metadata") && svc["metadata"].is_object()) {
-      observed_services_[svc["metadata"].value("name", "")] = svc["metadata"].value("uid", "");
+  for (const ObjectRef& svc : observed.services) {
+    if (svc->contains("metadata") && (*svc)["metadata"].is_object()) {
+      const Json& metadata = (*svc)["metadata"];
+      observed_services_[metadata.value("name", "")] = metadata.value("uid", "");
     }
   }
 
@@ -275,6 +298,24 @@ void Reconciler::CreateMissing(const ControllerOptions& options) {
       return;
     }
     if (!observed_->pod_group) plan_.pod_group_to_create = BuildPodGroup(job_, topology_);
+  }
+
+  // The cluster-spec ConfigMap: the apply layer writes it before any pod,
+  // which reads it when it starts (pods.h).
+  const Json desired_config_map = BuildClusterConfigMap(job_, topology_);
+  const std::optional<Json>& config_map = observed_->cluster_config_map;
+  if (!config_map) {
+    plan_.config_map_to_create = desired_config_map;
+  } else if (!OwnedByJob(*config_map)) {
+    // An earlier job's of the same name, not yet garbage-collected: pods made
+    // now could start with its cluster. Its deletion requeues the job.
+    plan_.RequeueAfter(kForeignConfigMapRetry);
+    return;
+  } else if (config_map->value("data", Json()) != desired_config_map["data"]) {
+    Json update = *config_map;
+    update["data"] = desired_config_map["data"];
+    update["metadata"]["annotations"][kClusterHashAnnotation] = topology_.cluster_hash;
+    plan_.config_map_to_update = std::move(update);
   }
 
   // A new generation starts whole: no training pod of a synchronous job (or

@@ -1,6 +1,8 @@
 #include "operator/controller/reconciler.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -52,6 +54,10 @@ class Errors {
 
 }  // namespace
 
+std::string ConfigMapExpectationsKey(const std::string& job_key) {
+  return absl::StrCat(job_key, "#cluster-spec");
+}
+
 JobReconciler::JobReconciler(kube::Client* client, kube::Expectations* expectations,
                              ReconcilerHooks hooks, ControllerOptions options,
                              const kube::Clock* clock)
@@ -61,57 +67,111 @@ JobReconciler::JobReconciler(kube::Client* client, kube::Expectations* expectati
       options_(std::move(options)),
       clock_(clock) {}
 
-absl::Status JobReconciler::CreateAll(const std::string& key, const kube::Resource& resource,
+absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<Json>& services,
                                       const std::vector<Json>& pods) {
-  if (pods.empty()) return absl::OkStatus();
+  // One stream, each pod after its Service, so that neither kind waits for
+  // the other's slowest request.
+  struct Item {
+    const Json* object;
+    bool pod;
+  };
+  std::vector<Item> items;
+  items.reserve(services.size() + pods.size());
+  for (size_t i = 0; i < std::max(services.size(), pods.size()); ++i) {
+    if (i < services.size()) items.push_back({&services[i], false});
+    if (i < pods.size()) items.push_back({&pods[i], true});
+  }
+  if (items.empty()) return absl::OkStatus();
+  const std::string ns = (*items.front().object)["metadata"]["namespace"];
+  const std::string pods_path = kube::ResourcePath(kube::PodsResource(), ns);
+  const std::string services_path = kube::ResourcePath(kube::ServicesResource(), ns);
   // Only pods are tracked by expectations: they are what must never be
   // created twice (a second Service POST is a harmless 409).
-  const bool expect = resource.plural == "pods";
-  const std::string ns = pods.front()["metadata"]["namespace"];
-  const std::string path = kube::ResourcePath(resource, ns);
-  if (expect) expectations_->ExpectCreations(key, static_cast<int>(pods.size()));
+  if (!pods.empty()) expectations_->ExpectCreations(key, static_cast<int>(pods.size()));
+
+  // Slow start: one request in flight, one more allowed for every success
+  // (so the window doubles with every round trip) up to kMaxBatch; the first
+  // failure stops new requests.
+  std::mutex mu;
+  std::condition_variable cv;
   size_t next = 0;
-  int batch = 1;
-  Errors errors;
-  while (next < pods.size()) {
-    const size_t n = std::min(pods.size() - next, static_cast<size_t>(batch));
-    std::vector<absl::Status> results(n);
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        const Json& pod = pods[next + i];
-        absl::StatusOr<kube::ApiResponse> r = client_->Request("POST", path, &pod);
-        if (r.ok() && r->ok()) return;
-        if (expect) expectations_->CreationObserved(key);  // no ADDED event will come for it
-        if (r.ok() && r->conflict()) return;   // already there: the cache will show it
-        results[i] = absl::UnavailableError(absl::StrCat(
-            "creating ", resource.plural, " ", pod["metadata"]["name"].get<std::string>(), ": ",
-            Describe(r)));
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    bool failed = false;
-    for (absl::Status& s : results) {
-      failed = failed || !s.ok();
-      errors.Add(std::move(s));
-    }
-    next += n;
-    if (failed) {
-      // Do not repeat a quota or admission error for every remaining pod.
-      for (; next < pods.size(); ++next) {
-        if (expect) expectations_->CreationObserved(key);
+  int in_flight = 0, window = 1;
+  bool failed = false;
+  std::vector<absl::Status> results(items.size());
+  auto work = [&] {
+    while (true) {
+      size_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return failed || next >= items.size() || in_flight < window; });
+        if (failed || next >= items.size()) return;
+        i = next++;
+        ++in_flight;
       }
-      break;
+      const Item& item = items[i];
+      absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+          "POST", item.pod ? pods_path : services_path, item.object);
+      const bool ok = r.ok() && r->ok();
+      if (!ok && item.pod) expectations_->CreationObserved(key);  // no ADDED event will come
+      // 409: already there, the cache will show it.
+      const bool error = !ok && !(r.ok() && r->conflict());
+      if (error) {
+        results[i] = absl::UnavailableError(
+            absl::StrCat("creating ", item.pod ? "pods " : "services ",
+                         (*item.object)["metadata"]["name"].get<std::string>(), ": ",
+                         Describe(r)));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --in_flight;
+        // Do not repeat a quota or admission error for every remaining child.
+        if (error) failed = true;
+        if (!error) window = std::min(window + 1, kMaxBatch);
+      }
+      cv.notify_all();
     }
-    batch = std::min(batch * 2, kMaxBatch);
+  };
+  std::vector<std::thread> threads;
+  const size_t n_threads = std::min(items.size(), static_cast<size_t>(kMaxBatch));
+  for (size_t t = 0; t < n_threads; ++t) threads.emplace_back(work);
+  for (std::thread& t : threads) t.join();
+  // Pods never sent will never be observed either.
+  for (size_t i = next; i < items.size(); ++i) {
+    if (items[i].pod) expectations_->CreationObserved(key);
   }
+  Errors errors;
+  for (absl::Status& s : results) errors.Add(std::move(s));
   return errors.Result();
+}
+
+absl::Status JobReconciler::ApplyConfigMap(const std::string& key, const std::string& ns,
+                                           const Plan& plan) {
+  const bool create = plan.config_map_to_create.has_value();
+  const Json* object = create ? &*plan.config_map_to_create : &*plan.config_map_to_update;
+  const std::string name = (*object)["metadata"].value("name", "");
+  const std::string expect_key = ConfigMapExpectationsKey(key);
+  expectations_->ExpectCreations(expect_key, 1);
+  absl::StatusOr<kube::ApiResponse> r =
+      create ? client_->RequestStatusOnly("POST",
+                                          kube::ResourcePath(kube::ConfigMapsResource(), ns), object)
+             : client_->RequestStatusOnly(
+                   "PUT", kube::ResourcePath(kube::ConfigMapsResource(), ns, name), object);
+  if (r.ok() && r->ok()) return absl::OkStatus();
+  expectations_->CreationObserved(expect_key);  // no informer event will come for it
+  if (r.ok() && r->conflict()) {
+    // Created or changed by someone else since the cache was filled: retry
+    // once the informer shows the current object.
+    return absl::AbortedError(absl::StrCat(create ? "creating" : "updating", " ConfigMap ", ns, "/",
+                                           name, ": ", r->message(), "; retrying"));
+  }
+  return absl::UnavailableError(absl::StrCat(create ? "creating" : "updating", " ConfigMap ", ns,
+                                             "/", name, ": ", Describe(r)));
 }
 
 absl::Status JobReconciler::DeleteObject(const std::string& path, const Deletion& deletion,
                                          bool* gone_or_stale) {
   const Json body = DeleteOptions(deletion.uid);
-  absl::StatusOr<kube::ApiResponse> r = client_->Request("DELETE", path, &body);
+  absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly("DELETE", path, &body);
   *gone_or_stale = r.ok() && (r->not_found() || r->conflict());
   if (r.ok() && (r->ok() || *gone_or_stale)) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("deleting ", path, ": ", Describe(r)));
@@ -121,9 +181,13 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
   std::optional<Json> job = hooks_.get_job(key);
   if (!job) {
     expectations_->DeleteExpectations(key);
+    expectations_->DeleteExpectations(ConfigMapExpectationsKey(key));
     return std::optional<absl::Duration>();
   }
-  if (!expectations_->SatisfiedExpectations(key)) return std::optional<absl::Duration>();
+  if (!expectations_->SatisfiedExpectations(key) ||
+      !expectations_->SatisfiedExpectations(ConfigMapExpectationsKey(key))) {
+    return std::optional<absl::Duration>();
+  }
 
   const Json& metadata = (*job)["metadata"];
   const std::string ns = metadata.value("namespace", "default");
@@ -150,10 +214,40 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
                                                  Describe(r)));
     }
   }
-  errors.Add(CreateAll(key, kube::ServicesResource(), plan.services_to_create));
-  errors.Add(CreateAll(key, kube::PodsResource(), plan.pods_to_create));
+  absl::Status config_map = absl::OkStatus();
+  if (plan.config_map_to_create || plan.config_map_to_update) {
+    config_map = ApplyConfigMap(key, ns, plan);
+    errors.Add(config_map);
+  }
+  // No pod without its ConfigMap: it would wait for it in the kubelet.
+  errors.Add(CreateAll(key, plan.services_to_create,
+                       config_map.ok() ? plan.pods_to_create : std::vector<Json>()));
 
-  if (!plan.pods_to_delete.empty()) {
+  // The status goes before pod deletions: a deletion is what a restart
+  // counts, and once the pod is gone no later reconcile can count it again,
+  // so a restart whose status write failed (a 409 from a stale cache) would
+  // be lost and backoffLimit never reached. A failed write skips the
+  // deletions; the retry decides them again from the fresh job.
+  bool status_written = !plan.status_changed;
+  auto write_status = [&] {
+    Json object = *job;
+    object["status"] = api::StatusToJson(plan.status);
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "PUT", kube::ResourcePath(JobsResource(), ns, name, "status"), &object);
+    if (r.ok() && r->ok()) {
+      status_written = true;
+    } else if (r.ok() && r->conflict()) {
+      errors.Add(absl::AbortedError(absl::StrCat("writing the status of ", key,
+                                                 ": the job changed meanwhile (", r->message(),
+                                                 "); retrying with the new version")));
+    } else {
+      errors.Add(absl::UnavailableError(
+          absl::StrCat("writing the status of ", key, ": ", Describe(r))));
+    }
+  };
+  if (plan.status_changed && !plan.pods_to_delete.empty()) write_status();
+
+  if (!plan.pods_to_delete.empty() && status_written) {
     std::vector<std::string> uids;
     for (const Deletion& d : plan.pods_to_delete) uids.push_back(d.uid);
     expectations_->ExpectDeletions(key, uids);
@@ -171,23 +265,7 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
     errors.Add(DeleteObject(kube::ResourcePath(kube::ServicesResource(), ns, d.name), d, &gone));
   }
 
-  bool status_written = !plan.status_changed;
-  if (plan.status_changed) {
-    Json object = *job;
-    object["status"] = api::StatusToJson(plan.status);
-    absl::StatusOr<kube::ApiResponse> r = client_->Request(
-        "PUT", kube::ResourcePath(JobsResource(), ns, name, "status"), &object);
-    if (r.ok() && r->ok()) {
-      status_written = true;
-    } else if (r.ok() && r->conflict()) {
-      errors.Add(absl::AbortedError(absl::StrCat("writing the status of ", key,
-                                                 ": the job changed meanwhile (", r->message(),
-                                                 "); retrying with the new version")));
-    } else {
-      errors.Add(absl::UnavailableError(
-          absl::StrCat("writing the status of ", key, ": ", Describe(r))));
-    }
-  }
+  if (plan.status_changed && plan.pods_to_delete.empty()) write_status();
   if (status_written) {
     for (const Event& e : plan.events) hooks_.record_event(*job, e);
   }

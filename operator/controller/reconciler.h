@@ -16,13 +16,29 @@
 //   3. delete_job (TTL): DELETE the job, preconditioned on its uid,
 //      propagationPolicy Background (the garbage collector removes the
 //      children through their owner references).
-//   4. The PodGroup, then Services, then pods are POSTed. Services and pods
-//      go in slow-start batches (1, 2, 4, ... up to kMaxBatch in parallel, like
-//      the Kubernetes job controller): a quota or admission error stops the
-//      rest rather than being repeated for each pod. ExpectCreations is set
-//      before the first POST; every create that fails (409 included) lowers
-//      it again, since no informer event will come for it.
-//   5. Pods and Services to delete: DELETE with a uid precondition (a pod
+//   4. The PodGroup, then the cluster-spec ConfigMap (POST, or PUT with the
+//      cached resourceVersion), then Services and pods are POSTed. The
+//      ConfigMap has its own expectation (ConfigMapExpectationsKey): set
+//      before the write, lowered by the ConfigMap informer's add/update (or
+//      here when the write fails), so a reconcile on a cache that has not
+//      seen the write neither writes it again from a stale version nor, for
+//      that matter, touches the pods. No pod is POSTed when the ConfigMap
+//      write failed: the pods would wait for it in the kubelet.
+//      Services and pods go out as one stream (each pod right after its
+//      Service) through a slow-start window: 1 request in flight, one more
+//      for every success (doubling per round trip, like TCP and the
+//      Kubernetes job controller's batches) up to kMaxBatch; the first
+//      failure stops new requests, so a quota or admission error is not
+//      repeated for every child. ExpectCreations(pods) is set before the
+//      first POST; every pod create that fails (409 included), and every pod
+//      never sent, lowers it again, since no informer event will come for it.
+//   5. When pods are to be deleted, the status is written first (step 6)
+//      and the deletions only once it is: a deletion is what a restart
+//      counts, and a pod once gone cannot be counted again, so a restart
+//      whose status write failed would be lost (and backoffLimit never
+//      reached). A failed write skips the pod deletions; the retry decides
+//      them again from the fresh job.
+//      Pods and Services to delete: DELETE with a uid precondition (a pod
 //      recreated under the same name is never deleted by mistake) and
 //      propagationPolicy Background; ExpectDeletions(uids) first; 404 and a
 //      failed precondition count as observed.
@@ -67,6 +83,10 @@ struct ReconcilerHooks {
       [](const nlohmann::json&, const Event&) {};
 };
 
+// The Expectations key of a job's cluster-spec ConfigMap writes ("ns/name"
+// -> "ns/name#cluster-spec"; not a valid object key, so never a job's).
+std::string ConfigMapExpectationsKey(const std::string& job_key);
+
 class JobReconciler {
  public:
   static constexpr int kMaxBatch = 64;
@@ -79,9 +99,12 @@ class JobReconciler {
   absl::StatusOr<std::optional<absl::Duration>> Reconcile(const std::string& key);
 
  private:
-  // POSTs `objects` of `resource` in slow-start batches (step 4).
-  absl::Status CreateAll(const std::string& key, const kube::Resource& resource,
-                         const std::vector<nlohmann::json>& objects);
+  // POSTs the Services and pods, each pod after its Service, in a
+  // slow-start window (step 4).
+  absl::Status CreateAll(const std::string& key, const std::vector<nlohmann::json>& services,
+                         const std::vector<nlohmann::json>& pods);
+  // Writes the Plan's ConfigMap, if any (step 4).
+  absl::Status ApplyConfigMap(const std::string& key, const std::string& ns, const Plan& plan);
   absl::Status DeleteObject(const std::string& path, const Deletion& deletion,
                             bool* gone_or_stale);
 

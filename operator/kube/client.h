@@ -66,6 +66,17 @@ class Client {
                                               const nlohmann::json* body = nullptr,
                                               std::string_view content_type = "application/json") = 0;
 
+  // Request for callers that use only the status code of a successful answer
+  // (creating children, deleting, writing status): an implementation may
+  // leave `body` null on a 2xx answer instead of parsing it — a created pod
+  // comes back whole, and the informer parses it again from the watch anyway.
+  // Error answers are parsed as by Request, so message() still explains them.
+  virtual absl::StatusOr<ApiResponse> RequestStatusOnly(
+      std::string_view method, std::string_view path_and_query,
+      const nlohmann::json* body = nullptr, std::string_view content_type = "application/json") {
+    return Request(method, path_and_query, body, content_type);
+  }
+
   // Opens a watch (path_and_query must contain watch=1 or be a watch URL) and
   // calls on_event for every event, in order, on the calling thread. Returns OK
   // when the server ends the stream (timeoutSeconds elapsed) or on_event

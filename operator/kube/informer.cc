@@ -152,17 +152,22 @@ std::vector<std::string> Informer::Keys() const {
   return keys;
 }
 
-std::vector<Json> Informer::ByIndex(const std::string& index_name, const std::string& value) const {
+std::vector<Informer::ObjectPtr> Informer::ByIndexShared(const std::string& index_name,
+                                                         const std::string& value) const {
   std::vector<ObjectPtr> snapshot;
-  {
-    absl::MutexLock lock(&mu_);
-    auto index = indexes_.find(index_name);
-    DISTRAIN_CHECK(index != indexes_.end()) << "no index \"" << index_name << "\"; AddIndex first";
-    auto keys = index->second.find(value);
-    if (keys != index->second.end()) {
-      for (const std::string& key : keys->second) snapshot.push_back(objects_.at(key));
-    }
+  absl::MutexLock lock(&mu_);
+  auto index = indexes_.find(index_name);
+  DISTRAIN_CHECK(index != indexes_.end()) << "no index \"" << index_name << "\"; AddIndex first";
+  auto keys = index->second.find(value);
+  if (keys != index->second.end()) {
+    for (const std::string& key : keys->second) snapshot.push_back(objects_.at(key));
   }
+  return snapshot;
+}
+
+std::vector<Json> Informer::ByIndex(const std::string& index_name, const std::string& value) const {
+  // Copy outside the lock: the shared pointers keep the objects alive.
+  std::vector<ObjectPtr> snapshot = ByIndexShared(index_name, value);
   std::vector<Json> out;
   out.reserve(snapshot.size());
   for (const auto& object : snapshot) out.push_back(*object);

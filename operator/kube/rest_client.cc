@@ -1,5 +1,7 @@
 #include "operator/kube/rest_client.h"
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <random>
 #include <sstream>
 #include <system_error>
@@ -45,24 +48,100 @@ bool IsIdempotent(std::string_view method) {
   return method == "GET" || method == "PUT" || method == "DELETE" || method == "HEAD";
 }
 
-// Installs the CA bundle (replacing the system store: only the cluster's CA is
-// trusted, as kubectl does) and the client certificate into `ctx`. Throws
-// boost::system::system_error on malformed PEM.
-void ConfigureTls(boost::asio::ssl::context& ctx, const std::string& ca_pem,
-                  const std::string& cert_pem, const std::string& key_pem) {
-  ctx.set_options(boost::asio::ssl::context::default_workarounds |
-                  boost::asio::ssl::context::no_sslv2 | boost::asio::ssl::context::no_sslv3 |
-                  boost::asio::ssl::context::no_tlsv1 | boost::asio::ssl::context::no_tlsv1_1);
-  if (!ca_pem.empty()) {
-    SSL_CTX_set_cert_store(ctx.native_handle(), X509_STORE_new());
-    ctx.add_certificate_authority(boost::asio::buffer(ca_pem.data(), ca_pem.size()));
+// The TLS credentials, parsed once: cpprestsdk builds a new ssl::context for
+// every connection it opens, and parsing the PEMs there (OpenSSL's decoders)
+// was a visible share of the operator's CPU during a burst of creations.
+// Installing parsed objects only takes references. Immutable after Load;
+// shared by all connections' callbacks.
+class TlsCredentials {
+ public:
+  // Throws std::runtime_error naming what did not parse.
+  static std::shared_ptr<const TlsCredentials> Load(const std::string& ca_pem,
+                                                    const std::string& cert_pem,
+                                                    const std::string& key_pem) {
+    auto creds = std::shared_ptr<TlsCredentials>(new TlsCredentials());
+    if (!ca_pem.empty()) {
+      BioPtr bio = MemBio(ca_pem);
+      while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+        creds->cas_.push_back(X509Ptr(cert));
+      }
+      ERR_clear_error();  // the end of the bundle reads as an error
+      if (creds->cas_.empty()) throw std::runtime_error("no certificate in the CA bundle");
+    }
+    if (!cert_pem.empty()) {
+      BioPtr bio = MemBio(cert_pem);
+      X509* leaf = PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr);
+      if (leaf == nullptr) throw std::runtime_error("the client certificate is not PEM");
+      creds->cert_.reset(leaf);
+      while (X509* extra = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+        creds->chain_.push_back(X509Ptr(extra));
+      }
+      ERR_clear_error();
+      BioPtr key_bio = MemBio(key_pem);
+      EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr);
+      if (key == nullptr) throw std::runtime_error("the client key is not PEM");
+      creds->key_.reset(key);
+    }
+    // Fail now, not at the first handshake, on a key that is not the cert's.
+    boost::asio::ssl::context probe(boost::asio::ssl::context::sslv23);
+    creds->Install(probe);
+    return creds;
   }
-  if (!cert_pem.empty()) {
-    ctx.use_certificate_chain(boost::asio::buffer(cert_pem.data(), cert_pem.size()));
-    ctx.use_private_key(boost::asio::buffer(key_pem.data(), key_pem.size()),
-                        boost::asio::ssl::context::pem);
+
+  // Installs the CA bundle (replacing the system store: only the cluster's CA
+  // is trusted, as kubectl does) and the client certificate into `ctx`.
+  // Throws boost::system::system_error when OpenSSL refuses them.
+  void Install(boost::asio::ssl::context& ctx) const {
+    ctx.set_options(boost::asio::ssl::context::default_workarounds |
+                    boost::asio::ssl::context::no_sslv2 | boost::asio::ssl::context::no_sslv3 |
+                    boost::asio::ssl::context::no_tlsv1 | boost::asio::ssl::context::no_tlsv1_1);
+    SSL_CTX* native = ctx.native_handle();
+    if (!cas_.empty()) {
+      X509_STORE* store = X509_STORE_new();
+      for (const X509Ptr& ca : cas_) X509_STORE_add_cert(store, ca.get());  // takes a reference
+      SSL_CTX_set_cert_store(native, store);
+    }
+    if (cert_ != nullptr) {
+      Check(SSL_CTX_use_certificate(native, cert_.get()), "use the client certificate");
+      for (const X509Ptr& extra : chain_) {
+        Check(SSL_CTX_add1_chain_cert(native, extra.get()), "add the client certificate chain");
+      }
+      Check(SSL_CTX_use_PrivateKey(native, key_.get()), "use the client key");
+      Check(SSL_CTX_check_private_key(native), "match the client key to its certificate");
+    }
   }
-}
+
+ private:
+  struct X509Free {
+    void operator()(X509* x) const { X509_free(x); }
+  };
+  struct KeyFree {
+    void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+  };
+  struct BioFree {
+    void operator()(BIO* b) const { BIO_free(b); }
+  };
+  using X509Ptr = std::unique_ptr<X509, X509Free>;
+  using BioPtr = std::unique_ptr<BIO, BioFree>;
+
+  TlsCredentials() = default;
+
+  static BioPtr MemBio(const std::string& pem) {
+    return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+  }
+  static void Check(int ok, const char* what) {
+    if (ok == 1) return;
+    const unsigned long err = ERR_get_error();
+    throw boost::system::system_error(
+        boost::system::error_code(static_cast<int>(err), boost::asio::error::get_ssl_category()),
+        absl::StrCat("cannot ", what));
+  }
+
+  std::vector<X509Ptr> cas_;
+  X509Ptr cert_;
+  std::vector<X509Ptr> chain_;
+  std::unique_ptr<EVP_PKEY, KeyFree> key_;
+};
 
 // "timeoutSeconds=N" in a query, if any.
 std::optional<int64_t> TimeoutSecondsOf(std::string_view path_and_query) {
@@ -257,9 +336,10 @@ absl::StatusOr<std::unique_ptr<RestClient>> RestClient::Create(const RestConfig&
   if (https) {
     // Load the PEMs once here so a bad file is reported now, naming its source,
     // rather than as a failed TLS handshake on every request.
+    std::shared_ptr<const TlsCredentials> credentials;
     try {
-      boost::asio::ssl::context probe(boost::asio::ssl::context::sslv23);
-      ConfigureTls(probe, config.ca_pem, config.client_cert_pem, config.client_key_pem);
+      credentials =
+          TlsCredentials::Load(config.ca_pem, config.client_cert_pem, config.client_key_pem);
     } catch (const std::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": cannot load the TLS credentials (certificate-authority, client-certificate, "
@@ -267,10 +347,7 @@ absl::StatusOr<std::unique_ptr<RestClient>> RestClient::Create(const RestConfig&
     }
     impl->http_config.set_validate_certificates(!config.insecure_skip_tls_verify);
     impl->http_config.set_ssl_context_callback(
-        [ca = config.ca_pem, cert = config.client_cert_pem,
-         key = config.client_key_pem](boost::asio::ssl::context& ctx) {
-          ConfigureTls(ctx, ca, cert, key);
-        });
+        [credentials](boost::asio::ssl::context& ctx) { credentials->Install(ctx); });
   }
   if (!config.username.empty()) {
     impl->http_config.set_credentials(web::credentials(
@@ -312,6 +389,21 @@ absl::StatusOr<ApiResponse> RestClient::Request(std::string_view method,
                                                 std::string_view path_and_query,
                                                 const nlohmann::json* body,
                                                 std::string_view content_type) {
+  return Send(method, path_and_query, body, content_type, /*parse_success_body=*/true);
+}
+
+absl::StatusOr<ApiResponse> RestClient::RequestStatusOnly(std::string_view method,
+                                                          std::string_view path_and_query,
+                                                          const nlohmann::json* body,
+                                                          std::string_view content_type) {
+  return Send(method, path_and_query, body, content_type, /*parse_success_body=*/false);
+}
+
+absl::StatusOr<ApiResponse> RestClient::Send(std::string_view method,
+                                             std::string_view path_and_query,
+                                             const nlohmann::json* body,
+                                             std::string_view content_type,
+                                             bool parse_success_body) {
   std::string upper(method);
   absl::AsciiStrToUpper(&upper);
   std::optional<std::string> body_text;
@@ -355,7 +447,7 @@ absl::StatusOr<ApiResponse> RestClient::Request(std::string_view method,
     }
     ApiResponse response;
     response.status_code = code;
-    response.body = ParseBody(result.body);
+    if (parse_success_body || !response.ok()) response.body = ParseBody(result.body);
     return response;
   }
 }

@@ -83,6 +83,12 @@ class RestClient final : public Client {
   absl::StatusOr<ApiResponse> Request(std::string_view method, std::string_view path_and_query,
                                       const nlohmann::json* body = nullptr,
                                       std::string_view content_type = "application/json") override;
+  // Skips parsing a 2xx body (client.h).
+  absl::StatusOr<ApiResponse> RequestStatusOnly(std::string_view method,
+                                                std::string_view path_and_query,
+                                                const nlohmann::json* body = nullptr,
+                                                std::string_view content_type =
+                                                    "application/json") override;
   absl::Status Watch(std::string_view path_and_query,
                      const std::function<bool(const WatchEvent&)>& on_event,
                      std::stop_token stop) override;
@@ -104,6 +110,9 @@ class RestClient final : public Client {
 
  private:
   struct Impl;
+  absl::StatusOr<ApiResponse> Send(std::string_view method, std::string_view path_and_query,
+                                   const nlohmann::json* body, std::string_view content_type,
+                                   bool parse_success_body);
   explicit RestClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

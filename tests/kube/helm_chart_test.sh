@@ -124,18 +124,18 @@ can() {  # can yes|no VERB RESOURCE [-n NS] ...
 }
 for r in "create pods" "delete pods" "watch pods" "create services" "list distributedtrainingjobs.distrain.io" \
   "update distributedtrainingjobs.distrain.io --subresource=status" "delete distributedtrainingjobs.distrain.io" \
-  "create events.events.k8s.io"; do
+  "create events.events.k8s.io" "watch configmaps" "create configmaps" "update configmaps"; do
   can yes $r -n default
 done
 can yes create leases.coordination.k8s.io -n "$NS"
 can yes update leases.coordination.k8s.io -n "$NS"
 for r in "get secrets" "list secrets" "create deployments.apps" "update distributedtrainingjobs.distrain.io" \
-  "create distributedtrainingjobs.distrain.io" "update pods" "patch pods" "create pods --subresource=exec" "get configmaps" \
+  "create distributedtrainingjobs.distrain.io" "update pods" "patch pods" "create pods --subresource=exec" "delete configmaps" \
   "create rolebindings.rbac.authorization.k8s.io" "get nodes" "list customresourcedefinitions.apiextensions.k8s.io"; do
   can no $r -n default
 done
 can no create leases.coordination.k8s.io -n default
-pass "the operator's ServiceAccount can do what reconciling needs and nothing more (21 can-i checks; podgroups need their CRD to resolve)"
+pass "the operator's ServiceAccount can do what reconciling needs and nothing more (24 can-i checks; podgroups need their CRD to resolve)"
 
 # 5. dashboard
 "$KUBECTL" -n "$NS" get configmap "$REL-distrain-dashboard" -o jsonpath='{.data.distrain\.json}' >/tmp/helm-dash.$$.json

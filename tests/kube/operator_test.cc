@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/kube/kube_test_util.h"
+#include "tests/unit/operator/controller/kubelet_env.h"
 
 namespace distrain::kubetest {
 namespace {
@@ -83,6 +84,24 @@ class OperatorKubeTest : public ::testing::Test {
   }
   std::vector<Json> Pods(const std::string& job) { return List(kube::PodsResource(), job); }
   std::vector<Json> Services(const std::string& job) { return List(kube::ServicesResource(), job); }
+  std::vector<Json> ConfigMaps(const std::string& job) {
+    return List(kube::ConfigMapsResource(), job);
+  }
+  // The job's cluster-spec ConfigMap, or null.
+  Json ClusterConfigMap(const std::string& job) {
+    auto r = client_->Request(
+        "GET", kube::ResourcePath(kube::ConfigMapsResource(), ns(), job + "-cluster-spec"));
+    if (!r.ok() || !r->ok()) return Json();
+    return r->body;
+  }
+  // TF_CONFIG as the pod's container would see it: its env expanded as the
+  // kubelet does, with the job's ConfigMap (there is no kubelet here).
+  std::string TfConfig(const std::string& job, const Json& pod) {
+    const Json cm = ClusterConfigMap(job);
+    std::map<std::string, Json> cms;
+    if (!cm.is_null()) cms[cm["metadata"]["name"]] = cm;
+    return controller::testing::KubeletEnv(pod, cms)["TF_CONFIG"];
+  }
 
   // Plays the kubelet: sets a pod's phase, with the main container terminated
   // with `exit_code` for Succeeded/Failed.
@@ -150,11 +169,7 @@ TEST_F(OperatorKubeTest, CreatesExactlyTheExpectedPodsServicesAndTfConfig) {
     EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], job["metadata"]["uid"]);
     EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["controller"], true);
     EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
-    std::string tf_config;
-    for (const Json& e : pod["spec"]["containers"][0]["env"]) {
-      if (e["name"] == "TF_CONFIG") tf_config = e["value"];
-    }
-    auto spec = ClusterSpec::Parse(tf_config);
+    auto spec = ClusterSpec::Parse(TfConfig("mwms", pod));
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status();
     EXPECT_EQ(spec->num_tasks("chief"), 1);
     EXPECT_EQ(spec->num_tasks("worker"), 3);
@@ -162,6 +177,20 @@ TEST_F(OperatorKubeTest, CreatesExactlyTheExpectedPodsServicesAndTfConfig) {
     EXPECT_THAT(spec->addresses("worker")[2], HasSubstr("mwms-worker-2." + ns()));
   }
   for (const Json& svc : Services("mwms")) EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  // The cluster lives once, in the job's ConfigMap, written before any pod:
+  // etcd's revisions order writes, and a pod's resourceVersion is at least
+  // its creation's.
+  const Json cm = ClusterConfigMap("mwms");
+  ASSERT_TRUE(cm.is_object());
+  EXPECT_EQ(cm["metadata"]["ownerReferences"][0]["uid"], job["metadata"]["uid"]);
+  EXPECT_EQ(cm["metadata"]["labels"]["distrain.io/job-name"], "mwms");
+  const int64_t cm_version = std::stoll(cm["metadata"]["resourceVersion"].get<std::string>());
+  for (const Json& pod : Pods("mwms")) {
+    EXPECT_LT(cm_version, std::stoll(pod["metadata"]["resourceVersion"].get<std::string>()))
+        << pod["metadata"]["name"] << " was written before the ConfigMap";
+    EXPECT_THAT(pod.dump(), Not(HasSubstr("mwms-worker-2." + ns())))
+        << "a pod carries the cluster itself";
+  }
   EXPECT_TRUE(WaitCondition("mwms", "Created"));
   // Nothing more appears later (no duplicate, no stray Service).
   std::this_thread::sleep_for(std::chrono::seconds(2));
@@ -266,8 +295,42 @@ TEST_F(OperatorKubeTest, DeletingTheJobGarbageCollectsItsPodsAndServices) {
   ASSERT_TRUE(WaitUntil([&] { return Pods("gc").size() == 3 && Services("gc").size() == 3; }, 20));
   auto r = client_->Request("DELETE", kube::ResourcePath(Jobs(), ns(), "gc"));
   ASSERT_TRUE(r.ok() && r->ok());
-  EXPECT_TRUE(WaitUntil([&] { return Pods("gc").empty() && Services("gc").empty(); }, 60))
-      << Pods("gc").size() << " pods, " << Services("gc").size() << " services left";
+  EXPECT_TRUE(WaitUntil(
+      [&] { return Pods("gc").empty() && Services("gc").empty() && ConfigMaps("gc").empty(); },
+      60))
+      << Pods("gc").size() << " pods, " << Services("gc").size() << " services, "
+      << ConfigMaps("gc").size() << " ConfigMaps left";
+}
+
+TEST_F(OperatorKubeTest, TheClusterConfigMapFollowsAScale) {
+  StartOperator();
+  Json job = MakeJob(ns(), "el", "MultiWorkerMirrored", 2, /*chief=*/false);
+  job["spec"]["training"]["globalBatchSize"] = 48;  // divides by 2 and 3 workers
+  job["spec"]["elasticPolicy"] = {{"minReplicas", 1}, {"maxReplicas", 4}};
+  CreateJob(job);
+  ASSERT_TRUE(WaitUntil([&] { return Pods("el").size() == 2; }, 20));
+  const auto before = Uids(Pods("el"));
+  Kubectl("-n " + ns() + " scale dtj/el --replicas=3");
+  // A new generation of three workers, each seeing three workers in TF_CONFIG.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto pods = Pods("el");
+        if (pods.size() != 3) return false;
+        for (const Json& pod : pods) {
+          if (pod["metadata"].contains("deletionTimestamp")) return false;
+          auto it = before.find(pod["metadata"]["name"]);
+          if (it != before.end() && it->second == pod["metadata"]["uid"]) return false;
+        }
+        return true;
+      },
+      30))
+      << Pods("el").size() << " pods";
+  for (const Json& pod : Pods("el")) {
+    auto spec = ClusterSpec::Parse(TfConfig("el", pod));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->num_tasks("worker"), 3) << pod["metadata"]["name"];
+  }
+  EXPECT_EQ(ConfigMaps("el").size(), 1u);
 }
 
 TEST_F(OperatorKubeTest, NeverCreatesAPodTwiceWhenKilledMidCreation) {
@@ -367,11 +430,17 @@ TEST_F(OperatorKubeTest, WorksAsAServiceAccountBoundOnlyToTheChartsRbac) {
   ASSERT_TRUE(WaitUntil([&] { return Pods("sa").size() == 3 && Services("sa").size() == 3; }, 30))
       << op_->process().output();
   ASSERT_TRUE(WaitCondition("sa", "Created")) << op_->process().output();
+  EXPECT_TRUE(ClusterConfigMap("sa").is_object()) << "the ConfigMap was written as the ServiceAccount";
   // No RBAC denial (a 403 for a missing default ServiceAccount is not one).
   EXPECT_THAT(op_->process().output(), Not(HasSubstr("is forbidden: User")));
   // And nothing beyond: the same identity cannot read secrets.
   std::string out;
   EXPECT_NE(Shell(KubectlPath() + " --kubeconfig=" + kubeconfig + " get secrets", &out), 0);
+  EXPECT_THAT(out, HasSubstr("forbidden"));
+  // ConfigMaps are written, never deleted (the garbage collector does that).
+  EXPECT_NE(Shell(KubectlPath() + " --kubeconfig=" + kubeconfig + " delete configmap sa-cluster-spec",
+                  &out),
+            0);
   EXPECT_THAT(out, HasSubstr("forbidden"));
   Kubectl("delete clusterrolebinding " + ns() + "-operator --ignore-not-found");
   Kubectl("delete clusterrole " + ns() + "-operator --ignore-not-found");

@@ -138,6 +138,21 @@ TEST_F(RestClientKubeTest, ConflictsSurfaceAs409) {
   EXPECT_EQ(conflict->body["reason"], "Conflict");
 }
 
+TEST_F(RestClientKubeTest, StatusOnlyRequestsSkipSuccessBodiesButExplainErrors) {
+  nlohmann::json cm = ConfigMap(ns_->name(), "quiet", "v1");
+  auto created = client_->RequestStatusOnly("POST", CmPath(), &cm);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->status_code, 201) << created->message();
+  EXPECT_TRUE(created->body.is_null());  // not parsed
+  auto again = client_->RequestStatusOnly("POST", CmPath(), &cm);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->conflict());
+  EXPECT_EQ(again->body["reason"], "AlreadyExists");  // errors are parsed
+  auto got = client_->Request("GET", CmPath("quiet"));
+  ASSERT_TRUE(got.ok() && got->ok());
+  EXPECT_EQ(got->body["data"]["k"], "v1");  // it was created
+}
+
 TEST_F(RestClientKubeTest, ClientCertificateIdentifiesTheAdmin) {
   // The control plane's admin kubeconfig authenticates with a client certificate.
   ASSERT_FALSE(admin_config_.client_cert_pem.empty());

@@ -39,6 +39,14 @@ std::string EnvValue(const Json& pod, const std::string& name) {
   return e.is_null() ? "<unset>" : e["value"].get<std::string>();
 }
 
+// TF_CONFIG as the container sees it: the pod's env expanded the way the
+// kubelet does, with the World's ConfigMap.
+std::string TfConfig(const Json& pod, const World& w) {
+  std::map<std::string, std::string> env = testing::KubeletEnv(pod, testing::ConfigMaps(w.config_map));
+  auto it = env.find("TF_CONFIG");
+  return it == env.end() ? "<unset>" : it->second;
+}
+
 std::optional<int> PortNamed(const Json& pod, const std::string& name) {
   for (const Json& p : (*MainContainer(pod["spec"]))["ports"]) {
     if (p.value("name", "") == name) return p["containerPort"].get<int>();
@@ -144,9 +152,15 @@ TEST_P(TopologyTest, DesiredPodsServicesAndTfConfig) {
     SCOPED_TRACE(name);
     // TF_CONFIG parses with the worker's parser, names this pod's task, and
     // lists exactly the expected cluster.
-    absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+    const std::string tf_config = TfConfig(pod, w);
+    absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(tf_config);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->jobs(), c.cluster);
+    // Byte for byte what the operator put in the pod before the cluster moved
+    // to the ConfigMap: common/cluster_spec's TF_CONFIG for this task.
+    absl::StatusOr<ClusterSpec> direct = ClusterSpec::Create(c.cluster, spec->task());
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ(tf_config, direct->ToJson());
     EXPECT_EQ(spec->environment(), "cloud");
     EXPECT_EQ(spec->task().type, pod["metadata"]["labels"][api::kLabelReplicaType]);
     EXPECT_EQ(std::to_string(spec->task().index),
@@ -154,7 +168,7 @@ TEST_P(TopologyTest, DesiredPodsServicesAndTfConfig) {
     EXPECT_EQ(name, ReplicaName("mnist", *ReplicaTypeFromTaskType(spec->task().type),
                                 spec->task().index));
     // Exactly TensorFlow's top-level keys.
-    Json tf = Json::parse(EnvValue(pod, "TF_CONFIG"));
+    Json tf = Json::parse(tf_config);
     std::set<std::string> keys;
     for (const auto& [k, v] : tf.items()) keys.insert(k);
     EXPECT_EQ(keys, (std::set<std::string>{"cluster", "task", "environment"}));
@@ -213,7 +227,7 @@ TEST(TopologyTest, EveryExampleGetsPodsTheWorkerAccepts) {
     EXPECT_TRUE(w.job.status.IsTrue(api::kConditionCreated));
     ASSERT_EQ(plan.pods_to_create.size(), DesiredReplicas(job->spec).size());
     for (const Json& pod : plan.pods_to_create) {
-      absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+      absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(TfConfig(pod, w));
       ASSERT_TRUE(spec.ok()) << spec.status();
       absl::StatusOr<JobConfig> config = ParseJobConfigJson(EnvValue(pod, "DISTRAIN_JOB_CONFIG"));
       ASSERT_TRUE(config.ok()) << config.status();
@@ -316,7 +330,7 @@ TEST(BuildPodTest, TemplateIsKeptAndTheContractOverridesIt) {
   int tf_configs = 0;
   for (const Json& e : (*MainContainer(pod["spec"]))["env"]) tf_configs += e["name"] == "TF_CONFIG";
   EXPECT_EQ(tf_configs, 1);
-  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(TfConfig(pod, w));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->addresses("worker"),
             (std::vector<std::string>{Host("mnist-worker-0", 3333), Host("mnist-worker-1", 3333)}));
@@ -393,7 +407,7 @@ TEST(BuildPodTest, OptionsShapeHostsAndCheckpointDir) {
   w.options.cluster_domain = "cluster.local";
   w.options.checkpoint_root = "/ckpt";
   Json pod = w.Step().pods_to_create.at(0);
-  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(EnvValue(pod, "TF_CONFIG"));
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(TfConfig(pod, w));
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(spec->addresses("chief")[0], "mnist-chief-0.team-a.svc.cluster.local:2222");
   EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), "/ckpt/team-a/mnist");
@@ -405,17 +419,19 @@ TEST(BuildPodTest, OptionsShapeHostsAndCheckpointDir) {
 }
 
 TEST(BuildTopologyTest, RejectsNamesThatMakeInvalidHostNames) {
-  const std::string name(52, 'a');  // + "-evaluator-0" = 64 characters
+  // The names are set after parsing: the parser may reject them itself, and
+  // BuildTopology must also hold for a job whose CRD validation was bypassed.
   api::DistributedTrainingJob job = MakeJob(
       "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 1}\n"
-      "    Evaluator: {replicas: 1}\n",
-      name);
+      "    Evaluator: {replicas: 1}\n");
+  job.metadata.name = std::string(52, 'a');  // + "-evaluator-0" = 64 characters
   absl::StatusOr<Topology> t = BuildTopology(job, ControllerOptions{});
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("metadata.name:"));
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("at most 51 characters"));
 
-  job = MakeJob("  replicaSpecs:\n    Worker: {replicas: 1}\n", "9lives");
+  job = MakeJob("  replicaSpecs:\n    Worker: {replicas: 1}\n");
+  job.metadata.name = "9lives";
   t = BuildTopology(job, ControllerOptions{});
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("must start with a lowercase letter"));
@@ -444,6 +460,114 @@ TEST(BuildTopologyTest, ClusterHashIgnoresTheEvaluatorButNotWorkers) {
   EXPECT_EQ(hash(two), hash(two + "    Evaluator: {replicas: 1}\n"));
   EXPECT_NE(hash(two), hash(three));
   EXPECT_EQ(hash(two).size(), 16u);
+}
+
+}  // namespace
+}  // namespace distrain::controller
+
+namespace distrain::controller {
+namespace {
+
+TEST(ClusterConfigMapTest, HoldsTheClusterOnceOwnedAndLabelledLikeTheChildren) {
+  World w{MakeJob(kMwms)};
+  Plan plan = w.Step();
+  ASSERT_TRUE(plan.config_map_to_create.has_value());
+  const Json& cm = *plan.config_map_to_create;
+  EXPECT_EQ(cm["kind"], "ConfigMap");
+  EXPECT_EQ(cm["metadata"]["name"], "mnist-cluster-spec");
+  EXPECT_EQ(cm["metadata"]["namespace"], "team-a");
+  EXPECT_EQ(cm["metadata"]["labels"][api::kLabelJobName], "mnist");
+  EXPECT_EQ(cm["metadata"]["labels"][api::kLabelManagedBy], "distrain-operator");
+  ASSERT_EQ(cm["metadata"]["ownerReferences"].size(), 1u);
+  EXPECT_EQ(cm["metadata"]["ownerReferences"][0]["uid"], "uid-mnist");
+  EXPECT_EQ(cm["metadata"]["ownerReferences"][0]["controller"], true);
+  EXPECT_EQ(cm["metadata"]["annotations"][kClusterHashAnnotation],
+            plan.pods_to_create[0]["metadata"]["annotations"][kClusterHashAnnotation]);
+  ASSERT_EQ(cm["data"].size(), 1u);
+  EXPECT_EQ(Json::parse(cm["data"]["cluster"].get<std::string>()),
+            Json({{"chief", {"mnist-chief-0.team-a.svc:2222"}},
+                  {"worker", {"mnist-worker-0.team-a.svc:2222", "mnist-worker-1.team-a.svc:2222"}}}));
+  // Present and current: not written again.
+  Plan again = w.Step();
+  EXPECT_FALSE(again.config_map_to_create.has_value());
+  EXPECT_FALSE(again.config_map_to_update.has_value());
+}
+
+TEST(ClusterConfigMapTest, PodsReferToItAndStayTheSameSizeWhateverTheClusterSize) {
+  auto pod_of = [](int workers) {
+    World w{MakeJob(absl::StrCat("  strategy: MultiWorkerMirrored\n  replicaSpecs:\n"
+                                 "    Worker: {replicas: ", workers, "}\n"
+                                 "  training: {globalBatchSize: 1000}\n"))};
+    return w.Step().pods_to_create.at(1);  // mnist-worker-1
+  };
+  const Json pod = pod_of(2);
+  const Json& env = (*MainContainer(pod["spec"]))["env"];
+  int cluster_at = -1, tf_config_at = -1;
+  for (int i = 0; i < static_cast<int>(env.size()); ++i) {
+    if (env[i]["name"] == kClusterEnv) cluster_at = i;
+    if (env[i]["name"] == "TF_CONFIG") tf_config_at = i;
+  }
+  ASSERT_GE(cluster_at, 0);
+  // The kubelet expands $(VAR) only from variables defined earlier.
+  EXPECT_LT(cluster_at, tf_config_at);
+  EXPECT_EQ(env[cluster_at]["valueFrom"]["configMapKeyRef"],
+            Json({{"name", "mnist-cluster-spec"}, {"key", "cluster"}}));
+  EXPECT_EQ(env[tf_config_at]["value"],
+            "{\"cluster\":$(DISTRAIN_TF_CLUSTER),\"task\":{\"type\":\"worker\",\"index\":1},"
+            "\"environment\":\"cloud\"}");
+  // No host in the pod: its size does not grow with the cluster (only the
+  // job config's batch size and the cluster hash differ).
+  const size_t small = pod.dump().size(), large = pod_of(500).dump().size();
+  EXPECT_LE(large, small + 8) << small << " vs " << large;
+}
+
+TEST(ClusterConfigMapTest, FollowsAScaleForEveryStrategyThatScales) {
+  for (const char* strategy : {"MultiWorkerMirrored", "ParameterServer"}) {
+    SCOPED_TRACE(strategy);
+    const bool ps = std::string(strategy) == "ParameterServer";
+    World w{MakeJob(absl::StrCat("  strategy: ", strategy,
+                                 "\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+                                 "    Worker: {replicas: 2}\n",
+                                 ps ? "    PS: {replicas: 1}\n" : "",
+                                 "  training: {globalBatchSize: 48}\n"))};
+    w.Step();
+    w.SetAll("Running");
+    w.Step();
+    w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;
+    Plan plan = w.Step();
+    ASSERT_TRUE(plan.config_map_to_update.has_value());
+    EXPECT_FALSE(plan.config_map_to_create.has_value());
+    w.Collect();
+    w.Step();
+    // Every pod the new membership starts with sees three workers.
+    const std::string pod = "mnist-worker-2";
+    ASSERT_TRUE(w.pods.count(pod));
+    absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(TfConfig(w.Pod(pod), w));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->num_tasks("worker"), 3);
+    EXPECT_EQ(spec->task(), (TaskId{"worker", 2}));
+  }
+}
+
+TEST(ClusterConfigMapTest, AnEarlierJobsConfigMapHoldsThePodsBack) {
+  World w{MakeJob(kMwms)};
+  w.Step();
+  // The job was deleted and created again under the same name; the old
+  // ConfigMap (owned by the old uid) is not yet garbage-collected.
+  w.pods.clear();
+  w.job.metadata.uid = "uid-mnist-2";
+  w.job.status = {};
+  Plan plan = w.Step();
+  EXPECT_TRUE(plan.pods_to_create.empty());
+  EXPECT_FALSE(plan.config_map_to_create.has_value());
+  EXPECT_FALSE(plan.config_map_to_update.has_value());
+  EXPECT_TRUE(plan.requeue_after.has_value());
+  // Collected: created afresh, then the pods.
+  w.config_map.reset();
+  plan = w.Step();
+  ASSERT_TRUE(plan.config_map_to_create.has_value());
+  EXPECT_EQ((*plan.config_map_to_create)["metadata"]["ownerReferences"][0]["uid"], "uid-mnist-2");
+  EXPECT_EQ(plan.pods_to_create.size(), 3u);
 }
 
 }  // namespace

@@ -441,7 +441,11 @@ TEST(ReconcileTest, SuspendDeletesThePodsAndResumeStartsTheClockAgain) {
 
 TEST(ReconcileTest, MultiWorkerMirroredScaleUpStartsANewGeneration) {
   World w = Running(Mwms("ExitCode", "  elasticPolicy: {minReplicas: 1, maxReplicas: 5}\n"));
-  const std::string old_tf_config = w.Pod("mnist-worker-0")["spec"]["containers"][0]["env"][0]["value"];
+  // TF_CONFIG as the kubelet gives it to the container (pods.h).
+  auto tf_config = [&w](const Json& pod) {
+    return testing::KubeletEnv(pod, testing::ConfigMaps(w.config_map))["TF_CONFIG"];
+  };
+  const std::string old_tf_config = tf_config(w.Pod("mnist-worker-0"));
   w.job.spec.replicas[ReplicaType::kWorker].replicas = 4;  // 1 + 4 divides 60
   Plan plan = w.Step();
   EXPECT_THAT(Names(plan.pods_to_delete),
@@ -455,7 +459,7 @@ TEST(ReconcileTest, MultiWorkerMirroredScaleUpStartsANewGeneration) {
   Plan recreate = w.Step();
   ASSERT_EQ(recreate.pods_to_create.size(), 5u);
   const Json& pod = recreate.pods_to_create[1];
-  const std::string tf = pod["spec"]["containers"][0]["env"][0]["value"];
+  const std::string tf = tf_config(pod);
   EXPECT_NE(tf, old_tf_config);
   EXPECT_EQ(Json::parse(tf)["cluster"]["worker"].size(), 4u);
   w.SetAll("Running");

@@ -1,6 +1,10 @@
 #include "operator/controller/reconciler.h"
 
+#include <atomic>
+#include <chrono>
+#include <map>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -25,6 +29,7 @@ using testing::World;
 constexpr char kKey[] = "team-a/mnist";
 constexpr char kPods[] = "/api/v1/namespaces/team-a/pods";
 constexpr char kServices[] = "/api/v1/namespaces/team-a/services";
+constexpr char kConfigMaps[] = "/api/v1/namespaces/team-a/configmaps";
 constexpr char kStatus[] =
     "/apis/distrain.io/v1alpha1/namespaces/team-a/distributedtrainingjobs/mnist/status";
 
@@ -69,25 +74,39 @@ ScriptedClient::Handler Created() {
   return [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(201, c.body); };
 }
 
+// Answers every request as the API server would on success.
+ScriptedClient::Handler Echo() {
+  return [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(c.method == "POST" ? 201 : 200, c.body);
+  };
+}
+
 TEST(JobReconcilerTest, NewJobCreatesChildrenThenWritesStatusOnceThenWaitsForTheCache) {
   Fixture f;
-  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
-  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kPods, Created());
-  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
-    return ScriptedClient::Reply(200, c.body);
-  });
+  f.client.Expect("POST", kConfigMaps, Created());  // before any pod: pods read it
+  // Then Services and pods (concurrently, so in no fixed order), then the status.
+  f.client.SetFallback(Echo());
   JobReconciler r = f.Make();
   auto result = r.Reconcile(kKey);
   ASSERT_TRUE(result.ok()) << result.status();
   f.client.ExpectAllConsumed();
   const auto calls = f.client.calls();
-  ASSERT_EQ(calls.size(), 7u);
+  ASSERT_EQ(calls.size(), 8u);
+  EXPECT_EQ(calls[0].body["metadata"]["name"], "mnist-cluster-spec");
+  EXPECT_EQ(calls[7].method, "PUT");
+  EXPECT_EQ(calls[7].path, kStatus);
+  EXPECT_TRUE(calls[0].body["data"]["cluster"].is_string());
   // The status is PUT once, with the cached resourceVersion for optimistic concurrency.
-  EXPECT_EQ(calls[6].body["metadata"]["resourceVersion"], "7");
-  EXPECT_EQ(calls[6].body["status"]["state"], "Created");
-  EXPECT_EQ(calls[6].body["spec"]["strategy"], "MultiWorkerMirrored");
-  std::vector<std::string> pods;
-  for (int i = 3; i < 6; ++i) pods.push_back(calls[i].body["metadata"]["name"]);
+  EXPECT_EQ(calls[7].body["metadata"]["resourceVersion"], "7");
+  EXPECT_EQ(calls[7].body["status"]["state"], "Created");
+  EXPECT_EQ(calls[7].body["spec"]["strategy"], "MultiWorkerMirrored");
+  std::vector<std::string> pods, services;
+  for (int i = 1; i < 7; ++i) {
+    EXPECT_EQ(calls[i].method, "POST");
+    (calls[i].path == kPods ? pods : services).push_back(calls[i].body["metadata"]["name"]);
+  }
+  std::sort(services.begin(), services.end());
+  EXPECT_THAT(services, ElementsAre("mnist-chief-0", "mnist-worker-0", "mnist-worker-1"));
   std::sort(pods.begin(), pods.end());
   EXPECT_THAT(pods, ElementsAre("mnist-chief-0", "mnist-worker-0", "mnist-worker-1"));
   EXPECT_EQ(f.events.size(), 1u);
@@ -97,9 +116,62 @@ TEST(JobReconcilerTest, NewJobCreatesChildrenThenWritesStatusOnceThenWaitsForThe
   // in particular it does not create them again.
   EXPECT_FALSE(f.expectations.SatisfiedExpectations(kKey));
   ASSERT_TRUE(r.Reconcile(kKey).ok());
-  EXPECT_EQ(f.client.num_calls(), 7u);
+  EXPECT_EQ(f.client.num_calls(), 8u);
   for (int i = 0; i < 3; ++i) f.expectations.CreationObserved(kKey);
   EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
+  // Nor while the ConfigMap's write is unseen (a stale cache would PUT it
+  // again from an old resourceVersion).
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  EXPECT_EQ(f.client.num_calls(), 8u);
+  f.expectations.CreationObserved(ConfigMapExpectationsKey(kKey));
+  EXPECT_TRUE(f.expectations.SatisfiedExpectations(ConfigMapExpectationsKey(kKey)));
+}
+
+TEST(JobReconcilerTest, AFailedConfigMapWriteCreatesNoPods) {
+  Fixture f;
+  f.client.Expect("POST", kConfigMaps,
+                  ScriptedClient::Status(403, "Forbidden", "configmaps is forbidden"));
+  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  JobReconciler r = f.Make();
+  auto result = r.Reconcile(kKey);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("ConfigMap team-a/mnist-cluster-spec"));
+  f.client.ExpectAllConsumed();  // in particular, no pod POST
+  // No informer event will come for the refused write.
+  EXPECT_TRUE(f.expectations.SatisfiedExpectations(ConfigMapExpectationsKey(kKey)));
+}
+
+TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {
+  Fixture f;
+  World w(MakeJob(kSpec));
+  w.Step();
+  w.SetAll("Running");
+  w.Step();
+  w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;
+  f.job = api::ToJson(w.job);
+  f.job["metadata"]["resourceVersion"] = "9";
+  f.observed = w.Observe();
+  f.client.Expect("PUT", std::string(kConfigMaps) + "/mnist-cluster-spec",
+                  [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(200, c.body); });
+  f.client.Expect("POST", kServices, Created());  // mnist-worker-2
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  for (const char* pod : {"mnist-chief-0", "mnist-worker-0", "mnist-worker-1"}) {
+    f.client.Expect("DELETE", std::string(kPods) + "/" + pod,
+                    ScriptedClient::Reply(200, Json::object()));
+  }
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const Json put = f.client.calls()[0].body;
+  EXPECT_EQ(put["metadata"]["resourceVersion"], (*w.config_map)["metadata"]["resourceVersion"]);
+  EXPECT_EQ(Json::parse(put["data"]["cluster"].get<std::string>())["worker"].size(), 3u);
+  EXPECT_FALSE(f.expectations.SatisfiedExpectations(ConfigMapExpectationsKey(kKey)));
 }
 
 TEST(JobReconcilerTest, AGoneJobForgetsItsExpectations) {
@@ -114,13 +186,14 @@ TEST(JobReconcilerTest, AGoneJobForgetsItsExpectations) {
 
 TEST(JobReconcilerTest, ACreateErrorStopsTheBatchAndLowersTheExpectations) {
   Fixture f;
-  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
-  f.client.Expect("POST", kPods, Created());  // batch of 1
-  f.client.Expect("POST", kPods, Created());  // batch of 2 ...
-  f.client.Expect("POST", kPods,
-                  ScriptedClient::Status(403, "Forbidden", "exceeded quota: pods=2"));
-  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
-    return ScriptedClient::Reply(200, c.body);
+  f.client.Expect("POST", kConfigMaps, Created());
+  // The third pod POST is refused, whichever pod it is.
+  std::atomic<int> pod_posts{0};
+  f.client.SetFallback([&pod_posts](const ScriptedClient::Call& c) -> absl::StatusOr<kube::ApiResponse> {
+    if (c.path == kPods && ++pod_posts == 3) {
+      return ScriptedClient::Status(403, "Forbidden", "exceeded quota: pods=2");
+    }
+    return Echo()(c);
   });
   JobReconciler r = f.Make();
   auto result = r.Reconcile(kKey);
@@ -128,34 +201,82 @@ TEST(JobReconcilerTest, ACreateErrorStopsTheBatchAndLowersTheExpectations) {
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("exceeded quota"));
   f.client.ExpectAllConsumed();
   // Two pods were created; the failed one will never be observed.
+  EXPECT_EQ(pod_posts.load(), 3);
   EXPECT_EQ(f.expectations.Get(kKey).creations, 2);
 }
 
-TEST(JobReconcilerTest, DeletesWithUidPreconditionsAndKeepsEventsUntilTheStatusIsWritten) {
-  Fixture f;
+TEST(JobReconcilerTest, ServicesAndPodsGoOutInOneSlowStartStream) {
+  Fixture f("  strategy: ParameterServer\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+            "    Worker: {replicas: 60}\n    PS: {replicas: 2}\n");
+  f.client.Expect("POST", kConfigMaps, Created());
+  std::mutex mu;
+  int in_flight = 0, most = 0;
+  std::vector<int> in_flight_at_start;
+  f.client.SetFallback([&](const ScriptedClient::Call& c) -> absl::StatusOr<kube::ApiResponse> {
+    if (c.method != "POST") return Echo()(c);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      in_flight_at_start.push_back(++in_flight);
+      most = std::max(most, in_flight);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      --in_flight;
+    }
+    return Echo()(c);
+  });
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  const auto calls = f.client.calls();
+  std::map<std::string, size_t> service_at, pod_at;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].path == kServices) service_at[calls[i].body["metadata"]["name"]] = i;
+    if (calls[i].path == kPods) pod_at[calls[i].body["metadata"]["name"]] = i;
+  }
+  EXPECT_EQ(service_at.size(), 63u);
+  EXPECT_EQ(pod_at.size(), 63u);
+  // The first request goes alone (a refusal costs one request), then more at once.
+  ASSERT_FALSE(in_flight_at_start.empty());
+  EXPECT_EQ(in_flight_at_start[0], 1);
+  EXPECT_GT(most, 1);
+  EXPECT_LE(most, JobReconciler::kMaxBatch);
+  for (const auto& [name, at] : pod_at) EXPECT_TRUE(service_at.count(name)) << name;
+  EXPECT_EQ(f.expectations.Get(kKey).creations, 63);
+}
+
+// A job whose worker-1 failed with a retryable code: every pod is to be
+// deleted for a restart.
+void FailWorker(World* w, Fixture* f) {
+  w->Step();
+  w->SetAll("Running");
+  w->Step();
+  testing::SetPhase(&w->Pod("mnist-worker-1"), "Failed", 137);
+  f->job = api::ToJson(w->job);
+  f->job["metadata"]["resourceVersion"] = "9";
+  f->observed = w->Observe();
+}
+
+TEST(JobReconcilerTest, RestartWritesTheStatusThenDeletesWithUidPreconditions) {
   World w(MakeJob(kSpec));
-  w.Step();
-  w.SetAll("Running");
-  w.Step();
-  testing::SetPhase(&w.Pod("mnist-worker-1"), "Failed", 137);
-  f.job = api::ToJson(w.job);
-  f.job["metadata"]["resourceVersion"] = "9";
-  f.observed = w.Observe();
+  Fixture f;
+  FailWorker(&w, &f);
   const std::string chief_uid = w.Pod("mnist-chief-0")["metadata"]["uid"];
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
   f.client.Expect("DELETE", std::string(kPods) + "/mnist-chief-0",
                   ScriptedClient::Reply(200, Json::object()));
   f.client.Expect("DELETE", std::string(kPods) + "/mnist-worker-0",
                   ScriptedClient::Status(404, "NotFound", "gone"));
   f.client.Expect("DELETE", std::string(kPods) + "/mnist-worker-1",
                   ScriptedClient::Reply(200, Json::object()));
-  f.client.Expect("PUT", kStatus,
-                  ScriptedClient::Status(409, "Conflict", "the object has been modified"));
   JobReconciler r = f.Make();
-  auto result = r.Reconcile(kKey);
-  ASSERT_FALSE(result.ok());
-  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
   f.client.ExpectAllConsumed();
   const auto calls = f.client.calls();
+  // The restart is counted in the status before any pod is gone.
+  EXPECT_EQ(calls[0].body["status"]["restartCount"], 1);
   std::set<std::string> deleted;
   for (const auto& c : calls) {
     if (c.method != "DELETE") continue;
@@ -164,10 +285,30 @@ TEST(JobReconcilerTest, DeletesWithUidPreconditionsAndKeepsEventsUntilTheStatusI
     deleted.insert(c.path);
   }
   EXPECT_EQ(deleted.size(), 3u);
-  EXPECT_EQ(calls[0].body["preconditions"]["uid"], chief_uid);
-  EXPECT_THAT(f.events, IsEmpty());  // the status did not land
+  EXPECT_EQ(calls[1].body["preconditions"]["uid"], chief_uid);
+  std::vector<std::string> reasons;
+  for (const Event& e : f.events) reasons.push_back(e.reason);
+  EXPECT_THAT(reasons, ::testing::Contains("Restarting"));
   // The 404 counts as observed; the two others wait for the informer.
   EXPECT_EQ(f.expectations.Get(kKey).deletions, 2);
+}
+
+TEST(JobReconcilerTest, AStatusConflictKeepsThePodsAndTheEventsForTheRetry) {
+  World w(MakeJob(kSpec));
+  Fixture f;
+  FailWorker(&w, &f);
+  f.client.Expect("PUT", kStatus,
+                  ScriptedClient::Status(409, "Conflict", "the object has been modified"));
+  JobReconciler r = f.Make();
+  auto result = r.Reconcile(kKey);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted);
+  // No pod deleted: the restart they stand for is not recorded yet, and a
+  // pod once gone could not be counted by the retry.
+  f.client.ExpectAllConsumed();
+  EXPECT_EQ(f.client.num_calls(), 1u);
+  EXPECT_THAT(f.events, IsEmpty());
+  EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
 }
 
 TEST(JobReconcilerTest, ExpiredTtlDeletesTheJob) {

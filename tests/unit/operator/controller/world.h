@@ -18,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "operator/api/distributed_training_job.h"
 #include "operator/controller/reconcile.h"
+#include "tests/unit/operator/controller/kubelet_env.h"
 
 namespace distrain::controller::testing {
 
@@ -61,15 +62,17 @@ struct World {
   std::map<std::string, Json> pods;
   std::map<std::string, Json> services;
   std::optional<Json> pod_group;
+  std::optional<Json> config_map;  // the job's cluster-spec ConfigMap
   Facts facts{T0(), true};
   ControllerOptions options;
   int next_uid = 0;
 
   Observed Observe() const {
     Observed o;
-    for (const auto& [name, pod] : pods) o.pods.push_back(pod);
-    for (const auto& [name, svc] : services) o.services.push_back(svc);
+    for (const auto& [name, pod] : pods) o.pods.push_back(std::make_shared<const Json>(pod));
+    for (const auto& [name, svc] : services) o.services.push_back(std::make_shared<const Json>(svc));
     o.pod_group = pod_group;
+    o.cluster_config_map = config_map;
     return o;
   }
 
@@ -81,6 +84,23 @@ struct World {
   }
 
   void Apply(const Plan& plan) {
+    if (plan.config_map_to_create) {
+      EXPECT_FALSE(config_map.has_value()) << "ConfigMap created twice";
+      config_map = *plan.config_map_to_create;
+      (*config_map)["metadata"]["uid"] = absl::StrCat("cm-uid-", next_uid++);
+      (*config_map)["metadata"]["resourceVersion"] = "1";
+    }
+    if (plan.config_map_to_update) {
+      EXPECT_TRUE(config_map.has_value()) << "updating a ConfigMap that is not there";
+      EXPECT_EQ((*plan.config_map_to_update)["metadata"]["resourceVersion"],
+                (*config_map)["metadata"]["resourceVersion"]);
+      config_map = *plan.config_map_to_update;
+      (*config_map)["metadata"]["resourceVersion"] = std::to_string(
+          std::stoi((*config_map)["metadata"]["resourceVersion"].get<std::string>()) + 1);
+    }
+    if (!plan.pods_to_create.empty()) {
+      EXPECT_TRUE(config_map.has_value()) << "pods created before their ConfigMap";
+    }
     for (const Json& pod : plan.pods_to_create) {
       const std::string name = pod["metadata"]["name"];
       EXPECT_FALSE(pods.count(name)) << "created twice: " << name;
@@ -129,6 +149,13 @@ struct World {
     return it != pods.end() && it->second["metadata"].contains("deletionTimestamp");
   }
 };
+
+// The ConfigMaps of a World, by name, for KubeletEnv.
+inline std::map<std::string, Json> ConfigMaps(const std::optional<Json>& config_map) {
+  std::map<std::string, Json> out;
+  if (config_map) out[(*config_map)["metadata"]["name"].get<std::string>()] = *config_map;
+  return out;
+}
 
 inline std::vector<std::string> Names(const std::vector<Json>& objects) {
   std::vector<std::string> out;

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -190,6 +191,28 @@ TEST(InformerTest, ListsEveryPageThenWatchesFromTheListResourceVersion) {
   EXPECT_THAT(watch, HasSubstr("labelSelector=distrain.io%2Fjob-name"));
   EXPECT_THAT(watch, HasSubstr("timeoutSeconds="));
   informer.Stop();
+}
+
+TEST(InformerTest, SharedIndexReadsStayValidWhenTheCacheMovesOn) {
+  ScriptedClient client;
+  client.AddResponse(PodList({Pod("a", "5"), Pod("b", "6")}, "10"));
+  Informer informer(&client, PodOptions());
+  informer.AddLabelIndex("distrain.io/job-name");
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(5)));
+  std::vector<Informer::ObjectPtr> before = informer.ByIndexShared("distrain.io/job-name", "j1");
+  ASSERT_EQ(before.size(), 2u);
+  EXPECT_EQ(*before[0], informer.ByIndex("distrain.io/job-name", "j1")[0]);
+  client.AddWatch({{Event("MODIFIED", Pod("a", "12", "j2")), Event("DELETED", Pod("b", "13"))},
+                   absl::OkStatus()});
+  ASSERT_TRUE(Eventually([&] { return informer.LastResourceVersion() == "13"; }));
+  // The update replaced the cached object rather than changing it, so what
+  // a reader holds is the version it read.
+  std::set<std::string> versions;
+  for (const Informer::ObjectPtr& pod : before) versions.insert(ResourceVersionOf(*pod));
+  EXPECT_EQ(versions, (std::set<std::string>{"5", "6"}));
+  EXPECT_TRUE(informer.ByIndexShared("distrain.io/job-name", "j1").empty());
+  ASSERT_EQ(informer.ByIndexShared("distrain.io/job-name", "j2").size(), 1u);
 }
 
 TEST(InformerTest, WatchEventsUpdateCacheIndexesAndHandlersInOrder) {
