@@ -91,6 +91,9 @@ struct Plan {
   std::vector<nlohmann::json> pods_to_create;
   std::vector<nlohmann::json> services_to_create;
   std::optional<nlohmann::json> pod_group_to_create;
+  // The observed PodGroup with spec.minMember set to the job's gang size
+  // again, to PUT after a scale (its resourceVersion guards the write).
+  std::optional<nlohmann::json> pod_group_to_update;
   std::vector<Deletion> pods_to_delete;
   std::vector<Deletion> services_to_delete;
   // The status to write (once, through /status) when status_changed.

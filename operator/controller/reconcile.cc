@@ -297,7 +297,16 @@ void Reconciler::CreateMissing(const ControllerOptions& options) {
       plan_.RequeueAfter(kGangRetry);
       return;
     }
-    if (!observed_->pod_group) plan_.pod_group_to_create = BuildPodGroup(job_, topology_);
+    if (!observed_->pod_group) {
+      plan_.pod_group_to_create = BuildPodGroup(job_, topology_);
+    } else if (const int size = GangSize(config);
+               observed_->pod_group->value(Json::json_pointer("/spec/minMember"), -1) != size) {
+      // A scale (kubectl scale, elastic policy) changed the gang: the
+      // coscheduler must wait for the new count, not the old one.
+      Json update = *observed_->pod_group;
+      update["spec"]["minMember"] = size;
+      plan_.pod_group_to_update = std::move(update);
+    }
   }
 
   // The cluster-spec ConfigMap: the apply layer writes it before any pod,

@@ -214,6 +214,15 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
                                                  Describe(r)));
     }
   }
+  if (plan.pod_group_to_update) {
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "PUT", kube::ResourcePath(PodGroupsResource(), ns, name), &*plan.pod_group_to_update);
+    // A conflict means the PodGroup moved on; the next reconcile sees it.
+    if (!(r.ok() && r->ok())) {
+      errors.Add(absl::UnavailableError(
+          absl::StrCat("updating PodGroup ", ns, "/", name, " minMember: ", Describe(r))));
+    }
+  }
   absl::Status config_map = absl::OkStatus();
   if (plan.config_map_to_create || plan.config_map_to_update) {
     config_map = ApplyConfigMap(key, ns, plan);

@@ -507,6 +507,20 @@ TEST(ReconcileTest, GangCreatesAPodGroupAndSchedulesThroughIt) {
   EXPECT_FALSE(w.Step().pod_group_to_create.has_value());  // observed now
 }
 
+TEST(ReconcileTest, GangFollowsAScale) {
+  World w(MakeJob(Ps("ExitCode", "  runPolicy:\n    scheduling: {gang: true}\n")));
+  ASSERT_EQ((*w.Step().pod_group_to_create)["spec"]["minMember"], 6);
+  w.pod_group->at("metadata")["resourceVersion"] = "17";
+  EXPECT_FALSE(w.Step().pod_group_to_update.has_value()) << "nothing changed";
+  w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;  // 1 chief + 3 + 2 ps + 1 evaluator
+  Plan up = w.Step();
+  ASSERT_TRUE(up.pod_group_to_update.has_value());
+  EXPECT_EQ((*up.pod_group_to_update)["spec"]["minMember"], 7);
+  EXPECT_EQ((*up.pod_group_to_update)["metadata"]["resourceVersion"], "17")
+      << "the PUT carries the observed version, so a concurrent change conflicts";
+  EXPECT_FALSE(w.Step().pod_group_to_update.has_value()) << "stable once written";
+}
+
 TEST(ReconcileTest, GangWithoutItsCrdSaysSoAndCreatesNothing) {
   World w(MakeJob(Mwms("ExitCode", "  runPolicy:\n    scheduling: {gang: true, minAvailable: 2}\n")));
   w.facts.pod_group_crd_installed = false;

@@ -54,8 +54,9 @@ struct Fixture {
     job.erase("status");
   }
 
-  JobReconciler Make() {
+  JobReconciler Make(bool pod_group_crd_installed = false) {
     ReconcilerHooks hooks;
+    hooks.pod_group_crd_installed = [pod_group_crd_installed] { return pod_group_crd_installed; };
     hooks.get_job = [this](const std::string& key) -> std::optional<Json> {
       if (key == kKey && !job.is_null()) return job;
       return std::nullopt;
@@ -172,6 +173,40 @@ TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {
   EXPECT_EQ(put["metadata"]["resourceVersion"], (*w.config_map)["metadata"]["resourceVersion"]);
   EXPECT_EQ(Json::parse(put["data"]["cluster"].get<std::string>())["worker"].size(), 3u);
   EXPECT_FALSE(f.expectations.SatisfiedExpectations(ConfigMapExpectationsKey(kKey)));
+}
+
+TEST(JobReconcilerTest, AScaledGangPutsTheNewMinMemberOnItsPodGroup) {
+  const std::string spec =
+      "  strategy: ParameterServer\n  replicaSpecs:\n    Chief: {replicas: 1}\n"
+      "    Worker: {replicas: 2}\n    PS: {replicas: 1}\n"
+      "  runPolicy:\n    scheduling: {gang: true}\n";
+  Fixture f(spec);
+  World w(MakeJob(spec));
+  w.facts.pod_group_crd_installed = true;
+  w.Step();
+  w.SetAll("Running");
+  w.Step();
+  ASSERT_TRUE(w.pod_group.has_value());
+  (*w.pod_group)["metadata"]["resourceVersion"] = "21";
+  w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;
+  f.job = api::ToJson(w.job);
+  f.job["metadata"]["resourceVersion"] = "9";
+  f.observed = w.Observe();
+  f.client.Expect("PUT", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups/mnist",
+                  [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(200, c.body); });
+  f.client.Expect("PUT", std::string(kConfigMaps) + "/mnist-cluster-spec",
+                  [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(200, c.body); });
+  f.client.Expect("POST", kServices, Created());  // mnist-worker-2
+  f.client.Expect("POST", kPods, Created());
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  JobReconciler r = f.Make(/*pod_group_crd_installed=*/true);
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const Json put = f.client.calls()[0].body;
+  EXPECT_EQ(put["spec"]["minMember"], 5);  // chief + 3 workers + 1 ps
+  EXPECT_EQ(put["metadata"]["resourceVersion"], "21");
 }
 
 TEST(JobReconcilerTest, AGoneJobForgetsItsExpectations) {

@@ -123,6 +123,7 @@ struct World {
     }
     for (const Deletion& d : plan.services_to_delete) services.erase(d.name);
     if (plan.pod_group_to_create) pod_group = *plan.pod_group_to_create;
+    if (plan.pod_group_to_update) pod_group = *plan.pod_group_to_update;
     if (plan.status_changed) job.status = plan.status;
   }
 
