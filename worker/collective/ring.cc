@@ -434,6 +434,17 @@ absl::Status RingCollective::PeerBroke(const char* direction, const std::string&
                                              " broke: ", std::strerror(err), " (", progress, ")"));
 }
 
+absl::Status RingCollective::RingTimedOut(bool waiting_for_left,
+                                          const std::string& progress) const {
+  const std::string waiting = waiting_for_left
+                                  ? absl::StrCat("waiting for ", left_name_, " to send")
+                                  : absl::StrCat("waiting for ", right_name_, " to receive");
+  return absl::DeadlineExceededError(absl::StrCat(
+      What(), " on ", names_[rank_], " timed out ", waiting, " (", progress,
+      "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
+      "the ring reaches every rank through its left neighbour)"));
+}
+
 absl::Status RingCollective::BeginOp(Kind kind, ReduceOp op, int root, int64_t payload_bytes) {
   if (aborted_.load()) return Fail(absl::OkStatus());
   if (!failed_.ok()) {
@@ -637,13 +648,7 @@ absl::Status RingCollective::Transfer(absl::Time deadline) {
     }
     if (n == 0 && absl::Now() >= deadline) {
       account();
-      std::string waiting =
-          v < num_recv ? absl::StrCat("waiting for ", left_name_, " to send")
-                       : absl::StrCat("waiting for ", right_name_, " to receive");
-      return Fail(absl::DeadlineExceededError(absl::StrCat(
-          What(), " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
-          "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
-          "the ring reaches every rank through its left neighbour)")));
+      return Fail(RingTimedOut(v < num_recv, progress_text()));
     }
   }
   account();
@@ -1312,13 +1317,7 @@ absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
       account();
       // With the stage full this rank can only go on once the right
       // neighbour takes bytes, whatever the left one does.
-      const std::string waiting =
-          recv_slot >= 0 ? absl::StrCat("waiting for ", left_name_, " to send")
-                         : absl::StrCat("waiting for ", right_name_, " to receive");
-      return Fail(absl::DeadlineExceededError(absl::StrCat(
-          What(), " on ", names_[rank_], " timed out ", waiting, " (", progress_text(),
-          "); the peer stopped, is stuck, or issued a different collective (a stall anywhere in "
-          "the ring reaches every rank through its left neighbour)")));
+      return Fail(RingTimedOut(recv_slot >= 0, progress_text()));
     }
   }
   account();

@@ -256,6 +256,9 @@ class RingCollective : public Collective {
   absl::Status PeerClosed(const std::string& peer, const std::string& progress) const;
   absl::Status PeerBroke(const char* direction, const std::string& peer, int err,
                          const std::string& progress) const;
+  // A ring transfer that passed its deadline, blamed on the left neighbour
+  // (it sends nothing) or the right one (it takes nothing).
+  absl::Status RingTimedOut(bool waiting_for_left, const std::string& progress) const;
   void AddSend(const ByteVector* v, int64_t begin, int64_t length, int depends_on);
   int AddRecv(ByteVector* v, int64_t begin, int64_t length, Mode mode);
 
