@@ -13,10 +13,5 @@ BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 cd "$BUILD_DIR"
 # Integration tests start several processes each; run them one at a time on
 # small machines so their timing assertions stay meaningful.
-# A test that fails is run once more before it counts. The flake this was
-# added for (a rare "Mutex corrupt" abort in CoordinationTest) was a
-# use-after-free in the test itself and is fixed (200 clean runs); the retry
-# stays until the whole suite has run clean repeatedly without it. A real
-# regression fails both runs.
-ctest --output-on-failure --timeout 300 --repeat until-pass:2 -j "${DISTRAIN_TEST_JOBS:-2}" -LE serial
-ctest --output-on-failure --timeout 900 --repeat until-pass:2 -L serial
+ctest --output-on-failure --timeout 300 -j "${DISTRAIN_TEST_JOBS:-2}" -LE serial
+ctest --output-on-failure --timeout 900 -L serial
