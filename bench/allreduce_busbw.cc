@@ -58,6 +58,7 @@ struct Flags {
   double target_seconds = 0.5;
   double timeout_seconds = 120;
   int64_t chunk_bytes = 0;          // 0: RingOptions' default
+  int stage_slices = 0;             // 0: RingOptions' default
   int socket_buffer_bytes = -1;     // -1: RingOptions' default
   int64_t small_allreduce_bytes = -1;
 };
@@ -188,6 +189,7 @@ int Run(const Flags& flags) {
   ring_options.setup_timeout = absl::Seconds(flags.timeout_seconds);
   for (int r = 0; r < rv.size(); ++r) ring_options.peer_names.push_back(rv.peer_name(r));
   if (flags.chunk_bytes > 0) ring_options.chunk_bytes = flags.chunk_bytes;
+  if (flags.stage_slices > 0) ring_options.stage_slices = flags.stage_slices;
   if (flags.socket_buffer_bytes >= 0) ring_options.socket_buffer_bytes = flags.socket_buffer_bytes;
   if (flags.small_allreduce_bytes >= 0) ring_options.small_allreduce_bytes = flags.small_allreduce_bytes;
   absl::StatusOr<std::unique_ptr<RingCollective>> created =
@@ -237,6 +239,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-seconds", flags.timeout_seconds, "per operation, join and ring setup")
       ->capture_default_str();
   app.add_option("--chunk-bytes", flags.chunk_bytes, "RingOptions::chunk_bytes (0: default)");
+  app.add_option("--stage-slices", flags.stage_slices, "RingOptions::stage_slices (0: default)");
   app.add_option("--socket-buffer-bytes", flags.socket_buffer_bytes,
                  "RingOptions::socket_buffer_bytes (-1: default, 0: kernel autotuning)");
   app.add_option("--small-allreduce-bytes", flags.small_allreduce_bytes,

@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def best_of(a, b):
 
 def run_distrain(n, sizes, args):
     argv = [binary("allreduce_busbw"), "--sizes", ",".join(map(str, sizes)),
-            "--timeout-seconds", str(args.timeout)] + common_flags(args)
+            "--timeout-seconds", str(args.timeout)] + common_flags(args) + shlex.split(args.distrain_args)
     cmds = []
     for cfg in tf_configs(n):
         env = dict(os.environ, TF_CONFIG=cfg)
@@ -192,6 +193,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
                     help="sizes 4K,64K,1M,16M,64M and N = 2,4 (unless --sizes/--ranks say otherwise)")
+    ap.add_argument("--distrain-args", default="",
+                    help="extra flags for build/bench/allreduce_busbw, for sweeps "
+                         "(e.g. '--chunk-bytes 65536 --stage-slices 8')")
     ap.add_argument("--sizes", help="comma-separated buffer sizes in bytes (4K, 64M allowed); "
                                     "default 4K..256M in powers of 4")
     ap.add_argument("--ranks", help="comma-separated process counts; default 2,3,4")

@@ -30,7 +30,6 @@ constexpr int kMaxIov = 16;
 // Slices the all-reduce's staging ring holds. More than one, so a rank can
 // always take in the next slice while the right neighbour drains the last
 // (with one, every rank could wait for its right neighbour at once).
-constexpr int64_t kStageSlices = 4;
 constexpr int64_t kHeaderBytes = 24;
 constexpr size_t kMaxPendingConnections = 32;
 
@@ -127,7 +126,7 @@ RingCollective::RingCollective(int rank, int size, const RingOptions& options)
   // Whole floats per slice; reads may still end inside a float (they are
   // capped at chunk_bytes, which need not be a multiple of 4).
   slice_bytes_ = std::max<int64_t>(64, options.chunk_bytes) & ~int64_t{3};
-  stage_bytes_ = kStageSlices * slice_bytes_;
+  stage_bytes_ = std::max(2, options.stage_slices) * slice_bytes_;
   stage_ = std::make_unique<float[]>(stage_bytes_ / 4);
   segment_begin_.assign(size, 0);
   segment_bytes_.assign(size, 0);

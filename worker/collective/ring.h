@@ -59,7 +59,7 @@
 //       segment): the wire carries round k = (slice k of step 0, of step 1,
 //       ..., of step 2N-3), so what arrives for step t goes out again as step
 //       t+1 one slice later, not one segment later. Incoming bytes land in a
-//       staging ring of kStageSlices slices that stays in cache; the
+//       staging ring of RingOptions::stage_slices slices that stays in cache; the
 //       reduction adds the caller's own values into the stage (the caller's
 //       vector is only read there), the stage is what is forwarded, and final
 //       values (the last reduction, then every all-gather step) are written to
@@ -153,6 +153,11 @@ struct RingOptions {
   // Socket buffers with 128 KiB slices: 1 MiB 0.26-0.28, 2 MiB 0.26-0.34,
   // kernel autotuning 0.27-0.33, 512 KiB 0.26-0.36, 256 KiB 0.42-0.52.
   int64_t chunk_bytes = 128 << 10;
+  // Slices in the all-reduce's staging ring (at least 2: the deadlock
+  // argument above needs room beyond one slice). Deeper rings give ranks
+  // that share cores more slack before a descheduled neighbour stalls them,
+  // at the price of a stage that may fall out of L2.
+  int stage_slices = 4;
   // SO_SNDBUF/SO_RCVBUF; 0 leaves the kernel's autotuning.
   int socket_buffer_bytes = 1 << 20;
   // Payloads up to this many bytes take the latency path (mesh when
@@ -309,7 +314,7 @@ class RingCollective : public Collective {
   ByteVector gather_view_;
   std::vector<float> gather_;
   std::vector<float> barrier_blocks_;
-  // The all-reduce's staging ring: kStageSlices slices of slice_bytes_.
+  // The all-reduce's staging ring: stage_slices slices of slice_bytes_.
   std::unique_ptr<float[]> stage_;
   int64_t slice_bytes_ = 0;
   int64_t stage_bytes_ = 0;

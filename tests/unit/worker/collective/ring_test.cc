@@ -243,17 +243,23 @@ TEST(RingCollectiveTest, SlicedAllReduceHandlesUnequalSegmentsAndStageWrap) {
     int ranks;
     int64_t elements;
     int64_t chunk_bytes;
+    int stage_slices = 4;
   };
+  // Stages of 1 (raised to the minimum, 2), 2 and 16 slices too: any depth
+  // must neither deadlock nor reorder.
   for (const Case& c : {Case{2, 4097, 64}, Case{3, 193, 64}, Case{3, 20011, 100},
-                        Case{4, 10003, 1000}, Case{5, 5 * 16 * 7 + 4, 64}, Case{8, 13, 64}}) {
+                        Case{4, 10003, 1000}, Case{5, 5 * 16 * 7 + 4, 64}, Case{8, 13, 64},
+                        Case{4, 10003, 64, 1}, Case{3, 20011, 100, 2}, Case{4, 10003, 64, 16}}) {
     RingOptions options = Options(c.ranks);
     options.small_allreduce_bytes = -1;
     options.chunk_bytes = c.chunk_bytes;
+    options.stage_slices = c.stage_slices;
     Ring ring = MakeRing(c.ranks, options);
     ASSERT_FALSE(HasFailure());
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
       SCOPED_TRACE(absl::StrCat("ranks ", c.ranks, ", elements ", c.elements, ", chunk_bytes ",
-                                c.chunk_bytes, op == ReduceOp::kMean ? ", mean" : ", sum"));
+                                c.chunk_bytes, ", stage_slices ", c.stage_slices,
+                                op == ReduceOp::kMean ? ", mean" : ", sum"));
       CheckAllReduce(ring, c.elements, op);
       ASSERT_FALSE(HasFailure());
     }
