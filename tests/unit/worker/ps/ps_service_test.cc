@@ -818,5 +818,85 @@ TEST(PsServiceTest, RestoreSkipsAStepThatNotEveryPsWrote) {
   EXPECT_EQ(client->Restore(dir, 2).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A gradient of thousands of elements pushed in chunks of 13 floats (message
+// and chunk boundaries at odd element offsets, none aligned to a SIMD width)
+// updates the shard exactly like the local optimizer on the whole tensor.
+TEST(PsServiceTest, PushInOddSizedChunksMatchesTheLocalOptimizer) {
+  const OptimizerConfig config = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+  PsServiceOptions options;
+  options.optimizer = config;
+  PsTestCluster cluster(1, options);
+  PsClientOptions client_options;
+  client_options.chunk_bytes = 13 * sizeof(float);
+  const int64_t n = 4873;
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {n}}}, Partitioner::None(), 1), client_options);
+  ASSERT_NE(client, nullptr);
+  Tensor w = Pattern({n}, 3);
+  ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
+  absl::StatusOr<std::unique_ptr<Optimizer>> local = Optimizer::Create(config);
+  ASSERT_TRUE(local.ok());
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor g = Pattern({n}, 40 + step);
+    (*local)->ApplyDense("w", w.span(), g.span(), step);
+    ASSERT_TRUE(client->Push({{"w", &g}}).ok());
+  }
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["w"], w));
+}
+
+// A pull that is still streaming when a push lands sends the value of the
+// version in its header, not a mix: the messages reference a snapshot, not
+// the shard's live value.
+TEST(PsServiceTest, PullStreamingDuringAPushSendsOneConsistentVersion) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(1, options);
+  // 16 MiB in 4 KiB messages: far more than the flow-control windows, so the
+  // ps is still writing this pull while the push below is applied.
+  const int64_t n = 4 << 20;
+  const ShardingPlan plan = Plan({{"w", {n}}}, Partitioner::None(), 1);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor init = Pattern({n}, 5), grad = Pattern({n}, 6);
+  ASSERT_TRUE(client->Initialize({{"w", &init}}).ok());
+
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.servers[0]->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext pull_ctx;
+  v1::PullRequest request;
+  request.add_variables("w");
+  request.set_max_chunk_bytes(4096);
+  auto reader = stub->Pull(&pull_ctx, request);
+  Tensor assembled({n});
+  v1::PullMessage msg;
+  auto take = [&] {
+    for (const v1::PulledShard& h : msg.shards()) EXPECT_EQ(h.version(), 0);
+    for (const v1::DataChunk& c : msg.chunks()) {
+      ASSERT_LE(c.offset() * 4 + static_cast<int64_t>(c.data().size()), n * 4);
+      std::memcpy(assembled.data() + c.offset(), c.data().data(), c.data().size());
+    }
+  };
+  ASSERT_TRUE(reader->Read(&msg));
+  take();
+  absl::StatusOr<PushResult> pushed = client->Push({{"w", &grad}});
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_THAT(pushed->versions["w"], ::testing::Each(1));
+  int messages = 1;
+  while (reader->Read(&msg)) {
+    ++messages;
+    take();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GT(messages, 1000);
+  EXPECT_TRUE(BitEqual(assembled, init)) << "the pull mixed in the pushed update";
+
+  absl::StatusOr<PullResult> after = client->Pull();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->values["w"].data()[0], init.data()[0] - grad.data()[0]);
+  EXPECT_FALSE(BitEqual(after->values["w"], init));
+}
+
 }  // namespace
 }  // namespace distrain
