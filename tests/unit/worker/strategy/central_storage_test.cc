@@ -16,8 +16,8 @@
 namespace distrain {
 namespace {
 
-constexpr int kFeatures = 24;
-constexpr int kClasses = 6;
+constexpr int kFeatures = testing::kLocalStepFeatures;
+constexpr int kClasses = testing::kLocalStepClasses;
 
 ClusterSpec LoneWorker() {
   auto spec = ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0});
@@ -38,35 +38,7 @@ JobConfig Job(StrategyKind strategy, int local_replicas, int64_t batch = 32,
   return c;
 }
 
-// Deterministic batches of a learnable problem (label = argmax of a fixed
-// projection), the same for every strategy under test.
-struct Batches {
-  Batches(int64_t batch_size, int steps) {
-    std::mt19937 rng(11);
-    std::normal_distribution<float> normal;
-    std::vector<float> w(kFeatures * kClasses);
-    for (float& x : w) x = normal(rng);
-    for (int s = 0; s < steps; ++s) {
-      Tensor f({batch_size, kFeatures});
-      std::vector<int32_t> l(batch_size);
-      for (int64_t i = 0; i < batch_size; ++i) {
-        for (int j = 0; j < kFeatures; ++j) f.at(i, j) = normal(rng);
-        int best = 0;
-        float best_score = -1e30f;
-        for (int c = 0; c < kClasses; ++c) {
-          float score = 0;
-          for (int j = 0; j < kFeatures; ++j) score += f.at(i, j) * w[j * kClasses + c];
-          if (score > best_score) best_score = score, best = c;
-        }
-        l[i] = best;
-      }
-      features.push_back(std::move(f));
-      labels.push_back(std::move(l));
-    }
-  }
-  std::vector<Tensor> features;
-  std::vector<std::vector<int32_t>> labels;
-};
+using testing::Batches;
 
 template <typename S>
 std::unique_ptr<S> Make(const JobConfig& config) {
