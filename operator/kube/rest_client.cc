@@ -452,6 +452,23 @@ absl::StatusOr<ApiResponse> RestClient::Send(std::string_view method,
   }
 }
 
+namespace {
+
+// The next piece of a streamed body into `chunk`; 0 when the stream ended.
+// The body buffer completes a getn only once `count` bytes are there (or the
+// stream ends), and watch events are small: wait for one byte, then take
+// whatever else has arrived. Throws what cpprestsdk throws.
+size_t ReadAvailable(concurrency::streams::streambuf<uint8_t>& body, std::vector<uint8_t>& chunk) {
+  size_t n = body.getn(chunk.data(), 1).get();
+  if (n == 1) {
+    const size_t more = std::min(body.in_avail(), chunk.size() - 1);
+    if (more > 0) n += body.getn(chunk.data() + 1, more).get();
+  }
+  return n;
+}
+
+}  // namespace
+
 absl::Status RestClient::Watch(std::string_view path_and_query,
                                const std::function<bool(const WatchEvent&)>& on_event,
                                std::stop_token stop) {
@@ -498,14 +515,7 @@ absl::Status RestClient::Watch(std::string_view path_and_query,
   while (true) {
     size_t n = 0;
     try {
-      // The body buffer completes a getn only once `count` bytes are there (or
-      // the stream ends), and a watch sends small events: wait for one byte,
-      // then take whatever else has arrived.
-      n = body.getn(chunk.data(), 1).get();
-      if (n == 1) {
-        size_t more = std::min(body.in_avail(), chunk.size() - 1);
-        if (more > 0) n += body.getn(chunk.data() + 1, more).get();
-      }
+      n = ReadAvailable(body, chunk);
     } catch (const std::exception& e) {
       if (stop.stop_requested()) return absl::OkStatus();
       return absl::UnavailableError(absl::StrCat("watch ", url, ": stream broke after ",
@@ -570,12 +580,7 @@ absl::StatusOr<ApiResponse> RestClient::Stream(std::string_view path_and_query,
   while (true) {
     size_t n = 0;
     try {
-      // As in Watch: wait for one byte, then take whatever else has arrived.
-      n = body.getn(chunk.data(), 1).get();
-      if (n == 1) {
-        size_t more = std::min(body.in_avail(), chunk.size() - 1);
-        if (more > 0) n += body.getn(chunk.data() + 1, more).get();
-      }
+      n = ReadAvailable(body, chunk);
     } catch (const std::exception& e) {
       if (stop.stop_requested()) return response;
       return absl::UnavailableError(absl::StrCat("GET ", url, ": stream broke: ", e.what()));
