@@ -131,10 +131,15 @@ int main(int argc, char** argv) {
   // every thread that allocates an arena of its own; the parallel creates of
   // a large job touch dozens, and that memory is never returned. Two arenas
   // are plenty for a process whose work is I/O. cpprestsdk's default pool of
-  // 40 threads is sized for servers; the operator's requests are few and
-  // short (the blocking watch streams run on the informers' own threads).
+  // 40 threads is sized for servers; the operator's requests are short (the
+  // blocking watch streams run on the informers' own threads). Every request
+  // hops between a caller thread and this pool, and a larger pool mostly adds
+  // futex handoffs: on the 500-worker burst (bench/operator_scale.py) 8
+  // threads cost 1.0 s of operator CPU and 2 threads 0.6 s, at 225 against
+  // 270-310 pods/s; 1 thread was no cheaper and slower (TLS for 64
+  // connections on one thread).
   mallopt(M_ARENA_MAX, 2);
-  crossplat::threadpool::initialize_with_threads(8);
+  crossplat::threadpool::initialize_with_threads(2);
 
   for (absl::string_view ns : absl::StrSplit(namespaces, ',', absl::SkipWhitespace())) {
     options.namespaces.emplace_back(ns);
