@@ -73,6 +73,7 @@ void Dense::Forward(const Tensor& input, Tensor* output) {
   cpu::Gemm(false, false, batch, out, in, 1.0f, input.data(), kernel_.value.data(), 1.0f,
             output->data());
   input_ = &input;
+  grad_output_ = nullptr;
 }
 
 void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
@@ -85,14 +86,22 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
                  grad_output.dim(1) == out)
       << name_ << ": grad_output " << grad_output.ShapeString();
   // dW = x^T dy, db = sum over the batch of dy, dx = dy W^T.
-  cpu::Gemm(true, false, in, out, batch, 1.0f, input.data(), grad_output.data(), 0.0f,
-            kernel_.grad.data());
+  grad_output_ = &grad_output;
+  if (!factored_) {
+    cpu::Gemm(true, false, in, out, batch, 1.0f, input.data(), grad_output.data(), 0.0f,
+              kernel_.grad.data());
+  }
   cpu::ColumnSums(batch, out, grad_output.data(), bias_.grad.data());
   if (grad_input != nullptr) {
     grad_input->Resize({batch, in});
     cpu::Gemm(false, true, batch, in, out, 1.0f, grad_output.data(), kernel_.value.data(), 0.0f,
               grad_input->data());
   }
+}
+
+std::optional<GradFactors> Dense::KernelGradFactors() const {
+  if (!factored_ || input_ == nullptr || grad_output_ == nullptr) return std::nullopt;
+  return GradFactors{&kernel_, input_, grad_output_};
 }
 
 void ReLU::Forward(const Tensor& input, Tensor* output) {

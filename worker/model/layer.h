@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,16 @@ struct Parameter {
   std::string name;
   Tensor value;
   Tensor grad;  // same shape as value; written by Layer::Backward
+};
+
+// A kernel gradient left as two factors, dL/dkernel = left^T right: for a
+// Dense layer, left is the batch's input [batch, in] and right dL/d(output)
+// [batch, out]. Both are borrowed from the layer and its model; valid from
+// the layer's Backward until the model's next forward pass.
+struct GradFactors {
+  const Parameter* kernel;
+  const Tensor* left;
+  const Tensor* right;
 };
 
 // One layer of a feed-forward model. Inputs are [batch, features...].
@@ -35,6 +46,12 @@ class Layer {
   // when grad_input is not null, writes dL/d(input).
   virtual void Backward(const Tensor& grad_output, Tensor* grad_input) = 0;
   virtual std::vector<Parameter*> parameters() { return {}; }
+  // Layers whose kernel gradient is a product of two batch matrices can
+  // leave it as its factors: with `factored`, Backward does not form the
+  // kernel's grad (it keeps its old contents) and KernelGradFactors returns
+  // them. Returns whether the layer supports it.
+  virtual bool SetFactoredKernelGrad(bool /*factored*/) { return false; }
+  virtual std::optional<GradFactors> KernelGradFactors() const { return std::nullopt; }
 };
 
 // y = x W + b, W: [in, out] ("<name>/kernel"), b: [out] ("<name>/bias").
@@ -47,12 +64,19 @@ class Dense : public Layer {
   void Forward(const Tensor& input, Tensor* output) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override { return {&kernel_, &bias_}; }
+  bool SetFactoredKernelGrad(bool factored) override {
+    factored_ = factored;
+    return true;
+  }
+  std::optional<GradFactors> KernelGradFactors() const override;
 
  private:
   std::string name_;
   Parameter kernel_;
   Parameter bias_;
-  const Tensor* input_ = nullptr;  // borrowed from the caller until Backward
+  const Tensor* input_ = nullptr;        // borrowed from the caller until Backward
+  const Tensor* grad_output_ = nullptr;  // borrowed in Backward, for the factors
+  bool factored_ = false;
 };
 
 class ReLU : public Layer {

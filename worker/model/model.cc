@@ -93,6 +93,15 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
   return result;
 }
 
+void Model::set_factored_kernel_grads(bool factored) {
+  for (auto& layer : layers_) layer->SetFactoredKernelGrad(factored);
+}
+
+std::optional<GradFactors> Model::kernel_grad_factors(int layer) const {
+  if (layer < 0 || layer >= num_layers()) return std::nullopt;
+  return layers_[layer]->KernelGradFactors();
+}
+
 LossResult Model::Evaluate(const Tensor& features, absl::Span<const int32_t> labels) {
   const Tensor* x = &features;
   for (size_t i = 0; i < layers_.size(); ++i) {

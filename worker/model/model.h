@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,14 @@ class Model {
   // parameters() grouped by layer index (empty for parameter-free layers).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  // With `factored`, TrainStep leaves each Dense kernel's gradient as its
+  // factors (input^T d(output), see GradFactors) instead of forming it: the
+  // kernel's grad field is then stale, and kernel_grad_factors(i) is what a
+  // strategy sends (a parameter server forms the product itself).
+  void set_factored_kernel_grads(bool factored);
+  // Layer i's kernel-gradient factors, valid from on_layer_grads_ready(i)
+  // until the next TrainStep; nullopt when not factored or no such layer.
+  std::optional<GradFactors> kernel_grad_factors(int layer) const;
   int64_t num_parameters() const;  // scalar count
   std::string Summary() const;     // "mlp 784-128-10 (101770 params)"
 

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,6 +19,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/sync_stream.h"
 #include "worker/ps/ps_wire.h"
+#include "worker/tensor/cpu_math.h"
 
 namespace distrain {
 
@@ -83,8 +86,13 @@ struct PsClient::RawMethods {
 // One shard's slice of an uploaded tensor.
 struct PsClient::Upload {
   const ShardInfo* shard;
-  const float* data;  // shard->num_elements() values
+  const float* data;  // `elements` values
   std::optional<int64_t> pulled_version;
+  int64_t elements = 0;     // shard->num_elements(), or the factors' count
+  int64_t factor_rank = 0;  // > 0: data is L then R (UploadShard.factor_rank)
+  // Keeps `data` alive when it is not the caller's memory (gathered factors,
+  // a gradient formed here); shared by the copies of this Upload.
+  std::shared_ptr<const std::vector<float>> owned;
 };
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(std::vector<std::string> addresses,
@@ -224,6 +232,98 @@ absl::Status PsClient::CreateVariables() {
   });
 }
 
+absl::StatusOr<const std::vector<int64_t>*> PsClient::PulledVersions(
+    const std::string& name, const ShardVersions* pulled, const char* method) const {
+  if (pulled == nullptr) return nullptr;
+  auto it = pulled->find(name);
+  if (it == pulled->end()) return nullptr;
+  const VariablePlan* var = plan_.Find(name);
+  if (it->second.size() != var->shards.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(method, ": pulled versions of \"", name,
+                                                   "\" list ", it->second.size(),
+                                                   " shards; the variable has ", var->shards.size()));
+  }
+  return &it->second;
+}
+
+absl::Status PsClient::PlanFactoredUploads(absl::Span<const FactoredGradRef> factored,
+                                           absl::Span<const TensorRef> dense,
+                                           const ShardVersions* pulled,
+                                           std::vector<Upload>* uploads) const {
+  for (size_t i = 0; i < factored.size(); ++i) {
+    const FactoredGradRef& ref = factored[i];
+    const VariablePlan* var = plan_.Find(ref.name);
+    if (var == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Push: \"", ref.name, "\" is not a variable of the sharding plan"));
+    }
+    DISTRAIN_CHECK(ref.left != nullptr && ref.right != nullptr) << ref.name;
+    const Tensor& left = *ref.left;
+    const Tensor& right = *ref.right;
+    if (var->shape.size() != 2 || left.rank() != 2 || right.rank() != 2 ||
+        left.dim(1) != var->shape[0] || right.dim(1) != var->shape[1] ||
+        left.dim(0) != right.dim(0) || left.dim(0) < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Push: factors of \"", ref.name, "\" are ", left.ShapeString(), " and ",
+          right.ShapeString(), "; a variable of shape ", ShapeString(var->shape),
+          " needs [rank, ", var->shape.empty() ? 0 : var->shape[0], "] and [rank, ",
+          var->shape.size() < 2 ? 0 : var->shape[1], "], rank >= 1"));
+    }
+    auto listed_before = [&](const std::string& name) {
+      for (size_t j = 0; j < i; ++j) {
+        if (factored[j].name == name) return true;
+      }
+      for (const TensorRef& d : dense) {
+        if (d.name == name) return true;
+      }
+      return false;
+    };
+    if (listed_before(ref.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("Push: \"", ref.name, "\" is given twice"));
+    }
+    absl::StatusOr<const std::vector<int64_t>*> versions = PulledVersions(ref.name, pulled, "Push");
+    if (!versions.ok()) return versions.status();
+    const int64_t rank = left.dim(0);
+    const int64_t cols = var->shape[1];
+    for (size_t k = 0; k < var->shards.size(); ++k) {
+      const ShardInfo& s = plan_.shards()[var->shards[k]];
+      const int64_t rows = s.row_end - s.row_begin;
+      // L's columns of this shard, gathered: [rank, rows].
+      const float* shard_left = left.data();
+      std::vector<float> gathered;
+      if (rows != left.dim(1)) {
+        gathered.resize(static_cast<size_t>(rank * rows));
+        for (int64_t r = 0; r < rank; ++r) {
+          std::memcpy(gathered.data() + r * rows, left.data() + r * left.dim(1) + s.row_begin,
+                      static_cast<size_t>(rows) * sizeof(float));
+        }
+        shard_left = gathered.data();
+      }
+      auto buffer = std::make_shared<std::vector<float>>();
+      Upload u{&s, nullptr, *versions ? std::optional<int64_t>((**versions)[k]) : std::nullopt};
+      if (rank <= s.num_elements() / (rows + cols)) {
+        // The factors are smaller than the gradient: send them (the server's
+        // rule, UploadShard.factor_rank).
+        buffer->resize(static_cast<size_t>(rank * (rows + cols)));
+        std::memcpy(buffer->data(), shard_left, static_cast<size_t>(rank * rows) * sizeof(float));
+        std::memcpy(buffer->data() + rank * rows, right.data(),
+                    static_cast<size_t>(rank * cols) * sizeof(float));
+        u.factor_rank = rank;
+      } else {
+        // A narrow shard (or a large rank): the dense gradient is smaller.
+        buffer->resize(static_cast<size_t>(rows * cols));
+        cpu::Gemm(true, false, rows, cols, rank, 1.0f, shard_left, right.data(), 0.0f,
+                  buffer->data());
+      }
+      u.elements = static_cast<int64_t>(buffer->size());
+      u.data = buffer->data();
+      u.owned = std::move(buffer);
+      uploads->push_back(std::move(u));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<PsClient::Upload>> PsClient::PlanUploads(
     absl::Span<const TensorRef> tensors, const ShardVersions* pulled, const char* method) const {
   std::vector<Upload> uploads;
@@ -246,22 +346,13 @@ absl::StatusOr<std::vector<PsClient::Upload>> PsClient::PlanUploads(
             absl::StrCat(method, ": \"", ref.name, "\" is given twice"));
       }
     }
-    const std::vector<int64_t>* versions = nullptr;
-    if (pulled != nullptr) {
-      auto it = pulled->find(ref.name);
-      if (it != pulled->end()) {
-        if (it->second.size() != var->shards.size()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(method, ": pulled versions of \"", ref.name, "\" list ",
-                           it->second.size(), " shards; the variable has ", var->shards.size()));
-        }
-        versions = &it->second;
-      }
-    }
+    absl::StatusOr<const std::vector<int64_t>*> versions = PulledVersions(ref.name, pulled, method);
+    if (!versions.ok()) return versions.status();
     for (size_t k = 0; k < var->shards.size(); ++k) {
       const ShardInfo& s = plan_.shards()[var->shards[k]];
       uploads.push_back(Upload{&s, ref.tensor->data() + s.element_offset(),
-                               versions ? std::optional<int64_t>((*versions)[k]) : std::nullopt});
+                               *versions ? std::optional<int64_t>((**versions)[k]) : std::nullopt,
+                               s.num_elements()});
     }
   }
   return uploads;
@@ -283,8 +374,9 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
     v1::UploadShard* us = header.add_shards();
     us->mutable_ref()->set_variable(u.shard->variable);
     us->mutable_ref()->set_shard(u.shard->index);
-    us->set_num_elements(u.shard->num_elements());
+    us->set_num_elements(u.elements);
     if (u.pulled_version) us->set_pulled_version(*u.pulled_version);
+    if (u.factor_rank > 0) us->set_factor_rank(u.factor_rank);
   }
   ps_wire::FrameBuilder msg;
   msg.AddMessage(ps_wire::kHeaderField, header);
@@ -292,7 +384,7 @@ absl::Status PsClient::UploadShards(const char* method, int task, const std::vec
   const int64_t chunk_elements = options_.chunk_bytes / static_cast<int64_t>(sizeof(float));
   for (size_t i = 0; i < shards.size() && stream_ok; ++i) {
     const Upload& u = shards[i];
-    const int64_t total = u.shard->num_elements();
+    const int64_t total = u.elements;
     int64_t offset = 0;
     while (offset < total && stream_ok) {
       const int64_t room =
@@ -344,9 +436,11 @@ absl::StatusOr<InitializeResult> PsClient::Initialize(absl::Span<const TensorRef
 }
 
 absl::StatusOr<PushResult> PsClient::Push(absl::Span<const TensorRef> grads,
-                                          const ShardVersions* pulled) {
+                                          const ShardVersions* pulled,
+                                          absl::Span<const FactoredGradRef> factored) {
   absl::StatusOr<std::vector<Upload>> uploads = PlanUploads(grads, pulled, "Push");
   if (!uploads.ok()) return uploads.status();
+  if (absl::Status s = PlanFactoredUploads(factored, grads, pulled, &*uploads); !s.ok()) return s;
   std::map<int, std::vector<Upload>> by_ps;
   for (const Upload& u : *uploads) by_ps[u.shard->ps_task].push_back(u);
   std::vector<int> tasks;
@@ -358,6 +452,9 @@ absl::StatusOr<PushResult> PsClient::Push(absl::Span<const TensorRef> grads,
   if (!status.ok()) return status;
   PushResult result;
   for (const TensorRef& g : grads) {
+    result.versions[g.name].assign(plan_.Find(g.name)->shards.size(), -1);
+  }
+  for (const FactoredGradRef& g : factored) {
     result.versions[g.name].assign(plan_.Find(g.name)->shards.size(), -1);
   }
   for (size_t task = 0; task < responses.size(); ++task) {

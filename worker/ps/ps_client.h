@@ -46,6 +46,16 @@ struct MutableTensorRef {
   Tensor* tensor;  // must already have the variable's shape
 };
 
+// The gradient of a rank-2 variable [rows, cols] as two factors, grad =
+// left^T right, left [rank, rows] and right [rank, cols]: a Dense kernel's
+// gradient over a batch is input^T d(output), of rank <= the batch size.
+// Borrowed for one call, like TensorRef.
+struct FactoredGradRef {
+  std::string name;
+  const Tensor* left;
+  const Tensor* right;
+};
+
 struct PullResult {
   std::map<std::string, Tensor> values;
   ShardVersions versions;
@@ -104,9 +114,14 @@ class PsClient {
   absl::Status PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions,
                         const std::function<void(const ShardInfo&)>& on_shard);
   // Pushes gradients shaped like their variables. `pulled` (optional): the
-  // versions the gradients were computed from, for staleness.
+  // versions the gradients were computed from, for staleness. `factored`:
+  // more gradients, given as factors; each shard gets the factors (its
+  // columns of `left`, and `right`) when they are fewer bytes than its
+  // gradient, else the gradient formed here. A variable appears once in
+  // `grads` and `factored` together.
   absl::StatusOr<PushResult> Push(absl::Span<const TensorRef> grads,
-                                  const ShardVersions* pulled = nullptr);
+                                  const ShardVersions* pulled = nullptr,
+                                  absl::Span<const FactoredGradRef> factored = {});
   absl::StatusOr<PushResult> Push(const std::map<std::string, Tensor>& grads,
                                   const ShardVersions* pulled = nullptr);
   // Every ps writes its shards at `step` (see PsService::Save).
@@ -129,6 +144,15 @@ class PsClient {
   absl::StatusOr<std::vector<Upload>> PlanUploads(absl::Span<const TensorRef> tensors,
                                                   const ShardVersions* pulled,
                                                   const char* method) const;
+  // Appends the shards of `factored` (checked against `dense` for names
+  // given twice).
+  absl::Status PlanFactoredUploads(absl::Span<const FactoredGradRef> factored,
+                                   absl::Span<const TensorRef> dense, const ShardVersions* pulled,
+                                   std::vector<Upload>* uploads) const;
+  // `pulled`'s versions of `name` (null when not listed), checked against the plan.
+  absl::StatusOr<const std::vector<int64_t>*> PulledVersions(const std::string& name,
+                                                             const ShardVersions* pulled,
+                                                             const char* method) const;
   absl::Status Error(int task, const char* method, const grpc::Status& status) const;
   void SetDeadline(grpc::ClientContext& ctx) const;
 

@@ -24,6 +24,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/ps/partitioner.h"
 #include "worker/ps/ps_wire.h"
+#include "worker/tensor/cpu_math.h"
 
 namespace distrain {
 
@@ -137,8 +138,14 @@ struct PsService::Upload {
   struct Item {
     Shard* shard;
     std::optional<int64_t> pulled_version;
-    // The shard's num_elements(), allocated when the first chunk arrives
-    // (not zero-filled: every element is written before it is read).
+    // > 0: `data` holds the gradient's factors L [factor_rank, rows] and
+    // R [factor_rank, cols] (UploadShard.factor_rank), not the gradient.
+    int64_t factor_rank = 0;
+    // Elements announced and received: the shard's num_elements(), or
+    // factor_rank * (rows + cols) for factors.
+    int64_t elements = 0;
+    // `elements` values, allocated when the first chunk arrives (not
+    // zero-filled: every element is written before it is read).
     std::unique_ptr<float[]> data;
   };
   bool overwrite = false;
@@ -295,6 +302,38 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+namespace {
+
+// Elements of a factored gradient (UploadShard.factor_rank) of `shard`, or
+// why the factors cannot be taken. The bound on the rank keeps a hostile
+// header from making the ps allocate more than the dense gradient would.
+absl::StatusOr<int64_t> FactoredElements(const char* method, const std::string& field,
+                                         const std::string& what, const ShardInfo& shard,
+                                         int64_t factor_rank) {
+  if (std::strcmp(method, "Push") != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", what, ": factor_rank is only for Push; ", method, " takes values"));
+  }
+  if (shard.full_shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", what, ": factor_rank needs a rank-2 variable, this one has shape [",
+        absl::StrJoin(shard.full_shape, ", "), "]; push its gradient dense"));
+  }
+  const int64_t rows = shard.row_end - shard.row_begin;
+  const int64_t cols = shard.row_elements;
+  const int64_t dense = shard.num_elements();
+  if (factor_rank < 0 || factor_rank > dense / (rows + cols)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", what, ": factor_rank ", factor_rank, " must be in [1, ",
+        dense / (rows + cols), "] for a shard of shape [", rows, ", ", cols,
+        "]: factors may not be larger than the dense gradient (", dense,
+        " elements); push that instead"));
+  }
+  return factor_rank * (rows + cols);
+}
+
+}  // namespace
+
 absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx, RawStream* stream,
                                    Upload& upload) {
   grpc::ByteBuffer buffer;
@@ -342,10 +381,21 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
         return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, " is listed twice"));
       }
     }
-    if (us.num_elements() != shard->info.num_elements()) {
+    int64_t elements = shard->info.num_elements();
+    if (us.factor_rank() != 0) {
+      absl::StatusOr<int64_t> factored =
+          FactoredElements(method, field, what, shard->info, us.factor_rank());
+      if (!factored.ok()) return factored.status();
+      elements = *factored;
+    }
+    if (us.num_elements() != elements) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", what, " announces ", us.num_elements(), " elements, but the shard has ",
-          shard->info.num_elements(), " (shape [", absl::StrJoin(shard->info.shape, ", "), "])"));
+          field, ": ", what, " announces ", us.num_elements(), " elements, but ",
+          us.factor_rank() != 0
+              ? absl::StrCat("factors of rank ", us.factor_rank(), " of a shard of shape [",
+                             absl::StrJoin(shard->info.shape, ", "), "] have ", elements)
+              : absl::StrCat("the shard has ", elements, " (shape [",
+                             absl::StrJoin(shard->info.shape, ", "), "])")));
     }
     if (us.has_pulled_version() && us.pulled_version() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, ": pulled_version ",
@@ -354,7 +404,7 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
     upload.items.push_back(Upload::Item{
         shard,
         us.has_pulled_version() ? std::optional<int64_t>(us.pulled_version()) : std::nullopt,
-        {}});
+        us.factor_rank(), elements, {}});
     received.push_back(0);
   }
   const int n = static_cast<int>(upload.items.size());
@@ -378,7 +428,7 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
       }
       Upload::Item& item = upload.items[chunk.index];
       const std::string what = RefString(item.shard->info.variable, item.shard->info.index);
-      const int64_t total = item.shard->info.num_elements();
+      const int64_t total = item.elements;
       int64_t& got = received[chunk.index];
       if (chunk.data.size % sizeof(float) != 0) {
         return absl::InvalidArgumentError(
@@ -415,7 +465,7 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
     return absl::CancelledError(absl::StrCat(method, ": cancelled by the client; nothing applied"));
   }
   for (int i = 0; i < n; ++i) {
-    const int64_t total = upload.items[i].shard->info.num_elements();
+    const int64_t total = upload.items[i].elements;
     if (received[i] != total) {
       return absl::InvalidArgumentError(absl::StrCat(
           method, ": the stream ended after ", received[i], " of ", total, " elements of ",
@@ -611,9 +661,24 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   auto apply = [&](Upload::Item& item) {
     Shard& shard = *item.shard;
     const int64_t staleness = item.pulled_version ? shard.version - *item.pulled_version : 0;
+    const float* grad = item.data.get();
+    if (item.factor_rank > 0) {
+      // G = L^T R: the product the worker did not form, at the same cost
+      // here (the GEMM moves, the dense gradient's bytes do not travel).
+      // Formed under the shard's lock so a staleness-rejected push never
+      // pays for it; the buffer is this thread's and reused.
+      thread_local std::vector<float> product;
+      const int64_t rows = shard.info.row_end - shard.info.row_begin;
+      const int64_t cols = shard.info.row_elements;
+      product.resize(static_cast<size_t>(rows * cols));
+      const float* left = item.data.get();
+      cpu::Gemm(true, false, rows, cols, item.factor_rank, 1.0f, left,
+                left + item.factor_rank * rows, 0.0f, product.data());
+      grad = product.data();
+    }
     shard.optimizer->ApplyDense(
         shard.key, absl::MakeSpan(shard.value),
-        absl::MakeConstSpan(item.data.get(), static_cast<size_t>(shard.info.num_elements())),
+        absl::MakeConstSpan(grad, static_cast<size_t>(shard.info.num_elements())),
         shard.version + 1);
     ++shard.version;
     v1::ShardVersion* v = response->add_shards();
@@ -622,8 +687,7 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
     v->set_version(shard.version);
     v->set_staleness(staleness);
     if (metrics_) {
-      metrics_->AddBytes("pushed", shard.key,
-                         static_cast<double>(shard.info.num_elements() * sizeof(float)));
+      metrics_->AddBytes("pushed", shard.key, static_cast<double>(item.elements * sizeof(float)));
       if (item.pulled_version) metrics_->ObserveStaleness(staleness);
     }
   };

@@ -148,6 +148,9 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
       variable_layer_[p->name] = static_cast<int>(layer_grads_.size()) - 1;
     }
   }
+  // Unbounded staleness pushes layer by layer (RunStepOverlapped), and there
+  // each Dense kernel's gradient travels as its factors (PsClient::Push).
+  model_->set_factored_kernel_grads(!options_.config.training.max_staleness.has_value());
   num_features_ = request.num_features();
   num_classes_ = request.num_classes();
   fingerprint_ = request.plan_fingerprint();
@@ -253,9 +256,22 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepR
           pull_mu.Await(absl::Condition(&pull_done));
           if (!pull_status.ok()) return;
         }
-        pushes.push_back(std::async(std::launch::async, [this, layer, &pulled] {
-          return ps_->Push(layer_grads_[layer], &pulled);
-        }));
+        // The kernel's gradient as factors, the bias's as it is.
+        std::vector<TensorRef> dense;
+        std::vector<FactoredGradRef> factored;
+        const std::optional<GradFactors> factors = model_->kernel_grad_factors(layer);
+        for (const TensorRef& g : layer_grads_[layer]) {
+          if (factors && g.name == factors->kernel->name) {
+            factored.push_back(FactoredGradRef{g.name, factors->left, factors->right});
+          } else {
+            dense.push_back(g);
+          }
+        }
+        pushes.push_back(std::async(
+            std::launch::async,
+            [this, &pulled, dense = std::move(dense), factored = std::move(factored)] {
+              return ps_->Push(dense, &pulled, factored);
+            }));
       },
       wait_for_layer);
   puller.join();

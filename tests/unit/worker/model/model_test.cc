@@ -184,6 +184,53 @@ TEST(ModelTest, ReportsEachLayersGradsLastLayerFirstAsSoonAsTheyAreFinal) {
   }
 }
 
+// What a parameter server forms from the factors is the kernel gradient the
+// model would have formed, and the rest of backward is unchanged.
+TEST(ModelTest, FactoredKernelGradsMultiplyOutToTheDenseOnes) {
+  auto dense = MakeModel({6, 5}, 4, 3, 7);
+  auto factored = MakeModel({6, 5}, 4, 3, 7);
+  factored->set_factored_kernel_grads(true);
+  const Batch batch = RandomBatch(9, 4, 3, 3);
+  dense->TrainStep(batch.features, batch.labels);
+  for (Parameter* p : factored->parameters()) p->grad.Fill(NAN);
+  std::vector<int> seen;
+  const auto by_layer = factored->parameters_by_layer();
+  const LossResult r = factored->TrainStep(batch.features, batch.labels, [&](int layer) {
+    seen.push_back(layer);
+    const std::optional<GradFactors> f = factored->kernel_grad_factors(layer);
+    ASSERT_TRUE(f.has_value()) << "layer " << layer;
+    EXPECT_EQ(f->kernel, by_layer[layer][0]);
+    // The kernel's own grad is not formed.
+    EXPECT_TRUE(std::isnan(f->kernel->grad[0])) << f->kernel->name;
+    const Tensor& want = dense->parameters_by_layer()[layer][0]->grad;
+    ASSERT_EQ(f->left->dim(0), 9);
+    ASSERT_EQ(f->left->dim(1), want.dim(0));
+    ASSERT_EQ(f->right->dim(1), want.dim(1));
+    for (int64_t i = 0; i < want.dim(0); ++i) {
+      for (int64_t j = 0; j < want.dim(1); ++j) {
+        double g = 0;
+        for (int64_t b = 0; b < 9; ++b) g += double{f->left->at(b, i)} * f->right->at(b, j);
+        EXPECT_NEAR(g, want.at(i, j), 1e-6) << f->kernel->name << "[" << i << "," << j << "]";
+      }
+    }
+  });
+  EXPECT_THAT(seen, ElementsAre(4, 2, 0));
+  EXPECT_DOUBLE_EQ(r.loss, dense->Evaluate(batch.features, batch.labels).loss);
+  // Biases are formed as before.
+  for (int layer : {0, 2, 4}) {
+    EXPECT_EQ(std::memcmp(factored->parameters_by_layer()[layer][1]->grad.data(),
+                          dense->parameters_by_layer()[layer][1]->grad.data(),
+                          dense->parameters_by_layer()[layer][1]->grad.bytes()),
+              0);
+  }
+  EXPECT_FALSE(factored->kernel_grad_factors(1).has_value()) << "a ReLU has no kernel";
+  EXPECT_FALSE(dense->kernel_grad_factors(0).has_value()) << "not in factored mode";
+  // Switched back, the kernel grads are formed again.
+  factored->set_factored_kernel_grads(false);
+  factored->TrainStep(batch.features, batch.labels);
+  EXPECT_FALSE(std::isnan(factored->parameters()[0]->grad[0]));
+}
+
 // Four Gaussian blobs at (+-1, +-1) labelled by XOR of the signs: not linearly
 // separable, so the hidden layer has to work.
 Batch XorBlobs(int64_t n, uint32_t seed) {

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/unit/worker/ps/ps_test_cluster.h"
+#include "worker/model/optimizer.h"
 
 namespace distrain {
 namespace {
@@ -31,6 +32,101 @@ int UnusedPort() {
   absl::StatusOr<std::unique_ptr<PsServer>> s = PsServer::Start("127.0.0.1:0", {});
   EXPECT_TRUE(s.ok());
   return (*s)->port();
+}
+
+// A dense layer's kernel gradient sent as its factors (x^T dy) lands on the ps
+// as the gradient itself: the optimizer state after several pushes equals a
+// local optimizer fed the formed gradients. Shards whose factors would be
+// larger than their gradient get the gradient, formed by the client.
+TEST(PsClientTest, FactoredPushesApplyTheProductOfTheFactors) {
+  struct Case {
+    std::vector<int64_t> shape;
+    int shards;
+    int64_t rank;
+  };
+  // [13, 7] over 5 shards (3,3,3,2,2 rows), rank 2: the 3-row shards take
+  // factors (2 * (3 + 7) = 20 <= 21), the 2-row shards the gradient
+  // (18 > 14). [64, 48] over 2 shards, rank 8: factors on both.
+  for (const Case& c : {Case{{13, 7}, 5, 2}, Case{{64, 48}, 2, 8}, Case{{5, 3}, 1, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "[" << c.shape[0] << ", " << c.shape[1] << "] in "
+                                      << c.shards << " shards, rank " << c.rank);
+    PsServiceOptions options;
+    options.optimizer = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+    PsTestCluster cluster(2, options);
+    const ShardingPlan plan =
+        Plan({{"w", c.shape}, {"b", {c.shape[1]}}}, *Partitioner::FixedShards(c.shards), 2);
+    std::unique_ptr<PsClient> client = cluster.Client(plan);
+    ASSERT_NE(client, nullptr);
+    Tensor w = Pattern(c.shape, 1), b = Pattern({c.shape[1]}, 2);
+    ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+    absl::StatusOr<std::unique_ptr<Optimizer>> local =
+        Optimizer::Create(MakeOptimizerConfig(OptimizerType::kAdam, 0.01f));
+    ASSERT_TRUE(local.ok());
+    ShardVersions pulled;
+    for (int step = 1; step <= 4; ++step) {
+      const Tensor left = Pattern({c.rank, c.shape[0]}, 10 + step);
+      const Tensor right = Pattern({c.rank, c.shape[1]}, 20 + step);
+      const Tensor gb = Pattern({c.shape[1]}, 30 + step);
+      Tensor gw(c.shape);
+      for (int64_t i = 0; i < c.shape[0]; ++i) {
+        for (int64_t j = 0; j < c.shape[1]; ++j) {
+          double g = 0;
+          for (int64_t k = 0; k < c.rank; ++k) g += double{left.at(k, i)} * right.at(k, j);
+          gw.at(i, j) = static_cast<float>(g);
+        }
+      }
+      (*local)->ApplyDense("w", w.span(), gw.span(), step);
+      (*local)->ApplyDense("b", b.span(), gb.span(), step);
+      absl::StatusOr<PushResult> pushed =
+          client->Push({{"b", &gb}}, step > 1 ? &pulled : nullptr, {{"w", &left, &right}});
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+      EXPECT_THAT(pushed->versions["w"], ::testing::Each(step));
+      EXPECT_THAT(pushed->versions["b"], ::testing::Each(step));
+      pulled = pushed->versions;
+    }
+    absl::StatusOr<PullResult> result = client->Pull();
+    ASSERT_TRUE(result.ok()) << result.status();
+    const Tensor& got = result->values["w"];
+    for (int64_t i = 0; i < w.size(); ++i) {
+      ASSERT_NEAR(got[i], w[i], 1e-5f * (1.0f + std::abs(w[i]))) << "w[" << i << "]";
+    }
+    EXPECT_TRUE(BitEqual(result->values["b"], b));
+  }
+}
+
+TEST(PsClientTest, RejectsFactorsThatDoNotMatchTheVariable) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(1, options);
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {6, 4}}, {"b", {4}}}, *Partitioner::FixedShards(2), 1));
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({6, 4}, 1), b = Pattern({4}, 2);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+  const Tensor left = Pattern({2, 6}, 3), right = Pattern({2, 4}, 4);
+  const Tensor short_left = Pattern({2, 5}, 3), other_rank = Pattern({3, 4}, 4);
+  const Tensor grad = Pattern({6, 4}, 5);
+  struct Case {
+    const char* name;
+    std::vector<TensorRef> dense;
+    std::vector<FactoredGradRef> factored;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"unknown variable", {}, {{"nope", &left, &right}}, "\"nope\" is not a variable"},
+      {"left of the wrong width", {}, {{"w", &short_left, &right}}, "needs [rank, 6] and [rank, 4]"},
+      {"ranks differ", {}, {{"w", &left, &other_rank}}, "are [2, 6] and [3, 4]"},
+      {"a rank-1 variable", {}, {{"b", &left, &right}}, "of shape [4] needs"},
+      {"given twice", {{"w", &grad}}, {{"w", &left, &right}}, "\"w\" is given twice"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<PushResult> r = client->Push(c.dense, nullptr, c.factored);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.message)) << c.name;
+  }
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(BitEqual(pulled->values["w"], w)) << "nothing was pushed";
 }
 
 TEST(PsClientTest, NamesTheDeadPsQuickly) {

@@ -381,6 +381,47 @@ TEST_F(PsHostileTest, MalformedPushesAreRejectedAndApplyNothing) {
          return std::vector{m, m};
        },
        grpc::INVALID_ARGUMENT, "header arrived after the first message"},
+      // Factored gradients (UploadShard.factor_rank) of a [3, 2] shard: rank 1
+      // is 5 elements, rank 2 would be 10, more than the gradient's 6.
+      {"factors larger than the gradient",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 10}});
+         m.mutable_header()->mutable_shards(0)->set_factor_rank(2);
+         AddChunk(m, 0, 0, 10);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "factor_rank 2 must be in [1, 1] for a shard of shape [3, 2]"},
+      {"negative factor rank",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         m.mutable_header()->mutable_shards(0)->set_factor_rank(-1);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "factor_rank -1 must be in"},
+      {"enormous factor rank",
+       [=] {
+         v1::UploadMessage m = Header({{"w", 0, kHuge}});
+         m.mutable_header()->mutable_shards(0)->set_factor_rank(kHuge);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "factor_rank 4611686018427387904 must be in"},
+      {"factors announcing the gradient's size",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 6}});
+         m.mutable_header()->mutable_shards(0)->set_factor_rank(1);
+         AddChunk(m, 0, 0, 6);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT,
+       "announces 6 elements, but factors of rank 1 of a shard of shape [3, 2] have 5"},
+      {"truncated factors",
+       [] {
+         v1::UploadMessage m = Header({{"w", 0, 5}});
+         m.mutable_header()->mutable_shards(0)->set_factor_rank(1);
+         AddChunk(m, 0, 0, 3);
+         return std::vector{m};
+       },
+       grpc::INVALID_ARGUMENT, "ended after 3 of 5 elements"},
   };
   for (const Case& c : cases) {
     grpc::Status s = RawPush(c.messages());
@@ -549,6 +590,43 @@ TEST_F(PsHostileTest, NanIsDataNotAnError) {
 
 // ---------------------------------------------------------------------------
 // Create / initialise semantics
+
+// Factors only make sense as a push of a matrix's gradient.
+TEST(PsServiceTest, FactorsAreOnlyTakenForPushesOfMatrices) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(1, options);
+  std::unique_ptr<PsClient> client =
+      cluster.Client(Plan({{"w", {4, 4}}, {"b", {16}}}, *Partitioner::FixedShards(1), 1));
+  ASSERT_NE(client, nullptr);
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.servers[0]->address(), grpc::InsecureChannelCredentials()));
+  auto upload = [&](bool push, const std::string& variable, int64_t elements) {
+    v1::UploadMessage m;
+    v1::UploadShard* s = m.mutable_header()->add_shards();
+    s->mutable_ref()->set_variable(variable);
+    s->set_num_elements(elements);
+    s->set_factor_rank(1);
+    m.add_chunks()->set_data(std::string(elements * sizeof(float), '\0'));
+    grpc::ClientContext ctx;
+    v1::PushResponse pushed;
+    v1::InitializeResponse initialized;
+    auto writer = push ? stub->Push(&ctx, &pushed) : stub->Initialize(&ctx, &initialized);
+    writer->Write(m);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  grpc::Status s = upload(false, "w", 8);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("factor_rank is only for Push; Initialize takes values"));
+  s = upload(true, "b", 17);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("factor_rank needs a rank-2 variable, this one has shape [16]"));
+  // The ps keeps serving, and a well-formed factored push of "w" is taken
+  // (it has no value yet: a precondition failure, not a protocol error).
+  s = upload(true, "w", 8);
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION) << s.error_message();
+}
 
 TEST(PsServiceTest, PullBeforeInitializeIsAPreconditionFailure) {
   PsTestCluster cluster(1);
