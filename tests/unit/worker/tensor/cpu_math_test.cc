@@ -123,6 +123,40 @@ TEST(AdamUpdateTest, EveryElementFollowsTheScalarRule) {
   }
 }
 
+// Whatever width the CPU gives the update (16, 8 or 4 floats, chosen at run
+// time), every element is rounded exactly as the scalar rule rounds it, so
+// replicas on different CPUs stay bit-identical. n covers every body and tail.
+TEST(AdamUpdateTest, BitIdenticalToTheScalarRuleAtEveryLength) {
+  for (int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 1000, 4099}) {
+    const std::vector<float> g = RandomVector(n, 14);
+    std::vector<float> m = RandomVector(n, 15), v = RandomVector(n, 16), w = RandomVector(n, 17);
+    for (float& x : v) x = std::abs(x);
+    std::vector<float> em = m, ev = v, ew = w;
+    const float lr = 0.003f, b1 = 0.9f, b2 = 0.999f, eps = 1e-7f;
+    for (int64_t i = 0; i < n; ++i) {
+      // volatile: no contraction or reordering in the reference either.
+      volatile float a = b1 * em[i];
+      volatile float b = (1.0f - b1) * g[i];
+      const float mi = a + b;
+      volatile float gg = g[i] * g[i];
+      volatile float c = b2 * ev[i];
+      volatile float d = (1.0f - b2) * gg;
+      const float vi = c + d;
+      volatile float num = lr * mi;
+      volatile float den = std::sqrt(vi) + eps;
+      em[i] = mi;
+      ev[i] = vi;
+      ew[i] = ew[i] - num / den;
+    }
+    AdamUpdate(n, lr, b1, b2, eps, g.data(), m.data(), v.data(), w.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(m[i], em[i]) << "n=" << n << " i=" << i;
+      ASSERT_EQ(v[i], ev[i]) << "n=" << n << " i=" << i;
+      ASSERT_EQ(w[i], ew[i]) << "n=" << n << " i=" << i;
+    }
+  }
+}
+
 TEST(MomentumUpdateTest, PlainAndNesterov) {
   const std::vector<float> g = {1, -2, 0.5f, 4, 0, 3};
   for (bool nesterov : {false, true}) {
