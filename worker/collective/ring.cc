@@ -27,10 +27,10 @@ constexpr uint32_t kAckMagic = 0x41525444;     // "DTRA"
 constexpr uint32_t kHeaderMagic = 0x48435244;  // "DRCH"
 constexpr uint32_t kProtocolVersion = 2;  // 2: all-reduce slices interleave steps
 constexpr int kMaxIov = 16;
-// Slices the all-reduce's staging ring holds. More than one, so a rank can
-// always take in the next slice while the right neighbour drains the last
-// (with one, every rank could wait for its right neighbour at once).
 constexpr int64_t kHeaderBytes = 24;
+// All-reduce vectors above this size get their results with non-temporal
+// stores (reduce_kernel.h StreamCopy); smaller ones with plain stores.
+constexpr int64_t kStreamResultsAboveBytes = 8 << 20;
 constexpr size_t kMaxPendingConnections = 32;
 
 struct Hello {
@@ -1116,6 +1116,10 @@ absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
   int64_t total_sent = 0, total_received = 0;
   const float divisor = static_cast<float>(n);
   const bool mean = op == ReduceOp::kMean;
+  // Results go around the cache only when the vector is larger than a cache
+  // could keep: a smaller one is still cached when the caller (an optimizer)
+  // reads it next, and non-temporal stores would send it to memory first.
+  const bool stream_results = data_.size() > kStreamResultsAboveBytes;
 
   // Reduces or copies the received whole floats up to `limit` (see the class
   // comment): the stage keeps the value to forward, the caller's vector gets
@@ -1140,7 +1144,13 @@ absl::Status RingCollective::RingAllReduce(ReduceOp op, absl::Time deadline) {
           collective_internal::AddInto(staged, own, count);
         }
       }
-      if (t >= n - 2) collective_internal::StreamCopy(own, staged, count);
+      if (t >= n - 2) {
+        if (stream_results) {
+          collective_internal::StreamCopy(own, staged, count);
+        } else {
+          std::memcpy(own, staged, count * sizeof(float));
+        }
+      }
       processed.offset += length;
       processed.position += length;
       settle(processed, true, false);

@@ -124,6 +124,14 @@ TEST_P(RingPathTest, AllReduceMatchesSumForAMillionAndThreeElements) {
   }
 }
 
+// Above 8 MiB the results are written with non-temporal stores, below with
+// plain ones: both paths give the exact sums.
+TEST_P(RingPathTest, AllReduceMatchesSumAboveTheStreamingThreshold) {
+  Ring ring = MakeRing(3, PathOptions(3));
+  ASSERT_FALSE(HasFailure());
+  CheckAllReduce(ring, (9 << 20) / 4 + 5, ReduceOp::kSum);
+}
+
 TEST_P(RingPathTest, SeveralBuffersAreOneLogicalVector) {
   constexpr int kRanks = 3;
   Ring ring = MakeRing(kRanks, PathOptions(kRanks));
