@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <random>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "worker/coordination/coordination_service.h"
 #include "worker/data/dataset.h"
 #include "worker/ps/ps_service.h"
+#include "worker/tensor/cpu_math.h"
 
 namespace distrain {
 
@@ -485,6 +487,11 @@ absl::StatusOr<std::string> ListenAddress(const ClusterSpec& cluster) {
 int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
                            prometheus::Registry* registry, const std::atomic<bool>& stop) {
   KeepPsBuffersMapped();
+  // A ps forms factored gradients (one GEMM per pushed kernel shard) on the
+  // gRPC thread of each push; pushes from several workers run on several
+  // threads at once, so one BLAS thread per call is the parallelism that
+  // fits, and a multi-threaded BLAS would spin on cores the other calls use.
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) cpu::SetBlasThreads(1);
   auto listen = ListenAddress(cluster);
   if (!listen.ok()) {
     spdlog::error("{}", listen.status().message());
