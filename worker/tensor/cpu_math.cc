@@ -32,11 +32,11 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     }
     return;
   }
-  // Few rows times a weight matrix: OpenBLAS would pack all of B for them.
-  // The choice depends on the shape and the CPU only, not on the BLAS thread
-  // count, so a given product always takes the same path and gives the same
-  // bits in every process layout (sync replicas compare checksums).
-  if (internal::SmallGemmRoutes(trans_a, trans_b, m, n, k)) {
+  // Few rows times a weight matrix on a single BLAS thread (parameter-server
+  // workers): OpenBLAS would pack all of B for a handful of rows. With more
+  // BLAS threads OpenBLAS keeps the call: on 2 threads it beat the
+  // single-threaded kernels on the batch-32 forward product.
+  if (BlasThreads() == 1 && internal::SmallGemmRoutes(trans_a, trans_b, m, n, k)) {
     internal::SmallGemm(internal::DetectSmallGemmIsa(), trans_b, m, n, k, alpha, a, b, beta, c);
     return;
   }

@@ -4,8 +4,10 @@
 // Host math kernels on raw row-major float32 buffers: the one set of
 // primitives layers, losses and optimizers are written against, so the CUDA
 // device (worker/tensor/cuda, a later issue) mirrors this file function for
-// function. Matrix products go to OpenBLAS (cblas_sgemm); everything else is a
-// plain loop the compiler vectorises.
+// function. Matrix products go to OpenBLAS (cblas_sgemm), except products of
+// few rows with a weight matrix on one BLAS thread, which go to hand-written
+// AVX-512/AVX2 kernels (small_gemm.h); everything else is a plain loop the
+// compiler vectorises.
 //
 // Conventions: every matrix is row-major and dense (leading dimension = its
 // column count); sizes are element counts; outputs may not alias inputs unless
@@ -20,7 +22,11 @@ namespace distrain::cpu {
 // C[m, n] = alpha * op(A) * op(B) + beta * C, where op(A) is [m, k] and op(B)
 // is [k, n]. A is stored [m, k] (or [k, m] when trans_a), B is stored [k, n]
 // (or [n, k] when trans_b). With beta == 0, C's old contents are ignored (may
-// be uninitialised, even NaN).
+// be uninitialised, even NaN). Equal inputs give bit-identical C on every call
+// with the same BLAS thread count, but not across thread counts: OpenBLAS
+// 0.3.21's 1- and 2-thread results differ in the last bits for some shapes,
+// and with one BLAS thread, products of few rows (!trans_a, see
+// small_gemm.h's SmallGemmRoutes) run hand-written AVX-512/AVX2 kernels.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c);
 

@@ -13,6 +13,12 @@
 #endif
 
 namespace distrain::cpu::internal {
+namespace {
+
+// A * B^T with k at most this goes through a transposed copy of B (RunNtSmallK).
+constexpr int64_t kSmallK = 32;
+
+}  // namespace
 
 #if DISTRAIN_SMALL_GEMM_X86
 namespace {
@@ -22,7 +28,7 @@ namespace {
 //  * NN (C += A * B, B [k, n]): an MR x NV-vector block of C lives in
 //    registers while k runs; each step loads NV vectors of one row of B and
 //    broadcasts MR scalars of A. B is read in place (no packing); the column
-//    panel (k rows x NV vectors) is reused by the m / MR row blocks from L2.
+//    panel (k rows x NV vectors) is reused by the m / MR row blocks from cache.
 //  * NT (C = A * B^T, B [n, k]): every C element is a dot product of two
 //    contiguous rows, so an MR x NR block of dot products is accumulated
 //    lane-wise along k and reduced once at the end.
@@ -36,27 +42,31 @@ using NnFn = void (*)(int64_t k, const float* a, int64_t lda, const float* b, in
 using NtFn = void (*)(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
                       float* c, int64_t ldc, float alpha, float beta);
 
-// Builds table[nv - 1][mr - 1] = &Tile<mr, nv> for a tile template.
-#define DISTRAIN_TILE_TABLE(Name, Fn, Tile, kRows, kCols)                                   \
-  template <int C, std::size_t... R>                                                        \
-  constexpr std::array<Fn, sizeof...(R)> Name##Row(std::index_sequence<R...>) {             \
-    return {{&Tile<static_cast<int>(R) + 1, C>...}};                                        \
-  }                                                                                         \
-  template <std::size_t... C>                                                               \
-  constexpr std::array<std::array<Fn, kRows>, sizeof...(C)> Name##Of(                       \
-      std::index_sequence<C...>) {                                                          \
-    return {{Name##Row<static_cast<int>(C) + 1>(std::make_index_sequence<kRows>())...}};    \
-  }                                                                                         \
-  constexpr auto Name = Name##Of(std::make_index_sequence<kCols>());
+// Name = {&Tile<1, ARGS>, &Tile<2, ARGS>, ..., &Tile<kRows, ARGS>}: one tile
+// function per row count, so partial row blocks run unrolled code too.
+#define DISTRAIN_TILE_ROWS(Name, Fn, Tile, kRows, ...)                                     \
+  template <std::size_t... R>                                                              \
+  constexpr std::array<Fn, sizeof...(R)> Name##Of(std::index_sequence<R...>) {             \
+    return {{&Tile<static_cast<int>(R) + 1, __VA_ARGS__>...}};                             \
+  }                                                                                        \
+  constexpr auto Name = Name##Of(std::make_index_sequence<kRows>());
 
 // ---------------------------------------------------------------- AVX-512F
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_*
+// placeholders (GCC PR 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
 
 #define DISTRAIN_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-constexpr int kW = 16;    // floats per vector
-constexpr int kNnMr = 8;  // 8 x 3 accumulators + 3 B vectors + 1 broadcast of 32 registers
+constexpr int kW = 16;  // floats per vector
+// NN: 8 rows x 3 vectors = 24 of the 32 registers accumulate. Two-vector
+// panels take 12 rows; one-vector panels stay at 8: 12, 16 and 24 rows were
+// measured slower (the row pointers of A run out of general registers).
 constexpr int kNnNv = 3;
+constexpr int NnRows(int nv) { return nv == 2 ? 12 : 8; }
 constexpr int kNtMr = 4;  // 4 x 4 dot products + 4 + 4 loaded vectors
 constexpr int kNtNr = 4;
 
@@ -66,31 +76,32 @@ DISTRAIN_TARGET_AVX512 void NnTile(int64_t k, const float* a, int64_t lda, const
                                    float alpha, float beta) {
   const __mmask16 last = static_cast<__mmask16>((1u << last_cols) - 1u);
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < k; ++p) {
     const float* brow = b + p * ldb;
     __m512 bv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV - 1; ++v) bv[v] = _mm512_loadu_ps(brow + v * kW);
     // Masked-off lanes are not read, so the panel may end at the matrix's end.
     bv[NV - 1] = _mm512_maskz_loadu_ps(last, brow + (NV - 1) * kW);
-#pragma GCC unroll 8
+
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) {
       const __m512 ar = _mm512_set1_ps(a[r * lda + p]);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha);
   const __m512 vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 8
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
     float* crow = c + r * ldc;
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       const __mmask16 mask = v == NV - 1 ? last : static_cast<__mmask16>(0xffff);
       __m512 out = _mm512_mul_ps(va, acc[r][v]);
@@ -115,20 +126,20 @@ DISTRAIN_TARGET_AVX512 void NtTile(int64_t k, const float* a, int64_t lda, const
                                    int64_t ldb, float* c, int64_t ldc, float alpha,
                                    float beta) {
   __m512 acc[MR][NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) acc[r][j] = _mm512_setzero_ps();
   }
   int64_t p = 0;
   for (; p + kW <= k; p += kW) {
     __m512 av[MR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) av[r] = _mm512_loadu_ps(a + r * lda + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const __m512 bj = _mm512_loadu_ps(b + j * ldb + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm512_fmadd_ps(av[r], bj, acc[r][j]);
     }
   }
@@ -136,18 +147,18 @@ DISTRAIN_TARGET_AVX512 void NtTile(int64_t k, const float* a, int64_t lda, const
     // The tail's missing lanes load as 0 and add 0 * 0.
     const __mmask16 tail = static_cast<__mmask16>((1u << (k - p)) - 1u);
     __m512 av[MR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) av[r] = _mm512_maskz_loadu_ps(tail, a + r * lda + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const __m512 bj = _mm512_maskz_loadu_ps(tail, b + j * ldb + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm512_fmadd_ps(av[r], bj, acc[r][j]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const float sum = HorizontalSum(acc[r][j]);
       float* out = c + r * ldc + j;
@@ -156,10 +167,24 @@ DISTRAIN_TARGET_AVX512 void NtTile(int64_t k, const float* a, int64_t lda, const
   }
 }
 
-DISTRAIN_TILE_TABLE(kNnTiles, NnFn, NnTile, kNnMr, kNnNv)
-DISTRAIN_TILE_TABLE(kNtTiles, NtFn, NtTile, kNtMr, kNtNr)
+DISTRAIN_TILE_ROWS(kNn1, NnFn, NnTile, NnRows(1), 1)
+DISTRAIN_TILE_ROWS(kNn2, NnFn, NnTile, NnRows(2), 2)
+DISTRAIN_TILE_ROWS(kNn3, NnFn, NnTile, NnRows(3), 3)
+DISTRAIN_TILE_ROWS(kNt1, NtFn, NtTile, kNtMr, 1)
+DISTRAIN_TILE_ROWS(kNt2, NtFn, NtTile, kNtMr, 2)
+DISTRAIN_TILE_ROWS(kNt3, NtFn, NtTile, kNtMr, 3)
+DISTRAIN_TILE_ROWS(kNt4, NtFn, NtTile, kNtMr, 4)
+
+// The mask register makes partial and full panels the same code.
+inline NnFn PickNn(int nv, int mr, bool /*partial*/) {
+  return nv == 1 ? kNn1[mr - 1] : nv == 2 ? kNn2[mr - 1] : kNn3[mr - 1];
+}
+inline NtFn PickNt(int nr, int mr) {
+  return nr == 1 ? kNt1[mr - 1] : nr == 2 ? kNt2[mr - 1] : nr == 3 ? kNt3[mr - 1] : kNt4[mr - 1];
+}
 
 }  // namespace avx512
+#pragma GCC diagnostic pop
 
 // ------------------------------------------------------------ AVX2 + FMA
 namespace avx2 {
@@ -167,8 +192,9 @@ namespace avx2 {
 #define DISTRAIN_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
 constexpr int kW = 8;
-constexpr int kNnMr = 6;  // 6 x 2 accumulators + 2 B vectors + 1 broadcast of 16 registers
-constexpr int kNnNv = 2;
+// 12 accumulators + the B vectors + 1 broadcast of 16 registers.
+constexpr int kNnNv = 3;
+constexpr int NnRows(int nv) { return nv == 1 ? 12 : nv == 2 ? 6 : 4; }
 constexpr int kNtMr = 3;  // 3 x 4 dot products + 3 A vectors + 1 B vector
 constexpr int kNtNr = 4;
 
@@ -183,42 +209,50 @@ DISTRAIN_TARGET_AVX2 inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s1);
 }
 
-template <int MR, int NV>
+// kPartial: the last vector is masked. Full panels use plain loads and
+// stores because the mask costs a register (there are only 16) and
+// vmaskmovps stores are microcoded on AMD.
+template <int MR, int NV, bool kPartial>
 DISTRAIN_TARGET_AVX2 void NnTile(int64_t k, const float* a, int64_t lda, const float* b,
                                  int64_t ldb, float* c, int64_t ldc, int last_cols, float alpha,
                                  float beta) {
   const __m256i last = LaneMask(last_cols);
-  const __m256i all = _mm256_set1_epi32(-1);
   __m256 acc[MR][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
   }
   for (int64_t p = 0; p < k; ++p) {
     const float* brow = b + p * ldb;
     __m256 bv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV - 1; ++v) bv[v] = _mm256_loadu_ps(brow + v * kW);
-    bv[NV - 1] = _mm256_maskload_ps(brow + (NV - 1) * kW, last);
-#pragma GCC unroll 8
+    bv[NV - 1] = kPartial ? _mm256_maskload_ps(brow + (NV - 1) * kW, last)
+                          : _mm256_loadu_ps(brow + (NV - 1) * kW);
+
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + r * lda + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
     }
   }
   const __m256 va = _mm256_set1_ps(alpha);
   const __m256 vb = _mm256_set1_ps(beta);
-#pragma GCC unroll 8
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
     float* crow = c + r * ldc;
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
-      const __m256i mask = v == NV - 1 ? last : all;
       __m256 out = _mm256_mul_ps(va, acc[r][v]);
-      if (beta != 0.0f) out = _mm256_fmadd_ps(vb, _mm256_maskload_ps(crow + v * kW, mask), out);
-      _mm256_maskstore_ps(crow + v * kW, mask, out);
+      if (kPartial && v == NV - 1) {
+        if (beta != 0.0f) out = _mm256_fmadd_ps(vb, _mm256_maskload_ps(crow + v * kW, last), out);
+        _mm256_maskstore_ps(crow + v * kW, last, out);
+      } else {
+        if (beta != 0.0f) out = _mm256_fmadd_ps(vb, _mm256_loadu_ps(crow + v * kW), out);
+        _mm256_storeu_ps(crow + v * kW, out);
+      }
     }
   }
 }
@@ -227,38 +261,38 @@ template <int MR, int NR>
 DISTRAIN_TARGET_AVX2 void NtTile(int64_t k, const float* a, int64_t lda, const float* b,
                                  int64_t ldb, float* c, int64_t ldc, float alpha, float beta) {
   __m256 acc[MR][NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
   }
   int64_t p = 0;
   for (; p + kW <= k; p += kW) {
     __m256 av[MR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) av[r] = _mm256_loadu_ps(a + r * lda + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const __m256 bj = _mm256_loadu_ps(b + j * ldb + p);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(av[r], bj, acc[r][j]);
     }
   }
   if (p < k) {
     const __m256i tail = LaneMask(static_cast<int>(k - p));
     __m256 av[MR];
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int r = 0; r < MR; ++r) av[r] = _mm256_maskload_ps(a + r * lda + p, tail);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const __m256 bj = _mm256_maskload_ps(b + j * ldb + p, tail);
-#pragma GCC unroll 4
+#pragma GCC unroll 32
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(av[r], bj, acc[r][j]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 32
   for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 4
+#pragma GCC unroll 32
     for (int j = 0; j < NR; ++j) {
       const float sum = HorizontalSum(acc[r][j]);
       float* out = c + r * ldc + j;
@@ -267,20 +301,38 @@ DISTRAIN_TARGET_AVX2 void NtTile(int64_t k, const float* a, int64_t lda, const f
   }
 }
 
-DISTRAIN_TILE_TABLE(kNnTiles, NnFn, NnTile, kNnMr, kNnNv)
-DISTRAIN_TILE_TABLE(kNtTiles, NtFn, NtTile, kNtMr, kNtNr)
+DISTRAIN_TILE_ROWS(kNn1, NnFn, NnTile, NnRows(1), 1, false)
+DISTRAIN_TILE_ROWS(kNn1Partial, NnFn, NnTile, NnRows(1), 1, true)
+DISTRAIN_TILE_ROWS(kNn2, NnFn, NnTile, NnRows(2), 2, false)
+DISTRAIN_TILE_ROWS(kNn2Partial, NnFn, NnTile, NnRows(2), 2, true)
+DISTRAIN_TILE_ROWS(kNn3, NnFn, NnTile, NnRows(3), 3, false)
+DISTRAIN_TILE_ROWS(kNn3Partial, NnFn, NnTile, NnRows(3), 3, true)
+DISTRAIN_TILE_ROWS(kNt1, NtFn, NtTile, kNtMr, 1)
+DISTRAIN_TILE_ROWS(kNt2, NtFn, NtTile, kNtMr, 2)
+DISTRAIN_TILE_ROWS(kNt3, NtFn, NtTile, kNtMr, 3)
+DISTRAIN_TILE_ROWS(kNt4, NtFn, NtTile, kNtMr, 4)
+
+inline NnFn PickNn(int nv, int mr, bool partial) {
+  if (nv == 1) return partial ? kNn1Partial[mr - 1] : kNn1[mr - 1];
+  if (nv == 2) return partial ? kNn2Partial[mr - 1] : kNn2[mr - 1];
+  return partial ? kNn3Partial[mr - 1] : kNn3[mr - 1];
+}
+inline NtFn PickNt(int nr, int mr) {
+  return nr == 1 ? kNt1[mr - 1] : nr == 2 ? kNt2[mr - 1] : nr == 3 ? kNt3[mr - 1] : kNt4[mr - 1];
+}
 
 }  // namespace avx2
 
-#undef DISTRAIN_TILE_TABLE
+#undef DISTRAIN_TILE_ROWS
 
 // ---------------------------------------------------------------- drivers
+
 // Scalar loops over tiles, shared by both instruction sets (K is avx512 or
 // avx2 wrapped in a struct below); the tile order is fixed, so it has no
 // bearing on the bits.
 
 // Column panel outer, row blocks inner: the panel of B (k x NV vectors) is
-// fetched from memory once and then served from L2 to the other row blocks.
+// fetched from memory once and then served from cache to the other row blocks.
 template <class K>
 void RunNn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c) {
@@ -289,10 +341,11 @@ void RunNn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
     const int cols = static_cast<int>(std::min(kPanel, n - j0));
     const int nv = (cols + K::kW - 1) / K::kW;
     const int last = cols - (nv - 1) * K::kW;
-    for (int64_t i0 = 0; i0 < m; i0 += K::kNnMr) {
-      const int mr = static_cast<int>(std::min<int64_t>(K::kNnMr, m - i0));
-      K::NnTiles()[nv - 1][mr - 1](k, a + i0 * lda, lda, b + j0, ldb, c + i0 * n + j0, n, last,
-                                   alpha, beta);
+    const int rows = K::NnRows(nv);
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+      const int mr = static_cast<int>(std::min<int64_t>(rows, m - i0));
+      K::PickNn(nv, mr, last != K::kW)(k, a + i0 * lda, lda, b + j0, ldb, c + i0 * n + j0, n,
+                                        last, alpha, beta);
     }
   }
 }
@@ -300,8 +353,6 @@ void RunNn(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t
 // Only for k <= kSmallK: copies a column panel of B^T (k x NV vectors) into
 // an L1 buffer and runs the NN tiles on it. With so short a k, lane-wise dot
 // products would waste most lanes and spend their time in the reductions.
-constexpr int64_t kSmallK = 32;
-
 template <class K>
 void RunNtSmallK(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const float* b,
                  float beta, float* c) {
@@ -315,10 +366,11 @@ void RunNtSmallK(int64_t m, int64_t n, int64_t k, float alpha, const float* a, c
     }
     const int nv = (cols + K::kW - 1) / K::kW;
     const int last = cols - (nv - 1) * K::kW;
-    for (int64_t i0 = 0; i0 < m; i0 += K::kNnMr) {
-      const int mr = static_cast<int>(std::min<int64_t>(K::kNnMr, m - i0));
-      K::NnTiles()[nv - 1][mr - 1](k, a + i0 * k, k, bt, kPanel, c + i0 * n + j0, n, last, alpha,
-                                   beta);
+    const int rows = K::NnRows(nv);
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+      const int mr = static_cast<int>(std::min<int64_t>(rows, m - i0));
+      K::PickNn(nv, mr, last != K::kW)(k, a + i0 * k, k, bt, kPanel, c + i0 * n + j0, n, last,
+                                        alpha, beta);
     }
   }
 }
@@ -336,23 +388,24 @@ void RunNt(int64_t m, int64_t n, int64_t k, float alpha, const float* a, const f
     const int nr = static_cast<int>(std::min<int64_t>(K::kNtNr, n - j0));
     for (int64_t i0 = 0; i0 < m; i0 += K::kNtMr) {
       const int mr = static_cast<int>(std::min<int64_t>(K::kNtMr, m - i0));
-      K::NtTiles()[nr - 1][mr - 1](k, a + i0 * k, k, b + j0 * k, k, c + i0 * n + j0, n, alpha,
-                                   beta);
+      K::PickNt(nr, mr)(k, a + i0 * k, k, b + j0 * k, k, c + i0 * n + j0, n, alpha, beta);
     }
   }
 }
 
 struct Avx512Kernels {
-  static constexpr int kW = avx512::kW, kNnMr = avx512::kNnMr, kNnNv = avx512::kNnNv;
+  static constexpr int kW = avx512::kW, kNnNv = avx512::kNnNv;
   static constexpr int kNtMr = avx512::kNtMr, kNtNr = avx512::kNtNr;
-  static constexpr const auto& NnTiles() { return avx512::kNnTiles; }
-  static constexpr const auto& NtTiles() { return avx512::kNtTiles; }
+  static constexpr int NnRows(int nv) { return avx512::NnRows(nv); }
+  static NnFn PickNn(int nv, int mr, bool partial) { return avx512::PickNn(nv, mr, partial); }
+  static NtFn PickNt(int nr, int mr) { return avx512::PickNt(nr, mr); }
 };
 struct Avx2Kernels {
-  static constexpr int kW = avx2::kW, kNnMr = avx2::kNnMr, kNnNv = avx2::kNnNv;
+  static constexpr int kW = avx2::kW, kNnNv = avx2::kNnNv;
   static constexpr int kNtMr = avx2::kNtMr, kNtNr = avx2::kNtNr;
-  static constexpr const auto& NnTiles() { return avx2::kNnTiles; }
-  static constexpr const auto& NtTiles() { return avx2::kNtTiles; }
+  static constexpr int NnRows(int nv) { return avx2::NnRows(nv); }
+  static NnFn PickNn(int nv, int mr, bool partial) { return avx2::PickNn(nv, mr, partial); }
+  static NtFn PickNt(int nr, int mr) { return avx2::PickNt(nr, mr); }
 };
 
 template <class K>
@@ -400,10 +453,36 @@ const char* SmallGemmIsaName(SmallGemmIsa isa) {
 }
 
 bool SmallGemmRoutes(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
-  // Thresholds from bench/gemm_small.cc (bench/README.md, "Small-M GEMM").
-  constexpr int64_t kMaxM = 256;
-  if (trans_a || m > kMaxM || m < 1 || n < 1 || k < 1) return false;
-  return DetectSmallGemmIsa() != SmallGemmIsa::kNone;
+  if (trans_a || m < 1 || n < 1 || k < 1) return false;
+  // Thresholds from bench/gemm_small.cc on a Zen 4 core against OpenBLAS
+  // 0.3.21 on one thread, with both its default kernels there (Cooperlake)
+  // and its Haswell ones (what an AVX2-only CPU gets): a shape is routed
+  // where the kernels won against both (bench/README.md, "Small-M GEMM").
+  switch (DetectSmallGemmIsa()) {
+    case SmallGemmIsa::kAvx512:
+      if (trans_b) {
+        // Short dot products: the transposed-panel path; OpenBLAS wins below 16 rows.
+        if (k <= kSmallK) return m >= 16;
+        return m <= 48;
+      }
+      // One partial vector of columns (n = 10 logits) wastes lanes; OpenBLAS's
+      // Cooperlake kernel was 5-11% faster for 24..96 rows.
+      if (n < 16) return m <= 16 || m >= 128;
+      // Beyond 64 rows the lead over OpenBLAS shrinks to 3-20% (and its
+      // Haswell kernels draw level).
+      return m >= 4 && m <= 64;
+    case SmallGemmIsa::kAvx2:
+      if (trans_b) {
+        if (k <= kSmallK) return m >= 16;
+        return m <= 32;
+      }
+      // With 16 registers and B read in place, the wide NN tile stayed at
+      // 55-60% of OpenBLAS's packed Haswell kernel; only narrow B wins.
+      return n <= 16;
+    case SmallGemmIsa::kNone:
+      break;
+  }
+  return false;
 }
 
 void SmallGemm(SmallGemmIsa isa, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -411,7 +490,8 @@ void SmallGemm(SmallGemmIsa isa, bool trans_b, int64_t m, int64_t n, int64_t k, 
   DISTRAIN_CHECK(m >= 1 && n >= 1 && k >= 1) << "m=" << m << " n=" << n << " k=" << k;
 #if DISTRAIN_SMALL_GEMM_X86
   DISTRAIN_CHECK(isa != SmallGemmIsa::kNone && isa <= DetectSmallGemmIsa())
-      << SmallGemmIsaName(isa) << " kernels on a CPU with " << SmallGemmIsaName(DetectSmallGemmIsa());
+      << SmallGemmIsaName(isa) << " kernels on a CPU with "
+      << SmallGemmIsaName(DetectSmallGemmIsa());
   if (isa == SmallGemmIsa::kAvx512) {
     Run<Avx512Kernels>(trans_b, m, n, k, alpha, a, b, beta, c);
   } else {

@@ -8,8 +8,9 @@
 // where it lies, once per column panel, and keep the M rows of A and the
 // accumulators in registers and L1/L2.
 //
-// cpu::Gemm (cpu_math.cc) is the only production caller: it asks
-// SmallGemmRoutes() and falls back to cblas_sgemm for everything else. The
+// cpu::Gemm (cpu_math.cc) is the only production caller: with one BLAS thread
+// it asks SmallGemmRoutes() and falls back to cblas_sgemm for everything else
+// (OpenBLAS on several threads beat these single-threaded kernels). The
 // rest of this header exists for the unit test and bench/gemm_small.cc, which
 // run each instruction set side by side with OpenBLAS.
 //
@@ -20,7 +21,8 @@
 // Determinism: every element of C is computed by one fixed sequence of float
 // operations that depends only on the shape and the instruction set, never on
 // alignment, on the thread count or on what else runs, so equal inputs give
-// bit-identical outputs. For A*B (no transpose) the sequence is a plain
+// bit-identical outputs (the kernels are single-threaded). For A*B (no
+// transpose) the sequence is a plain
 // k = 0, 1, ... chain of fused multiply-adds, so the AVX2 and AVX-512 kernels
 // agree bit for bit too; for A*B^T the lanes of a dot product are summed in a
 // width-dependent order, so the two instruction sets may differ in the last
@@ -40,11 +42,10 @@ enum class SmallGemmIsa { kNone, kAvx2, kAvx512 };
 SmallGemmIsa DetectSmallGemmIsa();
 const char* SmallGemmIsaName(SmallGemmIsa isa);
 
-// True when cpu::Gemm should use SmallGemm for this call: a kernel set exists,
-// the combination is implemented (!trans_a) and the shape is one where the
-// kernels measured faster than single-threaded OpenBLAS (bench/README.md,
-// "Small-M GEMM"). Depends only on the shape and the CPU, never on the BLAS
-// thread count, so a product gives the same bits in every process setup.
+// True when cpu::Gemm, on one BLAS thread, should use SmallGemm for this call:
+// a kernel set exists, the combination is implemented (!trans_a) and the shape
+// is one where the kernels measured faster than single-threaded OpenBLAS
+// (bench/README.md, "Small-M GEMM"). Depends only on the shape and the CPU.
 bool SmallGemmRoutes(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k);
 
 // C[m, n] = alpha * A * op(B) + beta * C with A [m, k] and B [k, n] (or [n, k]
