@@ -44,6 +44,11 @@ constexpr Shape kShapes[] = {
     {"fwd  dense3 x[M,1024] W[1024,10]", false, 10, 1024, 1.0f},
     {"bwd  dense2 dy[M,1024] W^T", true, 1024, 1024, 0.0f},
     {"bwd  dense3 dy[M,10]  W^T", true, 1024, 10, 0.0f},
+    // A parameter server forming a factored kernel gradient (L^T R, see
+    // UploadShard.factor_rank) as (L^T)[rows, B] R[B, 1024]: M is the
+    // shard's rows, K the batch.
+    {"ps   G = L^T R, batch 32", false, 1024, 32, 0.0f},
+    {"ps   G = L^T R, batch 256", false, 1024, 256, 0.0f},
 };
 
 // Seconds per call: best over `reps` repetitions of at least min_s each.
