@@ -667,13 +667,21 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
       // here (the GEMM moves, the dense gradient's bytes do not travel).
       // Formed under the shard's lock so a staleness-rejected push never
       // pays for it; the buffer is this thread's and reused.
-      thread_local std::vector<float> product;
+      // L arrives [rank, rows]; transposed first (rank * rows floats, a few
+      // KiB) so the product is (L^T) R with a short inner dimension, the
+      // shape cpu::Gemm's small kernels take without packing or zero-filling.
+      thread_local std::vector<float> product, left_t;
+      const int64_t rank = item.factor_rank;
       const int64_t rows = shard.info.row_end - shard.info.row_begin;
       const int64_t cols = shard.info.row_elements;
       product.resize(static_cast<size_t>(rows * cols));
+      left_t.resize(static_cast<size_t>(rank * rows));
       const float* left = item.data.get();
-      cpu::Gemm(true, false, rows, cols, item.factor_rank, 1.0f, left,
-                left + item.factor_rank * rows, 0.0f, product.data());
+      for (int64_t k = 0; k < rank; ++k) {
+        for (int64_t r = 0; r < rows; ++r) left_t[r * rank + k] = left[k * rows + r];
+      }
+      cpu::Gemm(false, false, rows, cols, rank, 1.0f, left_t.data(), left + rank * rows, 0.0f,
+                product.data());
       grad = product.data();
     }
     shard.optimizer->ApplyDense(
