@@ -91,64 +91,62 @@ absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<
 
   // Slow start: one request in flight, one more allowed for every success
   // (so the window doubles with every round trip) up to kMaxBatch; the first
-  // failure stops new requests.
-  std::mutex mu;
-  std::condition_variable cv;
+  // failure stops new requests. The requests run asynchronously
+  // (RequestStatusOnlyAsync): this thread only hands them out as the window
+  // opens, instead of a blocked thread per request in flight, whose hand-offs
+  // were most of the operator's CPU in a large job's burst.
+  // The window's state is shared with the callbacks, so the last one can
+  // still release the mutex after this function has seen it done.
+  struct Window {
+    std::mutex mu;
+    std::condition_variable cv;
+    int in_flight = 0;
+    int size = 1;
+    bool failed = false;
+  };
+  auto window = std::make_shared<Window>();
   size_t next = 0;
-  int in_flight = 0, window = 1;
-  bool failed = false;
   std::vector<absl::Status> results(items.size());
-  auto work = [&] {
-    while (true) {
-      size_t i;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return failed || next >= items.size() || in_flight < window; });
-        if (failed || next >= items.size()) {
-          // Nothing left to send: let every waiting thread see it and end.
-          lock.unlock();
-          cv.notify_all();
-          return;
-        }
-        i = next++;
-        ++in_flight;
-      }
-      const Item& item = items[i];
-      absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
-          "POST", item.pod ? pods_path : services_path, item.object);
-      const bool ok = r.ok() && r->ok();
-      if (!ok && item.pod) expectations_->CreationObserved(key);  // no ADDED event will come
-      // 409: already there, the cache will show it.
-      const bool error = !ok && !(r.ok() && r->conflict());
-      if (error) {
-        results[i] = absl::UnavailableError(
-            absl::StrCat("creating ", item.pod ? "pods " : "services ",
-                         (*item.object)["metadata"]["name"].get<std::string>(), ": ",
-                         Describe(r)));
-      }
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        --in_flight;
-        // Do not repeat a quota or admission error for every remaining child.
-        if (error) failed = true;
-        if (!error) window = std::min(window + 1, kMaxBatch);
-      }
-      // A success frees this slot and may open one more: wake two waiters,
-      // not all of them (waking every idle thread per response cost a
-      // measurable share of the operator's CPU in slow start). A failure
-      // ends them all.
-      if (error) {
-        cv.notify_all();
-      } else {
-        cv.notify_one();
-        cv.notify_one();
-      }
+  auto finished = [&](size_t i, const absl::StatusOr<kube::ApiResponse>& r) {
+    const Item& item = items[i];
+    const bool ok = r.ok() && r->ok();
+    if (!ok && item.pod) expectations_->CreationObserved(key);  // no ADDED event will come
+    // 409: already there, the cache will show it.
+    const bool error = !ok && !(r.ok() && r->conflict());
+    if (error) {
+      results[i] = absl::UnavailableError(
+          absl::StrCat("creating ", item.pod ? "pods " : "services ",
+                       (*item.object)["metadata"]["name"].get<std::string>(), ": ",
+                       Describe(r)));
     }
   };
-  std::vector<std::thread> threads;
-  const size_t n_threads = std::min(items.size(), static_cast<size_t>(kMaxBatch));
-  for (size_t t = 0; t < n_threads; ++t) threads.emplace_back(work);
-  for (std::thread& t : threads) t.join();
+  {
+    std::unique_lock<std::mutex> lock(window->mu);
+    while (true) {
+      window->cv.wait(lock, [&] {
+        return window->failed || next >= items.size() || window->in_flight < window->size;
+      });
+      if (window->failed || next >= items.size()) break;
+      const size_t i = next++;
+      ++window->in_flight;
+      lock.unlock();
+      const Item& item = items[i];
+      client_->RequestStatusOnlyAsync(
+          "POST", item.pod ? pods_path : services_path, item.object,
+          [window, &finished, i](absl::StatusOr<kube::ApiResponse> r) {
+            finished(i, r);
+            const bool error = !(r.ok() && (r->ok() || r->conflict()));
+            std::lock_guard<std::mutex> lock(window->mu);
+            --window->in_flight;
+            // Do not repeat a quota or admission error for every remaining child.
+            if (error) window->failed = true;
+            if (!error) window->size = std::min(window->size + 1, kMaxBatch);
+            window->cv.notify_one();
+          });
+      lock.lock();
+    }
+    window->cv.wait(lock, [&] { return window->in_flight == 0; });
+  }
   // Pods never sent will never be observed either.
   for (size_t i = next; i < items.size(); ++i) {
     if (items[i].pod) expectations_->CreationObserved(key);

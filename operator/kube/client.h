@@ -25,9 +25,12 @@
 // Thread-safety: implementations are safe to call from many threads at once.
 
 #include <functional>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -75,6 +78,23 @@ class Client {
       std::string_view method, std::string_view path_and_query,
       const nlohmann::json* body = nullptr, std::string_view content_type = "application/json") {
     return Request(method, path_and_query, body, content_type);
+  }
+
+  // RequestStatusOnly without blocking the caller: `done` gets the answer,
+  // once, on some other thread (never on the calling one). `body` is
+  // serialised before this returns, so the caller may drop it. For callers
+  // that keep many requests in flight (creating a large job's children)
+  // without a blocked thread per request. This default runs the blocking
+  // call on a thread of its own per request; RestClient overrides it.
+  using StatusOnlyCallback = std::function<void(absl::StatusOr<ApiResponse>)>;
+  virtual void RequestStatusOnlyAsync(std::string method, std::string path_and_query,
+                                      const nlohmann::json* body, StatusOnlyCallback done) {
+    std::optional<nlohmann::json> copy;
+    if (body != nullptr) copy = *body;
+    std::thread([this, method = std::move(method), path = std::move(path_and_query),
+                 copy = std::move(copy), done = std::move(done)] {
+      done(RequestStatusOnly(method, path, copy ? &*copy : nullptr));
+    }).detach();
   }
 
   // Opens a watch (path_and_query must contain watch=1 or be a watch URL) and

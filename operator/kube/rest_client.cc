@@ -16,6 +16,7 @@
 #include <random>
 #include <sstream>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/ssl.hpp>
@@ -449,6 +450,82 @@ absl::StatusOr<ApiResponse> RestClient::Send(std::string_view method,
     response.status_code = code;
     if (parse_success_body || !response.ok()) response.body = ParseBody(result.body);
     return response;
+  }
+}
+
+void RestClient::RequestStatusOnlyAsync(std::string method, std::string path_and_query,
+                                        const nlohmann::json* body, StatusOnlyCallback done) {
+  absl::AsciiStrToUpper(&method);
+  std::optional<nlohmann::json> body_copy;
+  std::string body_text;
+  if (body != nullptr && !body->is_null()) {
+    body_copy = *body;
+    body_text = body->dump();
+  }
+  // What the attempt did not settle goes through the blocking path, with its
+  // backoff and retries, off the pool.
+  auto retry = [this, method, path_and_query, body_copy, done] {
+    std::thread([this, method, path_and_query, body_copy, done] {
+      SleepOn(impl_->clock, absl::FromChrono(impl_->Backoff(0)));
+      done(RequestStatusOnly(method, path_and_query, body_copy ? &*body_copy : nullptr));
+    }).detach();
+  };
+  impl_->limiter->Wait();
+  const auto start = std::chrono::steady_clock::now();
+  const bool idempotent = IsIdempotent(method);
+  try {
+    http_request req = impl_->MakeRequest(method, path_and_query);
+    if (body_copy) req.set_body(body_text, "application/json");
+    impl_->client->request(req).then([this, method, path_and_query, idempotent, start, retry,
+                                      done](pplx::task<http_response> answer) {
+      // Settles one attempt: a final answer goes to `done`, the rest to `retry`.
+      auto settle = [=](Impl::Attempt out) {
+        impl_->Record(method, method, out.transport_error ? kErrorCode : std::to_string(out.status),
+                      std::chrono::steady_clock::now() - start);
+        if (out.transport_error) {
+          if (idempotent || !out.maybe_sent) return retry();
+          std::string message = absl::StrCat(method, " ", impl_->config.server, path_and_query,
+                                             ": ", out.error, " (after 1 attempt)");
+          return done(out.timed_out ? absl::DeadlineExceededError(message)
+                                    : absl::UnavailableError(message));
+        }
+        const int code = out.status;
+        if (code == 429 || code == 503 || (code >= 500 && code <= 599 && idempotent)) {
+          return retry();
+        }
+        ApiResponse response;
+        response.status_code = code;
+        if (!response.ok()) response.body = ParseBody(out.body);
+        done(std::move(response));
+      };
+      http_response resp;
+      try {
+        resp = answer.get();
+      } catch (const std::exception& e) {
+        Impl::Attempt out;
+        Impl::Classify(e, out);
+        return settle(std::move(out));
+      }
+      resp.extract_vector().then([settle, status = resp.status_code()](
+                                     pplx::task<std::vector<unsigned char>> bytes) {
+        Impl::Attempt out;
+        try {
+          std::vector<unsigned char> b = bytes.get();
+          out.status = status;
+          out.body.assign(b.begin(), b.end());
+        } catch (const std::exception& e) {
+          Impl::Classify(e, out);
+        }
+        settle(std::move(out));
+      });
+    });
+  } catch (const std::exception& e) {
+    // Building the request failed (a malformed path): nothing was sent.
+    Impl::Attempt out;
+    Impl::Classify(e, out);
+    impl_->Record(method, method, kErrorCode, std::chrono::steady_clock::now() - start);
+    done(absl::InvalidArgumentError(absl::StrCat(method, " ", impl_->config.server,
+                                                 path_and_query, ": ", out.error)));
   }
 }
 

@@ -89,6 +89,12 @@ class RestClient final : public Client {
                                                 const nlohmann::json* body = nullptr,
                                                 std::string_view content_type =
                                                     "application/json") override;
+  // One attempt on cpprestsdk's pool, paced like Request (the caller waits
+  // for a token); `done` runs on the pool. An answer the attempt does not
+  // settle (a retryable code, or a transport error that Request would retry)
+  // continues on a thread of its own through RequestStatusOnly's retries.
+  void RequestStatusOnlyAsync(std::string method, std::string path_and_query,
+                              const nlohmann::json* body, StatusOnlyCallback done) override;
   absl::Status Watch(std::string_view path_and_query,
                      const std::function<bool(const WatchEvent&)>& on_event,
                      std::stop_token stop) override;

@@ -7,10 +7,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -151,6 +155,55 @@ TEST_F(RestClientKubeTest, StatusOnlyRequestsSkipSuccessBodiesButExplainErrors) 
   auto got = client_->Request("GET", CmPath("quiet"));
   ASSERT_TRUE(got.ok() && got->ok());
   EXPECT_EQ(got->body["data"]["k"], "v1");  // it was created
+}
+
+// The asynchronous form answers as the blocking one does, on another thread,
+// with many requests in flight at once and the body free to go once sent.
+TEST_F(RestClientKubeTest, AsyncStatusOnlyRequestsAnswerLikeBlockingOnes) {
+  constexpr int kConfigMaps = 40;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<absl::StatusOr<ApiResponse>> answers;
+  std::set<std::thread::id> threads;
+  auto send = [&](const nlohmann::json& cm) {
+    client_->RequestStatusOnlyAsync("POST", CmPath(), &cm, [&](absl::StatusOr<ApiResponse> r) {
+      std::lock_guard<std::mutex> lock(mu);
+      answers.push_back(std::move(r));
+      threads.insert(std::this_thread::get_id());
+      cv.notify_all();
+    });
+  };
+  for (int i = 0; i < kConfigMaps; ++i) {
+    send(ConfigMap(ns_->name(), "async-" + std::to_string(i), "v"));  // a temporary
+  }
+  send(ConfigMap(ns_->name(), "async-0", "v"));  // already there
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30),
+                            [&] { return answers.size() == kConfigMaps + 1; }));
+    EXPECT_FALSE(threads.count(std::this_thread::get_id())) << "done ran on the caller";
+  }
+  int created = 0, conflicts = 0;
+  for (const auto& a : answers) {
+    ASSERT_TRUE(a.ok()) << a.status();
+    if (a->status_code == 201) {
+      ++created;
+      EXPECT_TRUE(a->body.is_null());
+    }
+    if (a->conflict()) {
+      ++conflicts;
+      EXPECT_EQ(a->body["reason"], "AlreadyExists");  // errors are parsed
+    }
+  }
+  EXPECT_EQ(created, kConfigMaps);
+  EXPECT_EQ(conflicts, 1);
+  auto list = client_->Request("GET", CmPath());
+  ASSERT_TRUE(list.ok() && list->ok());
+  int listed = 0;
+  for (const auto& item : list->body["items"]) {
+    if (item["metadata"]["name"].get<std::string>().rfind("async-", 0) == 0) ++listed;
+  }
+  EXPECT_EQ(listed, kConfigMaps);
 }
 
 TEST_F(RestClientKubeTest, ClientCertificateIdentifiesTheAdmin) {
