@@ -237,10 +237,18 @@ ok "helm test passes again once an operator is back"
 
 # 6. uninstall leaves nothing of the release (the Lease is the operator's own,
 # not the chart's; it goes with the namespace).
+# helm's --wait covers the objects it created, not the operator pod: the
+# garbage collector deletes that after its ReplicaSet, and the node agent then
+# stops the process and removes the pod. Poll for that cascade with a deadline.
 "$HELM" uninstall "$REL" -n "$NS" --wait >/dev/null 2>&1 || fail "helm uninstall"
-left="$("$KUBECTL" get all,serviceaccounts,roles,rolebindings,configmaps,clusterroles,clusterrolebindings -A \
-  -l "app.kubernetes.io/instance=$REL" -o name 2>&1)"
-[ -z "$left" ] || fail "helm uninstall left: $left"
+deadline=$((SECONDS + 60))
+while :; do
+  left="$("$KUBECTL" get all,serviceaccounts,roles,rolebindings,configmaps,clusterroles,clusterrolebindings -A \
+    -l "app.kubernetes.io/instance=$REL" -o name 2>&1)"
+  [ -z "$left" ] || [ "$SECONDS" -ge "$deadline" ] && break
+  sleep 1
+done
+[ -z "$left" ] || fail "helm uninstall left (after 60 s): $left"
 ok "helm uninstall leaves no object of the release"
 
 echo "e2e helm: all checks passed in $((SECONDS - start)) s"
