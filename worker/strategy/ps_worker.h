@@ -91,8 +91,10 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   absl::Status PrepareLocked(const distrain::v1::PrepareRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One closure on `batch`; errors are the ps's. Unbounded staleness: each
-  // layer's gradients are pushed while backward continues below it. With a
-  // bound: one all-or-nothing push, redone from a fresh pull when rejected.
+  // layer's forward starts once its parameters have arrived, while the rest
+  // of the pull streams; one push after backward, kernels as factors. With a
+  // bound: pull, compute, one all-or-nothing push, redone from a fresh pull
+  // when rejected.
   absl::Status RunStepOverlapped(const Batch& batch, distrain::v1::RunStepResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RunStepBounded(const Batch& batch, distrain::v1::RunStepResponse* response)
