@@ -74,8 +74,9 @@ class PsMetrics {
 // Consistency protocol, per shard:
 //   1. CreateVariables declares the shard (no memory yet); Initialize or
 //      Restore gives it values, version 0 (or the saved version).
-//   2. Pull copies value + version under the shard's reader lock, so a pull
-//      never sees half an update.
+//   2. Pull takes value + version under the shard's reader lock, so a pull
+//      never sees half an update: a reference to the value's buffer, which
+//      updates leave unchanged while a pull still sends it (copy-on-write).
 //   3. Push receives the whole gradient of every announced shard into staging
 //      buffers (each allocated when its first chunk arrives) and validates it
 //      before touching anything; a truncated, cancelled or malformed stream
@@ -115,10 +116,10 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   explicit PsService(PsServiceOptions options);
 
   // Initialize, Pull and Push are served on raw ByteBuffers in the proto's
-  // wire format (worker/ps/ps_wire.h): tensor bytes are copied once on each
-  // side (the ps's snapshot of a pulled shard, the staging of a pushed
-  // gradient) instead of through protobuf `bytes` fields. Clients of the
-  // generated stubs see the same protocol.
+  // wire format (worker/ps/ps_wire.h): a pulled shard is sent from the
+  // shard's own buffer, a pushed gradient is copied once (its staging)
+  // instead of through protobuf `bytes` fields. Clients of the generated
+  // stubs see the same protocol.
   grpc::Status InitializeRaw(grpc::ServerContext* ctx, RawStream* stream);
   grpc::Status PullRaw(grpc::ServerContext* ctx, RawStream* stream);
   grpc::Status PushRaw(grpc::ServerContext* ctx, RawStream* stream);

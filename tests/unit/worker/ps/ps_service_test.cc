@@ -926,7 +926,9 @@ TEST(PsServiceTest, PushInOddSizedChunksMatchesTheLocalOptimizer) {
 
 // A pull that is still streaming when a push lands sends the value of the
 // version in its header, not a mix: the messages reference a snapshot, not
-// the shard's live value.
+// the shard's live value. Three rounds, so the ps's second buffer (left to
+// the first pull) is reused once that pull is done, and must then hold the
+// current values, not the ones it was sent with.
 TEST(PsServiceTest, PullStreamingDuringAPushSendsOneConsistentVersion) {
   PsServiceOptions options;
   options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
@@ -942,38 +944,44 @@ TEST(PsServiceTest, PullStreamingDuringAPushSendsOneConsistentVersion) {
 
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(cluster.servers[0]->address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext pull_ctx;
-  v1::PullRequest request;
-  request.add_variables("w");
-  request.set_max_chunk_bytes(4096);
-  auto reader = stub->Pull(&pull_ctx, request);
-  Tensor assembled({n});
-  v1::PullMessage msg;
-  auto take = [&] {
-    for (const v1::PulledShard& h : msg.shards()) EXPECT_EQ(h.version(), 0);
-    for (const v1::DataChunk& c : msg.chunks()) {
-      ASSERT_LE(c.offset() * 4 + static_cast<int64_t>(c.data().size()), n * 4);
-      std::memcpy(assembled.data() + c.offset(), c.data().data(), c.data().size());
-    }
-  };
-  ASSERT_TRUE(reader->Read(&msg));
-  take();
-  absl::StatusOr<PushResult> pushed = client->Push({{"w", &grad}});
-  ASSERT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_THAT(pushed->versions["w"], ::testing::Each(1));
-  int messages = 1;
-  while (reader->Read(&msg)) {
-    ++messages;
+  Tensor expected = init;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    grpc::ClientContext pull_ctx;
+    v1::PullRequest request;
+    request.add_variables("w");
+    request.set_max_chunk_bytes(4096);
+    auto reader = stub->Pull(&pull_ctx, request);
+    Tensor assembled({n});
+    v1::PullMessage msg;
+    auto take = [&] {
+      for (const v1::PulledShard& h : msg.shards()) EXPECT_EQ(h.version(), round);
+      for (const v1::DataChunk& c : msg.chunks()) {
+        ASSERT_LE(c.offset() * 4 + static_cast<int64_t>(c.data().size()), n * 4);
+        std::memcpy(assembled.data() + c.offset(), c.data().data(), c.data().size());
+      }
+    };
+    ASSERT_TRUE(reader->Read(&msg));
     take();
-  }
-  ASSERT_TRUE(reader->Finish().ok());
-  EXPECT_GT(messages, 1000);
-  EXPECT_TRUE(BitEqual(assembled, init)) << "the pull mixed in the pushed update";
+    absl::StatusOr<PushResult> pushed = client->Push({{"w", &grad}});
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    EXPECT_THAT(pushed->versions["w"], ::testing::Each(round + 1));
+    int messages = 1;
+    while (reader->Read(&msg)) {
+      ++messages;
+      take();
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_GT(messages, 1000);
+    EXPECT_TRUE(BitEqual(assembled, expected)) << "the pull mixed in the pushed update";
 
-  absl::StatusOr<PullResult> after = client->Pull();
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->values["w"].data()[0], init.data()[0] - grad.data()[0]);
-  EXPECT_FALSE(BitEqual(after->values["w"], init));
+    absl::StatusOr<PullResult> after = client->Pull();
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->values["w"].data()[0], expected.data()[0] - grad.data()[0]);
+    EXPECT_EQ(after->values["w"].data()[n - 1], expected.data()[n - 1] - grad.data()[n - 1]);
+    EXPECT_FALSE(BitEqual(after->values["w"], expected));
+    expected = after->values["w"];
+  }
 }
 
 }  // namespace
