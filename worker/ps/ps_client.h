@@ -73,7 +73,7 @@ struct InitializeResult {
 
 // Client of every ps task of a job: splits variables into shards with the
 // ShardingPlan, talks to the ps tasks in parallel (one thread per ps involved
-// in a call), and reassembles whole tensors. Tensor bytes travel in the
+// in a call, threads reused across calls), and reassembles whole tensors. Tensor bytes travel in the
 // proto's wire format without protobuf copies (ps_wire.h): a push sends the
 // caller's gradient memory as it is, a pull copies each chunk once, straight
 // into the caller's tensor.
@@ -113,6 +113,12 @@ class PsClient {
   // reported; the call's status is what counts. `versions` is written last.
   absl::Status PullInto(absl::Span<const MutableTensorRef> targets, ShardVersions* versions,
                         const std::function<void(const ShardInfo&)>& on_shard);
+  // The same on one of this client's threads; returns at once. `done` runs
+  // there with the status once the call is over; `targets`, `versions` and
+  // the tensors must stay alive until then.
+  void PullIntoAsync(absl::Span<const MutableTensorRef> targets, ShardVersions* versions,
+                     std::function<void(const ShardInfo&)> on_shard,
+                     std::function<void(absl::Status)> done);
   // Pushes gradients shaped like their variables. `pulled` (optional): the
   // versions the gradients were computed from, for staleness. `factored`:
   // more gradients, given as factors; each shard gets the factors (its
@@ -138,6 +144,7 @@ class PsClient {
  private:
   struct Upload;
   struct RawMethods;  // Initialize, Pull, Push on raw ByteBuffers (ps_wire.h)
+  class ReusableThreads;
   PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClientOptions options);
   absl::Status UploadShards(const char* method, int task, const std::vector<Upload>& shards,
                             bool overwrite, google::protobuf::Message* response);
@@ -154,6 +161,9 @@ class PsClient {
                                                              const ShardVersions* pulled,
                                                              const char* method) const;
   absl::Status Error(int task, const char* method, const grpc::Status& status) const;
+  // Runs fn(task) for every task, on the caller for the first and on
+  // threads_ for the rest, and returns the first error in task order.
+  absl::Status RunPerPs(const std::vector<int>& tasks, const std::function<absl::Status(int)>& fn);
   void SetDeadline(grpc::ClientContext& ctx) const;
 
   const std::vector<std::string> addresses_;
@@ -162,6 +172,8 @@ class PsClient {
   std::vector<std::unique_ptr<distrain::v1::ParameterServer::Stub>> stubs_;
   std::vector<std::unique_ptr<RawMethods>> raw_;  // per ps, like stubs_
   std::unique_ptr<PsMetrics> metrics_;            // null without a registry
+  // Declared last: destroyed (its threads joined) first.
+  std::unique_ptr<ReusableThreads> threads_;
 };
 
 }  // namespace distrain

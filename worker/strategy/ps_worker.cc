@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <random>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -206,42 +205,56 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepReq
 }
 
 absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepResponse* response) {
-  // 1. Current parameters, pulled on a helper thread: each ps streams its
+  // 1. Current parameters, pulled on a ps-client thread: each ps streams its
   // shards in parameter (= forward) order, and layer i's forward waits only
   // until the shards of layer i have arrived, so the rest of the pull
   // overlaps the forward pass of the earlier layers. Every push of a dense
   // model changes every shard, so nothing is skipped; the versions are kept
   // for staleness.
-  absl::Mutex pull_mu;
-  // Guarded by pull_mu: shards still to arrive per layer, and whether
-  // PullInto has returned (with pull_status, and `pulled` written).
-  std::vector<int> missing = layer_shards_;
-  bool pull_done = false;
-  absl::Status pull_status;
-  ShardVersions pulled;
-  std::thread puller([&] {
-    absl::Status s = ps_->PullInto(values_, &pulled, [&](const ShardInfo& shard) {
-      absl::MutexLock lock(&pull_mu);
-      --missing[variable_layer_.at(shard.variable)];
-    });
-    absl::MutexLock lock(&pull_mu);
-    pull_status = s;
-    pull_done = true;
-  });
+  // Shared with the client's thread running the pull, which may still hold
+  // its reference after this closure has seen `done`.
+  struct PullState {
+    absl::Mutex mu;
+    std::vector<int> missing ABSL_GUARDED_BY(mu);  // shards still to arrive, per layer
+    bool done ABSL_GUARDED_BY(mu) = false;         // PullIntoAsync has finished
+    absl::Status status ABSL_GUARDED_BY(mu);
+    ShardVersions pulled;  // written by the pull before `done`
+  };
+  auto pull = std::make_shared<PullState>();
+  pull->missing = layer_shards_;
+  ps_->PullIntoAsync(
+      values_, &pull->pulled,
+      [this, pull](const ShardInfo& shard) {
+        absl::MutexLock lock(&pull->mu);
+        --pull->missing[variable_layer_.at(shard.variable)];
+      },
+      [pull](absl::Status s) {
+        absl::MutexLock lock(&pull->mu);
+        pull->status = std::move(s);
+        pull->done = true;
+      });
   double waited = 0;
   auto wait_for_layer = [&](int layer) {
     const auto start = std::chrono::steady_clock::now();
-    std::pair<const int*, const bool*> arg(&missing[layer], &pull_done);
-    absl::MutexLock lock(&pull_mu);
-    pull_mu.Await(absl::Condition(
-        +[](std::pair<const int*, const bool*>* a) { return *a->first <= 0 || *a->second; },
+    std::pair<PullState*, int> arg(pull.get(), layer);
+    absl::MutexLock lock(&pull->mu);
+    pull->mu.Await(absl::Condition(
+        +[](std::pair<PullState*, int>* a) {
+          return a->first->missing[a->second] <= 0 || a->first->done;
+        },
         &arg));
     waited += Seconds(start);
   };
   // 2. Forward as parameters arrive, then backward.
   auto t0 = std::chrono::steady_clock::now();
   LossResult r = model_->TrainStep(batch.features, batch.labels, {}, wait_for_layer);
-  puller.join();
+  absl::Status pull_status;
+  {
+    absl::MutexLock lock(&pull->mu);
+    pull->mu.Await(absl::Condition(&pull->done));
+    pull_status = pull->status;
+  }
+  const ShardVersions& pulled = pull->pulled;
   response->set_pull_seconds(waited);
   response->set_compute_seconds(Seconds(t0) - waited);
   // 3. One push of every layer's gradients (one stream per ps), each Dense
