@@ -130,6 +130,15 @@ class SlotTable {
   absl::flat_hash_map<std::string, std::vector<Tensor>> slots_;
 };
 
+// A caller's bug, not input: the ps sizes every range from its own shard.
+void CheckUpdateRange(const std::string& name, int64_t size, int64_t offset, absl::Span<float> value,
+                absl::Span<const float> grad) {
+  DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+  DISTRAIN_CHECK(offset >= 0 && offset + static_cast<int64_t>(value.size()) <= size)
+      << name << ": elements [" << offset << ", " << offset + static_cast<int64_t>(value.size())
+      << ") of " << size;
+}
+
 absl::Status CheckIterations(int64_t iterations) {
   if (iterations >= 0) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -140,9 +149,10 @@ class SgdOptimizer : public Optimizer {
  public:
   explicit SgdOptimizer(float lr) : lr_(lr), slots_({}) {}
 
-  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
-                  int64_t iteration) override {
-    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                       absl::Span<float> value, absl::Span<const float> grad,
+                       int64_t iteration) override {
+    CheckUpdateRange(name, size, offset, value, grad);
     cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr_, grad.data(), value.data());
   }
   std::map<std::string, Tensor> SlotState() const override { return {}; }
@@ -164,12 +174,14 @@ class MomentumOptimizer : public Optimizer {
   MomentumOptimizer(float lr, float momentum, bool nesterov)
       : lr_(lr), momentum_(momentum), nesterov_(nesterov), slots_({"momentum"}) {}
 
-  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
-                  int64_t iteration) override {
-    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                       absl::Span<float> value, absl::Span<const float> grad,
+                       int64_t iteration) override {
+    CheckUpdateRange(name, size, offset, value, grad);
     const int64_t n = static_cast<int64_t>(value.size());
-    std::vector<Tensor>& s = slots_.Get(name, n);
-    cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data(), value.data());
+    std::vector<Tensor>& s = slots_.Get(name, size);
+    cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data() + offset,
+                        value.data());
   }
   std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
@@ -192,17 +204,18 @@ class AdamOptimizer : public Optimizer {
   AdamOptimizer(float lr, float beta1, float beta2, float epsilon)
       : lr_(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon), slots_({"m", "v"}) {}
 
-  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
-                  int64_t iteration) override {
-    DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
+  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                       absl::Span<float> value, absl::Span<const float> grad,
+                       int64_t iteration) override {
+    CheckUpdateRange(name, size, offset, value, grad);
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     const int64_t n = static_cast<int64_t>(value.size());
-    std::vector<Tensor>& s = slots_.Get(name, n);
+    std::vector<Tensor>& s = slots_.Get(name, size);
     const double t = static_cast<double>(iteration);
     const float lr_t = static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
                                           (1.0 - std::pow(double{beta1_}, t)));
-    cpu::AdamUpdate(n, lr_t, beta1_, beta2_, epsilon_, grad.data(), s[0].data(), s[1].data(),
-                    value.data());
+    cpu::AdamUpdate(n, lr_t, beta1_, beta2_, epsilon_, grad.data(), s[0].data() + offset,
+                    s[1].data() + offset, value.data());
   }
   std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots,

@@ -30,8 +30,18 @@ class Optimizer {
   void Apply(absl::Span<Parameter* const> params);
   // Update one variable with the given 1-based iteration (Adam's t). Slots
   // are created zero-filled on first use, sized like `value`.
-  virtual void ApplyDense(const std::string& name, absl::Span<float> value,
-                          absl::Span<const float> grad, int64_t iteration) = 0;
+  void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
+                  int64_t iteration) {
+    ApplyDenseRange(name, static_cast<int64_t>(value.size()), 0, value, grad, iteration);
+  }
+  // The same for elements [offset, offset + value.size()) of a variable of
+  // `size` elements (slots sized `size`): the rules are element-wise, so
+  // updating a variable range by range equals one ApplyDense, bit for bit.
+  // Lets a caller form a gradient block by block and apply each block while
+  // it is still in cache.
+  virtual void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                               absl::Span<float> value, absl::Span<const float> grad,
+                               int64_t iteration) = 0;
 
   int64_t iterations() const { return iterations_; }
   // Slot tensors for checkpoints, named "<param>/<slot>" (e.g.

@@ -124,6 +124,11 @@ void PsMetrics::ObserveStaleness(int64_t staleness) {
 // One hosted shard. `info` is immutable after creation; the rest is guarded.
 namespace {
 
+// Rows of a factored gradient formed and applied at a time: small enough to
+// stay in the L1/L2 cache between the GEMM that writes them and the
+// optimizer that reads them.
+constexpr int64_t kFactorBlockBytes = 64 << 10;
+
 // A shard's values, shared copy-on-write with the pulls sending them. A pull
 // takes a reference (Share, under the shard's reader lock) instead of copying
 // the shard, and gRPC writes the bytes to the socket from this buffer. An
@@ -729,33 +734,44 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   auto apply = [&](Upload::Item& item) {
     Shard& shard = *item.shard;
     const int64_t staleness = item.pulled_version ? shard.version - *item.pulled_version : 0;
-    const float* grad = item.data.get();
+    const int64_t n = shard.info.num_elements();
+    float* value = shard.value.Mutable();
     if (item.factor_rank > 0) {
       // G = L^T R: the product the worker did not form, at the same cost
       // here (the GEMM moves, the dense gradient's bytes do not travel).
       // Formed under the shard's lock so a staleness-rejected push never
-      // pays for it; the buffer is this thread's and reused.
+      // pays for it, and a block of rows at a time, each applied while it
+      // is still in cache instead of writing the whole gradient out and
+      // reading it back (ApplyDenseRange equals ApplyDense bit for bit).
       // L arrives [rank, rows]; transposed first (rank * rows floats, a few
-      // KiB) so the product is (L^T) R with a short inner dimension, the
+      // KiB) so each block is (L^T) R with a short inner dimension, the
       // shape cpu::Gemm's small kernels take without packing or zero-filling.
-      thread_local std::vector<float> product, left_t;
+      thread_local std::vector<float> block, left_t;
       const int64_t rank = item.factor_rank;
       const int64_t rows = shard.info.row_end - shard.info.row_begin;
       const int64_t cols = shard.info.row_elements;
-      product.resize(static_cast<size_t>(rows * cols));
+      const int64_t block_rows =
+          std::max<int64_t>(1, kFactorBlockBytes / (std::max<int64_t>(cols, 1) * sizeof(float)));
+      block.resize(static_cast<size_t>(std::min(rows, block_rows) * cols));
       left_t.resize(static_cast<size_t>(rank * rows));
       const float* left = item.data.get();
+      const float* right = left + rank * rows;
       for (int64_t k = 0; k < rank; ++k) {
         for (int64_t r = 0; r < rows; ++r) left_t[r * rank + k] = left[k * rows + r];
       }
-      cpu::Gemm(false, false, rows, cols, rank, 1.0f, left_t.data(), left + rank * rows, 0.0f,
-                product.data());
-      grad = product.data();
+      for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+        const int64_t m = std::min(block_rows, rows - r0);
+        cpu::Gemm(false, false, m, cols, rank, 1.0f, left_t.data() + r0 * rank, right, 0.0f,
+                  block.data());
+        shard.optimizer->ApplyDenseRange(
+            shard.key, n, r0 * cols, absl::MakeSpan(value + r0 * cols, static_cast<size_t>(m * cols)),
+            absl::MakeConstSpan(block.data(), static_cast<size_t>(m * cols)), shard.version + 1);
+      }
+    } else {
+      shard.optimizer->ApplyDense(shard.key, absl::MakeSpan(value, static_cast<size_t>(n)),
+                                  absl::MakeConstSpan(item.data.get(), static_cast<size_t>(n)),
+                                  shard.version + 1);
     }
-    shard.optimizer->ApplyDense(
-        shard.key, absl::MakeSpan(shard.value.Mutable(), static_cast<size_t>(shard.value.size())),
-        absl::MakeConstSpan(grad, static_cast<size_t>(shard.info.num_elements())),
-        shard.version + 1);
     ++shard.version;
     v1::ShardVersion* v = response->add_shards();
     v->mutable_ref()->set_variable(shard.info.variable);
