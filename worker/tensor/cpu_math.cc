@@ -78,12 +78,34 @@ void Scale(int64_t n, float alpha, float* x) {
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
+// Both as a mask and an AND, 4 floats at a time: written as the plain select,
+// GCC emitted a compare and a branch per element (its operands may alias, so
+// it would not vectorise), and ReLU's signs are a coin toss for the branch
+// predictor: ReluGrad alone was 4.7% of ParameterServer training's CPU at 256
+// examples per closure. The results are the select's, bit for bit (a NaN
+// input compares false and gives +0, as the select does).
 void Relu(int64_t n, const float* in, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  const __m128 zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    const __m128 x = _mm_loadu_ps(in + i);
+    _mm_storeu_ps(out + i, _mm_and_ps(_mm_cmpgt_ps(x, zero), x));
+  }
+#endif
+  for (; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
 void ReluGrad(int64_t n, const float* out, const float* grad_out, float* grad_in) {
-  for (int64_t i = 0; i < n; ++i) grad_in[i] = out[i] > 0.0f ? grad_out[i] : 0.0f;
+  int64_t i = 0;
+#if defined(__x86_64__)
+  const __m128 zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    const __m128 keep = _mm_cmpgt_ps(_mm_loadu_ps(out + i), zero);
+    _mm_storeu_ps(grad_in + i, _mm_and_ps(keep, _mm_loadu_ps(grad_out + i)));
+  }
+#endif
+  for (; i < n; ++i) grad_in[i] = out[i] > 0.0f ? grad_out[i] : 0.0f;
 }
 
 double SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,

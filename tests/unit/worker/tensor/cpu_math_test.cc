@@ -1,6 +1,7 @@
 #include "worker/tensor/cpu_math.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -103,6 +104,40 @@ TEST(ElementwiseTest, AxpyScaleRelu) {
   std::vector<float> gi(5);
   ReluGrad(5, out.data(), g.data(), gi.data());
   EXPECT_EQ(gi, (std::vector<float>{0, 0, 30, 0, 50}));
+}
+
+// The SIMD body and the scalar tail (n = 23) both give the plain select's
+// bits: signed zeros, NaN and infinities included, also in place.
+TEST(ElementwiseTest, ReluAndReluGradAreTheSelectBitForBit) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> in = RandomVector(23, 11);
+  in[0] = -0.0f;
+  in[1] = 0.0f;
+  in[2] = nan;
+  in[3] = inf;
+  in[5] = -inf;
+  in[21] = nan;
+  std::vector<float> g = RandomVector(23, 12);
+  g[3] = nan;
+  g[6] = -0.0f;
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  std::vector<float> out(23), gi(23);
+  Relu(23, in.data(), out.data());
+  ReluGrad(23, out.data(), g.data(), gi.data());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(bits(out[i]), bits(in[i] > 0.0f ? in[i] : 0.0f)) << "relu " << i;
+    EXPECT_EQ(bits(gi[i]), bits(out[i] > 0.0f ? g[i] : 0.0f)) << "grad " << i;
+  }
+  std::vector<float> in_place = in, g_in_place = g;
+  Relu(23, in_place.data(), in_place.data());
+  ReluGrad(23, in_place.data(), g_in_place.data(), g_in_place.data());
+  EXPECT_EQ(std::memcmp(in_place.data(), out.data(), 23 * 4), 0);
+  EXPECT_EQ(std::memcmp(g_in_place.data(), gi.data(), 23 * 4), 0);
 }
 
 // n = 11 covers both the 4-wide SIMD body and the scalar tail.
