@@ -61,12 +61,19 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 // Thread-safe.
 class PsClient::ReusableThreads {
  public:
+  // Runs what is queued, then joins every thread (also ones that calls still
+  // running start meanwhile).
   ~ReusableThreads() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
+    while (true) {
+      std::vector<std::thread> threads;
+      {
+        absl::MutexLock lock(&mu_);
+        stopping_ = true;
+        threads.swap(threads_);
+      }
+      if (threads.empty()) return;
+      for (std::thread& t : threads) t.join();
     }
-    for (std::thread& t : threads_) t.join();
   }
   void Run(std::function<void()> fn) {
     absl::MutexLock lock(&mu_);
