@@ -76,8 +76,8 @@ namespace distrain::kube {
 struct InformerOptions {
   Resource resource;
   std::string namespace_name;  // "": all namespaces (and cluster-scoped resources)
-  std::string label_selector;
-  std::string field_selector;
+  std::string label_selector{};
+  std::string field_selector{};
   std::shared_ptr<prometheus::Registry> registry;  // optional
   int64_t page_size = 500;
   std::chrono::milliseconds initial_backoff{200};

@@ -61,7 +61,7 @@ struct LoadOptions {
   std::string kubeconfig_path;  // --kubeconfig: only this file; must exist
   std::string context;          // --context: overrides current-context
   std::string service_account_dir = kServiceAccountDir;  // in-cluster token, ca.crt, namespace
-  EnvLookup env;                // null: the process environment
+  EnvLookup env{};              // null: the process environment
 };
 
 // A kubeconfig after merging: named entries with the file each came from.

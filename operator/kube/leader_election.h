@@ -68,7 +68,7 @@ namespace distrain::kube {
 struct LeaderElectionConfig {
   std::string lease_namespace;
   std::string lease_name;
-  std::string identity;  // empty: DefaultLeaderIdentity()
+  std::string identity{};  // empty: DefaultLeaderIdentity()
   absl::Duration lease_duration = absl::Seconds(15);
   absl::Duration renew_deadline = absl::Seconds(10);
   absl::Duration retry_period = absl::Seconds(2);

@@ -49,12 +49,12 @@ std::string ResourcePath(const Resource& resource, std::string_view namespace_na
 
 // Query parameters of LIST and WATCH; unset fields are left out.
 struct ListOptions {
-  std::string label_selector;
-  std::string field_selector;
+  std::string label_selector{};
+  std::string field_selector{};
   int64_t limit = 0;                  // 0: no pagination
-  std::string continue_token;
-  std::optional<std::string> resource_version;
-  std::string resource_version_match;  // "NotOlderThan" | "Exact"
+  std::string continue_token{};
+  std::optional<std::string> resource_version{};
+  std::string resource_version_match{};  // "NotOlderThan" | "Exact"
   bool watch = false;
   bool allow_watch_bookmarks = false;
   int64_t timeout_seconds = 0;         // 0: the server's default
