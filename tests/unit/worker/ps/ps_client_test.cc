@@ -46,8 +46,11 @@ TEST(PsClientTest, FactoredPushesApplyTheProductOfTheFactors) {
   };
   // [13, 7] over 5 shards (3,3,3,2,2 rows), rank 2: the 3-row shards take
   // factors (2 * (3 + 7) = 20 <= 21), the 2-row shards the gradient
-  // (18 > 14). [64, 48] over 2 shards, rank 8: factors on both.
-  for (const Case& c : {Case{{13, 7}, 5, 2}, Case{{64, 48}, 2, 8}, Case{{5, 3}, 1, 4}}) {
+  // (18 > 14). [64, 48] over 2 shards, rank 8: factors on both. [300, 1024]:
+  // the ps forms and applies each 150-row shard's gradient in blocks of 16
+  // rows (64 KiB), the last one short.
+  for (const Case& c : {Case{{13, 7}, 5, 2}, Case{{64, 48}, 2, 8}, Case{{5, 3}, 1, 4},
+                        Case{{300, 1024}, 2, 4}}) {
     SCOPED_TRACE(::testing::Message() << "[" << c.shape[0] << ", " << c.shape[1] << "] in "
                                       << c.shards << " shards, rank " << c.rank);
     PsServiceOptions options;
@@ -91,6 +94,58 @@ TEST(PsClientTest, FactoredPushesApplyTheProductOfTheFactors) {
       ASSERT_NEAR(got[i], w[i], 1e-5f * (1.0f + std::abs(w[i]))) << "w[" << i << "]";
     }
     EXPECT_TRUE(BitEqual(result->values["b"], b));
+  }
+}
+
+// The asynchronous pull delivers what a blocking one does: every shard
+// announced once through on_shard before `done`, the values and versions in
+// place when `done` runs, on a thread other than the caller's.
+TEST(PsClientTest, PullIntoAsyncMatchesPullIntoAndReportsOnce) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 0.5f);
+  PsTestCluster cluster(2, options);
+  const ShardingPlan plan =
+      Plan({{"w", {40, 8}}, {"b", {8}}}, *Partitioner::FixedShards(3), 2);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({40, 8}, 1), b = Pattern({8}, 2), gw = Pattern({40, 8}, 3);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"b", &b}}).ok());
+  ASSERT_TRUE(client->Push({{"w", &gw}}).ok());
+  for (int round = 0; round < 3; ++round) {  // the client's threads are reused
+    Tensor w_async({40, 8}), b_async({8}), w_sync({40, 8}), b_sync({8});
+    ShardVersions v_async, v_sync;
+    const std::vector<MutableTensorRef> async_targets = {{"w", &w_async}, {"b", &b_async}};
+    absl::Mutex mu;
+    int shards_seen = 0, done_calls = 0;
+    bool done_on_caller = false;
+    absl::Status status = absl::UnknownError("not done");
+    const std::thread::id caller = std::this_thread::get_id();
+    client->PullIntoAsync(
+        async_targets, &v_async,
+        [&](const ShardInfo&) {
+          absl::MutexLock lock(&mu);
+          ++shards_seen;
+        },
+        [&](absl::Status s) {
+          absl::MutexLock lock(&mu);
+          status = std::move(s);
+          ++done_calls;
+          done_on_caller = std::this_thread::get_id() == caller;
+        });
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* n) { return *n > 0; }, &done_calls));
+    }
+    ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(client->PullInto({{"w", &w_sync}, {"b", &b_sync}}, &v_sync).ok());
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(done_calls, 1);
+    EXPECT_FALSE(done_on_caller);
+    EXPECT_EQ(shards_seen, 6);  // w and b in 3 shards each
+    EXPECT_TRUE(BitEqual(w_async, w_sync));
+    EXPECT_TRUE(BitEqual(b_async, b_sync));
+    EXPECT_FALSE(BitEqual(w_async, w));
+    EXPECT_EQ(v_async, v_sync);
   }
 }
 
