@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <deque>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
