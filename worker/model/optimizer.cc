@@ -131,8 +131,8 @@ class SlotTable {
 };
 
 // A caller's bug, not input: the ps sizes every range from its own shard.
-void CheckUpdateRange(const std::string& name, int64_t size, int64_t offset, absl::Span<float> value,
-                absl::Span<const float> grad) {
+void CheckUpdateRange(const std::string& name, int64_t size, int64_t offset,
+                      absl::Span<float> value, absl::Span<const float> grad) {
   DISTRAIN_CHECK_EQ(value.size(), grad.size()) << name;
   DISTRAIN_CHECK(offset >= 0 && offset + static_cast<int64_t>(value.size()) <= size)
       << name << ": elements [" << offset << ", " << offset + static_cast<int64_t>(value.size())
