@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model_spec.h"
 
 namespace distrain {
 
@@ -48,11 +49,16 @@ struct ReplicaSpec {
   bool operator==(const ReplicaSpec&) const = default;
 };
 
-// spec.training.model
+// spec.training.model (common/model_spec.h): a Keras layer stack, or the
+// mlp shorthand.
 struct ModelConfig {
-  std::string type = "mlp";              // only "mlp" today
-  std::vector<int> hidden_units = {128};  // sizes of the hidden Dense layers
-  std::string activation = "relu";       // only "relu" today
+  // "mlp": Dense(hidden_units[0]), ReLU, ..., Dense(classes) (logits);
+  // "sequential": `layers`. Default: sequential when layers are given.
+  std::string type = "mlp";
+  std::vector<int> hidden_units = {128};  // mlp: sizes of the hidden Dense layers
+  std::string activation = "relu";       // mlp: only "relu"
+  std::vector<LayerConfig> layers;       // sequential; names assigned (AssignLayerNames)
+  LossConfig loss;
   bool operator==(const ModelConfig&) const = default;
 };
 

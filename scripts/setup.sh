@@ -32,6 +32,7 @@ APT_PACKAGES=(
   libcpprest-dev libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev libcli11-dev libspdlog-dev
   libcivetweb-dev civetweb zlib1g-dev dpkg-dev curl procps
+  libdnnl-dev  # oneDNN: CPU convolution, pooling, batch norm (TensorFlow's own CPU path)
   openssl  # scripts/control-plane.sh: the dev cluster's certificates
   buildah debootstrap  # scripts/build-images.sh: images without a Docker engine or registry
 )

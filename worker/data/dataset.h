@@ -19,6 +19,10 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual int num_features() const = 0;
   virtual int num_classes() const = 0;
+  // One example's shape; its product is num_features(). IDX images are
+  // {rows, cols, 1} (NHWC without the batch, as Keras sees MNIST), rows of
+  // CSV and synthetic data {num_features()}.
+  virtual std::vector<int64_t> example_shape() const { return {num_features()}; }
   // Copies example `index` (0 <= index < size()) into features[num_features()].
   virtual void Get(int64_t index, float* features, int32_t* label) const = 0;
   // Where the examples came from ("train.csv", "synthetic"), for error messages.

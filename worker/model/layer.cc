@@ -62,7 +62,7 @@ std::vector<int64_t> Dense::OutputShape(const std::vector<int64_t>& input_shape)
   return {input_shape[0], kernel_.value.dim(1)};
 }
 
-void Dense::Forward(const Tensor& input, Tensor* output) {
+void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   const int64_t batch = input.dim(0);
   const int64_t in = kernel_.value.dim(0);
   const int64_t out = kernel_.value.dim(1);
@@ -104,7 +104,7 @@ std::optional<GradFactors> Dense::KernelGradFactors() const {
   return GradFactors{&kernel_, input_, grad_output_};
 }
 
-void ReLU::Forward(const Tensor& input, Tensor* output) {
+void ReLU::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   output->Resize(input.shape());
   cpu::Relu(input.size(), input.data(), output->data());
   // A private copy (not a borrowed pointer) so callers may reuse `output`

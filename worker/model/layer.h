@@ -30,22 +30,45 @@ struct GradFactors {
   const Tensor* right;
 };
 
-// One layer of a feed-forward model. Inputs are [batch, features...].
+// What a forward pass needs besides its input.
+struct ForwardContext {
+  // Training: Dropout drops, BatchNormalization uses and updates batch
+  // statistics. Evaluation: Dropout is the identity, BatchNormalization uses
+  // its moving statistics.
+  bool training = false;
+  // This step's random stream for this replica (Model derives it from the
+  // seed, the step and replica_id_in_sync); a layer mixes in its own name.
+  uint64_t rng_stream = 0;
+};
+
+// One layer of a sequential model. Inputs are [batch, example shape...]
+// (images NHWC).
 //
 // Forward caches what Backward needs, so a Layer instance serves one replica
-// at a time (replicas own separate Model copies). Not thread-safe.
-// Designed so Conv2D/pooling can follow: shapes are N-D, the layer reports
-// its output shape, and parameters are generic.
+// at a time (replicas own separate Model copies). Not thread-safe. Layers
+// compute through worker/tensor/ops.h only, so one layer serves every device.
 class Layer {
  public:
   virtual ~Layer() = default;
   virtual const std::string& name() const = 0;
+  // Keras' class name ("Conv2D").
+  virtual const char* class_name() const = 0;
+  // Output shape for an input shape, both with the batch dimension.
   virtual std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const = 0;
-  virtual void Forward(const Tensor& input, Tensor* output) = 0;
-  // Given dL/d(output), overwrites each parameter's grad with dL/d(param) and,
-  // when grad_input is not null, writes dL/d(input).
+  virtual void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) = 0;
+  void Forward(const Tensor& input, Tensor* output) { Forward(input, output, ForwardContext{}); }
+  // Given dL/d(output) of the last training Forward, overwrites each
+  // parameter's grad with dL/d(param) and, when grad_input is not null,
+  // writes dL/d(input).
   virtual void Backward(const Tensor& grad_output, Tensor* grad_input) = 0;
+  // Trainable variables (kernel before bias; gamma before beta).
   virtual std::vector<Parameter*> parameters() { return {}; }
+  // Non-trainable variables the layer updates itself while training
+  // (BatchNormalization's moving_mean, moving_variance). Checkpointed with
+  // the parameters; synchronous strategies average them over the replicas
+  // after every step (TensorFlow's ON_READ/MEAN variables, which read as the
+  // replicas' mean). Their `grad` is unused.
+  virtual std::vector<Parameter*> state_variables() { return {}; }
   // Layers whose kernel gradient is a product of two batch matrices can
   // leave it as its factors: with `factored`, Backward does not form the
   // kernel's grad (it keeps its old contents) and KernelGradFactors returns
@@ -60,8 +83,10 @@ class Dense : public Layer {
  public:
   Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed);
   const std::string& name() const override { return name_; }
+  const char* class_name() const override { return "Dense"; }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
-  void Forward(const Tensor& input, Tensor* output) override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override { return {&kernel_, &bias_}; }
   bool SetFactoredKernelGrad(bool factored) override {
@@ -83,8 +108,10 @@ class ReLU : public Layer {
  public:
   explicit ReLU(std::string name) : name_(std::move(name)) {}
   const std::string& name() const override { return name_; }
+  const char* class_name() const override { return "ReLU"; }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& s) const override { return s; }
-  void Forward(const Tensor& input, Tensor* output) override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
 
  private:

@@ -18,8 +18,10 @@ uint64_t LayerSeed(uint64_t seed, int layer_index) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, int input_dim,
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
+                                                     const std::vector<int64_t>& example_shape,
                                                      int num_classes, uint64_t seed) {
+  const int input_dim = example_shape.size() == 1 ? static_cast<int>(example_shape[0]) : 0;
   if (config.type != "mlp") {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.training.model.type: unsupported model type \"", config.type,
@@ -73,7 +75,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
 
 LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> labels,
                             const std::function<void(int layer_index)>& on_layer_grads_ready,
-                            const std::function<void(int layer_index)>& before_layer_forward) {
+                            const std::function<void(int layer_index)>& before_layer_forward,
+                            const StepContext& step) {
   const Tensor* x = &features;
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (before_layer_forward) before_layer_forward(static_cast<int>(i));
@@ -115,6 +118,14 @@ std::vector<Parameter*> Model::parameters() {
   std::vector<Parameter*> out;
   for (auto& layer : layers_) {
     for (Parameter* p : layer->parameters()) out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<Parameter*> Model::state_variables() {
+  std::vector<Parameter*> out;
+  for (auto& layer : layers_) {
+    for (Parameter* p : layer->state_variables()) out.push_back(p);
   }
   return out;
 }

@@ -14,15 +14,34 @@
 
 namespace distrain {
 
-// A sequential model + softmax cross-entropy, built from spec.training.model.
-// Owns its layers and parameters; one instance per replica. Not thread-safe.
+// Which step and replica a training step is, for the layers' random streams
+// (Dropout): the stream is a pure function of (seed, step, replica), so a
+// resumed job draws the same masks and replicas draw different ones.
+struct StepContext {
+  int64_t step = 0;
+  int replica_id_in_sync = 0;
+};
+
+// A sequential model and its loss, built from spec.training.model
+// (common/model_spec.h): Keras layers, or the mlp shorthand. Owns its layers
+// and variables; one instance per replica. Not thread-safe.
 class Model {
  public:
-  // MLP: Dense(input_dim -> h0), ReLU, ..., Dense(h_last -> num_classes).
-  // Parameter values depend only on (config, input_dim, num_classes, seed),
-  // so every replica that builds with the same seed starts identical.
-  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, int input_dim,
+  // `example_shape` is one example's shape as the dataset yields it (IDX:
+  // {28, 28, 1}; CSV, synthetic: {features}); batches arrive flat, [batch,
+  // product of example_shape], which for images is exactly NHWC. mlp:
+  // Dense(features -> h0), ReLU, ..., Dense(h_last -> num_classes).
+  // Variable values depend only on (config, example_shape, num_classes,
+  // seed), so every replica that builds with the same seed starts identical.
+  // Logs ModelWarnings (a Softmax output with fromLogits: true) once.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config,
+                                                       const std::vector<int64_t>& example_shape,
                                                        int num_classes, uint64_t seed);
+  // Flat examples of `input_dim` features.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, int input_dim,
+                                                       int num_classes, uint64_t seed) {
+    return Create(config, std::vector<int64_t>{input_dim}, num_classes, seed);
+  }
 
   // Forward + backward on one batch; overwrites every parameter's grad with
   // the gradient of the batch-mean loss. After the parameter grads of a layer
@@ -30,13 +49,24 @@ class Model {
   // so a strategy can start reducing while backward continues. Before layer i
   // reads its parameters in the forward pass, calls before_layer_forward(i),
   // so a strategy can fetch them layer by layer while earlier layers compute.
+  // `step` seeds the layers' random streams (Dropout); BatchNormalization
+  // layers update their moving statistics from this batch.
   LossResult TrainStep(const Tensor& features, absl::Span<const int32_t> labels,
                        const std::function<void(int layer_index)>& on_layer_grads_ready = {},
-                       const std::function<void(int layer_index)>& before_layer_forward = {});
+                       const std::function<void(int layer_index)>& before_layer_forward = {},
+                       const StepContext& step = {});
+  // Inference mode (no Dropout, moving statistics); changes no variable.
   LossResult Evaluate(const Tensor& features, absl::Span<const int32_t> labels);
 
-  // Stable order: layers first to last, kernel before bias.
+  // Trainable variables. Stable order: layers first to last, kernel before bias.
   std::vector<Parameter*> parameters();
+  // Non-trainable variables (BatchNormalization's moving statistics), same
+  // order rules; see Layer::state_variables for how strategies treat them.
+  std::vector<Parameter*> state_variables();
+  // The per-example input shape the model was built for.
+  const std::vector<int64_t>& example_shape() const { return example_shape_; }
+  // Number of classes (the label range) the model was built for.
+  int num_classes() const { return num_classes_; }
   // parameters() grouped by layer index (empty for parameter-free layers).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -48,11 +78,19 @@ class Model {
   // Layer i's kernel-gradient factors, valid from on_layer_grads_ready(i)
   // until the next TrainStep; nullopt when not factored or no such layer.
   std::optional<GradFactors> kernel_grad_factors(int layer) const;
-  int64_t num_parameters() const;  // scalar count
-  std::string Summary() const;     // "mlp 784-128-10 (101770 params)"
+  // Scalar count of every variable, trainable and not (Keras' count_params).
+  int64_t num_parameters() const;
+  // One line: "mlp 784-128-10 (101770 params)" or "sequential conv2d[26,26,32]
+  // max_pooling2d[13,13,32] ... dense[10] (225034 params)".
+  std::string Summary() const;
 
  private:
   Model() = default;
+  std::vector<int64_t> example_shape_;
+  int num_classes_ = 0;
+  uint64_t seed_ = 0;
+  LossConfig loss_;
+  bool from_logits_ = true;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Tensor> activations_;  // activations_[i] = input of layer i+1
   std::vector<Tensor> grads_;        // scratch for backward

@@ -28,6 +28,9 @@ class Tensor {
 
   static Tensor Zeros(std::vector<int64_t> shape) { return Tensor(std::move(shape)); }
 
+  // Host storage only, until the CUDA backend (worker/tensor/cuda/) gives
+  // Tensor device storage; ops dispatch on this.
+  Device device() const { return Device::kCpu; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int i) const { return shape_[i]; }

@@ -1,0 +1,141 @@
+#ifndef DISTRAIN_COMMON_MODEL_SPEC_H_
+#define DISTRAIN_COMMON_MODEL_SPEC_H_
+
+// The model a job trains, as spec.training.model describes it: a Keras
+// Sequential stack (layer class names, arguments, defaults and padding
+// arithmetic are Keras') and its loss. Pure data plus the shape arithmetic
+// that validation (distrain run, the worker) and the runtime's layers share,
+// so a model that validates is a model the worker can build.
+//
+// YAML (one spelling for arguments: Keras' names in camelCase, as every other
+// field of the CRD):
+//   model:
+//     layers:
+//       - Conv2D: {filters: 32, kernelSize: [3, 3], activation: relu}
+//       - MaxPooling2D: {poolSize: [2, 2]}
+//       - Flatten: {}
+//       - Dense: {units: 10, activation: softmax}
+//     loss: {type: SparseCategoricalCrossentropy, fromLogits: false}
+// `{type: mlp, hiddenUnits: [...]}` is a shorthand for Dense+ReLU stacks.
+// docs/models.md lists every layer and argument.
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace distrain {
+
+enum class LayerKind {
+  kInput,                   // {shape}: checked against the dataset's example shape
+  kReshape,                 // {targetShape}: one entry may be -1
+  kConv2D,                  // {filters, kernelSize, strides, padding, activation, useBias}
+  kMaxPooling2D,            // {poolSize, strides, padding}
+  kAveragePooling2D,        // {poolSize, strides, padding}
+  kGlobalAveragePooling2D,  // {}
+  kFlatten,                 // {}
+  kDense,                   // {units, activation, useBias}
+  kDropout,                 // {rate}
+  kBatchNormalization,      // {momentum, epsilon}
+  kActivation,              // {activation}
+};
+// Keras' class name ("Conv2D") and its inverse.
+const char* LayerKindName(LayerKind kind);
+std::optional<LayerKind> ParseLayerKind(const std::string& class_name);
+// Every class name, in the order of the enum (for "did you mean" and docs).
+std::vector<std::string> LayerKindNames();
+
+// Activations by Keras' string name. Gelu is Keras' default, the exact
+// (erf) form.
+enum class ActivationKind { kLinear, kRelu, kSigmoid, kTanh, kSoftmax, kGelu };
+const char* ActivationName(ActivationKind kind);  // "relu"
+std::optional<ActivationKind> ParseActivationName(const std::string& name);
+
+enum class PaddingKind { kValid, kSame };
+
+// One entry of spec.training.model.layers. Fields a layer kind does not use
+// keep their defaults (the parser rejects them as unknown arguments).
+struct LayerConfig {
+  LayerKind kind = LayerKind::kDense;
+  // Keras' `name`; empty: Keras' automatic name (conv2d, conv2d_1, dense, ...),
+  // assigned by AssignLayerNames. Variable names are "<name>/kernel" etc.
+  std::string name;
+  std::vector<int64_t> shape;         // Input: shape; Reshape: targetShape
+  int64_t filters = 0;                // Conv2D
+  int64_t units = 0;                  // Dense
+  std::array<int64_t, 2> kernel_size = {0, 0};  // Conv2D (a scalar means both)
+  std::array<int64_t, 2> pool_size = {2, 2};    // pooling
+  // Conv2D: (1, 1) when unset; pooling: pool_size when unset (Keras).
+  std::optional<std::array<int64_t, 2>> strides;
+  PaddingKind padding = PaddingKind::kValid;
+  ActivationKind activation = ActivationKind::kLinear;  // Conv2D, Dense, Activation
+  bool use_bias = true;
+  double rate = 0;           // Dropout: fraction of inputs dropped, in [0, 1)
+  double momentum = 0.99;    // BatchNormalization (Keras defaults)
+  double epsilon = 1e-3;
+  bool operator==(const LayerConfig&) const = default;
+
+  std::array<int64_t, 2> EffectiveStrides() const;
+};
+
+enum class LossKind {
+  kSparseCategoricalCrossentropy,  // integer labels, output [classes]
+  kCategoricalCrossentropy,        // integer labels one-hot encoded, output [classes]
+  kBinaryCrossentropy,             // labels 0/1, output [1]
+  kMeanSquaredError,               // output [classes]: one-hot targets; [1]: the label value
+};
+const char* LossKindName(LossKind kind);  // "SparseCategoricalCrossentropy"
+std::optional<LossKind> ParseLossKindName(const std::string& name);
+
+// spec.training.model.loss. Metrics: "accuracy" as Keras resolves it for the
+// loss (sparse_categorical_accuracy, categorical_accuracy, binary_accuracy).
+struct LossConfig {
+  LossKind kind = LossKind::kSparseCategoricalCrossentropy;
+  // Unset: true for the mlp shorthand (its last Dense has no activation),
+  // false for a layers model (Keras' default).
+  std::optional<bool> from_logits;
+  bool operator==(const LossConfig&) const = default;
+};
+
+// Keras' padding arithmetic along one spatial axis. valid: out =
+// floor((in - k) / s) + 1, no padding; same: out = ceil(in / s), total
+// padding max((out - 1) s + k - in, 0), the odd element at the end (bottom /
+// right), as TensorFlow does. out <= 0 means the window does not fit.
+struct AxisWindow {
+  int64_t out = 0;
+  int64_t pad_before = 0;
+  int64_t pad_after = 0;
+};
+AxisWindow KerasAxisWindow(int64_t in, int64_t kernel, int64_t stride, PaddingKind padding);
+
+// Gives every layer without a name Keras' automatic one: the snake_case of
+// the class name, then _1, _2, ... for repeats (conv2d, conv2d_1, ...).
+void AssignLayerNames(std::vector<LayerConfig>* layers);
+
+// The shape after each layer, per example (no batch dimension), from the
+// dataset's example shape (IDX images: {28, 28, 1}; CSV and synthetic rows:
+// {features}). Every mistake is reported, each naming the layer —
+// "spec.training.model.layers[3] (Dense): expects a 1-D input but gets
+// [13, 13, 32]; add Flatten before it" — in one InvalidArgument status.
+absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
+    const std::vector<LayerConfig>& layers, const std::vector<int64_t>& example_shape);
+
+// Checks the model's output against the data and the loss: the last shape
+// must be [num_classes] for the categorical losses and MeanSquaredError, or
+// [1] for BinaryCrossentropy (num_classes must then be 2) or MeanSquaredError.
+absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,
+                              const LossConfig& loss);
+
+// What Keras would warn about at compile time, e.g. a Softmax output with
+// fromLogits: true ("... was produced by a Softmax activation and thus does
+// not represent logits. Was this intended?"). Empty when nothing to say.
+std::vector<std::string> ModelWarnings(const std::vector<LayerConfig>& layers,
+                                       const LossConfig& loss);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_COMMON_MODEL_SPEC_H_

@@ -1,0 +1,151 @@
+#ifndef DISTRAIN_WORKER_TENSOR_OPS_H_
+#define DISTRAIN_WORKER_TENSOR_OPS_H_
+
+// The op seam (docs/architecture.md, "Tensors, ops and backends"). Layers,
+// losses and optimizers call these functions and nothing below them; each
+// op dispatches on its tensors' device to a backend:
+//   * CPU (worker/tensor/cpu/): oneDNN for convolution, pooling and batch
+//     norm — TensorFlow's own CPU path — OpenBLAS and the hand-written small
+//     GEMM for matrix products (cpu_math.h), own vectorised loops for
+//     element-wise math;
+//   * CUDA (worker/tensor/cuda/, the GPU issue): cuBLAS, cuDNN, own kernels.
+// Element-wise math is written once, as functors in elementwise.h that the
+// CPU loops and the CUDA launchers both run.
+//
+// Conventions: images are NHWC and Conv2D kernels HWIO ([kh, kw, in, out]),
+// as Keras stores them; every tensor is dense row-major. Outputs are resized
+// by the op; inputs and outputs of one call must not alias unless the op
+// says so. All tensors of one call live on the same device. Ops CHECK their
+// shapes (a mismatch is a bug in the caller: user input is validated long
+// before, in common/model_spec.h).
+//
+// Thread-safety: ops are reentrant. Backends may cache per-shape state (the
+// CPU backend keeps oneDNN primitives per thread), so the first call for a
+// shape on a thread is slower than the rest.
+
+#include <array>
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "common/model_spec.h"
+#include "worker/tensor/tensor.h"
+
+namespace distrain::ops {
+
+// ---- Matrix products and broadcasts ----------------------------------------
+
+// c[m, n] = alpha * op(a) * op(b) + beta * c on the first m*k / k*n / m*n
+// elements of the tensors' storage (tensors of any rank are viewed as the
+// row-major matrices the caller names). beta == 0 ignores c's contents.
+void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const Tensor& a, const Tensor& b, float beta, Tensor* c);
+// y[..., c] += bias[c] over the last axis (size bias.size()).
+void BiasAdd(const Tensor& bias, Tensor* y);
+// y[..., c] = bias[c] (before a MatMul with beta = 1).
+void BroadcastBias(const Tensor& bias, Tensor* y);
+// dbias[c] = sum of dy[..., c] over every other axis; dbias is overwritten.
+void BiasGrad(const Tensor& dy, Tensor* dbias);
+
+// ---- Activations (elementwise.h has the math) ------------------------------
+
+// y = f(x); softmax is over the last axis. y may alias x.
+void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y);
+// dx = dy * f'(x), given the forward input x and output y (each kind reads
+// the one it needs). dx may alias dy.
+void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        Tensor* dx);
+
+// ---- Dropout ---------------------------------------------------------------
+
+// Keras' Dropout while training: y = x * keep / (1 - rate), keep[i] drawn
+// with probability 1 - rate from a counter-based generator of (stream, i),
+// so the mask is a pure function of the stream and identical on every
+// device. mask receives keep / (1 - rate) (0 or the scale) for Backward.
+void DropoutForward(double rate, uint64_t stream, const Tensor& x, Tensor* y, Tensor* mask);
+// dx = dy * mask.
+void DropoutBackward(const Tensor& mask, const Tensor& dy, Tensor* dx);
+
+// ---- Windowed ops over NHWC images (CPU: oneDNN) ---------------------------
+
+// The geometry of a Conv2D or pooling call; KerasWindow2D fills it with
+// Keras' padding arithmetic (common/model_spec.h).
+struct Window2D {
+  int64_t batch = 0, in_h = 0, in_w = 0, in_c = 0;
+  int64_t out_h = 0, out_w = 0, out_c = 0;  // pooling: out_c == in_c
+  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1;
+  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  bool operator==(const Window2D&) const = default;
+};
+Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, int64_t out_c,
+                       std::array<int64_t, 2> kernel, std::array<int64_t, 2> strides,
+                       PaddingKind padding);
+
+// y[N, OH, OW, F] = conv(x[N, H, W, C], kernel[KH, KW, C, F]) + bias[F];
+// bias may be null. Cross-correlation, as TensorFlow's conv2d.
+void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
+                   Tensor* y);
+// dx[N, H, W, C] from dy[N, OH, OW, F] and the kernel.
+void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx);
+// dkernel[KH, KW, C, F] (overwritten) and, when not null, dbias[F].
+void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
+                           Tensor* dbias);
+
+enum class PoolKind { kMax, kAverage };
+// y[N, OH, OW, C]. Max pooling never selects padding; average pooling
+// divides by the number of real (unpadded) inputs in the window, as
+// TensorFlow does for padding 'same'. `workspace` receives what the backward
+// pass needs (the backend's argmax record for max pooling); it is owned by
+// the caller and opaque to it.
+void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,
+                   Tensor* workspace);
+// dx[N, H, W, C] (overwritten) from dy and the forward call's x, y and workspace.
+void Pool2DBackward(PoolKind kind, const Window2D& w, const Tensor& x, const Tensor& y,
+                    const Tensor& dy, const Tensor& workspace, Tensor* dx);
+
+// ---- Batch normalisation over the last axis (CPU: oneDNN) ------------------
+// x is viewed as [M, C], C = gamma.size(): every axis but the last is
+// reduced, as Keras' BatchNormalization(axis=-1).
+
+// Training: y = gamma (x - mean) / sqrt(var + eps) + beta with the batch's
+// mean and biased variance, which are written to batch_mean and batch_var.
+void BatchNormForwardTraining(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float epsilon, Tensor* y, Tensor* batch_mean, Tensor* batch_var);
+// Inference: the same with the given (moving) mean and variance.
+void BatchNormForwardInference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& mean, const Tensor& var, float epsilon, Tensor* y);
+// Gradients of the training forward pass: dx, dgamma, dbeta (overwritten).
+void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                       const Tensor& batch_mean, const Tensor& batch_var, float epsilon,
+                       Tensor* dx, Tensor* dgamma, Tensor* dbeta);
+
+// ---- Pooling without a window ----------------------------------------------
+
+// y[N, C] = mean of x[N, H, W, C] over H and W; dx spreads dy evenly back.
+void GlobalAveragePool2DForward(const Tensor& x, Tensor* y);
+void GlobalAveragePool2DBackward(const Tensor& dy, int64_t h, int64_t w, Tensor* dx);
+
+// ---- Losses ----------------------------------------------------------------
+
+struct LossSums {
+  double loss_sum = 0;  // summed over the rows (the caller divides by the batch)
+  int64_t correct = 0;  // rows the accuracy metric counts as right
+};
+// Loss over a batch of outputs [batch, width] and integer labels, Keras'
+// semantics for (kind, from_logits) (common/model_spec.h: LossKind). When
+// grad is not null it receives d(loss_sum * grad_scale)/d(output).
+LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
+              absl::Span<const int32_t> labels, float grad_scale, Tensor* grad);
+
+// ---- Device transfers -------------------------------------------------------
+
+// Copies src into dst (resized), across devices when they differ.
+void Copy(const Tensor& src, Tensor* dst);
+
+// Gives each thread that calls ops an equal share of the cores: oneDNN's
+// OpenMP team and OpenBLAS (cpu_math.h SetBlasThreads) both follow it. Call
+// from the thread whose ops it governs (replica threads call it once).
+void SetCpuThreadsForThisThread(int threads);
+
+}  // namespace distrain::ops
+
+#endif  // DISTRAIN_WORKER_TENSOR_OPS_H_
