@@ -1,0 +1,541 @@
+#include "common/model_spec.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace distrain {
+namespace {
+
+struct LayerKindEntry {
+  LayerKind kind;
+  const char* class_name;  // Keras' class
+  const char* auto_name;   // Keras' automatic layer name (snake_case of the class)
+};
+
+// In the order of the enum.
+constexpr LayerKindEntry kLayerKinds[] = {
+    // Keras 3 names an Input's layer "input_layer" (Keras 2 said "input_1").
+    {LayerKind::kInput, "Input", "input_layer"},
+    {LayerKind::kReshape, "Reshape", "reshape"},
+    {LayerKind::kConv2D, "Conv2D", "conv2d"},
+    {LayerKind::kMaxPooling2D, "MaxPooling2D", "max_pooling2d"},
+    {LayerKind::kAveragePooling2D, "AveragePooling2D", "average_pooling2d"},
+    {LayerKind::kGlobalAveragePooling2D, "GlobalAveragePooling2D", "global_average_pooling2d"},
+    {LayerKind::kFlatten, "Flatten", "flatten"},
+    {LayerKind::kDense, "Dense", "dense"},
+    {LayerKind::kDropout, "Dropout", "dropout"},
+    {LayerKind::kBatchNormalization, "BatchNormalization", "batch_normalization"},
+    {LayerKind::kActivation, "Activation", "activation"},
+};
+
+constexpr std::pair<ActivationKind, const char*> kActivations[] = {
+    {ActivationKind::kLinear, "linear"},   {ActivationKind::kRelu, "relu"},
+    {ActivationKind::kSigmoid, "sigmoid"}, {ActivationKind::kTanh, "tanh"},
+    {ActivationKind::kSoftmax, "softmax"}, {ActivationKind::kGelu, "gelu"},
+};
+
+constexpr std::pair<LossKind, const char*> kLosses[] = {
+    {LossKind::kSparseCategoricalCrossentropy, "SparseCategoricalCrossentropy"},
+    {LossKind::kCategoricalCrossentropy, "CategoricalCrossentropy"},
+    {LossKind::kBinaryCrossentropy, "BinaryCrossentropy"},
+    {LossKind::kMeanSquaredError, "MeanSquaredError"},
+};
+
+const char* AutoName(LayerKind kind) {
+  for (const LayerKindEntry& e : kLayerKinds) {
+    if (e.kind == kind) return e.auto_name;
+  }
+  return "layer";
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string PairString(const std::array<int64_t, 2>& pair) {
+  return absl::StrCat("[", pair[0], ", ", pair[1], "]");
+}
+
+// Product of the dimensions, saturating so that absurd shapes compare as
+// "too many" instead of wrapping.
+int64_t Elements(const std::vector<int64_t>& shape) {
+  constexpr int64_t kCap = int64_t{1} << 62;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d <= 0) return 0;
+    if (n > kCap / d) return kCap;
+    n *= d;
+  }
+  return n;
+}
+
+const char* PaddingName(PaddingKind padding) {
+  return padding == PaddingKind::kSame ? "same" : "valid";
+}
+
+// Collects the problems of one model; every message starts with the layer.
+class ModelIssues {
+ public:
+  void Add(size_t index, LayerKind kind, const std::string& message) {
+    lines_.push_back(absl::StrCat("spec.training.model.layers[", index, "] (",
+                                  LayerKindName(kind), "): ", message));
+  }
+  void AddGeneral(const std::string& message) { lines_.push_back(message); }
+  bool empty() const { return lines_.empty(); }
+  size_t size() const { return lines_.size(); }
+  absl::Status ToStatus() const { return absl::InvalidArgumentError(absl::StrJoin(lines_, "\n")); }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// Conv2D and pooling: the 2-D window along both spatial axes. Returns the
+// output's spatial size, or nullopt after reporting why there is none.
+std::optional<std::array<int64_t, 2>> SpatialOutput(const LayerConfig& layer, size_t index,
+                                                    const std::vector<int64_t>& in,
+                                                    const std::array<int64_t, 2>& window,
+                                                    const char* window_field,
+                                                    ModelIssues* issues) {
+  const std::array<int64_t, 2> strides = layer.EffectiveStrides();
+  const AxisWindow rows = KerasAxisWindow(in[0], window[0], strides[0], layer.padding);
+  const AxisWindow cols = KerasAxisWindow(in[1], window[1], strides[1], layer.padding);
+  if (rows.out > 0 && cols.out > 0) return std::array<int64_t, 2>{rows.out, cols.out};
+  issues->Add(index, layer.kind,
+              absl::StrCat(window_field, " ", PairString(window),
+                           " is larger than its input's spatial size [", in[0], ", ", in[1],
+                           "] (input ", ShapeString(in), ", padding ", PaddingName(layer.padding),
+                           "); use a smaller ", window_field,
+                           layer.padding == PaddingKind::kValid ? ", padding: same," : "",
+                           " or remove a downsampling layer before it"));
+  return std::nullopt;
+}
+
+// Argument checks that need no shape; true when the layer's own arguments
+// are fine.
+bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues) {
+  const size_t before = issues->size();
+  auto positive_pair = [&](const std::array<int64_t, 2>& pair, const char* field) {
+    if (pair[0] < 1 || pair[1] < 1) {
+      issues->Add(index, layer.kind,
+                  absl::StrCat(field, " must be positive integers, got ", PairString(pair)));
+    }
+  };
+  switch (layer.kind) {
+    case LayerKind::kInput:
+      if (layer.shape.empty() || Elements(layer.shape) == 0) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("shape must be a non-empty list of positive integers (the "
+                                 "example's shape without the batch), got ",
+                                 ShapeString(layer.shape)));
+      }
+      break;
+    case LayerKind::kReshape: {
+      int unknowns = 0;
+      bool bad = layer.shape.empty();
+      for (int64_t d : layer.shape) {
+        if (d == -1) {
+          ++unknowns;
+        } else if (d < 1) {
+          bad = true;
+        }
+      }
+      if (bad) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("targetShape must be a non-empty list of positive integers (one "
+                                 "may be -1), got ",
+                                 ShapeString(layer.shape)));
+      }
+      if (unknowns > 1) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("targetShape ", ShapeString(layer.shape), " has ", unknowns,
+                                 " entries of -1; at most one dimension can be inferred"));
+      }
+      break;
+    }
+    case LayerKind::kConv2D:
+      if (layer.filters < 1) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("filters must be a positive integer, got ", layer.filters));
+      }
+      positive_pair(layer.kernel_size, "kernelSize");
+      if (layer.strides) positive_pair(*layer.strides, "strides");
+      break;
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
+      positive_pair(layer.pool_size, "poolSize");
+      if (layer.strides) positive_pair(*layer.strides, "strides");
+      break;
+    case LayerKind::kDense:
+      if (layer.units < 1) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("units must be a positive integer, got ", layer.units));
+      }
+      break;
+    case LayerKind::kDropout:
+      if (!(layer.rate >= 0 && layer.rate < 1)) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("rate must be in [0, 1) (the fraction of inputs dropped), got ",
+                                 layer.rate));
+      }
+      break;
+    case LayerKind::kBatchNormalization:
+      if (!(layer.momentum >= 0 && layer.momentum <= 1)) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("momentum must be in [0, 1], got ", layer.momentum));
+      }
+      if (!(layer.epsilon > 0)) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("epsilon must be a positive number, got ", layer.epsilon));
+      }
+      break;
+    case LayerKind::kGlobalAveragePooling2D:
+    case LayerKind::kFlatten:
+    case LayerKind::kActivation:
+      break;
+  }
+  if (layer.name.find('/') != std::string::npos) {
+    issues->Add(index, layer.kind,
+                absl::StrCat("name \"", layer.name,
+                             "\" contains '/', which separates a layer's name from its variables' "
+                             "(\"<name>/kernel\"); choose a name without '/'"));
+  }
+  return issues->size() == before;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+const char* LayerKindName(LayerKind kind) {
+  for (const LayerKindEntry& e : kLayerKinds) {
+    if (e.kind == kind) return e.class_name;
+  }
+  return "Unknown";
+}
+
+std::optional<LayerKind> ParseLayerKind(const std::string& class_name) {
+  for (const LayerKindEntry& e : kLayerKinds) {
+    if (class_name == e.class_name) return e.kind;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> LayerKindNames() {
+  std::vector<std::string> names;
+  for (const LayerKindEntry& e : kLayerKinds) names.push_back(e.class_name);
+  return names;
+}
+
+const char* ActivationName(ActivationKind kind) {
+  for (const auto& [k, name] : kActivations) {
+    if (k == kind) return name;
+  }
+  return "unknown";
+}
+
+std::optional<ActivationKind> ParseActivationName(const std::string& name) {
+  for (const auto& [k, n] : kActivations) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
+const char* LossKindName(LossKind kind) {
+  for (const auto& [k, name] : kLosses) {
+    if (k == kind) return name;
+  }
+  return "Unknown";
+}
+
+std::optional<LossKind> ParseLossKindName(const std::string& name) {
+  for (const auto& [k, n] : kLosses) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
+std::array<int64_t, 2> LayerConfig::EffectiveStrides() const {
+  if (strides) return *strides;
+  // Keras: pooling layers stride by their window unless told otherwise.
+  if (kind == LayerKind::kMaxPooling2D || kind == LayerKind::kAveragePooling2D) return pool_size;
+  return {1, 1};
+}
+
+AxisWindow KerasAxisWindow(int64_t in, int64_t kernel, int64_t stride, PaddingKind padding) {
+  AxisWindow w;
+  if (in <= 0 || kernel <= 0 || stride <= 0) return w;
+  if (padding == PaddingKind::kValid) {
+    // floor((in - k) / s) + 1 with a true floor: a kernel larger than the
+    // input gives out <= 0 rather than C++'s truncation towards zero.
+    const int64_t span = in - kernel;
+    const int64_t q = span >= 0 ? span / stride : -((-span + stride - 1) / stride);
+    w.out = q + 1;
+    return w;
+  }
+  w.out = (in + stride - 1) / stride;
+  const int64_t total = std::max<int64_t>((w.out - 1) * stride + kernel - in, 0);
+  // TensorFlow puts the odd element of padding after (bottom / right).
+  w.pad_before = total / 2;
+  w.pad_after = total - w.pad_before;
+  return w;
+}
+
+void AssignLayerNames(std::vector<LayerConfig>* layers) {
+  // Names the user chose stay, and automatic names step around them, so a
+  // user's "dense_1" and an unnamed Dense never collide.
+  std::set<std::string> taken;
+  for (const LayerConfig& layer : *layers) {
+    if (!layer.name.empty()) taken.insert(layer.name);
+  }
+  std::map<LayerKind, int> next;  // per class, like Keras' per-prefix counter
+  for (LayerConfig& layer : *layers) {
+    if (!layer.name.empty()) continue;
+    const std::string base = AutoName(layer.kind);
+    int& n = next[layer.kind];
+    std::string name;
+    do {
+      name = n == 0 ? base : absl::StrCat(base, "_", n);
+      ++n;
+    } while (taken.count(name));
+    taken.insert(name);
+    layer.name = std::move(name);
+  }
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
+    const std::vector<LayerConfig>& layers, const std::vector<int64_t>& example_shape) {
+  ModelIssues issues;
+  std::optional<std::vector<int64_t>> current;  // nullopt: unknown after an error
+  if (example_shape.empty() || Elements(example_shape) == 0) {
+    issues.AddGeneral(absl::StrCat("spec.training.dataset: the example shape ",
+                                   ShapeString(example_shape),
+                                   " is not a list of positive sizes; check the dataset"));
+  } else {
+    current = example_shape;
+  }
+
+  std::vector<std::vector<int64_t>> shapes;
+  std::map<std::string, size_t> names;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerConfig& layer = layers[i];
+    if (!layer.name.empty()) {
+      auto [it, inserted] = names.emplace(layer.name, i);
+      if (!inserted) {
+        issues.Add(i, layer.kind,
+                   absl::StrCat("name \"", layer.name, "\" is already used by layers[",
+                                it->second, "]; layer names must be unique (they name the "
+                                            "variables in checkpoints)"));
+      }
+    }
+    const bool arguments_ok = CheckArguments(layer, i, &issues);
+    std::optional<std::vector<int64_t>> out;
+    const std::string in_text = current ? ShapeString(*current) : "";
+    switch (layer.kind) {
+      case LayerKind::kInput:
+        if (i != 0) {
+          issues.Add(i, layer.kind,
+                     "Input must be the first layer (it declares the example's shape); move it "
+                     "to layers[0] or remove it");
+        }
+        if (arguments_ok) {
+          out = layer.shape;
+          if (i == 0 && current && *current != layer.shape) {
+            issues.Add(i, layer.kind,
+                       absl::StrCat("shape ", ShapeString(layer.shape),
+                                    " differs from the dataset's example shape ", in_text,
+                                    "; set shape: ", in_text,
+                                    ", or add a Reshape after the Input"));
+          }
+        }
+        break;
+      case LayerKind::kReshape: {
+        if (!arguments_ok || !current) break;
+        const int64_t in_elements = Elements(*current);
+        int64_t known = 1;
+        int unknown_at = -1;
+        for (size_t d = 0; d < layer.shape.size(); ++d) {
+          if (layer.shape[d] == -1) {
+            unknown_at = static_cast<int>(d);
+          } else {
+            known = Elements({known, layer.shape[d]});
+          }
+        }
+        if (unknown_at < 0 && known != in_elements) {
+          issues.Add(i, layer.kind,
+                     absl::StrCat("targetShape ", ShapeString(layer.shape), " has ", known,
+                                  " elements but its input ", in_text, " has ", in_elements,
+                                  "; the element counts must match"));
+        } else if (unknown_at >= 0 && in_elements % known != 0) {
+          issues.Add(i, layer.kind,
+                     absl::StrCat("targetShape ", ShapeString(layer.shape), ": its input ",
+                                  in_text, " has ", in_elements,
+                                  " elements, which is not a multiple of ", known,
+                                  ", so the -1 dimension cannot be inferred"));
+        } else {
+          out = layer.shape;
+          if (unknown_at >= 0) (*out)[unknown_at] = in_elements / known;
+        }
+        break;
+      }
+      case LayerKind::kConv2D:
+      case LayerKind::kMaxPooling2D:
+      case LayerKind::kAveragePooling2D:
+      case LayerKind::kGlobalAveragePooling2D: {
+        if (!current) break;
+        if (current->size() != 3) {
+          std::string fix = "add Flatten and Dense layers instead";
+          if (current->size() == 1) {
+            // A row of features: suggest the square image it may be.
+            const int64_t n = (*current)[0];
+            int64_t side = 1;
+            while ((side + 1) * (side + 1) <= n) ++side;
+            fix = side * side == n && side > 1
+                      ? absl::StrCat("add Reshape: {targetShape: [", side, ", ", side,
+                                     ", 1]} before it")
+                      : "add a Reshape to [rows, cols, channels] before it";
+          }
+          issues.Add(i, layer.kind,
+                     absl::StrCat("expects a 3-D input [rows, cols, channels] but gets ",
+                                  in_text, "; ", fix));
+          break;
+        }
+        if (!arguments_ok) break;
+        if (layer.kind == LayerKind::kGlobalAveragePooling2D) {
+          out = std::vector<int64_t>{(*current)[2]};
+          break;
+        }
+        const bool conv = layer.kind == LayerKind::kConv2D;
+        std::optional<std::array<int64_t, 2>> spatial =
+            SpatialOutput(layer, i, *current, conv ? layer.kernel_size : layer.pool_size,
+                          conv ? "kernelSize" : "poolSize", &issues);
+        if (spatial) {
+          out = std::vector<int64_t>{(*spatial)[0], (*spatial)[1],
+                                     conv ? layer.filters : (*current)[2]};
+        }
+        break;
+      }
+      case LayerKind::kFlatten:
+        if (current) out = std::vector<int64_t>{Elements(*current)};
+        break;
+      case LayerKind::kDense:
+        if (current && current->size() != 1) {
+          issues.Add(i, layer.kind,
+                     absl::StrCat("expects a 1-D input but gets ", in_text,
+                                  "; add Flatten (or GlobalAveragePooling2D) before it"));
+        }
+        // Carry on as if flattened, so later layers are still checked.
+        if (arguments_ok && current) out = std::vector<int64_t>{layer.units};
+        break;
+      case LayerKind::kDropout:
+      case LayerKind::kBatchNormalization:
+      case LayerKind::kActivation:
+        out = current;
+        break;
+    }
+    current = out;
+    shapes.push_back(out.value_or(std::vector<int64_t>{}));
+  }
+  if (!issues.empty()) return issues.ToStatus();
+  return shapes;
+}
+
+absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,
+                              const LossConfig& loss) {
+  const std::string got = ShapeString(output_shape);
+  const char* loss_name = LossKindName(loss.kind);
+  const bool rank1 = output_shape.size() == 1;
+  const std::string classes =
+      num_classes > 0 ? absl::StrCat(num_classes) : std::string("the number of classes");
+  switch (loss.kind) {
+    case LossKind::kSparseCategoricalCrossentropy:
+    case LossKind::kCategoricalCrossentropy:
+      if (!rank1 || (num_classes > 0 && output_shape[0] != num_classes)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.training.model.layers: the model's output is ", got, " but ", loss_name,
+            " needs one value per class, [", classes,
+            "]; end the model with Dense: {units: ", classes, "}",
+            rank1 ? "" : " after a Flatten"));
+      }
+      break;
+    case LossKind::kBinaryCrossentropy:
+      if (num_classes > 0 && num_classes != 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.training.model.loss.type: BinaryCrossentropy needs labels 0 and 1, but the "
+            "dataset has ",
+            num_classes,
+            " classes; use SparseCategoricalCrossentropy or set spec.training.dataset.numClasses: "
+            "2"));
+      }
+      if (!rank1 || output_shape[0] != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.training.model.layers: the model's output is ", got,
+            " but BinaryCrossentropy needs [1] (the probability, or logit, of class 1); end the "
+            "model with Dense: {units: 1}"));
+      }
+      break;
+    case LossKind::kMeanSquaredError:
+      if (!rank1 || (output_shape[0] != 1 && num_classes > 0 && output_shape[0] != num_classes)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.training.model.layers: the model's output is ", got,
+            " but MeanSquaredError needs [", classes,
+            "] (one-hot targets) or [1] (the label's value); end the model with Dense: {units: ",
+            classes, "} or Dense: {units: 1}"));
+      }
+      break;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ModelWarnings(const std::vector<LayerConfig>& layers,
+                                       const LossConfig& loss) {
+  std::vector<std::string> warnings;
+  if (layers.empty() || !loss.from_logits.value_or(false)) return warnings;
+  // Keras looks at the op that produced the output tensor, so only the last
+  // layer counts: a Flatten or Dropout after a softmax hides it from Keras too.
+  const LayerConfig& last = layers.back();
+  const bool has_activation = last.kind == LayerKind::kDense ||
+                              last.kind == LayerKind::kConv2D ||
+                              last.kind == LayerKind::kActivation;
+  if (!has_activation) return warnings;
+  const char* fn = nullptr;
+  const char* op = nullptr;
+  switch (loss.kind) {
+    case LossKind::kSparseCategoricalCrossentropy:
+      fn = "sparse_categorical_crossentropy";
+      op = "Softmax";
+      break;
+    case LossKind::kCategoricalCrossentropy:
+      fn = "categorical_crossentropy";
+      op = "Softmax";
+      break;
+    case LossKind::kBinaryCrossentropy:
+      fn = "binary_crossentropy";
+      op = "Sigmoid";
+      break;
+    case LossKind::kMeanSquaredError:
+      return warnings;
+  }
+  const ActivationKind expected =
+      std::string(op) == "Softmax" ? ActivationKind::kSoftmax : ActivationKind::kSigmoid;
+  if (last.activation != expected) return warnings;
+  // Keras' own wording, so a Keras user recognises it, then where and the fix.
+  warnings.push_back(absl::StrCat(
+      "`", fn, "` received `from_logits=True`, but the `output` argument was produced by a ", op,
+      " activation and thus does not represent logits. Was this intended? "
+      "(spec.training.model.layers[",
+      layers.size() - 1, "] (", LayerKindName(last.kind), ") has activation: ",
+      ActivationName(last.activation), " and spec.training.model.loss.fromLogits is true; remove "
+      "the activation or set fromLogits: false)"));
+  return warnings;
+}
+
+}  // namespace distrain
