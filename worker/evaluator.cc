@@ -11,6 +11,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "spdlog/spdlog.h"
+#include "worker/strategy/variable_state.h"
 
 namespace distrain {
 namespace {
@@ -132,23 +133,33 @@ absl::Status Evaluator::LoadVariables(const CheckpointState& state, const std::s
     return it == state.tensors.end() ? nullptr : &it->second;
   };
   if (model_ == nullptr) {
-    // The output layer's width is the training data's class count, which the
-    // eval data alone may not show; the checkpoint knows it.
-    const std::string output =
-        absl::StrCat("dense_", config_.training.model.hidden_units.size(), "/kernel");
-    const Tensor* kernel = tensor_of(output);
-    if (kernel == nullptr || kernel->rank() != 2) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": has no 2-D variable '", output, "' for the output layer of the model in "
-          "spec.training.model; it was written by a different job — point the Evaluator at "
-          "this job's checkpoint directory"));
+    // The class count is the training data's, which the eval data alone may
+    // not show; the checkpoint records it (older checkpoints of the mlp
+    // shorthand: the output layer's width).
+    int num_classes = 0;
+    if (auto it = state.metadata.find(kCheckpointNumClassesKey); it != state.metadata.end()) {
+      if (!absl::SimpleAtoi(it->second, &num_classes) || num_classes < 2) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, ": bad ", kCheckpointNumClassesKey, " '", it->second, "'"));
+      }
+    } else {
+      const std::string output =
+          absl::StrCat("dense_", config_.training.model.hidden_units.size(), "/kernel");
+      const Tensor* kernel = tensor_of(output);
+      if (kernel == nullptr || kernel->rank() != 2) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, ": has no 2-D variable '", output, "' for the output layer of the model in "
+            "spec.training.model; it was written by a different job — point the Evaluator at "
+            "this job's checkpoint directory"));
+      }
+      num_classes = static_cast<int>(kernel->dim(1));
     }
-    auto model = Model::Create(config_.training.model, eval_data_->num_features(),
-                               static_cast<int>(kernel->dim(1)), config_.training.seed);
+    auto model = Model::Create(config_.training.model, eval_data_->example_shape(), num_classes,
+                               config_.training.seed);
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
   }
-  for (Parameter* p : model_->parameters()) {
+  for (Parameter* p : AllVariables(*model_)) {
     const Tensor* t = tensor_of(p->name);
     if (t == nullptr) {
       return absl::FailedPreconditionError(

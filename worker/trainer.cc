@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/exit_codes.h"
 #include "common/logging.h"
@@ -164,18 +165,19 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   }
   int num_classes = train_data->num_classes();
   if (eval_data != nullptr) num_classes = std::max(num_classes, eval_data->num_classes());
-  if (eval_data != nullptr && eval_data->num_features() != train_data->num_features()) {
+  if (eval_data != nullptr && eval_data->example_shape() != train_data->example_shape()) {
     return fail(kExitInvalidData,
                 absl::InvalidArgumentError(absl::StrCat(
-                    "spec.training.dataset.evalFiles: eval examples have ",
-                    eval_data->num_features(), " features but training examples have ",
-                    train_data->num_features())));
+                    "spec.training.dataset.evalFiles: eval examples have shape [",
+                    absl::StrJoin(eval_data->example_shape(), ", "),
+                    "] but training examples have [",
+                    absl::StrJoin(train_data->example_shape(), ", "), "]")));
   }
 
   // 2. Variables, identical on every replica.
-  const int num_features = train_data->num_features();
+  const std::vector<int64_t> example_shape = train_data->example_shape();
   ModelFactory factory = [&]() {
-    return Model::Create(tc.model, num_features, num_classes, tc.seed);
+    return Model::Create(tc.model, example_shape, num_classes, tc.seed);
   };
   if (absl::Status s = strategy_->CreateVariables(factory, tc.optimizer); !s.ok()) {
     return fail(ExitCodeForStrategyError(s), s);
@@ -222,6 +224,9 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       return state.status();
     }
     state->metadata["strategy"] = strategy_->name();
+    // What an Evaluator needs to build the model without the training data.
+    state->metadata[kCheckpointNumClassesKey] =
+        absl::StrCat(strategy_->primary_model()->num_classes());
     if (absl::Status s = checkpoints->Save(*state); !s.ok()) return s;
     if (env_.metrics) env_.metrics->checkpoint_duration.Observe(NowSeconds() - t0);
     // state->step: an asynchronous strategy stopping early may have completed
@@ -288,13 +293,16 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     if (source != nullptr) batch = source->Next();
     const int64_t b = static_cast<int64_t>(batch.labels.size());
     StepFn step_fn = [&](ReplicaContext& ctx) {
+      const StepContext step_context{step, ctx.replica_id_in_sync};
       if (local_replicas == 1) {
-        return ctx.model->TrainStep(batch.features, batch.labels, ctx.on_layer_grads_ready);
+        return ctx.model->TrainStep(batch.features, batch.labels, ctx.on_layer_grads_ready, {},
+                                    step_context);
       }
       const int64_t per_replica = b / local_replicas;
       const int r = ctx.local_replica;
       SliceBatch(batch, r * per_replica, (r + 1) * per_replica, &slice_features[r], &slice_labels[r]);
-      return ctx.model->TrainStep(slice_features[r], slice_labels[r], ctx.on_layer_grads_ready);
+      return ctx.model->TrainStep(slice_features[r], slice_labels[r], ctx.on_layer_grads_ready, {},
+                                  step_context);
     };
     auto out = strategy_->Run(step_fn, b);
     if (!out.ok()) {

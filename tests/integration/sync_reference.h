@@ -16,10 +16,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
 #include "worker/checkpoint/checkpoint.h"
 
@@ -103,6 +105,67 @@ inline void ExpectSameVariables(const std::map<std::string, Tensor>& got,
   }
   std::cout << "max abs difference from OneDevice: " << overall << "\n";
 }
+
+// The processes of a chief + N workers job, started with their own TF_CONFIG
+// the way the operator starts pods.
+struct SyncCluster {
+  std::vector<std::string> tasks;  // "chief-0", "worker-0", ...
+  std::vector<std::string> addresses;
+  std::vector<int> metrics_ports;
+  std::vector<std::unique_ptr<Subprocess>> processes;
+  int64_t steps;  // of the job: one checksum line each
+
+  SyncCluster(const std::string& job, const std::string& dir, int workers, int64_t steps)
+      : steps(steps) {
+    const int n = workers + 1;
+    std::vector<int> ports = testing::FreeLoopbackPorts(2 * n);
+    std::string worker_list;
+    for (int i = 0; i < n; ++i) {
+      addresses.push_back("127.0.0.1:" + std::to_string(ports[i]));
+      metrics_ports.push_back(ports[n + i]);
+      if (i > 0) worker_list += std::string(i > 1 ? "," : "") + "\"" + addresses[i] + "\"";
+    }
+    const std::string cluster =
+        R"({"chief":[")" + addresses[0] + R"("],"worker":[)" + worker_list + "]}";
+    for (int i = 0; i < n; ++i) {
+      const std::string type = i == 0 ? "chief" : "worker";
+      const int index = i == 0 ? 0 : i - 1;
+      tasks.push_back(type + "-" + std::to_string(index));
+      const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
+                                    R"(","index":)" + std::to_string(index) + "}}";
+      processes.push_back(std::make_unique<Subprocess>(
+          // Only the chief's directory is shared with later runs, as in
+          // Kubernetes where the other pods may have no volume at all.
+          std::vector<std::string>{WorkerBinary(), "--config", job, "--tf-config", tf_config,
+                                   "--checkpoint-dir",
+                                   dir + (i == 0 ? "/ckpt" : "/ckpt-" + tasks[i]), "--metrics-port",
+                                   std::to_string(metrics_ports[i])},
+          std::map<std::string, std::string>{
+              {"OPENBLAS_NUM_THREADS", "1"},
+              {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}}));
+    }
+  }
+
+  void ExpectAllSucceed(double seconds) {
+    for (size_t i = 0; i < processes.size(); ++i) {
+      auto rc = processes[i]->Wait(seconds);
+      ASSERT_TRUE(rc.has_value()) << tasks[i] << " did not finish:\n" << processes[i]->output();
+      EXPECT_EQ(*rc, 0) << tasks[i] << ":\n" << processes[i]->output();
+    }
+  }
+
+  // Every process held the same parameters after every step (the job must
+  // run with DISTRAIN_PARAM_CHECKSUM_FILE, as the constructor sets it).
+  void ExpectIdenticalChecksums(const std::string& dir) {
+    const auto chief = ReadLines(dir + "/checksums.chief-0.txt");
+    ASSERT_EQ(chief.size(), static_cast<size_t>(steps));
+    EXPECT_EQ(chief.front().substr(0, 2), "1 ");
+    for (size_t i = 1; i < tasks.size(); ++i) {
+      EXPECT_EQ(ReadLines(dir + "/checksums." + tasks[i] + ".txt"), chief)
+          << tasks[i] << " diverged from the chief";
+    }
+  }
+};
 
 // OneDevice on SyncJobYaml's job for kReferenceSteps, trained once per test binary.
 inline const std::map<std::string, Tensor>& OneDeviceReference() {

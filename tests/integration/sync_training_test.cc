@@ -48,63 +48,7 @@ const char kChiefAnd3Workers[] = "    Chief: {replicas: 1}\n    Worker: {replica
 const char kCommunication[] =
     "    communication: {implementation: Ring, timeoutSeconds: 10, bytesPerPack: 4096}\n";
 
-// The processes of a chief + N workers job, started with their own TF_CONFIG
-// the way the operator starts pods.
-struct Cluster {
-  std::vector<std::string> tasks;  // "chief-0", "worker-0", ...
-  std::vector<std::string> addresses;
-  std::vector<int> metrics_ports;
-  std::vector<std::unique_ptr<Subprocess>> processes;
-
-  Cluster(const std::string& job, const std::string& dir, int workers) {
-    const int n = workers + 1;
-    std::vector<int> ports = testing::FreeLoopbackPorts(2 * n);
-    std::string worker_list;
-    for (int i = 0; i < n; ++i) {
-      addresses.push_back("127.0.0.1:" + std::to_string(ports[i]));
-      metrics_ports.push_back(ports[n + i]);
-      if (i > 0) worker_list += std::string(i > 1 ? "," : "") + "\"" + addresses[i] + "\"";
-    }
-    const std::string cluster =
-        R"({"chief":[")" + addresses[0] + R"("],"worker":[)" + worker_list + "]}";
-    for (int i = 0; i < n; ++i) {
-      const std::string type = i == 0 ? "chief" : "worker";
-      const int index = i == 0 ? 0 : i - 1;
-      tasks.push_back(type + "-" + std::to_string(index));
-      const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
-                                    R"(","index":)" + std::to_string(index) + "}}";
-      processes.push_back(std::make_unique<Subprocess>(
-          // Only the chief's directory is shared with later runs, as in
-          // Kubernetes where the other pods may have no volume at all.
-          std::vector<std::string>{WorkerBinary(), "--config", job, "--tf-config", tf_config,
-                                   "--checkpoint-dir",
-                                   dir + (i == 0 ? "/ckpt" : "/ckpt-" + tasks[i]), "--metrics-port",
-                                   std::to_string(metrics_ports[i])},
-          std::map<std::string, std::string>{
-              {"OPENBLAS_NUM_THREADS", "1"},
-              {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}}));
-    }
-  }
-
-  void ExpectAllSucceed(double seconds) {
-    for (size_t i = 0; i < processes.size(); ++i) {
-      auto rc = processes[i]->Wait(seconds);
-      ASSERT_TRUE(rc.has_value()) << tasks[i] << " did not finish:\n" << processes[i]->output();
-      EXPECT_EQ(*rc, 0) << tasks[i] << ":\n" << processes[i]->output();
-    }
-  }
-
-  // Every process held the same parameters after every step.
-  void ExpectIdenticalChecksums(const std::string& dir) {
-    const auto chief = ReadLines(dir + "/checksums.chief-0.txt");
-    ASSERT_EQ(chief.size(), static_cast<size_t>(kSteps));
-    EXPECT_EQ(chief.front().substr(0, 2), "1 ");
-    for (size_t i = 1; i < tasks.size(); ++i) {
-      EXPECT_EQ(ReadLines(dir + "/checksums." + tasks[i] + ".txt"), chief)
-          << tasks[i] << " diverged from the chief";
-    }
-  }
-};
+using Cluster = testing::SyncCluster;
 
 TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndStaysInSync) {
   const auto& reference = OneDeviceReference();
@@ -112,7 +56,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndSta
   const std::string job =
       WriteTextFile(dir + "/job.yaml",
                     SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
-  Cluster cluster(job, dir, 3);
+  Cluster cluster(job, dir, 3, kSteps);
   cluster.ExpectAllSucceed(120);
   // The chief wrote the checkpoint; it equals single-process training.
   ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
@@ -130,7 +74,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas)
     const std::string job =
         WriteTextFile(dir + "/first.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
                                                        kSteps / 2, kCommunication));
-    Cluster first(job, dir, 3);
+    Cluster first(job, dir, 3, kSteps / 2);
     first.ExpectAllSucceed(120);
   }
   for (const char* task : {"worker-0", "worker-1", "worker-2"}) {
@@ -140,7 +84,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredResumesFromACheckpointOnlyTheChiefHas)
   const std::string job =
       WriteTextFile(dir + "/job.yaml",
                     SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
-  Cluster second(job, dir, 3);
+  Cluster second(job, dir, 3, kSteps);
   second.ExpectAllSucceed(120);
   EXPECT_NE(second.processes[0]->output().find("resumed from checkpoint step 100"),
             std::string::npos)
@@ -163,7 +107,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredWithLocalReplicasMatchesOneDevice) {
       dir + "/job.yaml",
       SyncJobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
                   kSteps, std::string(kCommunication) + "    localReplicas: 2\n"));
-  Cluster cluster(job, dir, 1);
+  Cluster cluster(job, dir, 1, kSteps);
   cluster.ExpectAllSucceed(120);
   EXPECT_NE(cluster.processes[0]->output().find("replicas in sync 4"), std::string::npos)
       << cluster.processes[0]->output();
@@ -209,7 +153,7 @@ TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
   const std::string job =
       WriteTextFile(dir + "/job.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
                                                    100000000, kCommunication));
-  Cluster cluster(job, dir, 3);
+  Cluster cluster(job, dir, 3, kSteps);
   // Training is under way everywhere.
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
     ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))
@@ -270,7 +214,7 @@ TEST(SyncTrainingTest, SigtermStopsEveryProcessAfterTheSameStepWithACheckpoint) 
   const std::string job =
       WriteTextFile(dir + "/job.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
                                                    100000000, kCommunication));
-  Cluster cluster(job, dir, 3);
+  Cluster cluster(job, dir, 3, kSteps);
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
     ASSERT_TRUE(cluster.processes[i]->WaitForOutput("step 40/", 120))
         << cluster.tasks[i] << ":\n"

@@ -12,6 +12,10 @@
 
 namespace distrain {
 
+// Metadata key: the model's class count (what an Evaluator needs to build
+// the model from the eval data alone).
+inline constexpr char kCheckpointNumClassesKey[] = "num_classes";
+
 // What a checkpoint holds: model variables, optimizer slots (by name), the
 // step, and string metadata (strategy, model summary, ...).
 struct CheckpointState {

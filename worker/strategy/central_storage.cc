@@ -73,6 +73,7 @@ absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory
     auto model = factory();
     if (!model.ok()) return model.status();
     replica_params_.push_back((*model)->parameters());
+    replica_model_ptrs_.push_back(model->get());
     replica_models_.push_back(std::move(*model));
   }
   // The factory is deterministic in the seed, but the host copy is the
@@ -125,6 +126,12 @@ void CentralStorageStrategy::CopyHostToReplica(int replica) {
     const Tensor& from = host_params_[i]->value;
     std::memcpy(replica_params_[replica][i]->value.data(), from.data(), from.bytes());
   }
+  std::vector<Parameter*> host_state = host_model_->state_variables();
+  std::vector<Parameter*> replica_state = replica_models_[replica]->state_variables();
+  for (size_t i = 0; i < host_state.size(); ++i) {
+    std::memcpy(replica_state[i]->value.data(), host_state[i]->value.data(),
+                host_state[i]->value.bytes());
+  }
 }
 
 absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, int64_t examples) {
@@ -148,7 +155,10 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     barrier_->Wait();
     ReduceToHost(r);  // 2.
     barrier_->Wait();
-    if (r == 0) optimizer_->Apply(host_params_);  // 3.
+    if (r == 0) {  // 3.
+      optimizer_->Apply(host_params_);
+      AverageStateVariables(replica_model_ptrs_, *host_model_);
+    }
     barrier_->Wait();
     CopyHostToReplica(r);  // 4.
   });

@@ -26,9 +26,11 @@ namespace distrain {
 //      and replica r sums range r over every replica in a fixed order, so the
 //      result does not depend on thread timing;
 //   3. barrier; replica 0's thread applies the one optimizer to the host
-//      variables;
-//   4. barrier; every replica copies the host variables into its own copy,
-//      so all copies equal the host copy when Run returns.
+//      variables, and sets the host's non-trainable state (BN moving
+//      statistics, which each replica updated from its slice) to the
+//      replicas' mean, as TensorFlow reads ON_READ/MEAN variables;
+//   4. barrier; every replica copies the host variables and state into its
+//      own copy, so all copies equal the host copy when Run returns.
 // With one replica there is nothing to reduce or copy: the host model is the
 // replica's model and a step is exactly OneDeviceStrategy's.
 //
@@ -99,6 +101,7 @@ class CentralStorageStrategy : public Strategy {
   std::vector<Parameter*> host_params_;
   // Empty with one replica (the host model is then the replica's model).
   std::vector<std::unique_ptr<Model>> replica_models_;
+  std::vector<Model*> replica_model_ptrs_;  // replica_models_, for AverageStateVariables
   std::vector<std::vector<Parameter*>> replica_params_;
   std::vector<std::vector<Segment>> reduce_slices_;  // [replica] -> what it reduces
   std::unique_ptr<StepBarrier> barrier_;

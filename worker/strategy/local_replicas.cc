@@ -33,12 +33,13 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
   auto abort_all = [self](const absl::Status& reason) {
     for (Collective* c : self->collectives_) c->Abort(reason);
   };
-  set->stop_votes_.assign(n, 0.0f);
+  const int64_t state_size = StateVariableSize(*set->models_[0]);
+  set->extras_.assign(n, std::vector<float>(1 + state_size, 0.0f));
   for (int r = 0; r < n; ++r) {
     set->reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
         set->models_[r].get(), set->collectives_[r], options.bytes_per_pack,
         options.collective_options, options.metrics, abort_all,
-        absl::MakeSpan(&set->stop_votes_[r], 1)));
+        absl::MakeSpan(set->extras_[r])));
   }
   set->runner_ = std::make_unique<ReplicaRunner>(n);
   return set;
@@ -54,20 +55,37 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
   const int n = size();
   std::vector<LossResult> results(n);
   std::vector<absl::Status> statuses(n);
-  for (float& vote : stop_votes_) vote = stop_vote_ ? 1.0f : 0.0f;
+  for (std::vector<float>& extra : extras_) extra[0] = stop_vote_ ? 1.0f : 0.0f;
   runner_->Run([&](int r) {
     OverlappedGradientReducer& reducer = *reducers_[r];
+    Model& model = *models_[r];
+    float* extra = extras_[r].data();
+    // The forward pass has updated the state by the time backward reports
+    // its first layer, and the last bucket (which carries `extra`) cannot
+    // start before that report or FinishStep.
+    bool state_staged = extras_[r].size() == 1;
+    auto stage_state = [&] {
+      if (!state_staged) PackStateVariables(model, extra + 1);
+      state_staged = true;
+    };
     ReplicaContext ctx;
     ctx.local_replica = r;
     ctx.replica_id_in_sync = options_.first_replica_id + r;
     ctx.num_local_replicas = n;
     ctx.num_replicas_in_sync = options_.num_replicas_in_sync;
-    ctx.model = models_[r].get();
-    ctx.on_layer_grads_ready = [&reducer](int layer) { reducer.OnLayerGradsReady(layer); };
+    ctx.model = &model;
+    ctx.on_layer_grads_ready = [&reducer, &stage_state](int layer) {
+      stage_state();
+      reducer.OnLayerGradsReady(layer);
+    };
     reducer.BeginStep();
     results[r] = step_fn(ctx);
+    stage_state();
     statuses[r] = reducer.FinishStep();
-    if (statuses[r].ok()) optimizers_[r]->Apply(models_[r]->parameters());
+    if (statuses[r].ok()) {
+      if (extras_[r].size() > 1) UnpackStateVariables(extra + 1, model);
+      optimizers_[r]->Apply(model.parameters());
+    }
   });
   // Report the root cause: the replica that failed first reports its own
   // error; the others usually report the Abort that followed it (which carries
@@ -82,7 +100,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
   }
   if (first_error != nullptr) return *first_error;
   StepOutput out = CombineReplicaResults(results, examples);
-  out.stop_requested = stop_votes_[0] > 0;  // the mean of 0/1 votes, identical on every replica
+  out.stop_requested = extras_[0][0] > 0;  // the mean of 0/1 votes, identical on every replica
   return out;
 }
 

@@ -26,7 +26,12 @@ namespace distrain {
 //      (MEAN over every replica in sync) on the replica's communication thread;
 //   2. each replica waits for its buckets, then applies its optimizer to the
 //      (now identical) mean gradients — identical inputs, identical updates,
-//      so the copies stay bit-identical without ever copying variables.
+//      so the copies stay bit-identical without ever copying variables;
+//   3. the non-trainable state (BatchNormalization's moving statistics, which
+//      each replica updated from its own slice in step 1) rides with the last
+//      bucket as a MEAN and replaces every replica's copy. The moving average
+//      is linear, so this equals TensorFlow's ON_READ/MEAN variables, which
+//      let each replica's copy drift and average them when read.
 // When one replica's reduction fails, every local collective is aborted so the
 // other replicas return at once rather than wait for it; Run then returns the
 // first error.
@@ -59,6 +64,7 @@ class LocalReplicas {
   // this process feeds the step (split evenly by step_fn). Every replica's
   // stop vote (1 once VoteStop was called, else 0) is averaged with the last
   // gradient bucket; StepOutput::stop_requested = some replica of the job voted.
+  // step_fn must pass ctx.on_layer_grads_ready to Model::TrainStep.
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples);
   void VoteStop() { stop_vote_ = true; }
 
@@ -75,7 +81,9 @@ class LocalReplicas {
 
   Options options_;
   bool stop_vote_ = false;
-  std::vector<float> stop_votes_;  // one per replica; reduced in place each step
+  // Per replica: [stop vote, packed state variables...], reduced (MEAN) in
+  // place with the last gradient bucket every step.
+  std::vector<std::vector<float>> extras_;
   std::vector<Collective*> collectives_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;

@@ -1,4 +1,5 @@
 #include "worker/strategy/multi_worker_mirrored.h"
+#include "worker/strategy/variable_state.h"
 
 #include <algorithm>
 #include <cstring>
@@ -232,8 +233,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
         absl::StrCat("initial-state manifest from the chief (", key, ") is malformed: ", e.what()));
   }
 
-  // One flat buffer: every variable (parameters() order), then every slot.
-  std::vector<Parameter*> params = replicas_->model(0)->parameters();
+  // One flat buffer: every variable (AllVariables order), then every slot.
+  std::vector<Parameter*> params = AllVariables(*replicas_->model(0));
   int64_t total = 0;
   for (Parameter* p : params) total += p->value.size();
   for (const auto& [name, shape] : slots) total += Tensor::NumElements(shape);

@@ -29,15 +29,14 @@ absl::StatusOr<ShardingPlan> PsShardingPlan(Model& model, int num_ps) {
 }
 
 absl::StatusOr<ModelDims> ModelDimsOf(Model& model) {
-  std::vector<Parameter*> params = model.parameters();
-  if (params.size() < 2 || params.front()->value.shape().size() != 2 ||
-      params.back()->value.shape().size() != 1) {
-    return absl::InternalError(absl::StrCat("ParameterServer: cannot read the input width and ",
+  ModelDims dims;
+  dims.example_shape = model.example_shape();
+  dims.num_features = static_cast<int>(Tensor::NumElements(dims.example_shape));
+  dims.num_classes = model.num_classes();
+  if (dims.example_shape.empty() || dims.num_features < 1 || dims.num_classes < 2) {
+    return absl::InternalError(absl::StrCat("ParameterServer: cannot read the input shape and ",
                                             "class count of model ", model.Summary()));
   }
-  ModelDims dims;
-  dims.num_features = static_cast<int>(params.front()->value.dim(0));
-  dims.num_classes = static_cast<int>(params.back()->value.dim(0));
   return dims;
 }
 
@@ -86,6 +85,13 @@ absl::Status ParameterServerStrategy::CreateVariables(const ModelFactory& factor
   auto model = factory();
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
+  if (!model_->state_variables().empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spec.training.model.layers: ", model_->state_variables().front()->name,
+        " is a moving statistic of BatchNormalization, which ParameterServer does not keep on "
+        "its ps tasks yet; use a synchronous strategy (MultiWorkerMirrored) for models with "
+        "BatchNormalization, or remove the layer"));
+  }
   auto opt = Optimizer::Create(optimizer);
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);

@@ -79,10 +79,11 @@ class GrpcWorkerTransport;
 // variables in Model::parameters() order, MinSize(256 KiB, num_ps) shards.
 absl::StatusOr<ShardingPlan> PsShardingPlan(Model& model, int num_ps);
 
-// Input width and class count of a model built by Model::Create (from its
-// first kernel and last bias), which workers need to build the same model.
+// Input shape and class count of a model built by Model::Create, which
+// workers need to build the same model.
 struct ModelDims {
-  int num_features = 0;
+  int num_features = 0;                // product of example_shape
+  std::vector<int64_t> example_shape;  // one example (images: {28, 28, 1})
   int num_classes = 0;
 };
 absl::StatusOr<ModelDims> ModelDimsOf(Model& model);

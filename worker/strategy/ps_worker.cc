@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
 #include "common/exit_codes.h"
@@ -92,8 +93,16 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
         absl::StrCat("Prepare: num_features must be > 0 and num_classes > 1, got ",
                      request.num_features(), " and ", request.num_classes()));
   }
+  std::vector<int64_t> example_shape(request.example_shape().begin(),
+                                     request.example_shape().end());
+  if (example_shape.empty()) example_shape = {request.num_features()};
+  if (Tensor::NumElements(example_shape) != request.num_features()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prepare: example_shape [", absl::StrJoin(example_shape, ", "), "] does not hold ",
+        request.num_features(), " features"));
+  }
   const TrainingConfig& tc = options_.config.training;
-  auto model = Model::Create(tc.model, request.num_features(), request.num_classes(), tc.seed);
+  auto model = Model::Create(tc.model, example_shape, request.num_classes(), tc.seed);
   if (!model.ok()) return model.status();
   const int num_ps = options_.cluster.num_tasks("ps");
   auto plan = PsShardingPlan(**model, num_ps);
@@ -114,10 +123,10 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
 
   auto input = OpenTrainingInput(tc.dataset, tc.seed, worker_index_, num_workers_);
   if (!input.ok()) return input.status();
-  if (input->dataset->num_features() != request.num_features()) {
+  if (input->dataset->example_shape() != example_shape) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "this worker's data has ", input->dataset->num_features(),
-        " features but the chief's model takes ", request.num_features()));
+        "this worker's examples have shape [", absl::StrJoin(input->dataset->example_shape(), ", "),
+        "] but the chief's model takes [", absl::StrJoin(example_shape, ", "), "]"));
   }
   std::shared_ptr<const Dataset> data = std::move(input->dataset);
   std::unique_ptr<BatchSource> batches = std::make_unique<ShardedBatcher>(
@@ -191,10 +200,10 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepReq
   };
   Batch batch = batches_->Next();
   if (!options_.config.training.max_staleness.has_value()) {
-    absl::Status s = RunStepOverlapped(batch, response);
+    absl::Status s = RunStepOverlapped(batch, StepContextOf(*request), response);
     if (!s.ok()) return report_ps_error(s);
   } else {
-    absl::Status s = RunStepBounded(batch, response);
+    absl::Status s = RunStepBounded(batch, StepContextOf(*request), response);
     if (!s.ok()) return report_ps_error(s);
   }
   ++steps_run_;
@@ -204,7 +213,14 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepReq
   return grpc::Status::OK;
 }
 
-absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepResponse* response) {
+// A closure's random streams (Dropout) are those of step `closure_id` on
+// this worker, so a closure re-run on the same worker draws the same masks.
+StepContext PsWorkerService::StepContextOf(const v1::RunStepRequest& request) const {
+  return StepContext{request.closure_id(), worker_index_};
+}
+
+absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, const StepContext& step,
+                                                v1::RunStepResponse* response) {
   // 1. Current parameters, pulled on a ps-client thread: each ps streams its
   // shards in parameter (= forward) order, and layer i's forward waits only
   // until the shards of layer i have arrived, so the rest of the pull
@@ -247,7 +263,7 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepR
   };
   // 2. Forward as parameters arrive, then backward.
   auto t0 = std::chrono::steady_clock::now();
-  LossResult r = model_->TrainStep(batch.features, batch.labels, {}, wait_for_layer);
+  LossResult r = model_->TrainStep(batch.features, batch.labels, {}, wait_for_layer, step);
   absl::Status pull_status;
   {
     absl::MutexLock lock(&pull->mu);
@@ -290,7 +306,8 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, v1::RunStepR
   return absl::OkStatus();
 }
 
-absl::Status PsWorkerService::RunStepBounded(const Batch& batch, v1::RunStepResponse* response) {
+absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepContext& step,
+                                             v1::RunStepResponse* response) {
   for (int attempt = 0;; ++attempt) {
     // 1. Current parameters. Every push of a dense model changes every shard,
     // so there is nothing to skip: pull all, keep the versions for staleness.
@@ -300,7 +317,7 @@ absl::Status PsWorkerService::RunStepBounded(const Batch& batch, v1::RunStepResp
     response->set_pull_seconds(response->pull_seconds() + Seconds(t0));
     // 2. Gradients of this worker's batch.
     t0 = std::chrono::steady_clock::now();
-    LossResult r = model_->TrainStep(batch.features, batch.labels);
+    LossResult r = model_->TrainStep(batch.features, batch.labels, {}, {}, step);
     response->set_compute_seconds(response->compute_seconds() + Seconds(t0));
     // 3. Push; the ps applies the optimizer.
     t0 = std::chrono::steady_clock::now();
@@ -386,6 +403,7 @@ absl::StatusOr<std::string> GrpcWorkerTransport::Prepare(int worker) {
   v1::PrepareRequest request;
   request.set_num_features(options_.dims.num_features);
   request.set_num_classes(options_.dims.num_classes);
+  for (int64_t d : options_.dims.example_shape) request.add_example_shape(d);
   request.set_plan_fingerprint(options_.plan_fingerprint);
   request.set_worker_index(worker);
   v1::PrepareResponse response;

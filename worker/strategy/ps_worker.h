@@ -95,9 +95,12 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   // of the pull streams; one push after backward, kernels as factors. With a
   // bound: pull, compute, one all-or-nothing push, redone from a fresh pull
   // when rejected.
-  absl::Status RunStepOverlapped(const Batch& batch, distrain::v1::RunStepResponse* response)
+  StepContext StepContextOf(const distrain::v1::RunStepRequest& request) const;
+  absl::Status RunStepOverlapped(const Batch& batch, const StepContext& step,
+                                 distrain::v1::RunStepResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RunStepBounded(const Batch& batch, distrain::v1::RunStepResponse* response)
+  absl::Status RunStepBounded(const Batch& batch, const StepContext& step,
+                              distrain::v1::RunStepResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PsWorkerOptions options_;

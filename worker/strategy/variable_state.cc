@@ -14,10 +14,54 @@ constexpr char kOptimizerPrefix[] = "optimizer/";
 constexpr char kIterationsKey[] = "optimizer_iterations";
 }  // namespace
 
+std::vector<Parameter*> AllVariables(Model& model) {
+  std::vector<Parameter*> out = model.parameters();
+  for (Parameter* p : model.state_variables()) out.push_back(p);
+  return out;
+}
+
+void AverageStateVariables(const std::vector<Model*>& models, Model& into) {
+  if (models.empty()) return;
+  std::vector<std::vector<Parameter*>> states;
+  for (Model* m : models) states.push_back(m->state_variables());
+  std::vector<Parameter*> out = into.state_variables();
+  const float inv_n = 1.0f / static_cast<float>(models.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t n = out[i]->value.size();
+    // Sum into a scratch first: `into` may be one of `models`.
+    std::vector<float> sum(states[0][i]->value.data(), states[0][i]->value.data() + n);
+    for (size_t r = 1; r < states.size(); ++r) {
+      const float* v = states[r][i]->value.data();
+      for (int64_t j = 0; j < n; ++j) sum[j] += v[j];
+    }
+    for (int64_t j = 0; j < n; ++j) out[i]->value[j] = sum[j] * inv_n;
+  }
+}
+
+int64_t StateVariableSize(Model& model) {
+  int64_t n = 0;
+  for (Parameter* p : model.state_variables()) n += p->value.size();
+  return n;
+}
+
+void PackStateVariables(Model& model, float* out) {
+  for (Parameter* p : model.state_variables()) {
+    std::memcpy(out, p->value.data(), p->value.bytes());
+    out += p->value.size();
+  }
+}
+
+void UnpackStateVariables(const float* in, Model& model) {
+  for (Parameter* p : model.state_variables()) {
+    std::memcpy(p->value.data(), in, p->value.bytes());
+    in += p->value.size();
+  }
+}
+
 CheckpointState CaptureVariableState(Model& model, const Optimizer& optimizer, int64_t step) {
   CheckpointState state;
   state.step = step;
-  for (Parameter* p : model.parameters()) {
+  for (Parameter* p : AllVariables(model)) {
     state.tensors.emplace(absl::StrCat(kVariablePrefix, p->name), p->value);
   }
   for (auto& [name, slot] : optimizer.SlotState()) {
@@ -29,7 +73,7 @@ CheckpointState CaptureVariableState(Model& model, const Optimizer& optimizer, i
 }
 
 absl::Status RestoreVariableState(const CheckpointState& state, Model& model, Optimizer& optimizer) {
-  for (Parameter* p : model.parameters()) {
+  for (Parameter* p : AllVariables(model)) {
     auto it = state.tensors.find(absl::StrCat(kVariablePrefix, p->name));
     if (it == state.tensors.end()) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -1,0 +1,265 @@
+// The CNN of TensorFlow's distributed-training guide on real MNIST digits
+// (scripts/mnist.sh), as real processes under every strategy:
+//   * synchronous placements (Mirrored with 4 replicas, MultiWorkerMirrored
+//     with a chief and 3 workers, CentralStorage with 4 replicas) end within
+//     1e-4 of OneDevice after 100 steps on the same global batch and seed,
+//     with every replica holding identical variables after every step;
+//   * a model with Dropout and BatchNormalization stays in sync under
+//     MultiWorkerMirrored (moving statistics averaged over the replicas) and
+//     its checkpoint carries the moving statistics;
+//   * ParameterServer (with Dropout) and an Evaluator replica train and
+//     evaluate it through `distrain run`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <regex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/subprocess.h"
+#include "tests/integration/sync_reference.h"
+
+namespace distrain {
+namespace {
+
+using testing::DistrainBinary;
+using testing::ExpectSameVariables;
+using testing::FinalVariables;
+using testing::FreshTempDir;
+using testing::ReadLines;
+using testing::SourceDir;
+using testing::Subprocess;
+using testing::SyncCluster;
+using testing::WorkerBinary;
+using testing::WriteTextFile;
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 100;
+
+// The IDX files scripts/mnist.sh writes (it is idempotent and cached; the
+// test command runs it before the tests, so here it only prints the path).
+const std::string& MnistDir() {
+  static const std::string* dir = [] {
+    if (const char* env = std::getenv("DISTRAIN_MNIST_DIR"); env != nullptr && *env != '\0') {
+      return new std::string(env);
+    }
+    Subprocess script({"/bin/bash", SourceDir() + "/scripts/mnist.sh"});
+    auto rc = script.Wait(600);
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << script.output();
+    std::string out = script.output();
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return new std::string(out.substr(out.rfind('\n') + 1));
+  }();
+  return *dir;
+}
+
+const char kGuideCnn[] =
+    "      - Conv2D: {filters: 32, kernelSize: [3, 3], activation: relu}\n"
+    "      - MaxPooling2D: {poolSize: [2, 2]}\n"
+    "      - Conv2D: {filters: 64, kernelSize: [3, 3], activation: relu}\n"
+    "      - Flatten: {}\n"
+    "      - Dense: {units: 64, activation: relu}\n"
+    "      - Dense: {units: 10, activation: softmax}\n";
+
+// The guide's CNN with the layers that keep state or draw random numbers.
+const char kCnnWithDropoutAndBatchNorm[] =
+    "      - Conv2D: {filters: 16, kernelSize: [3, 3], padding: same, useBias: false}\n"
+    "      - BatchNormalization: {momentum: 0.9}\n"
+    "      - Activation: {activation: relu}\n"
+    "      - MaxPooling2D: {poolSize: [2, 2]}\n"
+    "      - Conv2D: {filters: 32, kernelSize: [3, 3], strides: [2, 2], activation: relu}\n"
+    "      - GlobalAveragePooling2D: {}\n"
+    "      - Dropout: {rate: 0.25}\n"
+    "      - Dense: {units: 10}\n";
+
+std::string CnnJobYaml(const std::string& strategy, const std::string& replica_specs,
+                       const char* layers, const std::string& loss, int64_t steps,
+                       const std::string& extra_training = "") {
+  const std::string& d = MnistDir();
+  return absl::StrCat(
+      "apiVersion: distrain.io/v1alpha1\n",
+      "kind: DistributedTrainingJob\n",
+      "metadata: {name: cnn}\n",
+      "spec:\n",
+      "  strategy: ", strategy, "\n",
+      "  replicaSpecs:\n", replica_specs,
+      "  training:\n",
+      "    model:\n",
+      "      layers:\n", layers,
+      "      loss: ", loss, "\n",
+      "    dataset:\n",
+      "      type: idx\n",
+      "      trainFiles: [", d, "/train-images-idx3-ubyte]\n",
+      "      trainLabelFiles: [", d, "/train-labels-idx1-ubyte]\n",
+      "      evalFiles: [", d, "/t10k-images-idx3-ubyte]\n",
+      "      evalLabelFiles: [", d, "/t10k-labels-idx1-ubyte]\n",
+      "      autoShardPolicy: DATA\n",
+      "    optimizer: {type: adam, learningRate: 0.001}\n",
+      "    globalBatchSize: 64\n",
+      "    steps: ", steps, "\n",
+      "    logEverySteps: 25\n",
+      "    seed: 7\n", extra_training);
+}
+
+const char kGuideLoss[] = "{type: SparseCategoricalCrossentropy, fromLogits: true}";
+
+std::string GuideJob(const std::string& strategy, const std::string& replica_specs,
+                     const std::string& extra = "") {
+  return CnnJobYaml(strategy, replica_specs, kGuideCnn, kGuideLoss, kSteps, extra);
+}
+
+// OneDevice on the guide CNN, trained once per test binary.
+const std::map<std::string, Tensor>& CnnReference() {
+  static const auto* reference = [] {
+    const std::string dir = FreshTempDir("cnn_reference");
+    const std::string job = WriteTextFile(dir + "/job.yaml",
+                                          GuideJob("OneDevice", "    Worker: {replicas: 1}\n"));
+    Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
+                      {{"OPENBLAS_NUM_THREADS", "1"}});
+    auto rc = worker.Wait(300);
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
+    // Keras warns about a softmax output compiled with from_logits=True, as
+    // the guide does; so does distrain.
+    EXPECT_NE(worker.output().find("Softmax activation"), std::string::npos) << worker.output();
+    auto* vars = new std::map<std::string, Tensor>(FinalVariables(dir + "/ckpt", kSteps));
+    std::filesystem::remove_all(dir);
+    return vars;
+  }();
+  return *reference;
+}
+
+TEST(CnnMnistTest, OneDeviceLearnsRealDigits) {
+  const std::string dir = FreshTempDir("cnn_onedevice");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml", GuideJob("OneDevice", "    Worker: {replicas: 1}\n"));
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  std::smatch m;
+  const std::string out = run.output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
+  // 100 steps of 64 real digits: far above chance (0.1), as in Keras.
+  EXPECT_GT(std::stod(m[1]), 0.8) << out;
+  const auto vars = FinalVariables(dir + "/ckpt", kSteps);
+  for (const char* name : {"variables/conv2d/kernel", "variables/conv2d/bias",
+                           "variables/conv2d_1/kernel", "variables/dense/kernel",
+                           "variables/dense_1/bias"}) {
+    EXPECT_TRUE(vars.count(name)) << name;
+  }
+  EXPECT_EQ(vars.at("variables/conv2d/kernel").shape(), (std::vector<int64_t>{3, 3, 1, 32}));
+  EXPECT_EQ(vars.at("variables/dense/kernel").shape(), (std::vector<int64_t>{1600, 64}));
+  fs::remove_all(dir);
+}
+
+TEST(CnnMnistTest, MirroredFourReplicasMatchesOneDevice) {
+  const auto& reference = CnnReference();
+  const std::string dir = FreshTempDir("cnn_mirrored");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      GuideJob("Mirrored", "    Worker: {replicas: 1}\n",
+               "    localReplicas: 4\n    communication: {bytesPerPack: 65536}\n"));
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
+                 {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  ExpectSameVariables(FinalVariables(dir + "/ckpt", kSteps), reference, 1e-4f);
+  // The worker checks its 4 replicas against each other before every line.
+  EXPECT_EQ(ReadLines(dir + "/checksums.worker-0.txt").size(), static_cast<size_t>(kSteps));
+  fs::remove_all(dir);
+}
+
+TEST(CnnMnistTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDevice) {
+  const auto& reference = CnnReference();
+  const std::string dir = FreshTempDir("cnn_mwms");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      GuideJob("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 3}\n",
+               "    communication: {implementation: Ring, timeoutSeconds: 30, "
+               "bytesPerPack: 65536}\n"));
+  SyncCluster cluster(job, dir, 3, kSteps);
+  cluster.ExpectAllSucceed(300);
+  ExpectSameVariables(FinalVariables(dir + "/ckpt", kSteps), reference, 1e-4f);
+  cluster.ExpectIdenticalChecksums(dir);
+  fs::remove_all(dir);
+}
+
+TEST(CnnMnistTest, CentralStorageFourReplicasMatchesOneDevice) {
+  const auto& reference = CnnReference();
+  const std::string dir = FreshTempDir("cnn_central");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      GuideJob("CentralStorage", "    Worker: {replicas: 1}\n", "    localReplicas: 4\n"));
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
+                 {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  ExpectSameVariables(FinalVariables(dir + "/ckpt", kSteps), reference, 1e-4f);
+  EXPECT_EQ(ReadLines(dir + "/checksums.worker-0.txt").size(), static_cast<size_t>(kSteps));
+  fs::remove_all(dir);
+}
+
+// BatchNormalization's moving statistics are per-replica state that the
+// strategy averages; Dropout draws a different mask per replica. The
+// replicas must still agree bit for bit after every step, the checkpoint
+// must carry the moving statistics, and a rerun from it resumes.
+TEST(CnnMnistTest, MultiWorkerMirroredKeepsBatchNormStatisticsInSync) {
+  const std::string dir = FreshTempDir("cnn_bn");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      CnnJobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
+                 kCnnWithDropoutAndBatchNorm,
+                 "{type: SparseCategoricalCrossentropy, fromLogits: true}", 60,
+                 "    communication: {implementation: Ring, timeoutSeconds: 30}\n"));
+  SyncCluster cluster(job, dir, 1, 60);
+  cluster.ExpectAllSucceed(300);
+  cluster.ExpectIdenticalChecksums(dir);
+  auto state = CheckpointManager(dir + "/ckpt", 3).RestoreLatest();
+  ASSERT_TRUE(state.ok() && state->has_value()) << state.status();
+  const auto& tensors = (*state)->tensors;
+  ASSERT_TRUE(tensors.count("variables/batch_normalization/moving_mean"));
+  ASSERT_TRUE(tensors.count("variables/batch_normalization/moving_variance"));
+  // Moved away from the initial (0, 1) by 60 steps of real data.
+  const Tensor& mean = tensors.at("variables/batch_normalization/moving_mean");
+  double moved = 0;
+  for (int64_t i = 0; i < mean.size(); ++i) moved += std::fabs(mean[i]);
+  EXPECT_GT(moved, 1e-3);
+  fs::remove_all(dir);
+}
+
+TEST(CnnMnistTest, ParameterServerAndEvaluatorTrainTheCnnWithDropout) {
+  const std::string dir = FreshTempDir("cnn_ps");
+  const char kCnnWithDropout[] =
+      "      - Conv2D: {filters: 32, kernelSize: [3, 3], activation: relu}\n"
+      "      - MaxPooling2D: {poolSize: [2, 2]}\n"
+      "      - Conv2D: {filters: 64, kernelSize: [3, 3], activation: relu}\n"
+      "      - Flatten: {}\n"
+      "      - Dropout: {rate: 0.2}\n"
+      "      - Dense: {units: 64, activation: relu}\n"
+      "      - Dense: {units: 10}\n";
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      CnnJobYaml("ParameterServer",
+                 "    Chief: {replicas: 1}\n    Worker: {replicas: 2}\n    PS: {replicas: 2}\n"
+                 "    Evaluator: {replicas: 1}\n",
+                 kCnnWithDropout, "{type: SparseCategoricalCrossentropy, fromLogits: true}", 150,
+                 "    checkpoint: {everySteps: 50}\n"));
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  const std::string out = run.output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
+  EXPECT_GT(std::stod(m[1]), 0.8) << out;
+  // The Evaluator read the chief's checkpoints of the conv model.
+  EXPECT_NE(out.find("[evaluator-0]"), std::string::npos) << out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace distrain
