@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/check.h"
 
 namespace distrain {
@@ -14,14 +15,23 @@ namespace distrain {
 // InMemoryDataset
 
 InMemoryDataset::InMemoryDataset(std::string description, int num_features, int num_classes,
-                                 std::vector<float> features, std::vector<int32_t> labels)
+                                 std::vector<float> features, std::vector<int32_t> labels,
+                                 std::vector<int64_t> example_shape)
     : description_(std::move(description)),
       num_features_(num_features),
       num_classes_(num_classes),
       features_(std::move(features)),
-      labels_(std::move(labels)) {
+      labels_(std::move(labels)),
+      example_shape_(std::move(example_shape)) {
   DISTRAIN_CHECK_GT(num_features_, 0);
   DISTRAIN_CHECK_EQ(features_.size(), labels_.size() * static_cast<size_t>(num_features_));
+  if (example_shape_.empty()) example_shape_ = {num_features_};
+  int64_t product = 1;
+  for (int64_t d : example_shape_) {
+    DISTRAIN_CHECK_GT(d, 0);
+    product *= d;
+  }
+  DISTRAIN_CHECK_EQ(product, static_cast<int64_t>(num_features_));
 }
 
 void InMemoryDataset::Get(int64_t index, float* features, int32_t* label) const {
@@ -103,6 +113,7 @@ class ConcatDataset : public Dataset {
   int64_t size() const override { return ends_.back(); }
   int num_features() const override { return parts_.front()->num_features(); }
   int num_classes() const override { return num_classes_; }
+  std::vector<int64_t> example_shape() const override { return parts_.front()->example_shape(); }
   void Get(int64_t index, float* features, int32_t* label) const override {
     if (parts_.size() == 1) {
       parts_.front()->Get(index, features, label);
@@ -140,6 +151,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> Concat(std::vector<std::unique_ptr<Data
           parts[i]->description(), " has ", parts[i]->num_features(), " features per example but ",
           parts[0]->description(), " has ", parts[0]->num_features(),
           "; every file of one dataset must have the same number of features"));
+    }
+    if (parts[i]->example_shape() != parts[0]->example_shape()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          parts[i]->description(), " has examples of shape [",
+          absl::StrJoin(parts[i]->example_shape(), ", "), "] but ", parts[0]->description(),
+          " has [", absl::StrJoin(parts[0]->example_shape(), ", "),
+          "]; every file of one dataset must have the same example shape"));
     }
     num_classes = std::max(num_classes, parts[i]->num_classes());
   }

@@ -35,13 +35,16 @@ class Dataset {
 // encode their index.
 class InMemoryDataset : public Dataset {
  public:
-  // CHECKs features.size() == labels.size() * num_features.
+  // CHECKs features.size() == labels.size() * num_features. `example_shape`
+  // (empty: {num_features}) must multiply out to num_features (CHECKed).
   InMemoryDataset(std::string description, int num_features, int num_classes,
-                  std::vector<float> features, std::vector<int32_t> labels);
+                  std::vector<float> features, std::vector<int32_t> labels,
+                  std::vector<int64_t> example_shape = {});
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   int num_features() const override { return num_features_; }
   int num_classes() const override { return num_classes_; }
+  std::vector<int64_t> example_shape() const override { return example_shape_; }
   void Get(int64_t index, float* features, int32_t* label) const override;
   std::string description() const override { return description_; }
 
@@ -51,6 +54,7 @@ class InMemoryDataset : public Dataset {
   int num_classes_;
   std::vector<float> features_;
   std::vector<int32_t> labels_;
+  std::vector<int64_t> example_shape_;
 };
 
 // Portable pseudo-random numbers: the same bits on every compiler, standard
@@ -84,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSyntheticDataset(const DatasetConfi
 
 // MNIST-format IDX (magic 0x00000803 images uint8 [n, rows, cols], 0x00000801
 // labels uint8 [n]); gzip is not supported (the error says to gunzip).
-// Errors name the file and the byte offset.
+// example_shape() is {rows, cols, 1}. Errors name the file and the byte offset.
 absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& images_path,
                                                          const std::string& labels_path, float scale);
 
@@ -94,7 +98,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& image
 absl::StatusOr<std::unique_ptr<Dataset>> LoadCsvDataset(const std::string& path, int label_column,
                                                         bool header, int num_classes);
 
-// Concatenation of datasets with equal num_features (num_classes = max).
+// Concatenation of datasets with equal example_shape (num_classes = max); the
+// result has that example_shape.
 absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(std::vector<std::unique_ptr<Dataset>> parts);
 
 // The training data one input pipeline reads, following the auto-shard policy

@@ -181,9 +181,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& image
     label_values[i] = labels->values[i];
     max_label = std::max(max_label, label_values[i]);
   }
+  // NHWC without the batch dimension, one channel: what a Conv2D expects.
+  std::vector<int64_t> shape = {int64_t{images->dims[1]}, int64_t{images->dims[2]}, 1};
   return std::make_unique<InMemoryDataset>(images_path, static_cast<int>(num_features),
                                            std::max(2, max_label + 1), std::move(features),
-                                           std::move(label_values));
+                                           std::move(label_values), std::move(shape));
 }
 
 }  // namespace distrain

@@ -71,6 +71,38 @@ TEST(ConcatDatasetsTest, FeatureCountMismatchNamesBothParts) {
               AllOf(HasSubstr("second.csv has 4 features"), HasSubstr("first.csv has 2")));
 }
 
+TEST(ConcatDatasetsTest, KeepsThePartsExampleShape) {
+  std::vector<std::unique_ptr<Dataset>> parts;
+  for (int k = 0; k < 2; ++k) {
+    parts.push_back(std::make_unique<InMemoryDataset>(
+        absl::StrCat("img", k), 6, 3, std::vector<float>(12, 0.5f), std::vector<int32_t>{0, 2},
+        std::vector<int64_t>{2, 3, 1}));
+  }
+  auto dataset = ConcatDatasets(std::move(parts));
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ((*dataset)->size(), 4);
+  EXPECT_THAT((*dataset)->example_shape(), ElementsAre(2, 3, 1));
+}
+
+TEST(ConcatDatasetsTest, ShapeMismatchWithEqualFeatureCountNamesBothParts) {
+  std::vector<std::unique_ptr<Dataset>> parts;
+  parts.push_back(std::make_unique<InMemoryDataset>("wide.idx", 6, 3, std::vector<float>(6),
+                                                    std::vector<int32_t>{1},
+                                                    std::vector<int64_t>{2, 3, 1}));
+  parts.push_back(std::make_unique<InMemoryDataset>("tall.idx", 6, 3, std::vector<float>(6),
+                                                    std::vector<int32_t>{1},
+                                                    std::vector<int64_t>{3, 2, 1}));
+  auto dataset = ConcatDatasets(std::move(parts));
+  ASSERT_FALSE(dataset.ok());
+  EXPECT_THAT(std::string(dataset.status().message()),
+              AllOf(HasSubstr("tall.idx has examples of shape [3, 2, 1]"),
+                    HasSubstr("wide.idx has [2, 3, 1]")));
+}
+
+TEST(InMemoryDatasetTest, DefaultExampleShapeIsFlat) {
+  EXPECT_THAT(Rows("rows", 0, 3, 3, 4)->example_shape(), ElementsAre(4));
+}
+
 TEST(ConcatDatasetsTest, EmptyListIsAnError) { EXPECT_FALSE(ConcatDatasets({}).ok()); }
 
 TEST(OpenTrainingInputTest, SyntheticResolvesPolicies) {
@@ -136,6 +168,50 @@ class FileInputTest : public ::testing::Test {
 
   std::string dir_;
 };
+
+TEST_F(FileInputTest, IdxShapeSurvivesShardingAndEval) {
+  // Two IDX files of 4x5 images: the shape must reach the model through
+  // every wrapper (FILE shards, DATA/OFF concatenations, the eval set).
+  auto put = [](std::string* out, uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) out->push_back(static_cast<char>(v >> shift));
+  };
+  DatasetConfig config;
+  config.type = DatasetType::kIdx;
+  config.num_classes = 10;
+  config.scale = 1.0f / 255;
+  for (int k = 0; k < 2; ++k) {
+    std::string images, labels;
+    put(&images, 0x803);
+    put(&images, 3);
+    put(&images, 4);
+    put(&images, 5);
+    images.append(3 * 4 * 5, static_cast<char>(k));
+    put(&labels, 0x801);
+    put(&labels, 3);
+    labels.append({1, 2, 3});
+    const std::string image_path = absl::StrCat(dir_, "/img", k, ".idx");
+    const std::string label_path = absl::StrCat(dir_, "/lbl", k, ".idx");
+    std::ofstream(image_path, std::ios::binary) << images;
+    std::ofstream(label_path, std::ios::binary) << labels;
+    config.train_files.push_back(image_path);
+    config.train_label_files.push_back(label_path);
+  }
+  config.eval_files = config.train_files;
+  config.eval_label_files = config.train_label_files;
+  for (AutoShardPolicy policy :
+       {AutoShardPolicy::kFile, AutoShardPolicy::kData, AutoShardPolicy::kOff}) {
+    config.auto_shard_policy = policy;
+    auto input = OpenTrainingInput(config, 1, 1, 2);
+    ASSERT_TRUE(input.ok()) << input.status();
+    EXPECT_EQ(input->dataset->num_features(), 20);
+    EXPECT_THAT(input->dataset->example_shape(), ElementsAre(4, 5, 1));
+  }
+  auto eval = OpenEvalDataset(config, 1);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  ASSERT_NE(*eval, nullptr);
+  EXPECT_EQ((*eval)->size(), 6);
+  EXPECT_THAT((*eval)->example_shape(), ElementsAre(4, 5, 1));
+}
 
 TEST_F(FileInputTest, FileShardingSplitsFilesRoundRobin) {
   DatasetConfig config = CsvConfig(5);

@@ -76,6 +76,15 @@ TEST_F(IdxReaderTest, RoundTripScalesPixelsAndKeepsLabels) {
   }
 }
 
+TEST_F(IdxReaderTest, ExampleShapeIsRowsColsOneChannel) {
+  // NHWC without the batch, as Keras sees MNIST: what a Conv2D input needs.
+  const std::string images = Write("img.idx", Images(4, 2, 3));
+  const std::string labels = Write("lbl.idx", Labels({3, 0, 7, 1}));
+  auto dataset = LoadIdxDataset(images, labels, 1.0f);
+  ASSERT_TRUE(dataset.ok()) << dataset.status();
+  EXPECT_EQ((*dataset)->example_shape(), (std::vector<int64_t>{2, 3, 1}));
+}
+
 TEST_F(IdxReaderTest, SingleLabelValueStillHasTwoClasses) {
   auto dataset =
       LoadIdxDataset(Write("img.idx", Images(2, 1, 1)), Write("lbl.idx", Labels({0, 0})), 1.0f);
