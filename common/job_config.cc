@@ -91,6 +91,12 @@ constexpr EnumName<CleanPodPolicy> kCleanPodPolicies[] = {
     {"Running", CleanPodPolicy::kRunning},
     {"All", CleanPodPolicy::kAll},
 };
+constexpr EnumName<LossKind> kLossKinds[] = {
+    {"SparseCategoricalCrossentropy", LossKind::kSparseCategoricalCrossentropy},
+    {"CategoricalCrossentropy", LossKind::kCategoricalCrossentropy},
+    {"BinaryCrossentropy", LossKind::kBinaryCrossentropy},
+    {"MeanSquaredError", LossKind::kMeanSquaredError},
+};
 constexpr EnumName<SuccessPolicy> kSuccessPolicies[] = {
     {"Default", SuccessPolicy::kDefault},
     {"AllWorkers", SuccessPolicy::kAllWorkers},
@@ -141,6 +147,10 @@ class Issues {
     issues_.push_back({std::move(path), std::move(message)});
   }
   bool empty() const { return issues_.empty(); }
+  size_t size() const { return issues_.size(); }
+  void Append(const Issues& other) {
+    issues_.insert(issues_.end(), other.issues_.begin(), other.issues_.end());
+  }
 
   // One line per issue; with `locations`, each line starts with the YAML line
   // of the field (or of its nearest parent that the document has).
@@ -232,7 +242,7 @@ std::string UnknownFieldMessage(const std::string& key, const std::vector<std::s
 // Value rules: the type and bounds of one field, checked the same way for a
 // YAML document, DISTRAIN_JOB_CONFIG and a JobConfig built in code.
 
-enum class Kind { kInteger, kNumber, kBoolean, kString, kArray };
+enum class Kind { kInteger, kNumber, kBoolean, kString, kArray, kObject };
 
 const char* KindName(Kind kind) {
   switch (kind) {
@@ -246,6 +256,8 @@ const char* KindName(Kind kind) {
       return "string";
     case Kind::kArray:
       return "array";
+    case Kind::kObject:
+      return "object";
   }
   return "";
 }
@@ -314,6 +326,8 @@ std::string Describe(const Rule& rule, Kind kind) {
       }
       return absl::StrCat("a list of ", KindName(rule.item_kind), "s");
     }
+    case Kind::kObject:
+      return "a mapping";
   }
   return "";
 }
@@ -403,6 +417,7 @@ std::string ScalarProblem(const Rule& rule, Kind kind, const Json& v) {
       return expected;
     }
     case Kind::kArray:
+    case Kind::kObject:
       break;
   }
   return expected;
@@ -453,6 +468,13 @@ struct FieldSpec {
   bool optional_value = false;                       // lands in a std::optional; absent means unset
   std::function<void(const Json&, JobConfig*)> set;  // called with checked values only
   std::function<std::optional<Json>(const JobConfig&)> get;  // nullopt: unset
+  // Fields with a structure of their own (model.layers) decode themselves;
+  // `rule` still describes them to JobSpecFields.
+  std::function<void(const Json&, const std::string& display, JobConfig*, Issues*)> decode;
+  // No default in the CRD: the parser's default depends on other fields
+  // (model.type is sequential when layers are given), and a default the API
+  // server filled in would look like the user's choice.
+  bool derived_default = false;
 };
 
 template <typename T>
@@ -488,6 +510,14 @@ FieldSpec Field(std::string path, Ref ref, Rule rule = {}) {
       ref(*c) = static_cast<uint64_t>(v.get<int64_t>());
     };
     f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+    f.rule.kind = Kind::kBoolean;
+    f.optional_value = true;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<bool>(); };
+    f.get = [ref](const JobConfig& c) -> std::optional<Json> {
+      if (!ref(c).has_value()) return std::nullopt;
+      return Json(*ref(c));
+    };
   } else if constexpr (kIsOptionalInt<T>) {
     using V = typename T::value_type;
     SetIntegerBounds<V>(&f.rule);
@@ -570,6 +600,542 @@ Rule OneOf(std::vector<std::string> values) {
   return r;
 }
 
+FieldSpec Derived(FieldSpec f) {
+  f.derived_default = true;
+  return f;
+}
+
+// The mlp shorthand's own fields: written out only for mlp models, so that a
+// sequential model's JSON carries no hiddenUnits to conflict with its layers.
+FieldSpec MlpOnly(FieldSpec f) {
+  f.get = [get = std::move(f.get)](const JobConfig& c) -> std::optional<Json> {
+    if (c.training.model.type != "mlp") return std::nullopt;
+    return get(c);
+  };
+  return f;
+}
+
+// ---------------------------------------------------------------------------
+// spec.training.model.layers: a list of single-key mappings
+// {<Keras class>: {<arguments in camelCase>}}.
+
+enum class LayerArg {
+  kFilters,
+  kKernelSize,
+  kStrides,
+  kPoolSize,
+  kPadding,
+  kActivation,
+  kUseBias,
+  kUnits,
+  kRate,
+  kMomentum,
+  kEpsilon,
+  kTargetShape,
+  kShape,
+  kName,
+};
+
+struct LayerArgInfo {
+  LayerArg arg;
+  const char* name;  // camelCase, as in the CRD
+  const char* keras_name;  // Keras' own spelling, for "did you mean"
+};
+
+constexpr LayerArgInfo kLayerArgs[] = {
+    {LayerArg::kFilters, "filters", "filters"},
+    {LayerArg::kKernelSize, "kernelSize", "kernel_size"},
+    {LayerArg::kStrides, "strides", "strides"},
+    {LayerArg::kPoolSize, "poolSize", "pool_size"},
+    {LayerArg::kPadding, "padding", "padding"},
+    {LayerArg::kActivation, "activation", "activation"},
+    {LayerArg::kUseBias, "useBias", "use_bias"},
+    {LayerArg::kUnits, "units", "units"},
+    {LayerArg::kRate, "rate", "rate"},
+    {LayerArg::kMomentum, "momentum", "momentum"},
+    {LayerArg::kEpsilon, "epsilon", "epsilon"},
+    {LayerArg::kTargetShape, "targetShape", "target_shape"},
+    {LayerArg::kShape, "shape", "shape"},
+    {LayerArg::kName, "name", "name"},
+};
+
+const char* LayerArgName(LayerArg arg) {
+  for (const LayerArgInfo& info : kLayerArgs) {
+    if (info.arg == arg) return info.name;
+  }
+  return "";
+}
+
+// The arguments each class takes, in the order the docs and the JSON list
+// them.
+std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
+  using A = LayerArg;
+  switch (kind) {
+    case LayerKind::kInput:
+      return {A::kShape, A::kName};
+    case LayerKind::kReshape:
+      return {A::kTargetShape, A::kName};
+    case LayerKind::kConv2D:
+      return {A::kFilters, A::kKernelSize, A::kStrides, A::kPadding,
+              A::kActivation, A::kUseBias, A::kName};
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
+      return {A::kPoolSize, A::kStrides, A::kPadding, A::kName};
+    case LayerKind::kGlobalAveragePooling2D:
+    case LayerKind::kFlatten:
+      return {A::kName};
+    case LayerKind::kDense:
+      return {A::kUnits, A::kActivation, A::kUseBias, A::kName};
+    case LayerKind::kDropout:
+      return {A::kRate, A::kName};
+    case LayerKind::kBatchNormalization:
+      return {A::kMomentum, A::kEpsilon, A::kName};
+    case LayerKind::kActivation:
+      return {A::kActivation, A::kName};
+  }
+  return {A::kName};
+}
+
+// Arguments Keras requires (no default) and an example of each.
+std::vector<std::pair<LayerArg, const char*>> RequiredArgsOf(LayerKind kind) {
+  using A = LayerArg;
+  switch (kind) {
+    case LayerKind::kInput:
+      return {{A::kShape, "shape: [28, 28, 1]"}};
+    case LayerKind::kReshape:
+      return {{A::kTargetShape, "targetShape: [28, 28, 1]"}};
+    case LayerKind::kConv2D:
+      return {{A::kFilters, "filters: 32"}, {A::kKernelSize, "kernelSize: [3, 3]"}};
+    case LayerKind::kDense:
+      return {{A::kUnits, "units: 64"}};
+    case LayerKind::kDropout:
+      return {{A::kRate, "rate: 0.5"}};
+    case LayerKind::kActivation:
+      return {{A::kActivation, "activation: relu"}};
+    default:
+      return {};
+  }
+}
+
+std::vector<std::string> ActivationNames() {
+  std::vector<std::string> names;
+  for (ActivationKind kind :
+       {ActivationKind::kLinear, ActivationKind::kRelu, ActivationKind::kSigmoid,
+        ActivationKind::kTanh, ActivationKind::kSoftmax, ActivationKind::kGelu}) {
+    names.push_back(ActivationName(kind));
+  }
+  return names;
+}
+
+Rule LayerIntRule() {  // filters, units; int32 like every count in the CRD
+  Rule r = Min(1);
+  SetIntegerBounds<int>(&r);
+  return r;
+}
+
+Rule ClosedUnitInterval() {  // [0, 1]
+  Rule r;
+  r.kind = Kind::kNumber;
+  r.min = 0;
+  r.max = 1;
+  return r;
+}
+
+// Keras' spelling of a few class names that distrain spells otherwise.
+std::string KerasAliasOf(const std::string& name) {
+  static const std::map<std::string, std::string> kAliases = {
+      {"MaxPool2D", "MaxPooling2D"},
+      {"AvgPool2D", "AveragePooling2D"},
+      {"AveragePool2D", "AveragePooling2D"},
+      {"GlobalAvgPool2D", "GlobalAveragePooling2D"},
+      {"GlobalAveragePool2D", "GlobalAveragePooling2D"},
+      {"Convolution2D", "Conv2D"},
+      {"InputLayer", "Input"},
+      {"BatchNorm", "BatchNormalization"},
+  };
+  auto it = kAliases.find(name);
+  return it == kAliases.end() ? "" : it->second;
+}
+
+std::string UnknownLayerClassMessage(const std::string& name) {
+  std::string closest = KerasAliasOf(name);
+  if (closest.empty()) closest = ClosestName(name, LayerKindNames());
+  return absl::StrCat("unknown layer class \"", name, "\"",
+                      closest.empty() ? "" : absl::StrCat("; did you mean \"", closest, "\"?"),
+                      " Supported layer classes: ", absl::StrJoin(LayerKindNames(), ", "));
+}
+
+// "kernel_size" -> "kernelSize".
+std::string SnakeToCamel(const std::string& s) {
+  std::string out;
+  bool upper = false;
+  for (char c : s) {
+    if (c == '_') {
+      upper = !out.empty();
+      continue;
+    }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    upper = false;
+  }
+  return out;
+}
+
+std::string UnknownLayerArgMessage(LayerKind kind, const std::string& key) {
+  std::vector<std::string> names;
+  for (LayerArg arg : LayerArgsOf(kind)) names.push_back(LayerArgName(arg));
+  const std::string known = absl::StrCat(LayerKindName(kind), "'s arguments: ",
+                                         absl::StrJoin(names, ", "));
+  const std::string camel = SnakeToCamel(key);
+  if (camel != key && std::find(names.begin(), names.end(), camel) != names.end()) {
+    return absl::StrCat("unknown argument of ", LayerKindName(kind), "; did you mean \"", camel,
+                        "\"? (Keras' arguments, spelled in camelCase)");
+  }
+  std::string closest = ClosestName(camel, names);
+  if (!closest.empty()) {
+    return absl::StrCat("unknown argument of ", LayerKindName(kind), "; did you mean \"",
+                        closest, "\"?");
+  }
+  return absl::StrCat(LayerKindName(kind), " takes no argument \"", key, "\" in distrain; ",
+                      known);
+}
+
+// kernelSize, poolSize, strides: an integer (both axes, as in Keras) or
+// [rows, cols].
+std::optional<std::array<int64_t, 2>> DecodePair(const Json& v, const std::string& path,
+                                                 Issues* issues) {
+  Rule item = LayerIntRule();
+  if (v.is_array()) {
+    if (v.size() != 2) {
+      issues->Add(path, absl::StrCat("must be an integer or a list of 2 integers [rows, cols], "
+                                     "got ",
+                                     Show(v)));
+      return std::nullopt;
+    }
+    Rule list = item;
+    list.kind = Kind::kArray;
+    list.item_kind = Kind::kInteger;
+    if (!Check(list, v, path, issues)) return std::nullopt;
+    return std::array<int64_t, 2>{v[0].get<int64_t>(), v[1].get<int64_t>()};
+  }
+  std::string problem = ScalarProblem(item, Kind::kInteger, v);
+  if (!problem.empty()) {
+    if (!v.is_number()) problem += "; or a list of 2 integers [rows, cols]";
+    issues->Add(path, std::move(problem));
+    return std::nullopt;
+  }
+  const int64_t n = v.get<int64_t>();
+  return std::array<int64_t, 2>{n, n};
+}
+
+std::optional<std::vector<int64_t>> DecodeShapeList(const Json& v, const std::string& path,
+                                                    bool allow_unknown, Issues* issues) {
+  Rule list;
+  list.kind = Kind::kArray;
+  list.item_kind = Kind::kInteger;
+  list.min = allow_unknown ? -1 : 1;
+  SetIntegerBounds<int>(&list);
+  list.kind = Kind::kArray;
+  if (!Check(list, v, path, issues)) return std::nullopt;
+  bool ok = true;
+  if (v.empty()) {
+    issues->Add(path, "must list at least one dimension");
+    ok = false;
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i].get<int64_t>() == 0) {
+      issues->Add(JoinYamlPath(path, i),
+                  "must be a positive integer (or -1 for the one inferred dimension), got 0");
+      ok = false;
+    }
+  }
+  if (!ok) return std::nullopt;
+  return v.get<std::vector<int64_t>>();
+}
+
+// Decodes one argument into `layer`; reports problems under `path`.
+void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerConfig* layer,
+                    Issues* issues) {
+  switch (arg) {
+    case LayerArg::kFilters:
+    case LayerArg::kUnits:
+      if (Check(LayerIntRule(), v, path, issues)) {
+        (arg == LayerArg::kFilters ? layer->filters : layer->units) = v.get<int64_t>();
+      }
+      break;
+    case LayerArg::kKernelSize:
+      if (auto pair = DecodePair(v, path, issues)) layer->kernel_size = *pair;
+      break;
+    case LayerArg::kPoolSize:
+      if (auto pair = DecodePair(v, path, issues)) layer->pool_size = *pair;
+      break;
+    case LayerArg::kStrides:
+      if (auto pair = DecodePair(v, path, issues)) layer->strides = *pair;
+      break;
+    case LayerArg::kPadding:
+      if (Check(OneOf({"valid", "same"}), v, path, issues)) {
+        layer->padding = v.get<std::string>() == "same" ? PaddingKind::kSame : PaddingKind::kValid;
+      }
+      break;
+    case LayerArg::kActivation:
+      if (Check(OneOf(ActivationNames()), v, path, issues)) {
+        layer->activation = *ParseActivationName(v.get<std::string>());
+      }
+      break;
+    case LayerArg::kUseBias: {
+      Rule r;
+      r.kind = Kind::kBoolean;
+      if (Check(r, v, path, issues)) layer->use_bias = v.get<bool>();
+      break;
+    }
+    case LayerArg::kRate: {
+      Rule r = UnitInterval();
+      r.kind = Kind::kNumber;
+      if (Check(r, v, path, issues)) layer->rate = v.get<double>();
+      break;
+    }
+    case LayerArg::kMomentum:
+      if (Check(ClosedUnitInterval(), v, path, issues)) layer->momentum = v.get<double>();
+      break;
+    case LayerArg::kEpsilon: {
+      Rule r = Above(0);
+      r.kind = Kind::kNumber;
+      if (Check(r, v, path, issues)) layer->epsilon = v.get<double>();
+      break;
+    }
+    case LayerArg::kTargetShape:
+      if (auto shape = DecodeShapeList(v, path, /*allow_unknown=*/true, issues)) {
+        layer->shape = *shape;
+        if (std::count(shape->begin(), shape->end(), -1) > 1) {
+          issues->Add(path, absl::StrCat("has more than one -1, got ", Show(v),
+                                         "; at most one dimension can be inferred"));
+        }
+      }
+      break;
+    case LayerArg::kShape:
+      if (auto shape = DecodeShapeList(v, path, /*allow_unknown=*/false, issues)) {
+        layer->shape = *shape;
+      }
+      break;
+    case LayerArg::kName: {
+      Rule r;
+      r.kind = Kind::kString;
+      if (!Check(r, v, path, issues)) break;
+      const std::string name = v.get<std::string>();
+      if (name.empty()) {
+        issues->Add(path, "must not be empty; remove it to get Keras' automatic name");
+      } else if (name.find('/') != std::string::npos) {
+        issues->Add(path, absl::StrCat("must not contain '/' (it separates a layer's name from "
+                                       "its variables', \"<name>/kernel\"), got ",
+                                       Show(v)));
+      } else {
+        layer->name = name;
+      }
+      break;
+    }
+  }
+}
+
+// One entry of the list: {<Class>: {<arguments>}}.
+std::optional<LayerConfig> DecodeLayer(const Json& entry, const std::string& path,
+                                       Issues* issues) {
+  const std::string example = "such as {Dense: {units: 10}} or {Flatten: {}}";
+  if (!entry.is_object()) {
+    std::string problem = absl::StrCat(
+        "must be a mapping with one key, the layer class, ", example, ", got ", Show(entry));
+    if (entry.is_string() && ParseLayerKind(entry.get<std::string>())) {
+      absl::StrAppend(&problem, "; write {", entry.get<std::string>(), ": {}}");
+    }
+    issues->Add(path, std::move(problem));
+    return std::nullopt;
+  }
+  if (entry.empty()) {
+    issues->Add(path, absl::StrCat("is empty; name one layer class, ", example));
+    return std::nullopt;
+  }
+  if (entry.size() > 1) {
+    std::vector<std::string> keys;
+    std::vector<std::string> classes;
+    for (const auto& [key, value] : entry.items()) {
+      keys.push_back(key);
+      if (ParseLayerKind(key)) classes.push_back(key);
+    }
+    if (classes.size() == 1) {
+      // `- Conv2D:` with its arguments at the level of the class name: an
+      // indentation slip.
+      std::vector<std::string> args;
+      for (const std::string& key : keys) {
+        if (key != classes[0]) args.push_back(key);
+      }
+      issues->Add(path, absl::StrCat("has keys ", absl::StrJoin(keys, ", "), "; the arguments ",
+                                     absl::StrJoin(args, ", "), " belong under ", classes[0],
+                                     ": write {", classes[0], ": {", args[0],
+                                     ": ...}} (indent them below ", classes[0], ":)"));
+    } else {
+      issues->Add(path, absl::StrCat("has ", keys.size(), " keys (", absl::StrJoin(keys, ", "),
+                                     "); each list entry is one layer with one key, the layer "
+                                     "class; put each layer in its own entry"));
+    }
+    return std::nullopt;
+  }
+  const std::string class_name = entry.begin().key();
+  const Json& args = entry.begin().value();
+  const std::string class_path = JoinYamlPath(path, class_name);
+  std::optional<LayerKind> kind = ParseLayerKind(class_name);
+  if (!kind) {
+    issues->Add(class_path, UnknownLayerClassMessage(class_name));
+    return std::nullopt;
+  }
+  LayerConfig layer;
+  layer.kind = *kind;
+  if (args.is_null()) return layer;  // `- Flatten:` with nothing after it
+  if (!args.is_object()) {
+    issues->Add(class_path, absl::StrCat("must be a mapping of ", class_name,
+                                         "'s arguments (use {} for none), got ", Show(args)));
+    return std::nullopt;
+  }
+  const std::vector<LayerArg> allowed = LayerArgsOf(*kind);
+  const size_t before = issues->size();
+  for (const auto& [key, value] : args.items()) {
+    const std::string arg_path = JoinYamlPath(class_path, key);
+    auto arg = std::find_if(allowed.begin(), allowed.end(),
+                            [&](LayerArg a) { return key == LayerArgName(a); });
+    if (arg == allowed.end()) {
+      issues->Add(arg_path, UnknownLayerArgMessage(*kind, key));
+    } else if (!value.is_null()) {
+      DecodeLayerArg(*arg, value, arg_path, &layer, issues);
+    }
+  }
+  for (const auto& [arg, sample] : RequiredArgsOf(*kind)) {
+    auto it = args.find(LayerArgName(arg));
+    if (it == args.end() || it->is_null()) {
+      issues->Add(JoinYamlPath(class_path, LayerArgName(arg)),
+                  absl::StrCat("required; ", class_name, " has no default for it (e.g. ", sample,
+                               ")"));
+    }
+  }
+  if (issues->size() != before) return std::nullopt;
+  return layer;
+}
+
+void DecodeLayers(const Json& v, const std::string& path, JobConfig* config, Issues* issues) {
+  if (!v.is_array()) {
+    issues->Add(path, absl::StrCat("must be a list of layers, each {<LayerClass>: {<arguments>}} "
+                                   "such as [{Flatten: {}}, {Dense: {units: 10}}], got ",
+                                   Show(v)));
+    return;
+  }
+  std::vector<LayerConfig> layers;
+  bool ok = true;
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::optional<LayerConfig> layer = DecodeLayer(v[i], JoinYamlPath(path, i), issues);
+    if (layer) {
+      layers.push_back(std::move(*layer));
+    } else {
+      ok = false;
+    }
+  }
+  if (ok) config->training.model.layers = std::move(layers);
+}
+
+Json PairJson(const std::array<int64_t, 2>& pair) { return Json::array({pair[0], pair[1]}); }
+
+Json LayerToJson(const LayerConfig& layer) {
+  Json args = Json::object();
+  for (LayerArg arg : LayerArgsOf(layer.kind)) {
+    const char* name = LayerArgName(arg);
+    switch (arg) {
+      case LayerArg::kFilters:
+        args[name] = layer.filters;
+        break;
+      case LayerArg::kUnits:
+        args[name] = layer.units;
+        break;
+      case LayerArg::kKernelSize:
+        args[name] = PairJson(layer.kernel_size);
+        break;
+      case LayerArg::kPoolSize:
+        args[name] = PairJson(layer.pool_size);
+        break;
+      case LayerArg::kStrides:
+        if (layer.strides) args[name] = PairJson(*layer.strides);
+        break;
+      case LayerArg::kPadding:
+        args[name] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+        break;
+      case LayerArg::kActivation:
+        args[name] = ActivationName(layer.activation);
+        break;
+      case LayerArg::kUseBias:
+        args[name] = layer.use_bias;
+        break;
+      case LayerArg::kRate:
+        args[name] = layer.rate;
+        break;
+      case LayerArg::kMomentum:
+        args[name] = layer.momentum;
+        break;
+      case LayerArg::kEpsilon:
+        args[name] = layer.epsilon;
+        break;
+      case LayerArg::kTargetShape:
+      case LayerArg::kShape:
+        args[name] = layer.shape;
+        break;
+      case LayerArg::kName:
+        if (!layer.name.empty()) args[name] = layer.name;
+        break;
+    }
+  }
+  Json entry = Json::object();
+  entry[LayerKindName(layer.kind)] = std::move(args);
+  return entry;
+}
+
+FieldSpec LayersField(std::string path) {
+  FieldSpec f;
+  f.path = std::move(path);
+  f.rule.kind = Kind::kArray;
+  f.rule.item_kind = Kind::kObject;
+  f.decode = DecodeLayers;
+  f.get = [](const JobConfig& c) -> std::optional<Json> {
+    if (c.training.model.layers.empty()) return std::nullopt;
+    Json layers = Json::array();
+    for (const LayerConfig& layer : c.training.model.layers) layers.push_back(LayerToJson(layer));
+    return layers;
+  };
+  return f;
+}
+
+// After the table's fields: what model.type is when absent, the fields that
+// exclude each other, and Keras' automatic layer names. `model` is the
+// document's spec.training.model (nullptr when absent).
+void FinishModel(const Json* model, const std::string& display, JobConfig* config,
+                 Issues* issues) {
+  ModelConfig& m = config->training.model;
+  if (model != nullptr && model->is_object()) {
+    auto present = [&](const char* key) {
+      auto it = model->find(key);
+      return it != model->end() && !it->is_null();
+    };
+    const bool has_layers = present("layers") && (*model)["layers"].is_array() &&
+                            !(*model)["layers"].empty();
+    if (has_layers && present("hiddenUnits")) {
+      issues->Add(JoinYamlPath(display, "hiddenUnits"),
+                  absl::StrCat("given together with ", display,
+                               ".layers; hiddenUnits sizes the mlp shorthand, layers describe a "
+                               "sequential model: remove one of them"));
+    }
+    if (has_layers && present("type") && m.type == "mlp") {
+      issues->Add(JoinYamlPath(display, "type"),
+                  absl::StrCat("is mlp but ", display,
+                               ".layers is given; mlp builds its layers from hiddenUnits: set "
+                               "type: sequential (or remove type) to train the layers"));
+    }
+    if (has_layers && !present("type")) m.type = "sequential";
+  }
+  AssignLayerNames(&m.layers);
+}
+
 #define DISTRAIN_REF(member) [](auto& c) -> auto& { return c.member; }
 
 const std::vector<FieldSpec>& SpecFields() {
@@ -593,9 +1159,15 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("runPolicy.scheduling.schedulerName",
             DISTRAIN_REF(run_policy.scheduling.scheduler_name)),
 
-      Field("training.model.type", DISTRAIN_REF(training.model.type), OneOf({"mlp"})),
-      Field("training.model.hiddenUnits", DISTRAIN_REF(training.model.hidden_units), Min(1)),
-      Field("training.model.activation", DISTRAIN_REF(training.model.activation), OneOf({"relu"})),
+      Derived(Field("training.model.type", DISTRAIN_REF(training.model.type),
+                    OneOf({"mlp", "sequential"}))),
+      Derived(MlpOnly(
+          Field("training.model.hiddenUnits", DISTRAIN_REF(training.model.hidden_units), Min(1)))),
+      MlpOnly(Field("training.model.activation", DISTRAIN_REF(training.model.activation),
+                    OneOf({"relu"}))),
+      LayersField("training.model.layers"),
+      EnumField("training.model.loss.type", DISTRAIN_REF(training.model.loss.kind), kLossKinds),
+      Field("training.model.loss.fromLogits", DISTRAIN_REF(training.model.loss.from_logits)),
 
       EnumField("training.dataset.type", DISTRAIN_REF(training.dataset.type), kDatasetTypes),
       Field("training.dataset.numExamples", DISTRAIN_REF(training.dataset.num_examples), Min(1)),
@@ -717,7 +1289,11 @@ void DecodeObject(const Json& object, const std::string& rel, const std::string&
     const std::string child_rel = rel.empty() ? key : absl::StrCat(rel, ".", key);
     if (value.is_null()) continue;  // like the API server: null is absent
     if (const FieldSpec* field = FindField(child_rel)) {
-      if (Check(field->rule, value, child_display, issues)) field->set(value, config);
+      if (field->decode) {
+        field->decode(value, child_display, config, issues);
+      } else if (Check(field->rule, value, child_display, issues)) {
+        field->set(value, config);
+      }
     } else if (IsObjectPath(child_rel)) {
       if (!value.is_object()) {
         issues->Add(child_display, absl::StrCat("must be a mapping, got ", Show(value)));
@@ -850,6 +1426,14 @@ void DecodeName(const Json& v, const std::string& path, std::string* out, Issues
   *out = v.get<std::string>();
 }
 
+// spec.training.model of a spec (or of DISTRAIN_JOB_CONFIG's root), if any.
+const Json* ModelOf(const Json& spec) {
+  auto training = spec.find("training");
+  if (training == spec.end() || !training->is_object()) return nullptr;
+  auto model = training->find("model");
+  return model == training->end() ? nullptr : &*model;
+}
+
 // The whole DistributedTrainingJob document.
 JobConfig DecodeDocument(const Json& root, Issues* issues) {
   JobConfig config;
@@ -923,6 +1507,7 @@ JobConfig DecodeDocument(const Json& root, Issues* issues) {
     DecodeElasticPolicy(*elastic, "spec.elasticPolicy", &config, issues);
   }
   DecodeObject(*spec, "", "spec", {"replicaSpecs", "elasticPolicy"}, &config, issues);
+  FinishModel(ModelOf(*spec), "spec.training.model", &config, issues);
   return config;
 }
 
@@ -943,6 +1528,86 @@ void SetPath(Json* root, const std::string& path, Json value) {
 }
 
 std::string SpecPath(const std::string& rel) { return absl::StrCat("spec.", rel); }
+
+// The model's rules between fields and against the data. `example_shape`:
+// one example's shape when known (synthetic data, or read from the files);
+// `num_classes` > 0 when known.
+void ValidateModel(const TrainingConfig& t, const std::optional<std::vector<int64_t>>& example_shape,
+                   int num_classes, Issues* issues) {
+  const ModelConfig& m = t.model;
+  const std::string path = "spec.training.model";
+  if (m.loss.kind == LossKind::kMeanSquaredError && m.loss.from_logits) {
+    issues->Add(path + ".loss.fromLogits",
+                "MeanSquaredError takes no fromLogits (Keras' MeanSquaredError has no such "
+                "argument); remove it");
+  }
+  if (m.type == "mlp") {
+    if (!m.layers.empty()) {
+      issues->Add(path + ".layers",
+                  "given with spec.training.model.type: mlp, which builds its layers from "
+                  "hiddenUnits; set type: sequential to train the layers");
+    }
+    if (m.loss.from_logits == false) {
+      issues->Add(path + ".loss.fromLogits",
+                  "is false, but the mlp shorthand ends in a Dense layer without activation, so "
+                  "its outputs are logits; remove fromLogits or set it to true");
+    }
+    if (m.loss.kind == LossKind::kBinaryCrossentropy) {
+      issues->Add(path + ".loss.type",
+                  "BinaryCrossentropy needs a model with one output, but the mlp shorthand ends "
+                  "in one logit per class; use SparseCategoricalCrossentropy, or layers ending "
+                  "in Dense: {units: 1}");
+    }
+    return;
+  }
+  if (m.type != "sequential") return;  // the field's own check reports it
+  if (m.layers.empty()) {
+    issues->Add(path + ".layers",
+                "required for spec.training.model.type: sequential; list the layers, e.g. "
+                "[{Flatten: {}}, {Dense: {units: 10}}]");
+    return;
+  }
+  // A config built in code meets the YAML's rules, with the YAML's messages:
+  // its layers go through the same decoder.
+  Issues argument_issues;
+  JobConfig scratch;
+  Json layers_json = Json::array();
+  for (const LayerConfig& layer : m.layers) layers_json.push_back(LayerToJson(layer));
+  DecodeLayers(layers_json, path + ".layers", &scratch, &argument_issues);
+  if (!argument_issues.empty()) {
+    issues->Append(argument_issues);
+    return;
+  }
+  std::optional<std::vector<int64_t>> shape = example_shape;
+  // Without the data, an Input layer still says what the model expects.
+  if (!shape && m.layers.front().kind == LayerKind::kInput) shape = m.layers.front().shape;
+  if (!shape) return;
+  absl::StatusOr<std::vector<std::vector<int64_t>>> shapes = InferLayerShapes(m.layers, *shape);
+  if (!shapes.ok()) {
+    for (absl::string_view line : absl::StrSplit(shapes.status().message(), '\n')) {
+      issues->Add("", std::string(line));
+    }
+    return;
+  }
+  if (absl::Status s = CheckModelOutput(shapes->back(), num_classes, m.loss); !s.ok()) {
+    issues->Add("", std::string(s.message()));
+  }
+}
+
+// First non-blank line of a text file, at most 1 MiB of it.
+absl::StatusOr<std::string> FirstLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) return line;
+    if (in.tellg() > (1 << 20)) break;
+  }
+  return absl::DataLossError(absl::StrCat(path, ": no data lines"));
+}
 
 }  // namespace
 
@@ -1096,8 +1761,92 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
   DecodeObject(root, "", "spec",
                {"name", "namespace", "replicas", "restartPolicies", "elasticPolicy"}, &config,
                &issues);
+  FinishModel(ModelOf(root), "spec.training.model", &config, &issues);
   if (!issues.empty()) return issues.ToStatus(nullptr);
   return config;
+}
+
+absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset) {
+  switch (dataset.type) {
+    case DatasetType::kSynthetic:
+      return std::vector<int64_t>{dataset.num_features};
+    case DatasetType::kCsv: {
+      if (dataset.train_files.empty()) {
+        return absl::InvalidArgumentError("spec.training.dataset.trainFiles: no CSV file");
+      }
+      const std::string& path = dataset.train_files.front();
+      absl::StatusOr<std::string> line = FirstLine(path);
+      if (!line.ok()) return line.status();
+      const int64_t columns = static_cast<int64_t>(std::count(line->begin(), line->end(), ',')) + 1;
+      if (columns < 2 || dataset.label_column >= columns) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the first line has ", columns,
+                         " columns; expected the features and the label column ",
+                         dataset.label_column));
+      }
+      return std::vector<int64_t>{columns - 1};
+    }
+    case DatasetType::kIdx: {
+      if (dataset.train_files.empty()) {
+        return absl::InvalidArgumentError("spec.training.dataset.trainFiles: no IDX image file");
+      }
+      // Only the header: magic 0x00000803 and three big-endian uint32
+      // dimensions [n, rows, cols].
+      const std::string& path = dataset.train_files.front();
+      std::ifstream in(path, std::ios::binary);
+      if (!in) {
+        return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+      }
+      unsigned char header[16] = {};
+      in.read(reinterpret_cast<char*>(header), sizeof(header));
+      if (in.gcount() >= 2 && header[0] == 0x1f && header[1] == 0x8b) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": is gzip-compressed; gunzip it first"));
+      }
+      if (in.gcount() != sizeof(header)) {
+        return absl::DataLossError(absl::StrCat(path, ": shorter than an IDX header (16 bytes)"));
+      }
+      if (header[0] != 0 || header[1] != 0 || header[2] != 0x08 || header[3] != 3) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": not an IDX image file (magic 0x00000803 for unsigned bytes [n, rows, cols])"));
+      }
+      auto dim = [&](int i) {
+        return (int64_t{header[4 * i]} << 24) | (int64_t{header[4 * i + 1]} << 16) |
+               (int64_t{header[4 * i + 2]} << 8) | int64_t{header[4 * i + 3]};
+      };
+      return std::vector<int64_t>{dim(2), dim(3), 1};
+    }
+  }
+  return absl::InvalidArgumentError("spec.training.dataset.type: unknown");
+}
+
+absl::Status ValidateModelWithData(const JobConfig& config, std::vector<std::string>* notes) {
+  const TrainingConfig& t = config.training;
+  Issues issues;
+  std::optional<std::vector<int64_t>> shape;
+  int num_classes = 0;
+  const bool layers = t.model.type == "sequential" && !t.model.layers.empty();
+  if (t.dataset.type == DatasetType::kSynthetic) {
+    shape = std::vector<int64_t>{t.dataset.num_features};
+    num_classes = t.dataset.num_classes;
+  } else if (layers) {
+    absl::StatusOr<std::vector<int64_t>> read = ExampleShapeOf(t.dataset);
+    if (read.ok()) {
+      shape = *read;
+    } else if (notes != nullptr) {
+      notes->push_back(absl::StrCat(
+          "spec.training.model.layers: shape checks against the data skipped: ",
+          read.status().message(), " (the worker reports data problems with exit code 4)"));
+    }
+  }
+  ValidateModel(t, shape, num_classes, &issues);
+  if (!issues.empty()) return issues.ToStatus(nullptr);
+  if (layers && notes != nullptr) {
+    for (std::string& warning : ModelWarnings(t.model.layers, t.model.loss)) {
+      notes->push_back(std::move(warning));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateJobConfig(const JobConfig& config) {
@@ -1108,6 +1857,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   // Single-field rules, for configs that did not come through a parser.
   for (const FieldSpec& field : SpecFields()) {
+    if (field.decode) continue;  // checked below, with the rules between fields
     if (std::optional<Json> value = field.get(config))
       Check(field.rule, *value, SpecPath(field.path), &issues);
   }
@@ -1270,6 +2020,16 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     }
   }
 
+  // The model: what needs no file (synthetic data, or an Input layer).
+  {
+    const bool synthetic = t.dataset.type == DatasetType::kSynthetic;
+    ValidateModel(t,
+                  synthetic ? std::optional<std::vector<int64_t>>(
+                                  std::vector<int64_t>{t.dataset.num_features})
+                            : std::nullopt,
+                  synthetic ? t.dataset.num_classes : 0, &issues);
+  }
+
   // Files per dataset type.
   const DatasetConfig& d = t.dataset;
   const std::string ds = "spec.training.dataset.";
@@ -1335,7 +2095,8 @@ const std::vector<JobSpecField>& JobSpecFields() {
     const JobConfig defaults;
     const ReplicaSpec replica_defaults;
     for (const FieldSpec& field : SpecFields()) {
-      add(field.path, field.rule, field.get(defaults));
+      add(field.path, field.rule,
+          field.derived_default ? std::nullopt : field.get(defaults));
       if (field.path == "strategy") {
         add("replicaSpecs.*.replicas", ReplicasRule(), Json(replica_defaults.replicas));
         add("replicaSpecs.*.restartPolicy", RestartPolicyRule(),

@@ -207,6 +207,21 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text);
 // rules): replica counts per strategy, batch divisibility, file lists, ...
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// One example's shape as the worker will see it: synthetic -> {numFeatures};
+// csv -> {columns - 1} from the first line of the first train file; idx ->
+// {rows, cols, 1} from the first images file's header. Reads nothing else.
+// An error when a file is missing or unreadable (the worker's data errors
+// exit with code 4; callers treat this as "shape unknown").
+absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset);
+
+// The model against its data, before any process starts (distrain run): the
+// layers' shapes from ExampleShapeOf (every layer problem, one per line), the
+// output against the loss and numClasses (synthetic). Call after
+// ValidateJobConfig succeeded. `notes` (may be null) gets what is worth
+// saying but not fatal: Keras' compile-time warnings (ModelWarnings) and shape
+// checks skipped because the data could not be read.
+absl::Status ValidateModelWithData(const JobConfig& config, std::vector<std::string>* notes);
+
 // One field of spec that the parser accepts, so that other descriptions of
 // the API (the CRD in crds/, docs) can be checked against this parser.
 struct JobSpecField {

@@ -421,7 +421,7 @@ std::vector<BadDocCase> BadDocs() {
       {"ModelNotAMapping", JobYaml("training: {model: 5}"),
        "spec.training.model: must be a mapping, got 5"},
       {"BadModelType", JobYaml("training: {model: {type: cnn}}"),
-       "spec.training.model.type: must be one of \"mlp\", got \"cnn\""},
+       "spec.training.model.type: must be one of \"mlp\", \"sequential\", got \"cnn\""},
       {"BadActivation", JobYaml("training: {model: {activation: tanh}}"),
        "spec.training.model.activation: must be one of \"relu\", got \"tanh\""},
       {"HiddenUnitZero", JobYaml("training: {model: {hiddenUnits: [128, 0]}}"),
