@@ -1,0 +1,288 @@
+// ops.h's windowed ops (Conv2D, pooling), batch normalisation, global
+// average pooling and SetCpuThreadsForThisThread: shape checks, output
+// sizing and dispatch on the tensors' device. The CPU backend is
+// worker/tensor/cpu/window_ops.h (oneDNN); the CUDA backend plugs in at the
+// kCuda branches (the GPU issue).
+//
+// Thread-safety: reentrant (the backend keeps per-thread state).
+
+#include <algorithm>
+#include <array>
+#include <initializer_list>
+#include <vector>
+
+#include "common/check.h"
+#include "worker/tensor/cpu/window_ops.h"
+#include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
+
+namespace distrain::ops {
+namespace {
+
+// The same device for every tensor of a call; returns it.
+Device CallDevice(std::initializer_list<const Tensor*> tensors) {
+  const Device d = (*tensors.begin())->device();
+  for (const Tensor* t : tensors) {
+    if (t != nullptr) DISTRAIN_CHECK(t->device() == d) << "tensors of one op on two devices";
+  }
+  return d;
+}
+
+[[noreturn]] void NoCuda(const char* op) {
+  DISTRAIN_CHECK(false) << op << ": CUDA backend not built";
+  __builtin_unreachable();
+}
+
+void CheckShape(const Tensor& t, const std::vector<int64_t>& want, const char* what) {
+  DISTRAIN_CHECK(t.shape() == want) << what << " is " << t.ShapeString() << ", expected "
+                                    << Tensor(want).ShapeString();
+}
+
+void CheckWindow(const Window2D& w) {
+  DISTRAIN_CHECK(w.batch > 0 && w.in_h > 0 && w.in_w > 0 && w.in_c > 0 && w.out_h > 0 &&
+                 w.out_w > 0 && w.out_c > 0 && w.kernel_h > 0 && w.kernel_w > 0 &&
+                 w.stride_h > 0 && w.stride_w > 0 && w.pad_top >= 0 && w.pad_bottom >= 0 &&
+                 w.pad_left >= 0 && w.pad_right >= 0)
+      << "degenerate window";
+  // The output size the padding implies (floor division, as oneDNN and TF).
+  DISTRAIN_CHECK_EQ(w.out_h, (w.in_h + w.pad_top + w.pad_bottom - w.kernel_h) / w.stride_h + 1);
+  DISTRAIN_CHECK_EQ(w.out_w, (w.in_w + w.pad_left + w.pad_right - w.kernel_w) / w.stride_w + 1);
+}
+
+std::vector<int64_t> InShape(const Window2D& w) { return {w.batch, w.in_h, w.in_w, w.in_c}; }
+std::vector<int64_t> OutShape(const Window2D& w) { return {w.batch, w.out_h, w.out_w, w.out_c}; }
+std::vector<int64_t> KernelShape(const Window2D& w) {
+  return {w.kernel_h, w.kernel_w, w.in_c, w.out_c};
+}
+
+// Keras' padding arithmetic along one axis (common/model_spec.h,
+// KerasAxisWindow, restated here so the ops do not depend on the spec's
+// translation unit): valid: floor((in - k) / s) + 1; same: ceil(in / s) with
+// the odd padding element at the end.
+void AxisWindow(int64_t in, int64_t k, int64_t s, PaddingKind padding, int64_t* out,
+                int64_t* before, int64_t* after) {
+  if (padding == PaddingKind::kValid) {
+    *out = in >= k ? (in - k) / s + 1 : 0;
+    *before = *after = 0;
+    return;
+  }
+  *out = (in + s - 1) / s;
+  const int64_t total = std::max<int64_t>((*out - 1) * s + k - in, 0);
+  *before = total / 2;
+  *after = total - *before;
+}
+
+}  // namespace
+
+Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, int64_t out_c,
+                       std::array<int64_t, 2> kernel, std::array<int64_t, 2> strides,
+                       PaddingKind padding) {
+  Window2D w;
+  w.batch = batch;
+  w.in_h = in_h;
+  w.in_w = in_w;
+  w.in_c = in_c;
+  w.out_c = out_c;
+  w.kernel_h = kernel[0];
+  w.kernel_w = kernel[1];
+  w.stride_h = strides[0];
+  w.stride_w = strides[1];
+  AxisWindow(in_h, kernel[0], strides[0], padding, &w.out_h, &w.pad_top, &w.pad_bottom);
+  AxisWindow(in_w, kernel[1], strides[1], padding, &w.out_w, &w.pad_left, &w.pad_right);
+  return w;
+}
+
+void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
+                   Tensor* y) {
+  CheckWindow(w);
+  CheckShape(x, InShape(w), "Conv2D input");
+  CheckShape(kernel, KernelShape(w), "Conv2D kernel");
+  if (bias != nullptr) CheckShape(*bias, {w.out_c}, "Conv2D bias");
+  DISTRAIN_CHECK(y != &x) << "Conv2D output aliases its input";
+  y->Resize(OutShape(w));
+  switch (CallDevice({&x, &kernel, bias, y})) {
+    case Device::kCpu:
+      return cpu::Conv2DForward(w, x.data(), kernel.data(),
+                                bias != nullptr ? bias->data() : nullptr, y->data());
+    case Device::kCuda:
+      NoCuda("Conv2DForward");
+  }
+}
+
+void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx) {
+  CheckWindow(w);
+  CheckShape(dy, OutShape(w), "Conv2D output gradient");
+  CheckShape(kernel, KernelShape(w), "Conv2D kernel");
+  DISTRAIN_CHECK(dx != &dy);
+  dx->Resize(InShape(w));
+  switch (CallDevice({&dy, &kernel, dx})) {
+    case Device::kCpu:
+      return cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data());
+    case Device::kCuda:
+      NoCuda("Conv2DBackwardData");
+  }
+}
+
+void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
+                           Tensor* dbias) {
+  CheckWindow(w);
+  CheckShape(x, InShape(w), "Conv2D input");
+  CheckShape(dy, OutShape(w), "Conv2D output gradient");
+  dkernel->Resize(KernelShape(w));
+  if (dbias != nullptr) dbias->Resize({w.out_c});
+  switch (CallDevice({&x, &dy, dkernel, dbias})) {
+    case Device::kCpu:
+      return cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(),
+                                        dbias != nullptr ? dbias->data() : nullptr);
+    case Device::kCuda:
+      NoCuda("Conv2DBackwardWeights");
+  }
+}
+
+void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,
+                   Tensor* workspace) {
+  CheckWindow(w);
+  DISTRAIN_CHECK_EQ(w.in_c, w.out_c);
+  CheckShape(x, InShape(w), "pooling input");
+  DISTRAIN_CHECK(y != &x && workspace != nullptr);
+  y->Resize(OutShape(w));
+  switch (CallDevice({&x, y, workspace})) {
+    case Device::kCpu: {
+      const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
+      workspace->Resize({ws});
+      return cpu::Pool2DForward(kind, w, x.data(), y->data(), ws > 0 ? workspace->data() : nullptr);
+    }
+    case Device::kCuda:
+      NoCuda("Pool2DForward");
+  }
+}
+
+void Pool2DBackward(PoolKind kind, const Window2D& w, const Tensor& x, const Tensor& y,
+                    const Tensor& dy, const Tensor& workspace, Tensor* dx) {
+  CheckWindow(w);
+  DISTRAIN_CHECK_EQ(w.in_c, w.out_c);
+  CheckShape(x, InShape(w), "pooling input");
+  CheckShape(y, OutShape(w), "pooling output");
+  CheckShape(dy, OutShape(w), "pooling output gradient");
+  dx->Resize(InShape(w));
+  switch (CallDevice({&x, &y, &dy, &workspace, dx})) {
+    case Device::kCpu: {
+      const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
+      DISTRAIN_CHECK_EQ(workspace.size(), ws) << "workspace not from Pool2DForward";
+      return cpu::Pool2DBackward(kind, w, dy.data(), ws > 0 ? workspace.data() : nullptr,
+                                 dx->data());
+    }
+    case Device::kCuda:
+      NoCuda("Pool2DBackward");
+  }
+}
+
+namespace {
+
+// x viewed as [m, c], c = gamma.size().
+int64_t BnRows(const Tensor& x, const Tensor& gamma) {
+  DISTRAIN_CHECK(x.rank() >= 2 && x.dim(x.rank() - 1) == gamma.size())
+      << "batch norm over " << x.ShapeString() << " with " << gamma.size() << " channels";
+  DISTRAIN_CHECK_GT(x.size(), 0);
+  return x.size() / gamma.size();
+}
+
+}  // namespace
+
+void BatchNormForwardTraining(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float epsilon, Tensor* y, Tensor* batch_mean, Tensor* batch_var) {
+  const int64_t m = BnRows(x, gamma), c = gamma.size();
+  CheckShape(beta, gamma.shape(), "batch norm beta");
+  DISTRAIN_CHECK(y != &x);
+  y->Resize(x.shape());
+  batch_mean->Resize({c});
+  batch_var->Resize({c});
+  switch (CallDevice({&x, &gamma, &beta, y, batch_mean, batch_var})) {
+    case Device::kCpu:
+      return cpu::BatchNormForwardTraining(m, c, x.data(), gamma.data(), beta.data(), epsilon,
+                                           y->data(), batch_mean->data(), batch_var->data());
+    case Device::kCuda:
+      NoCuda("BatchNormForwardTraining");
+  }
+}
+
+void BatchNormForwardInference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& mean, const Tensor& var, float epsilon, Tensor* y) {
+  const int64_t m = BnRows(x, gamma), c = gamma.size();
+  CheckShape(beta, gamma.shape(), "batch norm beta");
+  CheckShape(mean, gamma.shape(), "batch norm mean");
+  CheckShape(var, gamma.shape(), "batch norm variance");
+  DISTRAIN_CHECK(y != &x);
+  y->Resize(x.shape());
+  switch (CallDevice({&x, &gamma, &beta, &mean, &var, y})) {
+    case Device::kCpu:
+      return cpu::BatchNormForwardInference(m, c, x.data(), gamma.data(), beta.data(),
+                                            mean.data(), var.data(), epsilon, y->data());
+    case Device::kCuda:
+      NoCuda("BatchNormForwardInference");
+  }
+}
+
+void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                       const Tensor& batch_mean, const Tensor& batch_var, float epsilon,
+                       Tensor* dx, Tensor* dgamma, Tensor* dbeta) {
+  const int64_t m = BnRows(x, gamma), c = gamma.size();
+  CheckShape(dy, x.shape(), "batch norm output gradient");
+  CheckShape(batch_mean, gamma.shape(), "batch norm mean");
+  CheckShape(batch_var, gamma.shape(), "batch norm variance");
+  DISTRAIN_CHECK(dx != &x && dx != &dy);
+  dx->Resize(x.shape());
+  dgamma->Resize({c});
+  dbeta->Resize({c});
+  switch (CallDevice({&x, &dy, &gamma, &batch_mean, &batch_var, dx, dgamma, dbeta})) {
+    case Device::kCpu:
+      return cpu::BatchNormBackward(m, c, x.data(), dy.data(), gamma.data(), batch_mean.data(),
+                                    batch_var.data(), epsilon, dx->data(), dgamma->data(),
+                                    dbeta->data());
+    case Device::kCuda:
+      NoCuda("BatchNormBackward");
+  }
+}
+
+void GlobalAveragePool2DForward(const Tensor& x, Tensor* y) {
+  DISTRAIN_CHECK_EQ(x.rank(), 4) << x.ShapeString();
+  DISTRAIN_CHECK(y != &x);
+  const int64_t n = x.dim(0), hw = x.dim(1) * x.dim(2), c = x.dim(3);
+  DISTRAIN_CHECK_GT(hw, 0);
+  y->Resize({n, c});
+  switch (CallDevice({&x, y})) {
+    case Device::kCpu:
+      return cpu::GlobalAveragePool2DForward(n, hw, c, x.data(), y->data());
+    case Device::kCuda:
+      NoCuda("GlobalAveragePool2DForward");
+  }
+}
+
+void GlobalAveragePool2DBackward(const Tensor& dy, int64_t h, int64_t w, Tensor* dx) {
+  DISTRAIN_CHECK_EQ(dy.rank(), 2) << dy.ShapeString();
+  DISTRAIN_CHECK(h > 0 && w > 0 && dx != &dy);
+  const int64_t n = dy.dim(0), c = dy.dim(1);
+  dx->Resize({n, h, w, c});
+  switch (CallDevice({&dy, dx})) {
+    case Device::kCpu:
+      return cpu::GlobalAveragePool2DBackward(n, h * w, c, dy.data(), dx->data());
+    case Device::kCuda:
+      NoCuda("GlobalAveragePool2DBackward");
+  }
+}
+
+void SetCpuThreadsForThisThread(int threads) {
+  DISTRAIN_CHECK_GE(threads, 1);
+  // oneDNN runs on the calling thread's OpenMP team, so this governs the
+  // windowed and normalisation ops of this thread alone.
+  cpu::SetOmpThreadsForThisThread(threads);
+  // OpenBLAS's pool (MatMul) is process-wide, not per thread: the last
+  // caller's count wins. Replica threads all pass the same share, so the
+  // result is that share; a thread that wants a different BLAS count than
+  // its siblings cannot have it. With one BLAS thread, OpenBLAS (pthreads
+  // build) runs products on the calling thread, so N replica threads at one
+  // BLAS thread each use N cores, as intended.
+  cpu::SetBlasThreads(threads);
+}
+
+}  // namespace distrain::ops
