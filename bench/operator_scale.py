@@ -7,7 +7,7 @@
    Prints pods/s (workers / seconds) and objects/s (pods + Services).
    JobSet publishes 290 pods/s for its controller; the target is >= 300.
    The pods are O(1) in size: the cluster (every host) is in one ConfigMap per
-   job, which TF_CONFIG refers to (DESIGN.md §5); the ceiling POSTs the same.
+   job, which TF_CONFIG refers to (docs/architecture.md §5); the ceiling POSTs the same.
 2. Footprint: --jobs small jobs (default 200, one worker each) are applied and
    reconciled; then the operator watches them idle for --idle seconds. Prints
    the operator's peak RSS (VmHWM) over the whole run and its CPU use while

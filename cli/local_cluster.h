@@ -11,7 +11,7 @@
 namespace distrain {
 
 // One replica process of a local run, with exactly the environment the
-// operator gives the corresponding pod (DESIGN.md §5), addresses on 127.0.0.1.
+// operator gives the corresponding pod (docs/architecture.md §5), addresses on 127.0.0.1.
 struct LocalReplica {
   std::string name;  // "<job>-worker-0": the pod name the operator would use
   std::string label; // "worker-0": the prefix of its output lines

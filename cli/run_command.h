@@ -16,7 +16,7 @@ struct RunOptions {
 
 // `distrain run job.yaml`: validates the job (before any process starts),
 // starts every replica as a local distrain-worker process with the pod
-// environment of DESIGN.md §5, prefixes their output lines with the replica
+// environment of docs/architecture.md §5, prefixes their output lines with the replica
 // label, shows progress, forwards SIGINT/SIGTERM, prints a summary and
 // returns the job's exit code (0 on success, else the failing replica's code,
 // or common/exit_codes.h for errors found before start).

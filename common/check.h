@@ -1,7 +1,7 @@
 #ifndef DISTRAIN_COMMON_CHECK_H_
 #define DISTRAIN_COMMON_CHECK_H_
 
-// Invariant checks (DESIGN.md §9: expected failures return absl::Status;
+// Invariant checks (docs/architecture.md §9: expected failures return absl::Status;
 // broken invariants abort). Debian 12's abseil predates absl/log, so these
 // are ours: on failure they print file:line and the message, then abort.
 //

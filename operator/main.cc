@@ -1,5 +1,5 @@
 // distrain-operator: reconciles DistributedTrainingJobs into pods, services
-// and a truthful status (DESIGN.md §7). Flags follow controller-runtime's
+// and a truthful status (docs/architecture.md §7). Flags follow controller-runtime's
 // names so manifests written for other operators read the same.
 //
 // Exit codes: 0 after SIGTERM/SIGINT (lease released); 1 when leadership was

@@ -4,7 +4,7 @@
 // ProgressReporter: fills status.progress ({step, totalSteps,
 // examplesPerSecond, loss}) of running jobs from their chief's Prometheus
 // endpoint, so `kubectl get dtj` shows the step and the job's status says how
-// far training got (DESIGN.md §3: "reported by the chief"). The worker never
+// far training got (docs/architecture.md §3: "reported by the chief"). The worker never
 // talks to the API server; the operator reads the same /metrics Prometheus
 // scrapes.
 //

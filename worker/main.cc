@@ -1,6 +1,6 @@
 // distrain-worker: one replica of a distributed training job.
 //
-// Reads the pod contract (DESIGN.md §5) from the environment:
+// Reads the pod contract (docs/architecture.md §5) from the environment:
 //   TF_CONFIG               cluster spec + this task (absent: a lone worker)
 //   DISTRAIN_JOB_CONFIG     spec.training + strategy as JSON (or --config job.yaml)
 //   DISTRAIN_METRICS_PORT   Prometheus /metrics and /healthz (absent: no server)

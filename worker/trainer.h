@@ -14,7 +14,7 @@
 
 namespace distrain {
 
-// Where the trainer writes things, from the pod contract (DESIGN.md §5).
+// Where the trainer writes things, from the pod contract (docs/architecture.md §5).
 struct TrainerEnv {
   std::string checkpoint_dir;  // "" = no checkpoints
   // When set, progress is written here as one JSON object (atomically

@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<kube::RestClient>> Connect(const ConnectionFlags&
 // kubectl get dtj -n Y"; other failures name the server and the answer.
 absl::StatusOr<nlohmann::json> GetJob(kube::Client& client, const Target& target);
 
-// What a job's status says, from status.conditions (DESIGN §3).
+// What a job's status says, from status.conditions (docs/architecture.md §3).
 struct JobState {
   std::string state;    // status.state, or the most decisive True condition; "" when none
   std::string reason;   // of that condition

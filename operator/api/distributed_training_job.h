@@ -44,7 +44,7 @@ inline constexpr char kLabelJobRole[] = "distrain.io/job-role";
 inline constexpr char kLabelManagedBy[] = "app.kubernetes.io/managed-by";
 inline constexpr char kManagedBy[] = "distrain-operator";
 
-// Condition types of status.conditions (DESIGN.md §3).
+// Condition types of status.conditions (docs/architecture.md §3).
 inline constexpr char kConditionCreated[] = "Created";
 inline constexpr char kConditionRunning[] = "Running";
 inline constexpr char kConditionRestarting[] = "Restarting";

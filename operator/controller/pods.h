@@ -2,7 +2,7 @@
 #define DISTRAIN_OPERATOR_CONTROLLER_PODS_H_
 
 // The desired children of a job: one pod and one headless Service per
-// replica, carrying the operator -> worker contract of DESIGN.md §5.
+// replica, carrying the operator -> worker contract of docs/architecture.md §5.
 //
 // Naming and DNS. Replica <type> <index> of job J in namespace N is the pod
 // and the Service "J-<type>-<index>" (type lower-case: chief, worker, ps,

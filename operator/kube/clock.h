@@ -3,7 +3,7 @@
 
 // An injectable clock for the operator's timing machinery (work queue backoff,
 // expectations TTL, lease expiry, event series), so tests can move time
-// without sleeping (DESIGN.md §9).
+// without sleeping (docs/architecture.md §9).
 //
 // Clock::Real() is the wall clock; FakeClock only moves when told to.
 // Every wait goes through AwaitWithDeadline so that a FakeClock can end it:

@@ -47,7 +47,7 @@ start=$SECONDS
 e2e_start_node "$WORK" "$NS" || exit 1
 e2e_start_operator "$WORK/operator.log" "$NS"
 
-# The chief: the Chief replica, else worker 0 (DESIGN §3 success policy).
+# The chief: the Chief replica, else worker 0 (docs/architecture.md §3 success policy).
 chief_pod() {
   if k get pod "$1-chief-0" >/dev/null 2>&1; then echo "$1-chief-0"; else echo "$1-worker-0"; fi
 }

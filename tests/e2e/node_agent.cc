@@ -1,4 +1,4 @@
-// distrain-test-node: a test node agent for the e2e tier (DESIGN.md §8). Not
+// distrain-test-node: a test node agent for the e2e tier (docs/architecture.md §8). Not
 // shipped; test infrastructure only.
 //
 // It plays scheduler and kubelet for the developer control plane of

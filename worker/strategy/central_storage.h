@@ -14,7 +14,7 @@ namespace distrain {
 
 // CentralStorageStrategy: one process (exactly one Worker), N local replicas,
 // synchronous, with the job's variables and the optimizer in host memory —
-// one copy (DESIGN.md §4; TensorFlow's CentralStorageStrategy). Unlike
+// one copy (docs/architecture.md §4; TensorFlow's CentralStorageStrategy). Unlike
 // Mirrored, whose replicas each keep variables and optimizer slots, the slots
 // exist once, and the update runs once per step.
 //

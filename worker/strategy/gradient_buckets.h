@@ -1,7 +1,7 @@
 #ifndef DISTRAIN_WORKER_STRATEGY_GRADIENT_BUCKETS_H_
 #define DISTRAIN_WORKER_STRATEGY_GRADIENT_BUCKETS_H_
 
-// Gradient bucketing with communication/backward overlap (DESIGN.md §6,
+// Gradient bucketing with communication/backward overlap (docs/architecture.md §6,
 // horovod's tensor fusion / PyTorch DDP's buckets).
 //
 // Planning (PlanGradientBuckets, a pure function): the gradients are walked

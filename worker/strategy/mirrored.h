@@ -12,7 +12,7 @@
 namespace distrain {
 
 // MirroredStrategy: one process (exactly one Worker), N local replicas that
-// train in sync (DESIGN.md §4). On CPU every replica is a thread with its own
+// train in sync (docs/architecture.md §4). On CPU every replica is a thread with its own
 // Model copy (identical initialisation from the job's seed) and Optimizer;
 // the Trainer splits the process's batch evenly over them, the gradients are
 // all-reduced (MEAN) in process through InProcessCollective bucket by bucket

@@ -16,7 +16,7 @@
 namespace distrain {
 
 // MultiWorkerMirroredStrategy: synchronous data-parallel training across the
-// chief and worker tasks of TF_CONFIG (DESIGN.md §4). Rank = the task's
+// chief and worker tasks of TF_CONFIG (docs/architecture.md §4). Rank = the task's
 // training rank (chief 0, then worker i at i + 1; without a chief worker 0 is
 // rank 0 and plays the chief); the chief trains too, like TensorFlow's. Each
 // process reads input shard `rank` of `W` (the number of training tasks;

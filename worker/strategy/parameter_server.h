@@ -2,7 +2,7 @@
 #define DISTRAIN_WORKER_STRATEGY_PARAMETER_SERVER_H_
 
 // ParameterServerStrategy: asynchronous data-parallel training with the
-// variables sharded over the `ps` tasks (DESIGN.md §4), TensorFlow's
+// variables sharded over the `ps` tasks (docs/architecture.md §4), TensorFlow's
 // ParameterServerStrategy + ClusterCoordinator. Three roles:
 //   chief   this class, driven by the Trainer: the coordinator. It trains
 //           nothing itself; every Trainer step schedules one step closure.

@@ -1,7 +1,7 @@
 #ifndef DISTRAIN_WORKER_STRATEGY_STRATEGY_H_
 #define DISTRAIN_WORKER_STRATEGY_STRATEGY_H_
 
-// The distribution-strategy interface (DESIGN.md §6). Strategies differ only
+// The distribution-strategy interface (docs/architecture.md §6). Strategies differ only
 // in placement and communication; model, data and optimizer code is shared,
 // and the Trainer drives every strategy through this interface:
 //
