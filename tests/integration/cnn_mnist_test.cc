@@ -8,7 +8,9 @@
 //     MultiWorkerMirrored (moving statistics averaged over the replicas) and
 //     its checkpoint carries the moving statistics;
 //   * ParameterServer (with Dropout) and an Evaluator replica train and
-//     evaluate it through `distrain run`.
+//     evaluate it through `distrain run`;
+//   * examples/cnn-mnist.yaml itself runs under every strategy, switched the
+//     way its comments tell a user to switch it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +20,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "yaml-cpp/yaml.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/sync_reference.h"
 
@@ -260,6 +263,60 @@ TEST(CnnMnistTest, ParameterServerAndEvaluatorTrainTheCnnWithDropout) {
   EXPECT_NE(out.find("[evaluator-0]"), std::string::npos) << out;
   fs::remove_all(dir);
 }
+
+// examples/cnn-mnist.yaml with its strategy and replicaSpecs switched as its
+// comments say, fewer steps, and the data at absolute paths (the example's
+// are relative to the repository root).
+struct ExampleCase {
+  std::string strategy;
+  std::string replica_specs;  // YAML flow map
+  int local_replicas = 0;     // 0: leave unset
+};
+
+class CnnExampleTest : public ::testing::TestWithParam<ExampleCase> {};
+
+TEST_P(CnnExampleTest, RunsAndLearns) {
+  const ExampleCase& c = GetParam();
+  const std::string dir = FreshTempDir("cnn_example_" + c.strategy);
+  YAML::Node job = YAML::LoadFile(SourceDir() + "/examples/cnn-mnist.yaml");
+  job["spec"]["strategy"] = c.strategy;
+  job["spec"]["replicaSpecs"] = YAML::Load(c.replica_specs);
+  YAML::Node training = job["spec"]["training"];
+  training["steps"] = 60;
+  training["evalEverySteps"] = 0;
+  training["checkpoint"]["everySteps"] = 30;
+  if (c.local_replicas > 0) training["localReplicas"] = c.local_replicas;
+  YAML::Node dataset = training["dataset"];
+  for (const char* key : {"trainFiles", "trainLabelFiles", "evalFiles", "evalLabelFiles"}) {
+    const std::string relative = dataset[key][0].as<std::string>();
+    ASSERT_EQ(relative.rfind("data/mnist/", 0), 0u) << key << ": " << relative;
+    dataset[key][0] = MnistDir() + relative.substr(std::string("data/mnist").size());
+  }
+  YAML::Emitter emitter;
+  emitter << job;
+  const std::string path = WriteTextFile(dir + "/job.yaml", emitter.c_str());
+  Subprocess run({DistrainBinary(), "run", path, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  ASSERT_EQ(*rc, 0) << run.output();
+  const std::string out = run.output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
+  EXPECT_GT(std::stod(m[1]), 0.6) << out;  // 60 steps of 64 digits; chance is 0.1
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryStrategy, CnnExampleTest,
+    ::testing::Values(
+        ExampleCase{"OneDevice", "{Worker: {replicas: 1}}"},
+        ExampleCase{"Mirrored", "{Worker: {replicas: 1}}", 2},
+        ExampleCase{"CentralStorage", "{Worker: {replicas: 1}}", 2},
+        ExampleCase{"MultiWorkerMirrored",
+                    "{Chief: {replicas: 1}, Worker: {replicas: 1}, Evaluator: {replicas: 1}}"},
+        ExampleCase{"ParameterServer",
+                    "{Chief: {replicas: 1}, Worker: {replicas: 2}, PS: {replicas: 1}}"}),
+    [](const ::testing::TestParamInfo<ExampleCase>& info) { return info.param.strategy; });
 
 }  // namespace
 }  // namespace distrain
