@@ -761,7 +761,7 @@ std::string UnknownLayerClassMessage(const std::string& name) {
   std::string closest = KerasAliasOf(name);
   if (closest.empty()) closest = ClosestName(name, LayerKindNames());
   return absl::StrCat("unknown layer class \"", name, "\"",
-                      closest.empty() ? "" : absl::StrCat("; did you mean \"", closest, "\"?"),
+                      closest.empty() ? "." : absl::StrCat("; did you mean \"", closest, "\"?"),
                       " Supported layer classes: ", absl::StrJoin(LayerKindNames(), ", "));
 }
 
@@ -778,6 +778,15 @@ std::string SnakeToCamel(const std::string& s) {
     upper = false;
   }
   return out;
+}
+
+// The argument of `kind` that an unknown `key` most likely means, or "".
+std::string SuggestedLayerArg(LayerKind kind, const std::string& key) {
+  std::vector<std::string> names;
+  for (LayerArg arg : LayerArgsOf(kind)) names.push_back(LayerArgName(arg));
+  const std::string camel = SnakeToCamel(key);
+  if (std::find(names.begin(), names.end(), camel) != names.end()) return camel;
+  return ClosestName(camel, names);
 }
 
 std::string UnknownLayerArgMessage(LayerKind kind, const std::string& key) {
@@ -995,19 +1004,21 @@ std::optional<LayerConfig> DecodeLayer(const Json& entry, const std::string& pat
   }
   const std::vector<LayerArg> allowed = LayerArgsOf(*kind);
   const size_t before = issues->size();
+  std::set<std::string> suggested;  // "kernelSize" for kernel_size: not also "required"
   for (const auto& [key, value] : args.items()) {
     const std::string arg_path = JoinYamlPath(class_path, key);
     auto arg = std::find_if(allowed.begin(), allowed.end(),
                             [&](LayerArg a) { return key == LayerArgName(a); });
     if (arg == allowed.end()) {
       issues->Add(arg_path, UnknownLayerArgMessage(*kind, key));
+      suggested.insert(SuggestedLayerArg(*kind, key));
     } else if (!value.is_null()) {
       DecodeLayerArg(*arg, value, arg_path, &layer, issues);
     }
   }
   for (const auto& [arg, sample] : RequiredArgsOf(*kind)) {
     auto it = args.find(LayerArgName(arg));
-    if (it == args.end() || it->is_null()) {
+    if ((it == args.end() || it->is_null()) && !suggested.count(LayerArgName(arg))) {
       issues->Add(JoinYamlPath(class_path, LayerArgName(arg)),
                   absl::StrCat("required; ", class_name, " has no default for it (e.g. ", sample,
                                ")"));
