@@ -15,7 +15,7 @@ memory. Times the steps after `warmup`: wall time from the start of batch
 `warmup` to the end of the last batch (one interval, not a mean of rates).
 Then evaluates on the test files and prints one line:
   RESULT {"examples_per_second": ..., "timed_steps": ..., "seconds": ...,
-          "test_accuracy": ..., "test_loss": ..., "final_train_loss": ...}
+          "test_accuracy": ..., "test_loss": ..., "mean_train_loss": ...}
 """
 import argparse
 import json
@@ -93,6 +93,6 @@ print("RESULT " + json.dumps({
     "examples_per_second": args.steps * args.batch / seconds,
     "timed_steps": args.steps, "seconds": seconds,
     "test_accuracy": float(test_accuracy), "test_loss": float(test_loss),
-    "final_train_loss": float(history.history["loss"][-1]),
+    "mean_train_loss": float(history.history["loss"][-1]),  # over the whole run
     "tensorflow": tf.__version__,
 }), flush=True)
