@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/tensor/cpu/conv_kernels.h"
 #include "worker/tensor/ops.h"
 
 namespace distrain::ops {
@@ -273,6 +274,77 @@ INSTANTIATE_TEST_SUITE_P(Geometries, ConvTest,
                                             ::testing::Values(1, 3), ::testing::Values(1, 2),
                                             ::testing::Bool()),
                          GeometryName);
+
+// Every Conv2D implementation the backend routes between (conv_kernels.h),
+// not only today's routes, against the references.
+TEST_P(ConvTest, EveryImplementationMatchesReference) {
+  namespace in = cpu::internal;
+  const Window2D g = MakeWindow(GetParam(), 6);
+  const Tensor x = Random({g.batch, g.in_h, g.in_w, g.in_c}, 30);
+  const Tensor k = Random({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 31);
+  const Tensor b = Random({g.out_c}, 32);
+  const Tensor r = Random({g.batch, g.out_h, g.out_w, g.out_c}, 33);
+  const std::vector<double> xd = ToDouble(x), kd = ToDouble(k), bd = ToDouble(b),
+                            rd = ToDouble(r);
+  const std::vector<double> y_ref = RefConvForward(g, xd, kd, &bd);
+  const std::vector<double> dx_ref = FiniteDiff(
+      xd, [&](const std::vector<double>& v) { return Dot(rd, RefConvForward(g, v, kd, &bd)); },
+      1e-3);
+  const std::vector<double> dk_ref = FiniteDiff(
+      kd, [&](const std::vector<double>& v) { return Dot(rd, RefConvForward(g, xd, v, &bd)); },
+      1e-3);
+  std::vector<double> db_ref(g.out_c, 0.0);
+  for (int64_t i = 0; i < r.size(); ++i) db_ref[i % g.out_c] += r[i];
+
+  Tensor y(r.shape()), dx(x.shape()), dk(k.shape()), db(b.shape());
+  for (const in::ConvLayout layout : {in::ConvLayout::kPlain, in::ConvLayout::kChosen}) {
+    const std::string name = layout == in::ConvLayout::kPlain ? "onednn plain" : "onednn chosen";
+    in::ConvForwardOnednn(g, x.data(), k.data(), b.data(), y.data(), layout);
+    ExpectNear(y, y_ref, 1e-5, name + " forward");
+    in::ConvBackwardDataOnednn(g, r.data(), k.data(), dx.data(), layout);
+    ExpectNear(dx, dx_ref, 1e-4, name + " dx");
+    in::ConvBackwardWeightsOnednn(g, x.data(), r.data(), dk.data(), db.data(), layout);
+    ExpectNear(dk, dk_ref, 1e-4, name + " dkernel");
+    ExpectNear(db, db_ref, 1e-5, name + " dbias");
+  }
+  in::ConvForwardGemm(g, x.data(), k.data(), b.data(), y.data());
+  ExpectNear(y, y_ref, 1e-5, "gemm forward");
+  dx.Fill(std::numeric_limits<float>::quiet_NaN());  // overwritten, not accumulated
+  in::ConvBackwardDataGemm(g, r.data(), k.data(), dx.data());
+  ExpectNear(dx, dx_ref, 1e-4, "gemm dx");
+  dk.Fill(std::numeric_limits<float>::quiet_NaN());
+  in::ConvBackwardWeightsGemm(g, x.data(), r.data(), dk.data(), db.data());
+  ExpectNear(dk, dk_ref, 1e-4, "gemm dkernel");
+  ExpectNear(db, db_ref, 1e-5, "gemm dbias");
+}
+
+TEST(ConvGemmTest, SeveralIm2colBlocksMatchOnednn) {
+  // 18 x 18 x 288 patches per image: about 93 K floats, so the 256 K-float
+  // im2col blocks hold two images and batch 5 takes three blocks, the last
+  // one short. oneDNN (checked against the references above) is the oracle.
+  namespace in = cpu::internal;
+  const Window2D g = KerasWindow2D(5, 20, 20, 32, 8, {3, 3}, {1, 1}, PaddingKind::kValid);
+  const Tensor x = Random({g.batch, g.in_h, g.in_w, g.in_c}, 40);
+  const Tensor k = Random({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 41);
+  const Tensor b = Random({g.out_c}, 42);
+  const Tensor r = Random({g.batch, g.out_h, g.out_w, g.out_c}, 43);
+  Tensor want(r.shape()), got(r.shape());
+  in::ConvForwardOnednn(g, x.data(), k.data(), b.data(), want.data(), in::ConvLayout::kPlain);
+  in::ConvForwardGemm(g, x.data(), k.data(), b.data(), got.data());
+  ExpectNear(got, ToDouble(want), 1e-4, "forward");
+  want.Resize(x.shape());
+  got.Resize(x.shape());
+  in::ConvBackwardDataOnednn(g, r.data(), k.data(), want.data(), in::ConvLayout::kPlain);
+  in::ConvBackwardDataGemm(g, r.data(), k.data(), got.data());
+  ExpectNear(got, ToDouble(want), 1e-4, "dx");
+  want.Resize(k.shape());
+  got.Resize(k.shape());
+  Tensor db(b.shape());
+  in::ConvBackwardWeightsOnednn(g, x.data(), r.data(), want.data(), db.data(),
+                                in::ConvLayout::kPlain);
+  in::ConvBackwardWeightsGemm(g, x.data(), r.data(), got.data(), db.data());
+  ExpectNear(got, ToDouble(want), 1e-4, "dkernel");
+}
 
 class PoolTest : public ::testing::TestWithParam<std::tuple<Geometry, PoolKind>> {};
 
