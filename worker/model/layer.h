@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/model_spec.h"
+#include "worker/model/activation_state.h"
 #include "worker/tensor/tensor.h"
 
 namespace distrain {
@@ -41,12 +43,17 @@ struct ForwardContext {
   uint64_t rng_stream = 0;
 };
 
-// One layer of a sequential model. Inputs are [batch, example shape...]
-// (images NHWC).
+// One layer of a sequential model (Keras' class names, arguments and
+// variable names). Inputs are [batch, example shape...] (images NHWC).
 //
-// Forward caches what Backward needs, so a Layer instance serves one replica
-// at a time (replicas own separate Model copies). Not thread-safe. Layers
-// compute through worker/tensor/ops.h only, so one layer serves every device.
+// Forward caches what Backward needs: it may borrow `input` (the caller
+// keeps it alive and unchanged until Backward — Model's activations are) but
+// never `output`, which the caller may reuse. So a Layer instance serves one
+// replica at a time (replicas own separate Model copies). Not thread-safe.
+// Layers compute through worker/tensor/ops.h only, so one layer serves every
+// device. Families: layer.h (this base, Dense), activation_layer.h,
+// reshape_layers.h, dropout.h, conv_layers.h, normalization.h;
+// layer_factory.h builds one from a LayerConfig.
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -77,18 +84,22 @@ class Layer {
   virtual std::optional<GradFactors> KernelGradFactors() const { return std::nullopt; }
 };
 
-// y = x W + b, W: [in, out] ("<name>/kernel"), b: [out] ("<name>/bias").
-// Initialised like Keras: Glorot-uniform kernel, zero bias, from `seed`.
+// Keras' Dense on [batch, in]: y = activation(x W + b), W: [in, out]
+// ("<name>/kernel"), b: [out] ("<name>/bias", absent without use_bias).
+// Initialised like Keras: Glorot-uniform kernel, zero bias, from `seed` and
+// the name. Supports factored kernel gradients (the parameter server's
+// pushes): the factors are the input and dL/d(x W + b).
 class Dense : public Layer {
  public:
-  Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed);
+  Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed,
+        ActivationKind activation = ActivationKind::kLinear, bool use_bias = true);
   const std::string& name() const override { return name_; }
   const char* class_name() const override { return "Dense"; }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
-  std::vector<Parameter*> parameters() override { return {&kernel_, &bias_}; }
+  std::vector<Parameter*> parameters() override;
   bool SetFactoredKernelGrad(bool factored) override {
     factored_ = factored;
     return true;
@@ -97,26 +108,14 @@ class Dense : public Layer {
 
  private:
   std::string name_;
+  bool use_bias_;
   Parameter kernel_;
   Parameter bias_;
+  ActivationState activation_;
   const Tensor* input_ = nullptr;        // borrowed from the caller until Backward
-  const Tensor* grad_output_ = nullptr;  // borrowed in Backward, for the factors
+  const Tensor* grad_output_ = nullptr;  // dL/d(x W + b) of the last Backward, for the factors
+  Tensor grad_pre_activation_;           // dL/d(x W + b) when there is an activation
   bool factored_ = false;
-};
-
-class ReLU : public Layer {
- public:
-  explicit ReLU(std::string name) : name_(std::move(name)) {}
-  const std::string& name() const override { return name_; }
-  const char* class_name() const override { return "ReLU"; }
-  std::vector<int64_t> OutputShape(const std::vector<int64_t>& s) const override { return s; }
-  using Layer::Forward;
-  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
-  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
-
- private:
-  std::string name_;
-  Tensor output_;  // cached activation (mask source)
 };
 
 }  // namespace distrain

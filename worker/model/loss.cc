@@ -1,7 +1,7 @@
 #include "worker/model/loss.h"
 
 #include "common/check.h"
-#include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 
@@ -9,22 +9,12 @@ LossResult SoftmaxCrossEntropy(const Tensor& logits, absl::Span<const int32_t> l
                                Tensor* grad_logits) {
   DISTRAIN_CHECK_EQ(logits.rank(), 2) << "logits " << logits.ShapeString();
   const int64_t batch = logits.dim(0);
-  const int64_t classes = logits.dim(1);
-  DISTRAIN_CHECK_EQ(static_cast<int64_t>(labels.size()), batch) << "one label per logits row";
+  const float scale = batch > 0 ? 1.0f / static_cast<float>(batch) : 0.0f;
+  const ops::LossSums sums = ops::Loss(LossKind::kSparseCategoricalCrossentropy,
+                                       /*from_logits=*/true, logits, labels, scale, grad_logits);
   LossResult result;
-  if (batch == 0) {
-    if (grad_logits != nullptr) grad_logits->Resize(logits.shape());
-    return result;
-  }
-  float* grad = nullptr;
-  if (grad_logits != nullptr) {
-    grad_logits->Resize(logits.shape());
-    grad = grad_logits->data();
-  }
-  const double loss_sum =
-      cpu::SoftmaxCrossEntropy(batch, classes, logits.data(), labels.data(),
-                               1.0f / static_cast<float>(batch), grad, &result.correct);
-  result.loss = loss_sum / static_cast<double>(batch);
+  result.loss = batch > 0 ? sums.loss_sum / static_cast<double>(batch) : 0.0;
+  result.correct = sums.correct;
   return result;
 }
 

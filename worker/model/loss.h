@@ -10,7 +10,7 @@ namespace distrain {
 
 struct LossResult {
   double loss = 0;      // mean over the batch
-  int64_t correct = 0;  // argmax(logits) == label
+  int64_t correct = 0;  // rows Keras' "accuracy" for the loss counts as right
 };
 
 // Softmax + sparse categorical cross-entropy on logits [batch, classes],

@@ -3,6 +3,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
+#include "common/model_spec.h"
+#include "spdlog/spdlog.h"
+#include "worker/model/activation_layer.h"
+#include "worker/model/initializers.h"
+#include "worker/model/layer_factory.h"
+#include "worker/model/reshape_layers.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 namespace {
@@ -10,10 +17,22 @@ namespace {
 // Per-layer seed: SplitMix64 of (seed, layer index), so layers of one model
 // differ and every replica built with the same seed is bit-identical.
 uint64_t LayerSeed(uint64_t seed, int layer_index) {
-  uint64_t x = seed + 0x9e3779b97f4a7c15ULL * (static_cast<uint64_t>(layer_index) + 1);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
+  return init::Mix(seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(layer_index));
+}
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 1) return 0;
+    n *= d;
+  }
+  return n;
+}
+
+bool IsCrossentropy(LossKind kind) {
+  return kind == LossKind::kSparseCategoricalCrossentropy ||
+         kind == LossKind::kCategoricalCrossentropy || kind == LossKind::kBinaryCrossentropy;
 }
 
 }  // namespace
@@ -21,74 +40,183 @@ uint64_t LayerSeed(uint64_t seed, int layer_index) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
                                                      const std::vector<int64_t>& example_shape,
                                                      int num_classes, uint64_t seed) {
-  const int input_dim = example_shape.size() == 1 ? static_cast<int>(example_shape[0]) : 0;
-  if (config.type != "mlp") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.model.type: unsupported model type \"", config.type,
-        "\"; the only supported type is \"mlp\""));
-  }
-  if (config.activation != "relu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.model.activation: unsupported activation \"", config.activation,
-        "\"; the only supported activation is \"relu\""));
-  }
-  for (size_t i = 0; i < config.hidden_units.size(); ++i) {
-    if (config.hidden_units[i] < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.training.model.hiddenUnits[", i,
-          "]: every hidden layer needs at least 1 unit, got ", config.hidden_units[i]));
-    }
-  }
-  if (input_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.dataset.numFeatures: the model needs at least 1 input feature, got ",
-        input_dim));
+  const bool sequential =
+      config.type == "sequential" || (config.type == "mlp" && !config.layers.empty());
+  if (config.type != "mlp" && config.type != "sequential") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.training.model.type: unsupported model type \"", config.type,
+                     "\"; the supported types are \"sequential\" (a list of layers) and \"mlp\""));
   }
   if (num_classes < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.training.dataset.numClasses: softmax classification needs at least 2 classes, got ",
+        "spec.training.dataset.numClasses: classification needs at least 2 classes, got ",
         num_classes));
   }
-
   std::unique_ptr<Model> model(new Model());
-  std::vector<int> widths = {input_dim};
-  widths.insert(widths.end(), config.hidden_units.begin(), config.hidden_units.end());
-  widths.push_back(num_classes);
-  const int num_dense = static_cast<int>(widths.size()) - 1;
-  for (int d = 0; d < num_dense; ++d) {
-    const int layer_index = static_cast<int>(model->layers_.size());
-    model->layers_.push_back(std::make_unique<Dense>(absl::StrCat("dense_", d), widths[d],
-                                                     widths[d + 1], LayerSeed(seed, layer_index)));
-    if (d + 1 < num_dense) {
-      model->layers_.push_back(std::make_unique<ReLU>(absl::StrCat("relu_", d)));
+  model->example_shape_ = example_shape;
+  model->num_classes_ = num_classes;
+  model->seed_ = seed;
+  model->loss_ = config.loss;
+
+  if (!sequential) {
+    if (config.activation != "relu") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.training.model.activation: unsupported activation \"", config.activation,
+          "\"; the only supported activation is \"relu\""));
     }
+    for (size_t i = 0; i < config.hidden_units.size(); ++i) {
+      if (config.hidden_units[i] < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.training.model.hiddenUnits[", i,
+            "]: every hidden layer needs at least 1 unit, got ", config.hidden_units[i]));
+      }
+    }
+    // The mlp reads every example as one row of features (images too).
+    const int64_t input_dim = Elements(example_shape);
+    if (input_dim < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.training.dataset.numFeatures: the model needs at least 1 input feature, got ",
+          input_dim));
+    }
+    if (absl::Status s = CheckModelOutput({num_classes}, num_classes, config.loss); !s.ok()) {
+      return s;
+    }
+    // Its last Dense has no activation: the outputs are logits.
+    model->from_logits_ = config.loss.from_logits.value_or(true);
+    std::vector<int64_t> widths = {input_dim};
+    widths.insert(widths.end(), config.hidden_units.begin(), config.hidden_units.end());
+    widths.push_back(num_classes);
+    const int num_dense = static_cast<int>(widths.size()) - 1;
+    for (int d = 0; d < num_dense; ++d) {
+      const int layer_index = static_cast<int>(model->layers_.size());
+      model->layers_.push_back(std::make_unique<Dense>(
+          absl::StrCat("dense_", d), widths[d], widths[d + 1], LayerSeed(seed, layer_index)));
+      if (d + 1 < num_dense) {
+        model->layers_.push_back(
+            std::make_unique<Activation>(absl::StrCat("relu_", d), ActivationKind::kRelu));
+      }
+    }
+    model->Finalize(absl::StrCat("mlp ", absl::StrJoin(widths, "-")));
+    return model;
   }
-  model->activations_.resize(model->layers_.size());
-  model->grads_.resize(model->layers_.size());
-  for (auto& layer : model->layers_) {
-    model->has_parameters_.push_back(!layer->parameters().empty());
+
+  if (config.layers.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.training.model.layers: a sequential model needs at least one layer");
   }
-  model->summary_ =
-      absl::StrCat("mlp ", absl::StrJoin(widths, "-"), " (", model->num_parameters(), " params)");
+  std::vector<LayerConfig> layers = config.layers;
+  AssignLayerNames(&layers);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> shapes =
+      InferLayerShapes(layers, example_shape);
+  if (!shapes.ok()) return shapes.status();
+  if (absl::Status s = CheckModelOutput(shapes->back(), num_classes, config.loss); !s.ok()) {
+    return s;
+  }
+  for (const std::string& warning : ModelWarnings(layers, config.loss)) {
+    spdlog::warn("model: {}", warning);
+  }
+  model->from_logits_ = config.loss.from_logits.value_or(false);
+  LayerConfig& last = layers.back();
+  const bool last_has_activation = last.kind == LayerKind::kDense ||
+                                   last.kind == LayerKind::kConv2D ||
+                                   last.kind == LayerKind::kActivation;
+  if (IsCrossentropy(config.loss.kind) && last_has_activation &&
+      (last.activation == ActivationKind::kSoftmax ||
+       last.activation == ActivationKind::kSigmoid)) {
+    model->output_activation_ = last.activation;
+    model->from_logits_ = true;
+    last.activation = ActivationKind::kLinear;
+  }
+  std::vector<int64_t> in_shape = example_shape;
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int layer_index = static_cast<int>(model->layers_.size());
+    std::unique_ptr<Layer> layer = MakeLayer(layers[i], in_shape, LayerSeed(seed, layer_index));
+    in_shape = (*shapes)[i];
+    if (layer == nullptr) continue;  // Input
+    parts.push_back(absl::StrCat(layer->name(), "[", absl::StrJoin(in_shape, ","), "]"));
+    model->layers_.push_back(std::move(layer));
+  }
+  if (model->layers_.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.training.model.layers: the model has no layer besides Input");
+  }
+  model->reshape_input_ = example_shape.size() > 1;
+  model->Finalize(absl::StrCat("sequential ", absl::StrJoin(parts, " ")));
   return model;
+}
+
+void Model::Finalize(std::string summary) {
+  activations_.resize(layers_.size());
+  grads_.resize(layers_.size());
+  first_parameter_layer_ = num_layers();
+  for (int i = 0; i < num_layers(); ++i) {
+    const bool has = !layers_[i]->parameters().empty();
+    has_parameters_.push_back(has);
+    if (has && first_parameter_layer_ == num_layers()) first_parameter_layer_ = i;
+  }
+  summary_ = absl::StrCat(summary, " (", num_parameters(), " params)");
+}
+
+const Tensor& Model::LayerInput(const Tensor& features) {
+  if (!reshape_input_) return features;
+  // Batches arrive flat, [batch, prod(example_shape)]; image layers take
+  // [batch, rows, cols, channels], the same elements in the same order.
+  std::vector<int64_t> shape = {features.rank() == 0 ? 0 : features.dim(0)};
+  shape.insert(shape.end(), example_shape_.begin(), example_shape_.end());
+  if (features.shape() == shape) return features;
+  CopyReshaped(features, std::move(shape), &input_);
+  return input_;
+}
+
+uint64_t Model::StepStream(const StepContext& step) const {
+  uint64_t x = init::Mix(seed_ ^ 0x6a09e667f3bcc908ULL);
+  x = init::Mix(x ^ static_cast<uint64_t>(step.step));
+  return init::Mix(x ^ static_cast<uint64_t>(step.replica_id_in_sync));
+}
+
+const Tensor& Model::RunForward(const Tensor& features, const ForwardContext& ctx,
+                                const std::function<void(int layer_index)>& before_layer_forward) {
+  const Tensor* x = &LayerInput(features);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (before_layer_forward) before_layer_forward(static_cast<int>(i));
+    layers_[i]->Forward(*x, &activations_[i], ctx);
+    x = &activations_[i];
+  }
+  return *x;
+}
+
+LossResult Model::ComputeLoss(const Tensor& output, absl::Span<const int32_t> labels,
+                              Tensor* grad) {
+  const int64_t batch = output.rank() == 0 ? 0 : output.dim(0);
+  // The batch mean: every row's gradient carries 1 / batch.
+  const float scale = batch > 0 ? 1.0f / static_cast<float>(batch) : 0.0f;
+  ops::LossSums sums = ops::Loss(loss_.kind, from_logits_, output, labels, scale, grad);
+  if (output_activation_ != ActivationKind::kLinear) {
+    ops::ActivationForward(output_activation_, output, &activated_output_);
+    sums.correct = ops::Loss(loss_.kind, false, activated_output_, labels, 0.0f, nullptr).correct;
+  }
+  LossResult result;
+  result.loss = batch > 0 ? sums.loss_sum / static_cast<double>(batch) : 0.0;
+  result.correct = sums.correct;
+  return result;
 }
 
 LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> labels,
                             const std::function<void(int layer_index)>& on_layer_grads_ready,
                             const std::function<void(int layer_index)>& before_layer_forward,
                             const StepContext& step) {
-  const Tensor* x = &features;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (before_layer_forward) before_layer_forward(static_cast<int>(i));
-    layers_[i]->Forward(*x, &activations_[i]);
-    x = &activations_[i];
-  }
-  const LossResult result = SoftmaxCrossEntropy(*x, labels, &grad_logits_);
+  ForwardContext ctx;
+  ctx.training = true;
+  ctx.rng_stream = StepStream(step);
+  const Tensor& output = RunForward(features, ctx, before_layer_forward);
+  const LossResult result = ComputeLoss(output, labels, &grad_logits_);
   const Tensor* grad = &grad_logits_;
-  for (int i = num_layers() - 1; i >= 0; --i) {
-    // grads_[i] = dL/d(input of layer i); layer 0's is never needed, so its
-    // Dense skips the dx GEMM (the largest one for a 784-wide input).
-    Tensor* grad_input = i > 0 ? &grads_[i] : nullptr;
+  for (int i = num_layers() - 1; i >= first_parameter_layer_; --i) {
+    // grads_[i] = dL/d(input of layer i); not needed from the first layer
+    // with parameters down, so e.g. the mlp's first Dense skips the dx GEMM
+    // (the largest one for a 784-wide input).
+    Tensor* grad_input = i > first_parameter_layer_ ? &grads_[i] : nullptr;
     layers_[i]->Backward(*grad, grad_input);
     if (on_layer_grads_ready && has_parameters_[i]) on_layer_grads_ready(i);
     grad = grad_input;
@@ -106,12 +234,9 @@ std::optional<GradFactors> Model::kernel_grad_factors(int layer) const {
 }
 
 LossResult Model::Evaluate(const Tensor& features, absl::Span<const int32_t> labels) {
-  const Tensor* x = &features;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->Forward(*x, &activations_[i]);
-    x = &activations_[i];
-  }
-  return SoftmaxCrossEntropy(*x, labels, nullptr);
+  ForwardContext ctx;
+  ctx.training = false;
+  return ComputeLoss(RunForward(features, ctx, {}), labels, nullptr);
 }
 
 std::vector<Parameter*> Model::parameters() {
@@ -141,6 +266,7 @@ int64_t Model::num_parameters() const {
   int64_t n = 0;
   for (const auto& layer : layers_) {
     for (const Parameter* p : layer->parameters()) n += p->value.size();
+    for (const Parameter* p : layer->state_variables()) n += p->value.size();
   }
   return n;
 }

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -86,16 +87,42 @@ class Model {
 
  private:
   Model() = default;
+  // Finishes construction once layers_ is built.
+  void Finalize(std::string summary);
+  // The batch as the first layer takes it: [batch, example_shape...].
+  const Tensor& LayerInput(const Tensor& features);
+  // Forward through every layer; returns the last activation.
+  const Tensor& RunForward(const Tensor& features, const ForwardContext& ctx,
+                           const std::function<void(int layer_index)>& before_layer_forward);
+  // The loss and metric of the model's output; grad (when not null)
+  // receives d(mean loss)/d(output).
+  LossResult ComputeLoss(const Tensor& output, absl::Span<const int32_t> labels, Tensor* grad);
+  uint64_t StepStream(const StepContext& step) const;
+
   std::vector<int64_t> example_shape_;
   int num_classes_ = 0;
   uint64_t seed_ = 0;
   LossConfig loss_;
   bool from_logits_ = true;
+  // Keras hands a cross-entropy the logits behind a softmax or sigmoid
+  // output whatever from_logits says (keras' _get_logits; from_logits: true
+  // only adds the warning). Then the last layer is built without that
+  // activation, the loss reads its output as logits, and output_activation_
+  // is applied only for the accuracy metric, which Keras computes on the
+  // activated output.
+  ActivationKind output_activation_ = ActivationKind::kLinear;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Tensor> activations_;  // activations_[i] = input of layer i+1
-  std::vector<Tensor> grads_;        // scratch for backward
+  std::vector<Tensor> activations_;  // activations_[i] = output of layer i
+  std::vector<Tensor> grads_;        // grads_[i] = dL/d(input of layer i)
+  bool reshape_input_ = false;       // image models take [batch, rows, cols, channels]
+  Tensor input_;                     // the batch reshaped for them
   Tensor grad_logits_;
+  Tensor activated_output_;           // output_activation_ applied, for the metric
   std::vector<bool> has_parameters_;  // per layer; saves a vector per layer per step
+  // Layers before the first one with parameters need no dL/d(input): for
+  // them (and it) backward passes no grad_input (the mlp's first Dense skips
+  // its largest GEMM this way).
+  int first_parameter_layer_ = 0;
   std::string summary_;
 };
 

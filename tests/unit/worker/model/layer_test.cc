@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/model/activation_layer.h"
 
 namespace distrain {
 namespace {
@@ -135,7 +136,7 @@ TEST(DenseTest, InitDependsOnlyOnSeedAndName) {
 }
 
 TEST(ReLUTest, ForwardAndBackward) {
-  ReLU relu("relu_0");
+  Activation relu("relu_0", ActivationKind::kRelu);
   const Tensor input({2, 3}, std::vector<float>{-1, 2, 0, 3, -4, 5});
   Tensor out, grad_input;
   relu.Forward(input, &out);
@@ -147,7 +148,7 @@ TEST(ReLUTest, ForwardAndBackward) {
 }
 
 TEST(ReLUTest, GradientMatchesFiniteDifferencesAwayFromZero) {
-  ReLU relu("relu_0");
+  Activation relu("relu_0", ActivationKind::kRelu);
   Tensor input = RandomTensor({4, 6}, 9);
   for (int64_t i = 0; i < input.size(); ++i) {
     if (std::abs(input[i]) < 0.1f) input[i] = input[i] < 0 ? -0.5f : 0.5f;  // off the kink

@@ -1,0 +1,45 @@
+#include "worker/model/activation_layer.h"
+
+#include "common/check.h"
+#include "worker/tensor/ops.h"
+
+namespace distrain {
+
+void ActivationState::Forward(const Tensor& x, Tensor* y) {
+  switch (kind_) {
+    case ActivationKind::kLinear:
+      ops::Copy(x, y);  // a no-op in place
+      return;
+    case ActivationKind::kGelu:
+      ops::Copy(x, &saved_);  // before an in-place forward overwrites x
+      ops::ActivationForward(kind_, x, y);
+      return;
+    default:
+      ops::ActivationForward(kind_, x, y);
+      ops::Copy(*y, &saved_);
+      return;
+  }
+}
+
+void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
+  if (kind_ == ActivationKind::kLinear) {
+    ops::Copy(dy, dx);
+    return;
+  }
+  DISTRAIN_CHECK_EQ(saved_.size(), dy.size())
+      << ActivationName(kind_) << ": Backward without a matching Forward (dy "
+      << dy.ShapeString() << ", saved " << saved_.ShapeString() << ")";
+  // Each kind reads only the tensor it saved (ops.h), passed as both.
+  ops::ActivationBackward(kind_, saved_, saved_, dy, dx);
+}
+
+void Activation::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
+  state_.Forward(input, output);
+}
+
+void Activation::Backward(const Tensor& grad_output, Tensor* grad_input) {
+  if (grad_input == nullptr) return;
+  state_.Backward(grad_output, grad_input);
+}
+
+}  // namespace distrain

@@ -1,0 +1,102 @@
+#ifndef DISTRAIN_WORKER_MODEL_CONV_LAYERS_H_
+#define DISTRAIN_WORKER_MODEL_CONV_LAYERS_H_
+
+// Keras' convolution and pooling layers over NHWC images: Conv2D,
+// MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D. Geometry is Keras'
+// (ops::KerasWindow2D: padding valid|same, the odd padding element at the
+// bottom/right). Each layer owns its variables and backward caches and
+// borrows its input until Backward. Not thread-safe (one replica at a time).
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "common/model_spec.h"
+#include "worker/model/activation_state.h"
+#include "worker/model/layer.h"
+#include "worker/tensor/ops.h"
+
+namespace distrain {
+
+// Conv2D(filters, kernel_size, strides, padding, activation, use_bias) on
+// [batch, H, W, C]: y = activation(conv(x, kernel) + bias), kernel [KH, KW,
+// C, filters] ("<name>/kernel", HWIO as Keras stores it), bias [filters]
+// ("<name>/bias"). Glorot-uniform kernel with Keras' fans (receptive field
+// times channels), zero bias.
+class Conv2D : public Layer {
+ public:
+  Conv2D(std::string name, int64_t in_channels, int64_t filters, std::array<int64_t, 2> kernel,
+         std::array<int64_t, 2> strides, PaddingKind padding, ActivationKind activation,
+         bool use_bias, uint64_t seed);
+  const std::string& name() const override { return name_; }
+  const char* class_name() const override { return "Conv2D"; }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  std::vector<Parameter*> parameters() override;
+
+ private:
+  ops::Window2D Window(const std::vector<int64_t>& input_shape) const;
+
+  std::string name_;
+  int64_t in_channels_, filters_;
+  std::array<int64_t, 2> kernel_size_, strides_;
+  PaddingKind padding_;
+  bool use_bias_;
+  Parameter kernel_;
+  Parameter bias_;
+  ActivationState activation_;
+  const Tensor* input_ = nullptr;  // borrowed until Backward
+  ops::Window2D window_;           // of the last Forward
+  Tensor grad_pre_activation_;
+};
+
+// MaxPooling2D / AveragePooling2D(pool_size, strides, padding). Average
+// pooling with padding 'same' divides by the real inputs in each window, as
+// TensorFlow does. No variables.
+class Pooling2D : public Layer {
+ public:
+  Pooling2D(std::string name, ops::PoolKind kind, std::array<int64_t, 2> pool_size,
+            std::array<int64_t, 2> strides, PaddingKind padding);
+  const std::string& name() const override { return name_; }
+  const char* class_name() const override {
+    return kind_ == ops::PoolKind::kMax ? "MaxPooling2D" : "AveragePooling2D";
+  }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+
+ private:
+  ops::Window2D Window(const std::vector<int64_t>& input_shape) const;
+
+  std::string name_;
+  ops::PoolKind kind_;
+  std::array<int64_t, 2> pool_size_, strides_;
+  PaddingKind padding_;
+  const Tensor* input_ = nullptr;  // borrowed until Backward
+  Tensor output_;                  // own copy of the forward output
+  Tensor workspace_;
+  ops::Window2D window_;
+};
+
+// GlobalAveragePooling2D: [batch, H, W, C] -> [batch, C]. No variables.
+class GlobalAveragePooling2D : public Layer {
+ public:
+  explicit GlobalAveragePooling2D(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+  const char* class_name() const override { return "GlobalAveragePooling2D"; }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+
+ private:
+  std::string name_;
+  int64_t height_ = 0, width_ = 0;  // of the last Forward
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_MODEL_CONV_LAYERS_H_

@@ -1,0 +1,51 @@
+#include "worker/model/layer_factory.h"
+
+#include "common/check.h"
+#include "worker/model/activation_layer.h"
+#include "worker/model/conv_layers.h"
+#include "worker/model/dropout.h"
+#include "worker/model/normalization.h"
+#include "worker/model/reshape_layers.h"
+
+namespace distrain {
+
+std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t>& input_shape,
+                                 uint64_t seed) {
+  DISTRAIN_CHECK(!c.name.empty()) << LayerKindName(c.kind) << ": unnamed layer";
+  DISTRAIN_CHECK(!input_shape.empty()) << c.name << ": empty input shape";
+  switch (c.kind) {
+    case LayerKind::kInput:
+      return nullptr;
+    case LayerKind::kReshape:
+      return std::make_unique<Reshape>(c.name, c.shape);
+    case LayerKind::kFlatten:
+      return std::make_unique<Flatten>(c.name);
+    case LayerKind::kDense:
+      DISTRAIN_CHECK_EQ(input_shape.size(), 1u) << c.name << ": Dense needs a 1-D input";
+      return std::make_unique<Dense>(c.name, input_shape[0], c.units, seed, c.activation,
+                                     c.use_bias);
+    case LayerKind::kActivation:
+      return std::make_unique<Activation>(c.name, c.activation);
+    case LayerKind::kDropout:
+      return std::make_unique<Dropout>(c.name, c.rate);
+    case LayerKind::kConv2D:
+      DISTRAIN_CHECK_EQ(input_shape.size(), 3u) << c.name << ": Conv2D needs [rows, cols, ch]";
+      return std::make_unique<Conv2D>(c.name, input_shape[2], c.filters, c.kernel_size,
+                                      c.EffectiveStrides(), c.padding, c.activation, c.use_bias,
+                                      seed);
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
+      return std::make_unique<Pooling2D>(
+          c.name, c.kind == LayerKind::kMaxPooling2D ? ops::PoolKind::kMax : ops::PoolKind::kAverage,
+          c.pool_size, c.EffectiveStrides(), c.padding);
+    case LayerKind::kGlobalAveragePooling2D:
+      return std::make_unique<GlobalAveragePooling2D>(c.name);
+    case LayerKind::kBatchNormalization:
+      return std::make_unique<BatchNormalization>(c.name, input_shape.back(), c.momentum,
+                                                  c.epsilon);
+  }
+  DISTRAIN_CHECK(false) << "unknown layer kind " << static_cast<int>(c.kind);
+  return nullptr;
+}
+
+}  // namespace distrain

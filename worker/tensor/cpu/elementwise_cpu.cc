@@ -1,0 +1,122 @@
+#include "worker/tensor/cpu/elementwise_cpu.h"
+
+#include <cmath>
+
+#include "common/check.h"
+#include "worker/tensor/cpu_math.h"
+
+namespace distrain::cpu {
+namespace {
+
+// One pass of a unary functor. Plain indexed loops: GCC vectorises the
+// arithmetic ones (with a run-time overlap check, as y may alias x); the
+// transcendental ones run libm per element either way.
+template <typename F>
+void Map(int64_t n, F f, const float* x, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+
+template <typename F>
+void Map2(int64_t n, F f, const float* a, const float* b, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+}
+
+void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float max = xr[0];
+    for (int64_t c = 1; c < cols; ++c) max = xr[c] > max ? xr[c] : max;
+    // Shifted by the row maximum: every exponent is <= 0, so nothing
+    // overflows and the largest term is exactly 1 (the sum is >= 1).
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      yr[c] = std::exp(xr[c] - max);
+      sum += yr[c];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+  }
+}
+
+// dx = y * (dy - <dy, y>) per row: the softmax Jacobian applied to dy.
+void SoftmaxGradRows(int64_t rows, int64_t cols, const float* y, const float* dy, float* dx) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    double dot = 0;
+    for (int64_t c = 0; c < cols; ++c) dot += static_cast<double>(dyr[c]) * yr[c];
+    const float d = static_cast<float>(dot);
+    for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - d);
+  }
+}
+
+}  // namespace
+
+void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+                       float* y) {
+  const int64_t n = rows * cols;
+  switch (kind) {
+    case ActivationKind::kLinear:
+      if (y != x) Map(n, [](float v) { return v; }, x, y);
+      return;
+    case ActivationKind::kRelu:
+      Relu(n, x, y);  // cpu_math's mask-and kernel, same results as elementwise::Relu
+      return;
+    case ActivationKind::kSigmoid:
+      Map(n, elementwise::Sigmoid(), x, y);
+      return;
+    case ActivationKind::kTanh:
+      Map(n, elementwise::Tanh(), x, y);
+      return;
+    case ActivationKind::kGelu:
+      Map(n, elementwise::Gelu(), x, y);
+      return;
+    case ActivationKind::kSoftmax:
+      SoftmaxRows(rows, cols, x, y);
+      return;
+  }
+  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+}
+
+void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+                        const float* y, const float* dy, float* dx) {
+  const int64_t n = rows * cols;
+  switch (kind) {
+    case ActivationKind::kLinear:
+      if (dx != dy) Map(n, [](float v) { return v; }, dy, dx);
+      return;
+    case ActivationKind::kRelu:
+      ReluGrad(n, y, dy, dx);
+      return;
+    case ActivationKind::kSigmoid:
+      Map2(n, elementwise::SigmoidGrad(), y, dy, dx);
+      return;
+    case ActivationKind::kTanh:
+      Map2(n, elementwise::TanhGrad(), y, dy, dx);
+      return;
+    case ActivationKind::kGelu:
+      Map2(n, elementwise::GeluGrad(), x, dy, dx);
+      return;
+    case ActivationKind::kSoftmax:
+      SoftmaxGradRows(rows, cols, y, dy, dx);
+      return;
+  }
+  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+}
+
+void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,
+                    float* mask) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = f(static_cast<uint64_t>(i));
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+void Multiply(int64_t n, const float* a, const float* b, float* out) {
+  Map2(n, [](float u, float v) { return u * v; }, a, b, out);
+}
+
+}  // namespace distrain::cpu
