@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -183,6 +185,16 @@ int RunJob(const RunOptions& options) {
   auto config = LoadJobYamlFile(options.job_file);
   if (config.ok()) {
     if (absl::Status s = ValidateJobConfig(*config); !s.ok()) config = s;
+  }
+  if (config.ok()) {
+    // The model against its data: the layers' shapes from the dataset's
+    // example shape (the IDX header, the first CSV line), every layer problem
+    // at once, before any replica starts and fails on its own copy of them.
+    std::vector<std::string> notes;
+    if (absl::Status s = ValidateModelWithData(*config, &notes); !s.ok()) config = s;
+    for (const std::string& note : notes) {
+      std::cerr << "distrain run: " << options.job_file << ": warning: " << note << "\n";
+    }
   }
   if (!config.ok()) {
     std::cerr << "distrain run: " << options.job_file << ": " << config.status().message() << "\n";

@@ -836,6 +836,11 @@ std::optional<std::array<int64_t, 2>> DecodePair(const Json& v, const std::strin
   return std::array<int64_t, 2>{n, n};
 }
 
+// Limits the CRD states too (maxItems, maxLength), so both reject the same.
+constexpr size_t kMaxShapeRank = 8;
+constexpr size_t kMaxLayers = 128;
+constexpr size_t kMaxLayerNameLength = 128;
+
 std::optional<std::vector<int64_t>> DecodeShapeList(const Json& v, const std::string& path,
                                                     bool allow_unknown, Issues* issues) {
   Rule list;
@@ -848,6 +853,10 @@ std::optional<std::vector<int64_t>> DecodeShapeList(const Json& v, const std::st
   bool ok = true;
   if (v.empty()) {
     issues->Add(path, "must list at least one dimension");
+    ok = false;
+  } else if (v.size() > kMaxShapeRank) {
+    issues->Add(path, absl::StrCat("has ", v.size(), " dimensions; at most ", kMaxShapeRank,
+                                   " (the CRD's limit)"));
     ok = false;
   }
   for (size_t i = 0; i < v.size(); ++i) {
@@ -932,6 +941,9 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
       const std::string name = v.get<std::string>();
       if (name.empty()) {
         issues->Add(path, "must not be empty; remove it to get Keras' automatic name");
+      } else if (name.size() > kMaxLayerNameLength) {
+        issues->Add(path, absl::StrCat("has ", name.size(), " characters; at most ",
+                                       kMaxLayerNameLength));
       } else if (name.find('/') != std::string::npos) {
         issues->Add(path, absl::StrCat("must not contain '/' (it separates a layer's name from "
                                        "its variables', \"<name>/kernel\"), got ",
@@ -1037,6 +1049,11 @@ void DecodeLayers(const Json& v, const std::string& path, JobConfig* config, Iss
   }
   std::vector<LayerConfig> layers;
   bool ok = true;
+  if (v.size() > kMaxLayers) {
+    issues->Add(path, absl::StrCat("has ", v.size(), " layers; at most ", kMaxLayers,
+                                   " (the CRD's limit)"));
+    ok = false;
+  }
   for (size_t i = 0; i < v.size(); ++i) {
     std::optional<LayerConfig> layer = DecodeLayer(v[i], JoinYamlPath(path, i), issues);
     if (layer) {
@@ -1050,7 +1067,13 @@ void DecodeLayers(const Json& v, const std::string& path, JobConfig* config, Iss
 
 Json PairJson(const std::array<int64_t, 2>& pair) { return Json::array({pair[0], pair[1]}); }
 
-Json LayerToJson(const LayerConfig& layer) {
+// One layer as the user would write it: required arguments and poolSize
+// always, the others only where they differ from Keras' defaults, the name
+// only where it is not the automatic one (`automatic_name`). So the spec the
+// operator writes back reads like the user's, and parsing it gives the same
+// LayerConfig.
+Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
+  const LayerConfig defaults;
   Json args = Json::object();
   for (LayerArg arg : LayerArgsOf(layer.kind)) {
     const char* name = LayerArgName(arg);
@@ -1071,35 +1094,65 @@ Json LayerToJson(const LayerConfig& layer) {
         if (layer.strides) args[name] = PairJson(*layer.strides);
         break;
       case LayerArg::kPadding:
-        args[name] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+        if (layer.padding != defaults.padding) {
+          args[name] = layer.padding == PaddingKind::kSame ? "same" : "<invalid>";
+        }
         break;
       case LayerArg::kActivation:
-        args[name] = ActivationName(layer.activation);
+        if (layer.activation != defaults.activation || layer.kind == LayerKind::kActivation) {
+          args[name] = ActivationName(layer.activation);
+        }
         break;
       case LayerArg::kUseBias:
-        args[name] = layer.use_bias;
+        if (layer.use_bias != defaults.use_bias) args[name] = layer.use_bias;
         break;
       case LayerArg::kRate:
         args[name] = layer.rate;
         break;
       case LayerArg::kMomentum:
-        args[name] = layer.momentum;
+        if (layer.momentum != defaults.momentum) args[name] = layer.momentum;
         break;
       case LayerArg::kEpsilon:
-        args[name] = layer.epsilon;
+        if (layer.epsilon != defaults.epsilon) args[name] = layer.epsilon;
         break;
       case LayerArg::kTargetShape:
       case LayerArg::kShape:
         args[name] = layer.shape;
         break;
       case LayerArg::kName:
-        if (!layer.name.empty()) args[name] = layer.name;
+        if (!layer.name.empty() && !automatic_name) args[name] = layer.name;
         break;
     }
   }
   Json entry = Json::object();
   entry[LayerKindName(layer.kind)] = std::move(args);
   return entry;
+}
+
+// The layers as JSON, leaving out names that AssignLayerNames gives anyway.
+Json LayersToJson(const std::vector<LayerConfig>& layers) {
+  // Try leaving out every name; where the automatic names differ from the
+  // given ones, keep those given names and try again (a kept name can move
+  // the automatic ones past it).
+  std::vector<bool> keep(layers.size(), false);
+  for (size_t round = 0; round <= layers.size(); ++round) {
+    std::vector<LayerConfig> renamed = layers;
+    for (size_t i = 0; i < renamed.size(); ++i) {
+      if (!keep[i]) renamed[i].name.clear();
+    }
+    AssignLayerNames(&renamed);
+    bool changed = false;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!keep[i] && renamed[i].name != layers[i].name) {
+        keep[i] = true;
+        changed = true;
+      }
+    }
+    if (!changed) break;
+  }
+  Json out = Json::array();
+  for (size_t i = 0; i < layers.size(); ++i) out.push_back(LayerToJson(layers[i], !keep[i]));
+  return out;
 }
 
 FieldSpec LayersField(std::string path) {
@@ -1110,9 +1163,7 @@ FieldSpec LayersField(std::string path) {
   f.decode = DecodeLayers;
   f.get = [](const JobConfig& c) -> std::optional<Json> {
     if (c.training.model.layers.empty()) return std::nullopt;
-    Json layers = Json::array();
-    for (const LayerConfig& layer : c.training.model.layers) layers.push_back(LayerToJson(layer));
-    return layers;
+    return LayersToJson(c.training.model.layers);
   };
   return f;
 }
@@ -1174,8 +1225,8 @@ const std::vector<FieldSpec>& SpecFields() {
                     OneOf({"mlp", "sequential"}))),
       Derived(MlpOnly(
           Field("training.model.hiddenUnits", DISTRAIN_REF(training.model.hidden_units), Min(1)))),
-      MlpOnly(Field("training.model.activation", DISTRAIN_REF(training.model.activation),
-                    OneOf({"relu"}))),
+      Derived(MlpOnly(Field("training.model.activation", DISTRAIN_REF(training.model.activation),
+                            OneOf({"relu"})))),
       LayersField("training.model.layers"),
       EnumField("training.model.loss.type", DISTRAIN_REF(training.model.loss.kind), kLossKinds),
       Field("training.model.loss.fromLogits", DISTRAIN_REF(training.model.loss.from_logits)),
@@ -1583,7 +1634,7 @@ void ValidateModel(const TrainingConfig& t, const std::optional<std::vector<int6
   Issues argument_issues;
   JobConfig scratch;
   Json layers_json = Json::array();
-  for (const LayerConfig& layer : m.layers) layers_json.push_back(LayerToJson(layer));
+  for (const LayerConfig& layer : m.layers) layers_json.push_back(LayerToJson(layer, false));
   DecodeLayers(layers_json, path + ".layers", &scratch, &argument_issues);
   if (!argument_issues.empty()) {
     issues->Append(argument_issues);

@@ -655,6 +655,31 @@ dataset: {numClasses: 2}
   }
 }
 
+TEST(ModelParseTest, JsonReadsLikeTheUsersYaml) {
+  // Keras' defaults and automatic names are left out, so the spec the
+  // operator writes back looks like what was applied.
+  JobConfig config = MustParse(kGuideCnnJob);
+  EXPECT_THAT(JobConfigToJson(config),
+              HasSubstr("\"layers\":[{\"Conv2D\":{\"filters\":32,\"kernelSize\":[3,3],"
+                        "\"activation\":\"relu\"}},{\"MaxPooling2D\":{\"poolSize\":[2,2]}},"
+                        "{\"Conv2D\":{\"filters\":64,\"kernelSize\":[3,3],\"activation\":"
+                        "\"relu\"}},{\"Flatten\":{}},{\"Dense\":{\"units\":64,\"activation\":"
+                        "\"relu\"}},{\"Dense\":{\"units\":10}}],\"loss\":{\"type\":"
+                        "\"SparseCategoricalCrossentropy\",\"fromLogits\":true}"));
+  // Given names stay, also where they shift the automatic ones.
+  JobConfig named = MustParse(R"(model:
+  layers:
+    - Dense: {units: 16, name: dense_1}
+    - Dense: {units: 10}
+)");
+  EXPECT_EQ(named.training.model.layers[1].name, "dense");
+  const std::string json = JobConfigToJson(named);
+  EXPECT_THAT(json, HasSubstr("{\"Dense\":{\"units\":16,\"name\":\"dense_1\"}}"));
+  absl::StatusOr<JobConfig> back = ParseJobConfigJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, named);
+}
+
 TEST(ModelParseTest, CodeBuiltConfigsMeetTheYamlRules) {
   JobConfig config = MustParse(kGuideCnnJob);
   config.training.model.layers[0].filters = 0;
