@@ -1,0 +1,338 @@
+#!/usr/bin/env python3
+"""Writes the Keras reference outputs that tests/unit/worker/model/golden_test.cc
+checks distrain's layers, losses and models against.
+
+Run with the peers virtualenv, which has tensorflow-cpu (Keras 3):
+  /root/.cache/distrain/peers-venv/bin/python tests/golden/make_layer_goldens.py
+
+Each case builds one Keras layer (or a small Sequential model) with fixed,
+small weights and inputs, runs it, and records in tests/golden/layers.json:
+  * the layer's config in distrain's terms (Keras class name and arguments),
+  * the input and every variable, by Keras' variable name,
+  * the output, and the gradients of L = sum(output * upstream) with respect
+    to the input and every trainable variable (tf.GradientTape),
+  * for BatchNormalization in training mode, the moving statistics after the
+    call.
+Model cases (losses, the guide CNN in small) record Keras' loss and accuracy
+(model.evaluate), the loss and its gradients in a training call, and the
+moving statistics after it. Values are float32 written with
+9 significant digits, so they read back bit-exact.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # plain Eigen reference numbers
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+import keras
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layers.json")
+RNG = np.random.default_rng(20261125)
+
+
+def arr(x):
+    return [float("%.9g" % v) for v in np.asarray(x, dtype=np.float32).ravel()]
+
+
+def small(shape, scale=1.0):
+    return (RNG.uniform(-1.0, 1.0, size=shape) * scale).astype(np.float32)
+
+
+def variables(layer):
+    """Every variable by its distrain name suffix ("kernel", "moving_mean")."""
+    return {v.path.split("/")[-1]: v for v in layer.weights}
+
+
+def layer_case(name, config, layer, input_shape, training=False, input_scale=1.0,
+               set_weights=None, distinct_input=False):
+    """Runs one layer on a fixed input and records output and gradients."""
+    x = small((2,) + tuple(input_shape), input_scale)
+    if distinct_input:
+        # Distinct values far apart, so max pooling's argmax is unambiguous.
+        n = x.size
+        x = (RNG.permutation(n).astype(np.float32) / n * 2 - 1).reshape(x.shape)
+    layer.build((None,) + tuple(input_shape))
+    vs = variables(layer)
+    if set_weights:
+        set_weights(vs)
+    else:
+        for v in vs.values():
+            v.assign(small(v.shape, 0.5))
+    before = {k: v.numpy().copy() for k, v in vs.items()}
+    xt = tf.constant(x)
+    trainable = [v for v in layer.trainable_weights]
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = layer(xt, training=training)
+        upstream = tf.constant(small(tuple(y.shape)))
+        loss = tf.reduce_sum(y * upstream)
+    grads = tape.gradient(loss, [xt] + trainable)
+    case = {
+        "name": name,
+        "kind": "layer",
+        "layer": config,
+        "training": training,
+        "input_shape": list(x.shape),
+        "input": arr(x),
+        "variables": {k: {"shape": list(v.shape), "value": arr(v)} for k, v in before.items()},
+        "output_shape": list(y.shape),
+        "output": arr(y),
+        "upstream": arr(upstream),
+        "grad_input": arr(grads[0]),
+        "grad_variables": {
+            v.path.split("/")[-1]: arr(g) for v, g in zip(trainable, grads[1:])
+        },
+    }
+    if training and any(k.startswith("moving_") for k in vs):
+        case["variables_after"] = {k: arr(v) for k, v in vs.items() if k.startswith("moving_")}
+    return case
+
+
+def layer_cases():
+    cases = []
+    K = keras.layers
+    # Dense with every activation and without bias.
+    for act in ["linear", "relu", "sigmoid", "tanh", "softmax", "gelu"]:
+        cases.append(layer_case(
+            f"dense_{act}", {"class": "Dense", "units": 3, "activation": act},
+            K.Dense(3, activation=act, name="dense"), (4,), input_scale=2.0))
+    cases.append(layer_case(
+        "dense_no_bias", {"class": "Dense", "units": 3, "useBias": False},
+        K.Dense(3, use_bias=False, name="dense"), (4,)))
+    # Activation layers; wide inputs so sigmoid, tanh and gelu see their tails.
+    for act in ["relu", "sigmoid", "tanh", "softmax", "gelu", "linear"]:
+        cases.append(layer_case(
+            f"activation_{act}", {"class": "Activation", "activation": act},
+            K.Activation(act, name="activation"), (3, 5), input_scale=4.0))
+    # Conv2D on odd sizes: padding x strides, non-square kernels and strides.
+    for padding in ["valid", "same"]:
+        for stride in [1, 2]:
+            for (h, w), k in [((7, 7), (3, 3)), ((6, 5), (2, 3))]:
+                cases.append(layer_case(
+                    f"conv2d_{padding}_s{stride}_{h}x{w}_k{k[0]}{k[1]}",
+                    {"class": "Conv2D", "filters": 3, "kernelSize": list(k),
+                     "strides": [stride, stride], "padding": padding},
+                    K.Conv2D(3, k, strides=stride, padding=padding, name="conv2d"),
+                    (h, w, 2)))
+    cases.append(layer_case(
+        "conv2d_same_s21_relu_no_bias",
+        {"class": "Conv2D", "filters": 4, "kernelSize": [3, 3], "strides": [2, 1],
+         "padding": "same", "activation": "relu", "useBias": False},
+        K.Conv2D(4, 3, strides=(2, 1), padding="same", activation="relu", use_bias=False,
+                 name="conv2d"),
+        (7, 6, 3)))
+    # Pooling on odd sizes.
+    for cls, kname in [(K.MaxPooling2D, "MaxPooling2D"), (K.AveragePooling2D, "AveragePooling2D")]:
+        for padding in ["valid", "same"]:
+            for pool, stride in [((2, 2), None), ((3, 3), (2, 2)), ((2, 3), (1, 1)),
+                                 ((3, 3), (1, 2))]:
+                cfg = {"class": kname, "poolSize": list(pool), "padding": padding}
+                if stride:
+                    cfg["strides"] = list(stride)
+                s = "default" if stride is None else f"{stride[0]}{stride[1]}"
+                cases.append(layer_case(
+                    f"{kname.lower()}_{padding}_p{pool[0]}{pool[1]}_s{s}", cfg,
+                    cls(pool, strides=stride, padding=padding, name="pool"), (7, 7, 2),
+                    distinct_input=True))
+    cases.append(layer_case(
+        "global_average_pooling2d", {"class": "GlobalAveragePooling2D"},
+        K.GlobalAveragePooling2D(name="gap"), (5, 3, 4)))
+    cases.append(layer_case("flatten", {"class": "Flatten"}, K.Flatten(name="flatten"),
+                            (3, 2, 2)))
+    cases.append(layer_case("reshape", {"class": "Reshape", "targetShape": [2, -1]},
+                            K.Reshape((2, -1), name="reshape"), (12,)))
+    # Dropout at evaluation is the identity (the training masks use
+    # distrain's own generator, tested separately).
+    cases.append(layer_case("dropout_eval", {"class": "Dropout", "rate": 0.4},
+                            K.Dropout(0.4, name="dropout"), (6,), training=False))
+
+    def bn_weights(vs):
+        c = vs["gamma"].shape[0]
+        vs["gamma"].assign(1.0 + small((c,), 0.5))
+        vs["beta"].assign(small((c,), 0.5))
+        vs["moving_mean"].assign(small((c,), 0.5))
+        vs["moving_variance"].assign(1.0 + small((c,), 0.5) ** 2)
+
+    for training in [False, True]:
+        mode = "train" if training else "infer"
+        cases.append(layer_case(
+            f"batchnorm_{mode}_images", {"class": "BatchNormalization", "momentum": 0.9,
+                                         "epsilon": 1e-3},
+            K.BatchNormalization(momentum=0.9, epsilon=1e-3, name="bn"), (3, 3, 4),
+            training=training, input_scale=2.0, set_weights=bn_weights))
+        cases.append(layer_case(
+            f"batchnorm_{mode}_rows", {"class": "BatchNormalization"},
+            K.BatchNormalization(name="bn"), (5,), training=training, input_scale=3.0,
+            set_weights=bn_weights))
+    return cases
+
+
+LOSSES = {
+    "SparseCategoricalCrossentropy": keras.losses.SparseCategoricalCrossentropy,
+    "CategoricalCrossentropy": keras.losses.CategoricalCrossentropy,
+    "BinaryCrossentropy": keras.losses.BinaryCrossentropy,
+    "MeanSquaredError": keras.losses.MeanSquaredError,
+}
+
+
+def model_case(name, layer_configs, keras_layers, example_shape, loss_name, from_logits,
+               num_classes, batch=6, input_scale=1.0, labels=None, weight_scale=0.5):
+    """A Sequential model: Keras' loss and accuracy and the loss's gradients."""
+    model = keras.Sequential([keras.Input(example_shape)] + keras_layers)
+    loss_kwargs = {} if loss_name == "MeanSquaredError" else {"from_logits": from_logits}
+    loss_fn = LOSSES[loss_name](**loss_kwargs)
+    model.compile(optimizer="adam", loss=loss_fn, metrics=["accuracy"])
+    for layer in model.layers:
+        for v in layer.weights:
+            suffix = v.path.split("/")[-1]
+            if suffix in ("gamma", "moving_variance"):
+                v.assign(1.0 + small(v.shape, weight_scale) ** 2)
+            else:
+                v.assign(small(v.shape, weight_scale))
+    # Recorded before evaluate and the training call (which moves
+    # BatchNormalization's statistics), under distrain's names, "<layer
+    # name>/<variable>" (Keras' paths also carry the model's name).
+    names = {}
+    variables_out = {}
+    for layer in model.layers:
+        for v in layer.weights:
+            names[id(v)] = f"{layer.name}/{v.path.split('/')[-1]}"
+            variables_out[names[id(v)]] = {"shape": list(v.shape), "value": arr(v)}
+    x = small((batch,) + tuple(example_shape), input_scale)
+    if labels is None:
+        labels = RNG.integers(0, num_classes, size=(batch,))
+    labels = np.asarray(labels, dtype=np.int32)
+    width = model.outputs[0].shape[-1]
+    # Keras' targets for each loss, as distrain derives them from the labels.
+    if loss_name == "CategoricalCrossentropy" or (loss_name == "MeanSquaredError" and width > 1):
+        y = np.eye(width, dtype=np.float32)[labels]
+    elif loss_name in ("BinaryCrossentropy", "MeanSquaredError"):
+        y = labels.astype(np.float32).reshape(-1, 1)
+    else:
+        y = labels
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss, accuracy = model.evaluate(x, y, batch_size=batch, verbose=0)
+        with tf.GradientTape() as tape:
+            tape_loss = loss_fn(y, model(x, training=True))
+    trainable = model.trainable_weights
+    grads = tape.gradient(tape_loss, trainable)
+    state_after = {names[id(v)]: arr(v) for layer in model.layers for v in layer.weights
+                   if v.path.split("/")[-1].startswith("moving_")}
+    return {
+        "name": name,
+        "kind": "model",
+        "layers": layer_configs,
+        "loss": {"type": loss_name, "fromLogits": from_logits},
+        "num_classes": num_classes,
+        "example_shape": list(example_shape),
+        "input_shape": list(x.shape),
+        "input": arr(x),
+        "labels": [int(v) for v in labels],
+        "variables": variables_out,
+        "loss_value": float(loss),
+        "tape_loss": float(tape_loss),
+        "accuracy": float(accuracy),
+        "grads": {names[id(v)]: arr(g) for v, g in zip(trainable, grads)},
+        "state_after_training_call": state_after,
+        "keras_warned": any("from_logits=True" in str(w.message) for w in caught),
+    }
+
+
+def model_cases():
+    cases = []
+    K = keras.layers
+    # Every loss x from_logits x output activation, on one Dense layer.
+    for loss_name in LOSSES:
+        binary = loss_name == "BinaryCrossentropy"
+        for width in ([1] if binary else [4]) + ([1] if loss_name == "MeanSquaredError" else []):
+            classes = 2 if width == 1 else width
+            for act in ["linear", "softmax", "sigmoid"]:
+                for from_logits in ([False] if loss_name == "MeanSquaredError" else [True, False]):
+                    if act == "softmax" and width == 1 and not binary:
+                        continue  # a constant output; nothing to learn from it
+                    name = f"loss_{loss_name}_w{width}_{act}_logits{int(from_logits)}"
+                    # Large inputs so probabilities hit Keras' clipping too.
+                    for scale in [1.0, 8.0]:
+                        cases.append(model_case(
+                            f"{name}_x{int(scale)}",
+                            [{"class": "Dense", "units": width, "activation": act,
+                              "name": "dense"}],
+                            [K.Dense(width, activation=act, name="dense")], (5,), loss_name,
+                            from_logits, classes, input_scale=scale))
+    # Activation(softmax) as its own last layer, the logits trick included.
+    cases.append(model_case(
+        "loss_sparse_activation_softmax_logits1",
+        [{"class": "Dense", "units": 4, "name": "dense"},
+         {"class": "Activation", "activation": "softmax", "name": "activation"}],
+        [K.Dense(4, name="dense"), K.Activation("softmax", name="activation")], (5,),
+        "SparseCategoricalCrossentropy", True, 4, input_scale=4.0))
+    # Binary accuracy on logits between 0 and 0.5: Keras thresholds at 0.5.
+    cases.append(model_case(
+        "binary_accuracy_threshold_on_logits",
+        [{"class": "Dense", "units": 1, "name": "dense"}], [K.Dense(1, name="dense")], (3,),
+        "BinaryCrossentropy", True, 2, batch=8, input_scale=0.3))
+    # TensorFlow's distributed-training guide CNN, shrunk to a 12x12 input so
+    # the golden file stays small: Conv2D relu, MaxPooling2D, Conv2D relu,
+    # Flatten, Dense relu, Dense softmax with from_logits=True (the guide's
+    # setting: Keras warns and uses the logits).
+    guide = [
+        ({"class": "Conv2D", "filters": 4, "kernelSize": [3, 3], "activation": "relu",
+          "name": "conv2d"}, K.Conv2D(4, (3, 3), activation="relu", name="conv2d")),
+        ({"class": "MaxPooling2D", "poolSize": [2, 2], "name": "max_pooling2d"},
+         K.MaxPooling2D((2, 2), name="max_pooling2d")),
+        ({"class": "Conv2D", "filters": 8, "kernelSize": [3, 3], "activation": "relu",
+          "name": "conv2d_1"}, K.Conv2D(8, (3, 3), activation="relu", name="conv2d_1")),
+        ({"class": "Flatten", "name": "flatten"}, K.Flatten(name="flatten")),
+        ({"class": "Dense", "units": 16, "activation": "relu", "name": "dense"},
+         K.Dense(16, activation="relu", name="dense")),
+        ({"class": "Dense", "units": 10, "activation": "softmax", "name": "dense_1"},
+         K.Dense(10, activation="softmax", name="dense_1")),
+    ]
+    cases.append(model_case(
+        "guide_cnn_small", [c for c, _ in guide], [l for _, l in guide], (12, 12, 1),
+        "SparseCategoricalCrossentropy", True, 10, batch=4))
+    # BatchNormalization and Dropout inside a model (training forward for the
+    # gradients: Dropout rate 0 keeps it deterministic).
+    bn = [
+        ({"class": "Conv2D", "filters": 3, "kernelSize": [3, 3], "padding": "same",
+          "strides": [2, 2], "name": "conv2d"},
+         K.Conv2D(3, 3, padding="same", strides=2, name="conv2d")),
+        ({"class": "BatchNormalization", "name": "batch_normalization"},
+         K.BatchNormalization(name="batch_normalization")),
+        ({"class": "Activation", "activation": "gelu", "name": "activation"},
+         K.Activation("gelu", name="activation")),
+        ({"class": "AveragePooling2D", "poolSize": [2, 2], "padding": "same",
+          "name": "average_pooling2d"},
+         K.AveragePooling2D(2, padding="same", name="average_pooling2d")),
+        ({"class": "GlobalAveragePooling2D", "name": "global_average_pooling2d"},
+         K.GlobalAveragePooling2D(name="global_average_pooling2d")),
+        ({"class": "Dropout", "rate": 0.0, "name": "dropout"}, K.Dropout(0.0, name="dropout")),
+        ({"class": "Dense", "units": 3, "activation": "softmax", "name": "dense"},
+         K.Dense(3, activation="softmax", name="dense")),
+    ]
+    cases.append(model_case(
+        "bn_gelu_pool_model", [c for c, _ in bn], [l for _, l in bn], (9, 7, 2),
+        "SparseCategoricalCrossentropy", False, 3, batch=4, weight_scale=0.5))
+    return cases
+
+
+def main():
+    keras.utils.set_random_seed(7)
+    cases = layer_cases() + model_cases()
+    with open(OUT, "w") as f:
+        json.dump({"generator": "tests/golden/make_layer_goldens.py",
+                   "tensorflow": tf.__version__, "keras": keras.__version__,
+                   "cases": cases}, f, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {len(cases)} cases to {OUT} ({os.path.getsize(OUT)} bytes)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+// distrain's layers, losses and models against Keras 3 on TensorFlow: the
+// reference numbers in tests/golden/layers.json come from
+// tests/golden/make_layer_goldens.py (see there for what each case records).
+// Every value must agree within 1e-5 (relative to magnitudes above 1).
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/layer_factory.h"
+#include "worker/model/model.h"
+
+namespace distrain {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr double kTolerance = 1e-5;
+
+const Json& Goldens() {
+  static const Json* goldens = [] {
+    std::ifstream in(std::string(DISTRAIN_SOURCE_DIR) + "/tests/golden/layers.json");
+    EXPECT_TRUE(in.good()) << "tests/golden/layers.json missing";
+    auto* j = new Json(Json::parse(in));
+    return j;
+  }();
+  return *goldens;
+}
+
+std::vector<int64_t> Shape(const Json& j) { return j.get<std::vector<int64_t>>(); }
+
+Tensor ToTensor(const Json& shape, const Json& values) {
+  return Tensor(Shape(shape), values.get<std::vector<float>>());
+}
+
+void ExpectClose(const Tensor& got, const Json& want, const std::string& what) {
+  const std::vector<float> w = want.get<std::vector<float>>();
+  ASSERT_EQ(got.size(), static_cast<int64_t>(w.size())) << what;
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_LE(std::abs(double{got[i]} - w[i]), kTolerance * std::max(1.0, std::abs(double{w[i]})))
+        << what << " element " << i << ": distrain " << got[i] << ", Keras " << w[i];
+  }
+}
+
+std::array<int64_t, 2> Pair(const Json& j) {
+  if (j.is_number()) return {j.get<int64_t>(), j.get<int64_t>()};
+  return {j[0].get<int64_t>(), j[1].get<int64_t>()};
+}
+
+// A layer's config in distrain's terms from the golden file's Keras
+// spelling (the same camelCase arguments as spec.training.model.layers).
+LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
+  LayerConfig c;
+  const std::optional<LayerKind> kind = ParseLayerKind(j.at("class").get<std::string>());
+  EXPECT_TRUE(kind.has_value()) << j.dump();
+  c.kind = kind.value_or(LayerKind::kDense);
+  c.name = j.value("name", default_name);
+  if (j.contains("units")) c.units = j["units"];
+  if (j.contains("filters")) c.filters = j["filters"];
+  if (j.contains("kernelSize")) c.kernel_size = Pair(j["kernelSize"]);
+  if (j.contains("poolSize")) c.pool_size = Pair(j["poolSize"]);
+  if (j.contains("strides")) c.strides = Pair(j["strides"]);
+  if (j.contains("padding")) {
+    c.padding = j["padding"] == "same" ? PaddingKind::kSame : PaddingKind::kValid;
+  }
+  if (j.contains("activation")) {
+    const std::optional<ActivationKind> a = ParseActivationName(j["activation"]);
+    EXPECT_TRUE(a.has_value()) << j.dump();
+    c.activation = a.value_or(ActivationKind::kLinear);
+  }
+  if (j.contains("useBias")) c.use_bias = j["useBias"];
+  if (j.contains("targetShape")) c.shape = Shape(j["targetShape"]);
+  if (j.contains("rate")) c.rate = j["rate"];
+  if (j.contains("momentum")) c.momentum = j["momentum"];
+  if (j.contains("epsilon")) c.epsilon = j["epsilon"];
+  return c;
+}
+
+std::string Suffix(const std::string& name) { return name.substr(name.rfind('/') + 1); }
+
+void RunLayerCase(const Json& c) {
+  const LayerConfig config = ToLayerConfig(c["layer"], "layer");
+  const std::vector<int64_t> input_shape = Shape(c["input_shape"]);
+  const std::vector<int64_t> example(input_shape.begin() + 1, input_shape.end());
+  std::unique_ptr<Layer> layer = MakeLayer(config, example, 1);
+  ASSERT_NE(layer, nullptr);
+  std::map<std::string, Parameter*> vars;
+  for (Parameter* p : layer->parameters()) vars[Suffix(p->name)] = p;
+  for (Parameter* p : layer->state_variables()) vars[Suffix(p->name)] = p;
+  ASSERT_EQ(vars.size(), c["variables"].size());
+  for (const auto& [name, v] : c["variables"].items()) {
+    ASSERT_TRUE(vars.count(name)) << "no variable " << name;
+    ASSERT_EQ(vars[name]->value.shape(), Shape(v["shape"])) << name;
+    vars[name]->value = ToTensor(v["shape"], v["value"]);
+  }
+  const Tensor input = ToTensor(c["input_shape"], c["input"]);
+  ForwardContext ctx;
+  ctx.training = c["training"];
+  Tensor output;
+  layer->Forward(input, &output, ctx);
+  ASSERT_EQ(output.shape(), Shape(c["output_shape"]));
+  ExpectClose(output, c["output"], "output");
+  if (c.contains("variables_after")) {
+    for (const auto& [name, v] : c["variables_after"].items()) {
+      ExpectClose(vars[name]->value, v, name + " after the training call");
+    }
+  }
+  // Backward of L = sum(output * upstream); BatchNormalization at inference
+  // is never differentiated by the model (its training pass is).
+  if (config.kind == LayerKind::kBatchNormalization && !ctx.training) return;
+  const Tensor upstream = ToTensor(c["output_shape"], c["upstream"]);
+  Tensor grad_input;
+  layer->Backward(upstream, &grad_input);
+  ExpectClose(grad_input, c["grad_input"], "grad_input");
+  for (const auto& [name, g] : c["grad_variables"].items()) {
+    ExpectClose(vars[name]->grad, g, "grad " + name);
+  }
+}
+
+void RunModelCase(const Json& c) {
+  ModelConfig config;
+  config.type = "sequential";
+  for (const Json& l : c["layers"]) config.layers.push_back(ToLayerConfig(l, ""));
+  const std::optional<LossKind> loss = ParseLossKindName(c["loss"]["type"]);
+  ASSERT_TRUE(loss.has_value());
+  config.loss.kind = *loss;
+  config.loss.from_logits = c["loss"]["fromLogits"].get<bool>();
+  auto created = Model::Create(config, Shape(c["example_shape"]), c["num_classes"], 1);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Model& model = **created;
+  std::map<std::string, Parameter*> vars;
+  for (Parameter* p : model.parameters()) vars[p->name] = p;
+  for (Parameter* p : model.state_variables()) vars[p->name] = p;
+  ASSERT_EQ(vars.size(), c["variables"].size());
+  for (const auto& [name, v] : c["variables"].items()) {
+    ASSERT_TRUE(vars.count(name)) << "no variable " << name;
+    ASSERT_EQ(vars[name]->value.shape(), Shape(v["shape"])) << name;
+    vars[name]->value = ToTensor(v["shape"], v["value"]);
+  }
+  const std::vector<int64_t> input_shape = Shape(c["input_shape"]);
+  const int64_t batch = input_shape[0];
+  // Batches arrive flat, as the datasets yield them.
+  const Tensor features({batch, Tensor::NumElements(input_shape) / batch},
+                        c["input"].get<std::vector<float>>());
+  const std::vector<int32_t> labels = c["labels"].get<std::vector<int32_t>>();
+
+  const LossResult eval = model.Evaluate(features, labels);
+  const double want_loss = c["loss_value"];
+  EXPECT_LE(std::abs(eval.loss - want_loss), kTolerance * std::max(1.0, want_loss))
+      << "evaluate loss: distrain " << eval.loss << ", Keras " << want_loss;
+  EXPECT_NEAR(static_cast<double>(eval.correct) / batch, c["accuracy"].get<double>(), 1e-6)
+      << "accuracy";
+
+  const LossResult train = model.TrainStep(features, labels);
+  const double tape_loss = c["tape_loss"];
+  EXPECT_LE(std::abs(train.loss - tape_loss), kTolerance * std::max(1.0, tape_loss))
+      << "training loss: distrain " << train.loss << ", Keras " << tape_loss;
+  for (const auto& [name, g] : c["grads"].items()) {
+    ASSERT_TRUE(vars.count(name)) << name;
+    ExpectClose(vars[name]->grad, g, "grad " + name);
+  }
+  for (const auto& [name, v] : c["state_after_training_call"].items()) {
+    ExpectClose(vars[name]->value, v, name + " after the training step");
+  }
+}
+
+TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
+  const Json& cases = Goldens()["cases"];
+  ASSERT_GT(cases.size(), 50u);
+  int layers = 0, models = 0;
+  for (const Json& c : cases) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    if (c["kind"] == "layer") {
+      RunLayerCase(c);
+      ++layers;
+    } else {
+      RunModelCase(c);
+      ++models;
+    }
+  }
+  EXPECT_GT(layers, 40);
+  EXPECT_GT(models, 40);
+}
+
+// The guide's model and the quirk it documents: fromLogits: true on a
+// softmax output makes Keras warn and read the logits.
+TEST(KerasGoldenTest, GuideCnnWarnsInKerasAndMatches) {
+  for (const Json& c : Goldens()["cases"]) {
+    if (c["name"] != "guide_cnn_small") continue;
+    EXPECT_TRUE(c["keras_warned"].get<bool>());
+    RunModelCase(c);
+    return;
+  }
+  FAIL() << "no guide_cnn_small case";
+}
+
+}  // namespace
+}  // namespace distrain
