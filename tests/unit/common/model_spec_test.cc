@@ -887,6 +887,34 @@ INSTANTIATE_TEST_SUITE_P(
                  {"spec.training.model.layers: must be a list of layers"}}),
     [](const ::testing::TestParamInfo<BadModel>& info) { return std::string(info.param.name); });
 
+// Every `model:` / `dataset:` YAML block of docs/models.md is a valid
+// spec.training (files it names need not exist: shape checks are skipped).
+TEST(ModelDocsTest, EveryTrainingBlockInTheDocsValidates) {
+  std::ifstream in(absl::StrCat(DISTRAIN_SOURCE_DIR, "/docs/models.md"));
+  ASSERT_TRUE(in) << "docs/models.md";
+  std::string line;
+  std::string block;
+  bool in_yaml = false;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (!in_yaml && line == "```yaml") {
+      in_yaml = true;
+      block.clear();
+    } else if (in_yaml && line == "```") {
+      in_yaml = false;
+      if (block.rfind("model:", 0) == 0 || block.rfind("dataset:", 0) == 0) {
+        SCOPED_TRACE(block);
+        std::vector<std::string> notes;
+        EXPECT_EQ(Problems(block, &notes), "<ok>");
+        ++checked;
+      }
+    } else if (in_yaml) {
+      absl::StrAppend(&block, line, "\n");
+    }
+  }
+  EXPECT_GE(checked, 3);
+}
+
 TEST(BadModelTest, YamlErrorsCarryTheLine) {
   absl::StatusOr<JobConfig> config = ParseJobYaml(JobWithTraining(Layers(
       absl::StrCat(kImage, "    - Conv2D: {filters: 4, kernel_size: 3}\n"))));
