@@ -1594,8 +1594,9 @@ std::string SpecPath(const std::string& rel) { return absl::StrCat("spec.", rel)
 // The model's rules between fields and against the data. `example_shape`:
 // one example's shape when known (synthetic data, or read from the files);
 // `num_classes` > 0 when known.
-void ValidateModel(const TrainingConfig& t, const std::optional<std::vector<int64_t>>& example_shape,
-                   int num_classes, Issues* issues) {
+void ValidateModel(const TrainingConfig& t,
+                   const std::optional<std::vector<int64_t>>& example_shape, int num_classes,
+                   Issues* issues) {
   const ModelConfig& m = t.model;
   const std::string path = "spec.training.model";
   if (m.loss.kind == LossKind::kMeanSquaredError && m.loss.from_logits) {

@@ -103,8 +103,10 @@ spec:
 )");
   std::string err;
   EXPECT_EQ(Run(job, &err), kExitInvalidConfig);
-  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[0].Dense.units: must be a positive integer"));
-  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[1].Dropout.rate: must be a number in [0, 1)"));
+  EXPECT_THAT(err,
+              HasSubstr("spec.training.model.layers[0].Dense.units: must be a positive integer"));
+  EXPECT_THAT(err,
+              HasSubstr("spec.training.model.layers[1].Dropout.rate: must be a number in [0, 1)"));
   EXPECT_THAT(err, HasSubstr("spec.training.model.layers[2].Dense.unit: unknown argument of Dense; "
                              "did you mean \"units\"?"));
 }

@@ -162,7 +162,8 @@ TEST(ModelSpecNamesTest, KerasAutomaticNames) {
 }
 
 TEST(ModelSpecNamesTest, AutomaticNamesStepAroundUserNames) {
-  std::vector<LayerConfig> layers = {Layer(LayerKind::kDense, ""), Layer(LayerKind::kDense, "dense_1"),
+  std::vector<LayerConfig> layers = {Layer(LayerKind::kDense, ""),
+                                     Layer(LayerKind::kDense, "dense_1"),
                                      Layer(LayerKind::kDense, "")};
   AssignLayerNames(&layers);
   EXPECT_EQ(layers[0].name, "dense");
@@ -175,7 +176,8 @@ TEST(ModelSpecNamesTest, EffectiveStridesFollowKeras) {
   EXPECT_EQ(conv.EffectiveStrides(), (std::array<int64_t, 2>{1, 1}));
   LayerConfig pool = Layer(LayerKind::kMaxPooling2D, "");
   pool.pool_size = {3, 2};
-  EXPECT_EQ(pool.EffectiveStrides(), (std::array<int64_t, 2>{3, 2})) << "strides default to poolSize";
+  EXPECT_EQ(pool.EffectiveStrides(), (std::array<int64_t, 2>{3, 2}))
+      << "strides default to poolSize";
   pool.strides = std::array<int64_t, 2>{1, 1};
   EXPECT_EQ(pool.EffectiveStrides(), (std::array<int64_t, 2>{1, 1}));
 }
@@ -195,56 +197,81 @@ struct WindowCase {
 // Conv2D(1, (k, k), strides=(s, s), padding=p).compute_output_shape(
 // (None, n, n + 1, 1)), printed by Keras 3.15 (TensorFlow backend).
 constexpr WindowCase kKerasWindows[] = {
-{5, 1, 1, PaddingKind::kValid, 5, 6},{5, 1, 1, PaddingKind::kSame, 5, 6},{5, 1, 2, PaddingKind::kValid, 3, 3},
-{5, 1, 2, PaddingKind::kSame, 3, 3},{5, 1, 3, PaddingKind::kValid, 2, 2},{5, 1, 3, PaddingKind::kSame, 2, 2},
-{5, 2, 1, PaddingKind::kValid, 4, 5},{5, 2, 1, PaddingKind::kSame, 5, 6},{5, 2, 2, PaddingKind::kValid, 2, 3},
-{5, 2, 2, PaddingKind::kSame, 3, 3},{5, 2, 3, PaddingKind::kValid, 2, 2},{5, 2, 3, PaddingKind::kSame, 2, 2},
-{5, 3, 1, PaddingKind::kValid, 3, 4},{5, 3, 1, PaddingKind::kSame, 5, 6},{5, 3, 2, PaddingKind::kValid, 2, 2},
-{5, 3, 2, PaddingKind::kSame, 3, 3},{5, 3, 3, PaddingKind::kValid, 1, 2},{5, 3, 3, PaddingKind::kSame, 2, 2},
-{5, 4, 1, PaddingKind::kValid, 2, 3},{5, 4, 1, PaddingKind::kSame, 5, 6},{5, 4, 2, PaddingKind::kValid, 1, 2},
-{5, 4, 2, PaddingKind::kSame, 3, 3},{5, 4, 3, PaddingKind::kValid, 1, 1},{5, 4, 3, PaddingKind::kSame, 2, 2},
-{5, 5, 1, PaddingKind::kValid, 1, 2},{5, 5, 1, PaddingKind::kSame, 5, 6},{5, 5, 2, PaddingKind::kValid, 1, 1},
-{5, 5, 2, PaddingKind::kSame, 3, 3},{5, 5, 3, PaddingKind::kValid, 1, 1},{5, 5, 3, PaddingKind::kSame, 2, 2},
-{6, 1, 1, PaddingKind::kValid, 6, 7},{6, 1, 1, PaddingKind::kSame, 6, 7},{6, 1, 2, PaddingKind::kValid, 3, 4},
-{6, 1, 2, PaddingKind::kSame, 3, 4},{6, 1, 3, PaddingKind::kValid, 2, 3},{6, 1, 3, PaddingKind::kSame, 2, 3},
-{6, 2, 1, PaddingKind::kValid, 5, 6},{6, 2, 1, PaddingKind::kSame, 6, 7},{6, 2, 2, PaddingKind::kValid, 3, 3},
-{6, 2, 2, PaddingKind::kSame, 3, 4},{6, 2, 3, PaddingKind::kValid, 2, 2},{6, 2, 3, PaddingKind::kSame, 2, 3},
-{6, 3, 1, PaddingKind::kValid, 4, 5},{6, 3, 1, PaddingKind::kSame, 6, 7},{6, 3, 2, PaddingKind::kValid, 2, 3},
-{6, 3, 2, PaddingKind::kSame, 3, 4},{6, 3, 3, PaddingKind::kValid, 2, 2},{6, 3, 3, PaddingKind::kSame, 2, 3},
-{6, 4, 1, PaddingKind::kValid, 3, 4},{6, 4, 1, PaddingKind::kSame, 6, 7},{6, 4, 2, PaddingKind::kValid, 2, 2},
-{6, 4, 2, PaddingKind::kSame, 3, 4},{6, 4, 3, PaddingKind::kValid, 1, 2},{6, 4, 3, PaddingKind::kSame, 2, 3},
-{6, 5, 1, PaddingKind::kValid, 2, 3},{6, 5, 1, PaddingKind::kSame, 6, 7},{6, 5, 2, PaddingKind::kValid, 1, 2},
-{6, 5, 2, PaddingKind::kSame, 3, 4},{6, 5, 3, PaddingKind::kValid, 1, 1},{6, 5, 3, PaddingKind::kSame, 2, 3},
-{7, 1, 1, PaddingKind::kValid, 7, 8},{7, 1, 1, PaddingKind::kSame, 7, 8},{7, 1, 2, PaddingKind::kValid, 4, 4},
-{7, 1, 2, PaddingKind::kSame, 4, 4},{7, 1, 3, PaddingKind::kValid, 3, 3},{7, 1, 3, PaddingKind::kSame, 3, 3},
-{7, 2, 1, PaddingKind::kValid, 6, 7},{7, 2, 1, PaddingKind::kSame, 7, 8},{7, 2, 2, PaddingKind::kValid, 3, 4},
-{7, 2, 2, PaddingKind::kSame, 4, 4},{7, 2, 3, PaddingKind::kValid, 2, 3},{7, 2, 3, PaddingKind::kSame, 3, 3},
-{7, 3, 1, PaddingKind::kValid, 5, 6},{7, 3, 1, PaddingKind::kSame, 7, 8},{7, 3, 2, PaddingKind::kValid, 3, 3},
-{7, 3, 2, PaddingKind::kSame, 4, 4},{7, 3, 3, PaddingKind::kValid, 2, 2},{7, 3, 3, PaddingKind::kSame, 3, 3},
-{7, 4, 1, PaddingKind::kValid, 4, 5},{7, 4, 1, PaddingKind::kSame, 7, 8},{7, 4, 2, PaddingKind::kValid, 2, 3},
-{7, 4, 2, PaddingKind::kSame, 4, 4},{7, 4, 3, PaddingKind::kValid, 2, 2},{7, 4, 3, PaddingKind::kSame, 3, 3},
-{7, 5, 1, PaddingKind::kValid, 3, 4},{7, 5, 1, PaddingKind::kSame, 7, 8},{7, 5, 2, PaddingKind::kValid, 2, 2},
-{7, 5, 2, PaddingKind::kSame, 4, 4},{7, 5, 3, PaddingKind::kValid, 1, 2},{7, 5, 3, PaddingKind::kSame, 3, 3},
-{13, 1, 1, PaddingKind::kValid, 13, 14},{13, 1, 1, PaddingKind::kSame, 13, 14},{13, 1, 2, PaddingKind::kValid, 7, 7},
-{13, 1, 2, PaddingKind::kSame, 7, 7},{13, 1, 3, PaddingKind::kValid, 5, 5},{13, 1, 3, PaddingKind::kSame, 5, 5},
-{13, 2, 1, PaddingKind::kValid, 12, 13},{13, 2, 1, PaddingKind::kSame, 13, 14},{13, 2, 2, PaddingKind::kValid, 6, 7},
-{13, 2, 2, PaddingKind::kSame, 7, 7},{13, 2, 3, PaddingKind::kValid, 4, 5},{13, 2, 3, PaddingKind::kSame, 5, 5},
-{13, 3, 1, PaddingKind::kValid, 11, 12},{13, 3, 1, PaddingKind::kSame, 13, 14},{13, 3, 2, PaddingKind::kValid, 6, 6},
-{13, 3, 2, PaddingKind::kSame, 7, 7},{13, 3, 3, PaddingKind::kValid, 4, 4},{13, 3, 3, PaddingKind::kSame, 5, 5},
-{13, 4, 1, PaddingKind::kValid, 10, 11},{13, 4, 1, PaddingKind::kSame, 13, 14},{13, 4, 2, PaddingKind::kValid, 5, 6},
-{13, 4, 2, PaddingKind::kSame, 7, 7},{13, 4, 3, PaddingKind::kValid, 4, 4},{13, 4, 3, PaddingKind::kSame, 5, 5},
-{13, 5, 1, PaddingKind::kValid, 9, 10},{13, 5, 1, PaddingKind::kSame, 13, 14},{13, 5, 2, PaddingKind::kValid, 5, 5},
-{13, 5, 2, PaddingKind::kSame, 7, 7},{13, 5, 3, PaddingKind::kValid, 3, 4},{13, 5, 3, PaddingKind::kSame, 5, 5},
-{28, 1, 1, PaddingKind::kValid, 28, 29},{28, 1, 1, PaddingKind::kSame, 28, 29},{28, 1, 2, PaddingKind::kValid, 14, 15},
-{28, 1, 2, PaddingKind::kSame, 14, 15},{28, 1, 3, PaddingKind::kValid, 10, 10},{28, 1, 3, PaddingKind::kSame, 10, 10},
-{28, 2, 1, PaddingKind::kValid, 27, 28},{28, 2, 1, PaddingKind::kSame, 28, 29},{28, 2, 2, PaddingKind::kValid, 14, 14},
-{28, 2, 2, PaddingKind::kSame, 14, 15},{28, 2, 3, PaddingKind::kValid, 9, 10},{28, 2, 3, PaddingKind::kSame, 10, 10},
-{28, 3, 1, PaddingKind::kValid, 26, 27},{28, 3, 1, PaddingKind::kSame, 28, 29},{28, 3, 2, PaddingKind::kValid, 13, 14},
-{28, 3, 2, PaddingKind::kSame, 14, 15},{28, 3, 3, PaddingKind::kValid, 9, 9},{28, 3, 3, PaddingKind::kSame, 10, 10},
-{28, 4, 1, PaddingKind::kValid, 25, 26},{28, 4, 1, PaddingKind::kSame, 28, 29},{28, 4, 2, PaddingKind::kValid, 13, 13},
-{28, 4, 2, PaddingKind::kSame, 14, 15},{28, 4, 3, PaddingKind::kValid, 9, 9},{28, 4, 3, PaddingKind::kSame, 10, 10},
-{28, 5, 1, PaddingKind::kValid, 24, 25},{28, 5, 1, PaddingKind::kSame, 28, 29},{28, 5, 2, PaddingKind::kValid, 12, 13},
-{28, 5, 2, PaddingKind::kSame, 14, 15},{28, 5, 3, PaddingKind::kValid, 8, 9},{28, 5, 3, PaddingKind::kSame, 10, 10},
+    {5, 1, 1, PaddingKind::kValid, 5, 6}, {5, 1, 1, PaddingKind::kSame, 5, 6},
+    {5, 1, 2, PaddingKind::kValid, 3, 3}, {5, 1, 2, PaddingKind::kSame, 3, 3},
+    {5, 1, 3, PaddingKind::kValid, 2, 2}, {5, 1, 3, PaddingKind::kSame, 2, 2},
+    {5, 2, 1, PaddingKind::kValid, 4, 5}, {5, 2, 1, PaddingKind::kSame, 5, 6},
+    {5, 2, 2, PaddingKind::kValid, 2, 3}, {5, 2, 2, PaddingKind::kSame, 3, 3},
+    {5, 2, 3, PaddingKind::kValid, 2, 2}, {5, 2, 3, PaddingKind::kSame, 2, 2},
+    {5, 3, 1, PaddingKind::kValid, 3, 4}, {5, 3, 1, PaddingKind::kSame, 5, 6},
+    {5, 3, 2, PaddingKind::kValid, 2, 2}, {5, 3, 2, PaddingKind::kSame, 3, 3},
+    {5, 3, 3, PaddingKind::kValid, 1, 2}, {5, 3, 3, PaddingKind::kSame, 2, 2},
+    {5, 4, 1, PaddingKind::kValid, 2, 3}, {5, 4, 1, PaddingKind::kSame, 5, 6},
+    {5, 4, 2, PaddingKind::kValid, 1, 2}, {5, 4, 2, PaddingKind::kSame, 3, 3},
+    {5, 4, 3, PaddingKind::kValid, 1, 1}, {5, 4, 3, PaddingKind::kSame, 2, 2},
+    {5, 5, 1, PaddingKind::kValid, 1, 2}, {5, 5, 1, PaddingKind::kSame, 5, 6},
+    {5, 5, 2, PaddingKind::kValid, 1, 1}, {5, 5, 2, PaddingKind::kSame, 3, 3},
+    {5, 5, 3, PaddingKind::kValid, 1, 1}, {5, 5, 3, PaddingKind::kSame, 2, 2},
+    {6, 1, 1, PaddingKind::kValid, 6, 7}, {6, 1, 1, PaddingKind::kSame, 6, 7},
+    {6, 1, 2, PaddingKind::kValid, 3, 4}, {6, 1, 2, PaddingKind::kSame, 3, 4},
+    {6, 1, 3, PaddingKind::kValid, 2, 3}, {6, 1, 3, PaddingKind::kSame, 2, 3},
+    {6, 2, 1, PaddingKind::kValid, 5, 6}, {6, 2, 1, PaddingKind::kSame, 6, 7},
+    {6, 2, 2, PaddingKind::kValid, 3, 3}, {6, 2, 2, PaddingKind::kSame, 3, 4},
+    {6, 2, 3, PaddingKind::kValid, 2, 2}, {6, 2, 3, PaddingKind::kSame, 2, 3},
+    {6, 3, 1, PaddingKind::kValid, 4, 5}, {6, 3, 1, PaddingKind::kSame, 6, 7},
+    {6, 3, 2, PaddingKind::kValid, 2, 3}, {6, 3, 2, PaddingKind::kSame, 3, 4},
+    {6, 3, 3, PaddingKind::kValid, 2, 2}, {6, 3, 3, PaddingKind::kSame, 2, 3},
+    {6, 4, 1, PaddingKind::kValid, 3, 4}, {6, 4, 1, PaddingKind::kSame, 6, 7},
+    {6, 4, 2, PaddingKind::kValid, 2, 2}, {6, 4, 2, PaddingKind::kSame, 3, 4},
+    {6, 4, 3, PaddingKind::kValid, 1, 2}, {6, 4, 3, PaddingKind::kSame, 2, 3},
+    {6, 5, 1, PaddingKind::kValid, 2, 3}, {6, 5, 1, PaddingKind::kSame, 6, 7},
+    {6, 5, 2, PaddingKind::kValid, 1, 2}, {6, 5, 2, PaddingKind::kSame, 3, 4},
+    {6, 5, 3, PaddingKind::kValid, 1, 1}, {6, 5, 3, PaddingKind::kSame, 2, 3},
+    {7, 1, 1, PaddingKind::kValid, 7, 8}, {7, 1, 1, PaddingKind::kSame, 7, 8},
+    {7, 1, 2, PaddingKind::kValid, 4, 4}, {7, 1, 2, PaddingKind::kSame, 4, 4},
+    {7, 1, 3, PaddingKind::kValid, 3, 3}, {7, 1, 3, PaddingKind::kSame, 3, 3},
+    {7, 2, 1, PaddingKind::kValid, 6, 7}, {7, 2, 1, PaddingKind::kSame, 7, 8},
+    {7, 2, 2, PaddingKind::kValid, 3, 4}, {7, 2, 2, PaddingKind::kSame, 4, 4},
+    {7, 2, 3, PaddingKind::kValid, 2, 3}, {7, 2, 3, PaddingKind::kSame, 3, 3},
+    {7, 3, 1, PaddingKind::kValid, 5, 6}, {7, 3, 1, PaddingKind::kSame, 7, 8},
+    {7, 3, 2, PaddingKind::kValid, 3, 3}, {7, 3, 2, PaddingKind::kSame, 4, 4},
+    {7, 3, 3, PaddingKind::kValid, 2, 2}, {7, 3, 3, PaddingKind::kSame, 3, 3},
+    {7, 4, 1, PaddingKind::kValid, 4, 5}, {7, 4, 1, PaddingKind::kSame, 7, 8},
+    {7, 4, 2, PaddingKind::kValid, 2, 3}, {7, 4, 2, PaddingKind::kSame, 4, 4},
+    {7, 4, 3, PaddingKind::kValid, 2, 2}, {7, 4, 3, PaddingKind::kSame, 3, 3},
+    {7, 5, 1, PaddingKind::kValid, 3, 4}, {7, 5, 1, PaddingKind::kSame, 7, 8},
+    {7, 5, 2, PaddingKind::kValid, 2, 2}, {7, 5, 2, PaddingKind::kSame, 4, 4},
+    {7, 5, 3, PaddingKind::kValid, 1, 2}, {7, 5, 3, PaddingKind::kSame, 3, 3},
+    {13, 1, 1, PaddingKind::kValid, 13, 14}, {13, 1, 1, PaddingKind::kSame, 13, 14},
+    {13, 1, 2, PaddingKind::kValid, 7, 7}, {13, 1, 2, PaddingKind::kSame, 7, 7},
+    {13, 1, 3, PaddingKind::kValid, 5, 5}, {13, 1, 3, PaddingKind::kSame, 5, 5},
+    {13, 2, 1, PaddingKind::kValid, 12, 13}, {13, 2, 1, PaddingKind::kSame, 13, 14},
+    {13, 2, 2, PaddingKind::kValid, 6, 7}, {13, 2, 2, PaddingKind::kSame, 7, 7},
+    {13, 2, 3, PaddingKind::kValid, 4, 5}, {13, 2, 3, PaddingKind::kSame, 5, 5},
+    {13, 3, 1, PaddingKind::kValid, 11, 12}, {13, 3, 1, PaddingKind::kSame, 13, 14},
+    {13, 3, 2, PaddingKind::kValid, 6, 6}, {13, 3, 2, PaddingKind::kSame, 7, 7},
+    {13, 3, 3, PaddingKind::kValid, 4, 4}, {13, 3, 3, PaddingKind::kSame, 5, 5},
+    {13, 4, 1, PaddingKind::kValid, 10, 11}, {13, 4, 1, PaddingKind::kSame, 13, 14},
+    {13, 4, 2, PaddingKind::kValid, 5, 6}, {13, 4, 2, PaddingKind::kSame, 7, 7},
+    {13, 4, 3, PaddingKind::kValid, 4, 4}, {13, 4, 3, PaddingKind::kSame, 5, 5},
+    {13, 5, 1, PaddingKind::kValid, 9, 10}, {13, 5, 1, PaddingKind::kSame, 13, 14},
+    {13, 5, 2, PaddingKind::kValid, 5, 5}, {13, 5, 2, PaddingKind::kSame, 7, 7},
+    {13, 5, 3, PaddingKind::kValid, 3, 4}, {13, 5, 3, PaddingKind::kSame, 5, 5},
+    {28, 1, 1, PaddingKind::kValid, 28, 29}, {28, 1, 1, PaddingKind::kSame, 28, 29},
+    {28, 1, 2, PaddingKind::kValid, 14, 15}, {28, 1, 2, PaddingKind::kSame, 14, 15},
+    {28, 1, 3, PaddingKind::kValid, 10, 10}, {28, 1, 3, PaddingKind::kSame, 10, 10},
+    {28, 2, 1, PaddingKind::kValid, 27, 28}, {28, 2, 1, PaddingKind::kSame, 28, 29},
+    {28, 2, 2, PaddingKind::kValid, 14, 14}, {28, 2, 2, PaddingKind::kSame, 14, 15},
+    {28, 2, 3, PaddingKind::kValid, 9, 10}, {28, 2, 3, PaddingKind::kSame, 10, 10},
+    {28, 3, 1, PaddingKind::kValid, 26, 27}, {28, 3, 1, PaddingKind::kSame, 28, 29},
+    {28, 3, 2, PaddingKind::kValid, 13, 14}, {28, 3, 2, PaddingKind::kSame, 14, 15},
+    {28, 3, 3, PaddingKind::kValid, 9, 9}, {28, 3, 3, PaddingKind::kSame, 10, 10},
+    {28, 4, 1, PaddingKind::kValid, 25, 26}, {28, 4, 1, PaddingKind::kSame, 28, 29},
+    {28, 4, 2, PaddingKind::kValid, 13, 13}, {28, 4, 2, PaddingKind::kSame, 14, 15},
+    {28, 4, 3, PaddingKind::kValid, 9, 9}, {28, 4, 3, PaddingKind::kSame, 10, 10},
+    {28, 5, 1, PaddingKind::kValid, 24, 25}, {28, 5, 1, PaddingKind::kSame, 28, 29},
+    {28, 5, 2, PaddingKind::kValid, 12, 13}, {28, 5, 2, PaddingKind::kSame, 14, 15},
+    {28, 5, 3, PaddingKind::kValid, 8, 9}, {28, 5, 3, PaddingKind::kSame, 10, 10},
 };
 
 TEST(KerasAxisWindowTest, MatchesKerasOutputShapes) {
@@ -590,7 +617,8 @@ TEST(ModelParseTest, IdxHeaderGivesTheImageShape) {
                         "its input's spatial size [2, 2]"));
   // A dense model on images needs Flatten.
   EXPECT_THAT(Problems(data + "model: {layers: [{Dense: {units: 10}}]}\n"),
-              HasSubstr("layers[0] (Dense): expects a 1-D input but gets [28, 28, 1]; add Flatten"));
+              HasSubstr("layers[0] (Dense): expects a 1-D input but gets [28, 28, 1]; add "
+                        "Flatten"));
 }
 
 TEST(ModelParseTest, UnreadableDataSkipsShapeChecksWithANote) {
@@ -629,7 +657,8 @@ TEST(ModelParseTest, JsonRoundTrip) {
   layers:
     - Input: {shape: [784], name: pixels}
     - Reshape: {targetShape: [-1, 28, 1]}
-    - Conv2D: {filters: 8, kernelSize: [5, 3], strides: [2, 1], padding: same, activation: gelu, useBias: false}
+    - Conv2D: {filters: 8, kernelSize: [5, 3], strides: [2, 1], padding: same,
+               activation: gelu, useBias: false}
     - MaxPooling2D: {poolSize: 2, strides: 1, padding: same}
     - BatchNormalization: {momentum: 0.95, epsilon: 0.0001}
     - GlobalAveragePooling2D: {}
@@ -638,7 +667,8 @@ TEST(ModelParseTest, JsonRoundTrip) {
   loss: {type: BinaryCrossentropy, fromLogits: false}
 dataset: {numClasses: 2}
 )"),
-        std::string("model: {type: mlp, hiddenUnits: [32, 16], loss: {type: MeanSquaredError}}\n")}) {
+        std::string(
+            "model: {type: mlp, hiddenUnits: [32, 16], loss: {type: MeanSquaredError}}\n")}) {
     SCOPED_TRACE(training);
     JobConfig config = MustParse(training);
     const std::string json = JobConfigToJson(config);
@@ -876,7 +906,8 @@ INSTANTIATE_TEST_SUITE_P(
                  {"spec.training.model.layers: required for spec.training.model.type: "
                   "sequential"}},
         BadModel{"UnknownLoss", "model: {loss: {type: CrossEntropy}}\n",
-                 {"spec.training.model.loss.type: must be one of \"SparseCategoricalCrossentropy\""}},
+                 {"spec.training.model.loss.type: must be one of "
+                  "\"SparseCategoricalCrossentropy\""}},
         BadModel{"LossSnakeCase", "model: {loss: {from_logits: true}}\n",
                  {"spec.training.model.loss.from_logits: unknown field; did you mean "
                   "\"fromLogits\"?"}},
