@@ -36,7 +36,8 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
       return std::make_unique<Pooling2D>(
-          c.name, c.kind == LayerKind::kMaxPooling2D ? ops::PoolKind::kMax : ops::PoolKind::kAverage,
+          c.name,
+          c.kind == LayerKind::kMaxPooling2D ? ops::PoolKind::kMax : ops::PoolKind::kAverage,
           c.pool_size, c.EffectiveStrides(), c.padding);
     case LayerKind::kGlobalAveragePooling2D:
       return std::make_unique<GlobalAveragePooling2D>(c.name);

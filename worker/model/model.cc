@@ -1,5 +1,9 @@
 #include "worker/model/model.h"
 
+#include <mutex>
+#include <set>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/check.h"
@@ -28,6 +32,15 @@ int64_t Elements(const std::vector<int64_t>& shape) {
     n *= d;
   }
   return n;
+}
+
+// Every replica builds its own Model, but the user compiled one model: each
+// distinct warning is logged once per process, as Keras warns once.
+void WarnOnce(const std::string& warning) {
+  static std::mutex mu;
+  static std::set<std::string>* const seen = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen->insert(warning).second) spdlog::warn("model: {}", warning);
 }
 
 bool IsCrossentropy(LossKind kind) {
@@ -112,9 +125,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
   if (absl::Status s = CheckModelOutput(shapes->back(), num_classes, config.loss); !s.ok()) {
     return s;
   }
-  for (const std::string& warning : ModelWarnings(layers, config.loss)) {
-    spdlog::warn("model: {}", warning);
-  }
+  for (const std::string& warning : ModelWarnings(layers, config.loss)) WarnOnce(warning);
   model->from_logits_ = config.loss.from_logits.value_or(false);
   LayerConfig& last = layers.back();
   const bool last_has_activation = last.kind == LayerKind::kDense ||

@@ -34,7 +34,10 @@ class Model {
   // Dense(features -> h0), ReLU, ..., Dense(h_last -> num_classes).
   // Variable values depend only on (config, example_shape, num_classes,
   // seed), so every replica that builds with the same seed starts identical.
-  // Logs ModelWarnings (a Softmax output with fromLogits: true) once.
+  // Logs ModelWarnings (a Softmax output with fromLogits: true) once per
+  // process. The loss follows Keras 3: a cross-entropy after a softmax or
+  // sigmoid output reads the logits behind it, whatever fromLogits says;
+  // "accuracy" is Keras' metric for the loss, on the activated output.
   static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config,
                                                        const std::vector<int64_t>& example_shape,
                                                        int num_classes, uint64_t seed);

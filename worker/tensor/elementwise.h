@@ -125,7 +125,8 @@ struct BinaryCrossentropyFromLogits {
 struct BinaryCrossentropyFromProbs {
   DISTRAIN_HOST_DEVICE LossAndGrad operator()(float p, float t) const {
     const bool inside = p >= kProbEpsilon && p <= kProbOneMinusEpsilon;
-    const float c = p < kProbEpsilon ? kProbEpsilon : (p > kProbOneMinusEpsilon ? kProbOneMinusEpsilon : p);
+    const float c =
+        p < kProbEpsilon ? kProbEpsilon : (p > kProbOneMinusEpsilon ? kProbOneMinusEpsilon : p);
     const float loss = -(t * logf(c) + (1.0f - t) * logf(1.0f - c));
     const float grad = inside ? (1.0f - t) / (1.0f - c) - t / c : 0.0f;
     return {loss, grad};

@@ -50,7 +50,8 @@ LayerConfig Act(ActivationKind act) {
   return l;
 }
 
-ModelConfig Sequential(std::vector<LayerConfig> layers, LossKind loss = LossKind::kSparseCategoricalCrossentropy,
+ModelConfig Sequential(std::vector<LayerConfig> layers,
+                       LossKind loss = LossKind::kSparseCategoricalCrossentropy,
                        std::optional<bool> from_logits = std::nullopt) {
   ModelConfig c;
   c.type = "sequential";
@@ -186,8 +187,8 @@ TEST(SequentialModelTest, GradientsOfEveryParameterMatchFiniteDifferences) {
 TEST(SequentialModelTest, BatchNormalizationStateVariablesTrainAndEvaluate) {
   LayerConfig bn = L(LayerKind::kBatchNormalization);
   bn.momentum = 0.5;
-  auto model = Build(Sequential({Conv(4, 3, ActivationKind::kLinear), bn, Act(ActivationKind::kRelu),
-                                 L(LayerKind::kGlobalAveragePooling2D),
+  auto model = Build(Sequential({Conv(4, 3, ActivationKind::kLinear), bn,
+                                 Act(ActivationKind::kRelu), L(LayerKind::kGlobalAveragePooling2D),
                                  DenseL(3, ActivationKind::kSoftmax)}),
                      {6, 6, 1}, 3);
   ASSERT_NE(model, nullptr);
