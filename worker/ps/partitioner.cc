@@ -164,6 +164,7 @@ absl::StatusOr<ShardingPlan> ShardingPlan::Create(const std::vector<VariableSpec
     vp.name = v.name;
     vp.shape = v.shape;
     vp.num_elements = *n;
+    vp.trainable = v.trainable;
     const int num_shards = partitioner.NumShards(v.shape);
     const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
     int64_t row_elements = 1;
@@ -182,6 +183,7 @@ absl::StatusOr<ShardingPlan> ShardingPlan::Create(const std::vector<VariableSpec
       s.row_end = row + size;
       s.row_elements = row_elements;
       s.ps_task = next_ps;
+      s.trainable = v.trainable;
       next_ps = (next_ps + 1) % num_ps;
       row += size;
       vp.shards.push_back(static_cast<int>(plan.shards_.size()));
@@ -213,7 +215,7 @@ std::string ShardingPlan::Fingerprint() const {
   for (const ShardInfo& s : shards_) {
     absl::StrAppend(&text, s.variable.size(), ":", s.variable, "[",
                     absl::StrJoin(s.full_shape, ","), "]", s.index, "/", s.num_shards, ":",
-                    s.row_begin, "-", s.row_end, "@", s.ps_task, ";");
+                    s.row_begin, "-", s.row_end, "@", s.ps_task, s.trainable ? "" : "!nt", ";");
   }
   uint64_t h = 14695981039346656037ull;
   for (unsigned char c : text) {

@@ -52,6 +52,10 @@ std::vector<int64_t> SplitRows(int64_t rows, int num_shards);
 struct VariableSpec {
   std::string name;
   std::vector<int64_t> shape;
+  // False for state a model updates itself rather than through the optimizer
+  // (BatchNormalization's moving statistics): the ps adds pushed deltas to
+  // such a variable instead of applying them as gradients (PsService).
+  bool trainable = true;
 };
 
 // One shard of a variable: rows [row_begin, row_end) of axis 0, which are
@@ -67,6 +71,7 @@ struct ShardInfo {
   int64_t row_end = 0;
   int64_t row_elements = 1;  // elements per row (1 for a scalar)
   int ps_task = 0;
+  bool trainable = true;  // the variable's VariableSpec::trainable
 
   int64_t num_elements() const { return (row_end - row_begin) * row_elements; }
   int64_t element_offset() const { return row_begin * row_elements; }
@@ -78,6 +83,7 @@ struct VariablePlan {
   std::string name;
   std::vector<int64_t> shape;
   int64_t num_elements = 0;
+  bool trainable = true;
   std::vector<int> shards;  // indices into ShardingPlan::shards(), by shard index
 };
 
@@ -85,7 +91,9 @@ struct VariablePlan {
 // creation order, partitioner, ps count), so the chief, workers and ps tasks
 // compute the same plan independently, and compare Fingerprint()s to prove
 // it. Placement is TF's default: shards round-robin over ps tasks in
-// creation order, continuing across variables. Immutable after Create;
+// creation order, continuing across variables. Non-trainable variables are
+// split and placed like the others (callers list them after the trainable
+// ones, so adding them moves no trainable shard). Immutable after Create;
 // thread-safe.
 class ShardingPlan {
  public:
@@ -101,7 +109,9 @@ class ShardingPlan {
   const VariablePlan* Find(const std::string& name) const;
   // Shards placed on ps `task`, in plan order.
   std::vector<const ShardInfo*> ShardsOnPs(int task) const;
-  // Stable digest (hex) of the whole plan; equal plans have equal fingerprints.
+  // Stable digest (hex) of the whole plan, trainability included; equal
+  // plans have equal fingerprints, and a plan of trainable variables only
+  // keeps the fingerprint it had before trainability existed.
   std::string Fingerprint() const;
 
  private:

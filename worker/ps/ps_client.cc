@@ -282,6 +282,7 @@ absl::Status PsClient::CreateVariables() {
       for (int64_t d : s->full_shape) spec->add_full_shape(d);
       spec->set_row_begin(s->row_begin);
       spec->set_row_end(s->row_end);
+      if (!s->trainable) spec->set_non_trainable(true);
     }
     grpc::ClientContext ctx;
     SetDeadline(ctx);
@@ -315,6 +316,10 @@ absl::Status PsClient::PlanFactoredUploads(absl::Span<const FactoredGradRef> fac
     if (var == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("Push: \"", ref.name, "\" is not a variable of the sharding plan"));
+    }
+    if (!var->trainable) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Push: \"", ref.name, "\" is non-trainable; push its delta dense, not as factors"));
     }
     DISTRAIN_CHECK(ref.left != nullptr && ref.right != nullptr) << ref.name;
     const Tensor& left = *ref.left;

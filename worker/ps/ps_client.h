@@ -124,7 +124,9 @@ class PsClient {
   // more gradients, given as factors; each shard gets the factors (its
   // columns of `left`, and `right`) when they are fewer bytes than its
   // gradient, else the gradient formed here. A variable appears once in
-  // `grads` and `factored` together.
+  // `grads` and `factored` together. For a non-trainable variable of the
+  // plan, `grads` carries a delta the ps adds to the value (only dense);
+  // max_staleness leaves those shards out.
   absl::StatusOr<PushResult> Push(absl::Span<const TensorRef> grads,
                                   const ShardVersions* pulled = nullptr,
                                   absl::Span<const FactoredGradRef> factored = {});

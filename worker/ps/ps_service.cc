@@ -202,6 +202,7 @@ struct PsService::Shard {
   bool initialized ABSL_GUARDED_BY(mu) = false;
   ShardValue value ABSL_GUARDED_BY(mu);
   int64_t version ABSL_GUARDED_BY(mu) = 0;
+  // Null for a non-trainable shard: its pushes are deltas added to the value.
   std::unique_ptr<Optimizer> optimizer ABSL_GUARDED_BY(mu);
 };
 
@@ -264,6 +265,13 @@ PsService::~PsService() = default;
 
 std::string PsService::Name() const { return absl::StrCat("ps:", options_.task_index); }
 
+std::unique_ptr<Optimizer> PsService::NewOptimizer(const ShardInfo& info) const {
+  if (!info.trainable) return nullptr;
+  absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
+  DISTRAIN_CHECK(opt.ok()) << "validated in Create";
+  return std::move(*opt);
+}
+
 PsService::Shard* PsService::FindShard(const std::string& variable, int index) const {
   absl::ReaderMutexLock lock(&shards_mu_);
   auto it = shards_.find(absl::StrCat(variable, "/part_", index));
@@ -325,6 +333,7 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
     info.row_elements = 1;
     for (size_t d = 1; d < full.size(); ++d) info.row_elements *= full[d];
     info.ps_task = options_.task_index;
+    info.trainable = !spec.non_trainable();
     infos.push_back(std::move(info));
   }
   absl::MutexLock lock(&shards_mu_);
@@ -334,15 +343,16 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
     const ShardInfo& have = it->second->info;
     if (have.variable != info.variable || have.full_shape != info.full_shape ||
         have.num_shards != info.num_shards || have.row_begin != info.row_begin ||
-        have.row_end != info.row_end) {
+        have.row_end != info.row_end || have.trainable != info.trainable) {
+      auto kind = [](const ShardInfo& i) { return i.trainable ? "" : " (non-trainable)"; };
       return grpc::Status(
           grpc::FAILED_PRECONDITION,
           absl::StrCat("CreateVariables: ", RefString(info.variable, info.index), " exists on ",
                        Name(), " with shape [", absl::StrJoin(have.full_shape, ", "), "], rows [",
-                       have.row_begin, ", ", have.row_end, ") of ", have.num_shards,
-                       " shards; the request asks for shape [",
+                       have.row_begin, ", ", have.row_end, ") of ", have.num_shards, " shards",
+                       kind(have), "; the request asks for shape [",
                        absl::StrJoin(info.full_shape, ", "), "], rows [", info.row_begin, ", ",
-                       info.row_end, ") of ", info.num_shards,
+                       info.row_end, ") of ", info.num_shards, kind(info),
                        " — every process must build the same model and sharding plan "
                        "(restart the ps tasks after changing the model)"));
     }
@@ -357,11 +367,9 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
     auto shard = std::make_unique<Shard>();
     shard->info = std::move(info);
     shard->key = key;
-    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
-    DISTRAIN_CHECK(opt.ok()) << "validated in Create";
     {
       absl::MutexLock shard_lock(&shard->mu);
-      shard->optimizer = std::move(*opt);
+      shard->optimizer = NewOptimizer(shard->info);
     }
     std::vector<Shard*>& siblings = by_variable_[shard->info.variable];
     siblings.push_back(shard.get());
@@ -386,6 +394,12 @@ absl::StatusOr<int64_t> FactoredElements(const char* method, const std::string& 
   if (std::strcmp(method, "Push") != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": ", what, ": factor_rank is only for Push; ", method, " takes values"));
+  }
+  if (!shard.trainable) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", what,
+                     ": factor_rank is only for gradients; a non-trainable shard takes its "
+                     "delta dense"));
   }
   if (shard.full_shape.size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -563,9 +577,7 @@ grpc::Status PsService::InitializeRaw(grpc::ServerContext* ctx, RawStream* strea
       if (shard.initialized && !upload.overwrite) {
         ref = response->add_skipped();
       } else {
-        absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
-        DISTRAIN_CHECK(opt.ok()) << "validated in Create";
-        shard.optimizer = std::move(*opt);
+        shard.optimizer = NewOptimizer(shard.info);
         const int64_t n = shard.info.num_elements();
         shard.value.Assign(item.data.get(), n);
         shard.version = 0;
@@ -733,10 +745,20 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   // Callers hold item.shard->mu.
   auto apply = [&](Upload::Item& item) {
     Shard& shard = *item.shard;
-    const int64_t staleness = item.pulled_version ? shard.version - *item.pulled_version : 0;
+    const bool trainable = shard.info.trainable;
+    const int64_t staleness =
+        trainable && item.pulled_version ? shard.version - *item.pulled_version : 0;
     const int64_t n = shard.info.num_elements();
     float* value = shard.value.Mutable();
-    if (item.factor_rank > 0) {
+    if (!trainable) {
+      // A delta from one replica's forward pass (moving = moving * momentum
+      // + batch * (1 - momentum) there, sent as moving_after - moving_pulled):
+      // added to whatever the value is now, so every worker's update lands
+      // even when others updated meanwhile, as TensorFlow's assign_sub on a
+      // ps variable does. Mutable() keeps pulls in flight unaffected.
+      const float* delta = item.data.get();
+      for (int64_t i = 0; i < n; ++i) value[i] += delta[i];
+    } else if (item.factor_rank > 0) {
       // G = L^T R: the product the worker did not form, at the same cost
       // here (the GEMM moves, the dense gradient's bytes do not travel).
       // Formed under the shard's lock so a staleness-rejected push never
@@ -780,7 +802,7 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
     v->set_staleness(staleness);
     if (metrics_) {
       metrics_->AddBytes("pushed", shard.key, static_cast<double>(item.elements * sizeof(float)));
-      if (item.pulled_version) metrics_->ObserveStaleness(staleness);
+      if (trainable && item.pulled_version) metrics_->ObserveStaleness(staleness);
     }
   };
 
@@ -801,6 +823,9 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
     for (Upload::Item* item : order)
       locks.push_back(std::make_unique<absl::MutexLock>(&item->shard->mu));
     for (Upload::Item* item : order) {
+      // The bound protects gradients from parameters too old to apply them
+      // to; a delta of moving statistics is valid whenever it arrives.
+      if (!item->shard->info.trainable) continue;
       if (!item->pulled_version) {
         return grpc::Status(
             grpc::INVALID_ARGUMENT,
@@ -853,14 +878,17 @@ grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* re
     }
     state.tensors.emplace(absl::StrCat(kVariablePrefix, s->key), Tensor(s->info.shape, std::vector<float>(s->value.data(),
                                                           s->value.data() + s->value.size())));
-    for (auto& [name, slot] : s->optimizer->SlotState()) {
-      state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name), std::move(slot));
+    if (s->optimizer != nullptr) {
+      for (auto& [name, slot] : s->optimizer->SlotState()) {
+        state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name), std::move(slot));
+      }
     }
     const std::string prefix = absl::StrCat(kShardPrefix, s->key, "/");
     state.metadata[prefix + "variable"] = s->info.variable;
     state.metadata[prefix + "rows"] = absl::StrCat(s->info.row_begin, ":", s->info.row_end);
     state.metadata[prefix + "full_shape"] = absl::StrJoin(s->info.full_shape, ",");
     state.metadata[prefix + "version"] = absl::StrCat(s->version);
+    state.metadata[prefix + "trainable"] = s->info.trainable ? "true" : "false";
   }
   const std::string dir = PsCheckpointDir(request->dir(), options_.task_index, options_.num_ps);
   std::error_code ec;
@@ -909,6 +937,14 @@ grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreReque
                        "directory"));
     }
     const PsCheckpoint::Variable& var = it->second;
+    if (var.trainable != s->info.trainable) {
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat("Restore: variable \"", s->info.variable, "\" is ",
+                       var.trainable ? "trainable" : "non-trainable", " in the checkpoint at step ",
+                       ckpt->step, " but ", s->info.trainable ? "trainable" : "non-trainable",
+                       " in the model; use a new checkpoint directory"));
+    }
     if (var.value.shape() != s->info.full_shape) {
       return grpc::Status(
           grpc::FAILED_PRECONDITION,
@@ -928,13 +964,13 @@ grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreReque
       slots.emplace(absl::StrCat(s->key, "/", slot),
                     Tensor({n}, std::vector<float>(full.data() + begin, full.data() + begin + n)));
     }
-    absl::StatusOr<std::unique_ptr<Optimizer>> opt = Optimizer::Create(options_.optimizer);
-    DISTRAIN_CHECK(opt.ok()) << "validated in Create";
-    if (absl::Status rs = (*opt)->RestoreState(slots, st.version); !rs.ok()) {
-      return grpc::Status(grpc::FAILED_PRECONDITION,
-                          absl::StrCat("Restore: ", what, ": ", rs.message()));
+    st.optimizer = NewOptimizer(s->info);
+    if (st.optimizer != nullptr) {
+      if (absl::Status rs = st.optimizer->RestoreState(slots, st.version); !rs.ok()) {
+        return grpc::Status(grpc::FAILED_PRECONDITION,
+                            absl::StrCat("Restore: ", what, ": ", rs.message()));
+      }
     }
-    st.optimizer = std::move(*opt);
     staged.push_back(std::move(st));
   }
   for (Staged& st : staged) {
@@ -1050,6 +1086,8 @@ CheckpointState PsCheckpoint::ToCheckpointState() const {
     for (const auto& [slot, tensor] : var.slots) {
       state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name, "/", slot), tensor);
     }
+    // A non-trainable shard's version counts deltas, not optimizer steps.
+    if (!var.trainable) continue;
     for (const RowVersion& rv : var.versions) iterations = std::max(iterations, rv.version);
   }
   state.metadata["optimizer_iterations"] = absl::StrCat(iterations);
@@ -1080,6 +1118,13 @@ absl::Status MergePsFile(const std::string& path, const CheckpointState& file, P
       return bad(
           absl::StrCat("shard \"", shard_key, "\" lacks rows, full_shape or version metadata"));
     }
+    // Files written before trainability was recorded hold trainable shards only.
+    const std::string* trainable_text = meta("trainable");
+    if (trainable_text && *trainable_text != "true" && *trainable_text != "false") {
+      return bad(absl::StrCat("shard \"", shard_key, "\" has malformed trainable \"",
+                              *trainable_text, "\""));
+    }
+    const bool trainable = trainable_text == nullptr || *trainable_text == "true";
     int64_t begin = 0, end = 0, version = 0;
     std::vector<std::string> rb = absl::StrSplit(*rows_text, ':');
     if (rb.size() != 2 || !absl::SimpleAtoi(rb[0], &begin) || !absl::SimpleAtoi(rb[1], &end) ||
@@ -1117,8 +1162,12 @@ absl::Status MergePsFile(const std::string& path, const CheckpointState& file, P
     PsCheckpoint::Variable& var = vit->second;
     if (inserted) {
       var.value = Tensor(full_shape);
+      var.trainable = trainable;
     } else if (var.value.shape() != full_shape) {
       return bad(absl::StrCat("variable \"", variable, "\" has shards with different full shapes"));
+    } else if (var.trainable != trainable) {
+      return bad(absl::StrCat("variable \"", variable,
+                              "\" has trainable and non-trainable shards"));
     }
     const int64_t offset = begin * row_elements;
     std::copy(value_it->second.data(), value_it->second.data() + n, var.value.data() + offset);

@@ -25,6 +25,7 @@
 #include "prometheus/registry.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/optimizer.h"
+#include "worker/ps/partitioner.h"
 #include "worker/tensor/tensor.h"
 
 namespace distrain {
@@ -69,7 +70,9 @@ class PsMetrics {
 
 // gRPC ParameterServer service (proto/distrain/v1/parameter_server.proto):
 // hosts the variable shards placed on one ps task and applies pushed
-// gradients with the job's optimizer.
+// gradients with the job's optimizer. Non-trainable shards (ShardInfo::
+// trainable false: BatchNormalization's moving statistics) have no optimizer;
+// what is pushed to them is a delta added to the value.
 //
 // Consistency protocol, per shard:
 //   1. CreateVariables declares the shard (no memory yet); Initialize or
@@ -87,8 +90,17 @@ class PsMetrics {
 //      nothing; the optimizer runs with iteration version + 1 (Adam's t);
 //      version += 1. Shards of one push are otherwise applied independently,
 //      so workers pushing the same shards pipeline through them.
-//   5. Save snapshots each shard under its lock; a snapshot consistent across
-//      shards and ps tasks needs the coordinator to quiesce pushes first.
+//      A non-trainable shard instead adds the pushed delta to its value
+//      (copy-on-write like any update) and version += 1 so that pulls see
+//      a new version; it is exempt from the staleness check (reported as 0;
+//      a delta stays valid however many updates came between), locked and
+//      applied with the rest of its push, so a push this ps rejects for a
+//      stale gradient applies the deltas it carries neither (other ps tasks
+//      decide on their part of a push independently).
+//   5. Save snapshots each shard (value, slots, version, trainability) under
+//      its lock; a snapshot consistent across shards and ps tasks needs the
+//      coordinator to quiesce pushes first. Restore refuses a checkpoint
+//      whose variable's trainability differs from the declared shard's.
 // Shards are never removed while the service lives. Thread-safe: gRPC calls
 // handlers from many threads.
 class PsService final : public distrain::v1::ParameterServer::Service {
@@ -124,6 +136,8 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   grpc::Status PullRaw(grpc::ServerContext* ctx, RawStream* stream);
   grpc::Status PushRaw(grpc::ServerContext* ctx, RawStream* stream);
 
+  // A fresh optimizer for a trainable shard; null for a non-trainable one.
+  std::unique_ptr<Optimizer> NewOptimizer(const ShardInfo& info) const;
   // nullptr when not hosted.
   Shard* FindShard(const std::string& variable, int index) const;
   std::vector<Shard*> ShardsOfVariable(const std::string& variable) const;
@@ -177,7 +191,8 @@ class PsServer {
 //   tensor   "variables/<var>/part_<i>"          the shard's values
 //   tensors  "optimizer/<var>/part_<i>/<slot>"   its optimizer slots (flat)
 //   metadata "shard/<var>/part_<i>/variable", ".../rows" ("<begin>:<end>"),
-//            ".../full_shape" ("d0,d1,..."), ".../version"
+//            ".../full_shape" ("d0,d1,..."), ".../version",
+//            ".../trainable" ("true" | "false"; absent in older files: true)
 // A step is consistent when every ps of a layout wrote a valid file for it.
 struct PsCheckpoint {
   struct RowVersion {
@@ -187,6 +202,7 @@ struct PsCheckpoint {
   };
   struct Variable {
     Tensor value;                         // full shape
+    bool trainable = true;                // false: no slots, versions count deltas
     std::map<std::string, Tensor> slots;  // slot ("m", "v", "momentum") -> flat, full size
     std::vector<RowVersion> versions;     // per saved shard
     // Max version of the saved shards overlapping rows [begin, end): the
@@ -198,7 +214,9 @@ struct PsCheckpoint {
   std::map<std::string, Variable> variables;
 
   // "variables/<var>", "optimizer/<var>/<slot>" and metadata
-  // "optimizer_iterations" (max version): what RestoreVariableState reads.
+  // "optimizer_iterations" (max version of the trainable variables): what
+  // RestoreVariableState reads. Non-trainable variables are
+  // "variables/<var>" too, as variable_state.h names them.
   CheckpointState ToCheckpointState() const;
 };
 

@@ -141,6 +141,46 @@ TEST(ShardingPlanTest, SameInputsGiveTheSameFingerprint) {
             a->Fingerprint());
 }
 
+// Non-trainable variables listed after the trainable ones are split and
+// placed by the same rules, carry their flag into every shard, and change the
+// fingerprint; a plan without them keeps its fingerprint.
+TEST(ShardingPlanTest, NonTrainableVariablesFollowThePartitionerAndTheFingerprint) {
+  const Partitioner p = *Partitioner::FixedShards(2);
+  std::vector<VariableSpec> vars = Model();
+  absl::StatusOr<ShardingPlan> trainable_only = ShardingPlan::Create(vars, p, 3);
+  ASSERT_TRUE(trainable_only.ok());
+  vars.push_back({"bn/moving_mean", {5}, /*trainable=*/false});
+  vars.push_back({"bn/moving_variance", {1}, /*trainable=*/false});
+  absl::StatusOr<ShardingPlan> plan = ShardingPlan::Create(vars, p, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The trainable shards keep their place.
+  const size_t n = trainable_only->shards().size();
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(plan->shards()[i].key(), trainable_only->shards()[i].key());
+    EXPECT_EQ(plan->shards()[i].ps_task, trainable_only->shards()[i].ps_task);
+    EXPECT_TRUE(plan->shards()[i].trainable);
+  }
+  const VariablePlan* mean = plan->Find("bn/moving_mean");
+  ASSERT_NE(mean, nullptr);
+  EXPECT_FALSE(mean->trainable);
+  EXPECT_TRUE(plan->Find("dense_0/kernel")->trainable);
+  ASSERT_EQ(mean->shards.size(), 2u);  // 5 rows: 3, 2
+  EXPECT_EQ(plan->shards()[mean->shards[1]].row_begin, 3);
+  ASSERT_EQ(plan->Find("bn/moving_variance")->shards.size(), 1u);  // min(2, rows)
+  for (size_t i = n; i < plan->shards().size(); ++i) {
+    EXPECT_FALSE(plan->shards()[i].trainable);
+    EXPECT_EQ(plan->shards()[i].ps_task, static_cast<int>(i % 3));  // round-robin goes on
+  }
+  // Trainability is part of the plan.
+  std::vector<VariableSpec> flipped = vars;
+  flipped.back().trainable = true;
+  EXPECT_NE(ShardingPlan::Create(flipped, p, 3)->Fingerprint(), plan->Fingerprint());
+  // A plan of trainable variables only is fingerprinted as before the flag
+  // existed (computed with the partitioner of that time), so workers and
+  // chiefs of both builds still agree on such a plan.
+  EXPECT_EQ(trainable_only->Fingerprint(), "fee004a610a88f40");
+}
+
 TEST(ShardingPlanTest, RejectsBadVariablesNamingThem) {
   const Partitioner p;
   EXPECT_THAT(ShardingPlan::Create(Model(), p, 0).status().message(), HasSubstr("ps task"));

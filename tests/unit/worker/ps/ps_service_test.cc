@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -894,6 +895,187 @@ TEST(PsServiceTest, RestoreSkipsAStepThatNotEveryPsWrote) {
   ASSERT_TRUE(now.ok());
   EXPECT_TRUE(BitEqual(now->values["w"], w));
   EXPECT_EQ(client->Restore(dir, 2).status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Non-trainable shards (BatchNormalization's moving statistics)
+
+// x + d in float, element by element: what the ps's `value += delta` gives.
+Tensor Plus(const Tensor& x, const Tensor& d) {
+  Tensor out = x;
+  for (int64_t i = 0; i < out.size(); ++i) out[i] += d[i];
+  return out;
+}
+
+// A push to a non-trainable shard adds the delta exactly (no optimizer: Adam
+// here would move the value by about lr per element whatever the delta),
+// bumps the version, is never rejected by the staleness bound (reported as
+// 0) and creates no optimizer slot; a push that a ps rejects for a stale
+// gradient applies the deltas it sent that ps neither.
+TEST(PsServiceTest, NonTrainableShardAddsDeltasOutsideTheOptimizerAndTheBound) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kAdam, 0.01f);
+  options.max_staleness = 0;
+  prometheus::Registry registry;
+  options.registry = &registry;
+  PsTestCluster cluster(2, options);
+  std::vector<VariableSpec> vars = {{"w", {4, 3}}, {"mm", {3}}, {"mv", {3}}};
+  vars[1].trainable = false;
+  vars[2].trainable = false;
+  const ShardingPlan plan = Plan(vars, Partitioner::None(), 2);
+  EXPECT_FALSE(plan.Find("mm")->trainable);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor w = Pattern({4, 3}, 1), mm({3}, 0.0f), mv({3}, 1.0f);
+  ASSERT_TRUE(client->Initialize({{"w", &w}, {"mm", &mm}, {"mv", &mv}}).ok());
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  const ShardVersions at_zero = pulled->versions;
+
+  const Tensor gw = Pattern({4, 3}, 2), dm1 = Pattern({3}, 3), dv1 = Pattern({3}, 4);
+  absl::StatusOr<PushResult> r =
+      client->Push({{"w", &gw}, {"mm", &dm1}, {"mv", &dv1}}, &at_zero);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->versions["mm"][0], 1);
+  // Two more deltas computed from version 0: 1 and 2 updates stale, beyond
+  // max_staleness 0, and still taken.
+  const Tensor dm2 = Pattern({3}, 5), dm3 = Pattern({3}, 6);
+  r = client->Push({{"mm", &dm2}}, &at_zero);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->max_staleness, 0);
+  r = client->Push({{"mm", &dm3}}, &at_zero);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->versions["mm"][0], 3);
+  // A stale gradient in the same push: all of it is rejected, the delta of
+  // mv (on the same ps as w: all-or-nothing holds per ps task) too.
+  ASSERT_EQ(plan.shards()[plan.Find("mv")->shards[0]].ps_task,
+            plan.shards()[plan.Find("w")->shards[0]].ps_task);
+  absl::Status s = client->Push({{"w", &gw}, {"mv", &dm3}}, &at_zero).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("variable \"w\" shard 0 is 1 updates stale"));
+  // Without pulled versions too (the bound needs them for gradients only).
+  ASSERT_TRUE(client->Push({{"mv", &dv1}}).ok());
+
+  pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  const Tensor want_mm = Plus(Plus(Plus(mm, dm1), dm2), dm3);
+  EXPECT_TRUE(BitEqual(pulled->values["mm"], want_mm));
+  EXPECT_TRUE(BitEqual(pulled->values["mv"], Plus(Plus(mv, dv1), dv1)));
+  EXPECT_EQ(pulled->versions["mm"][0], 3);
+  EXPECT_EQ(pulled->versions["mv"][0], 2);
+  EXPECT_EQ(pulled->versions["w"][0], 1);
+  // Only the gradient's staleness is observed.
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  EXPECT_THAT(text, HasSubstr("distrain_ps_staleness_count{side=\"server\"} 1"));
+
+  // Save: no optimizer slot for mm/mv, trainability recorded, iterations
+  // counted over trainable shards only (mm's version is 3, w's 1).
+  const ScopedTempDir tmp("non_trainable");
+  const std::string& dir = tmp.path();
+  ASSERT_TRUE(client->Save(dir, 7).ok());
+  absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(dir);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(ckpt->variables.at("w").trainable);
+  EXPECT_FALSE(ckpt->variables.at("mm").trainable);
+  EXPECT_TRUE(ckpt->variables.at("mm").slots.empty());
+  EXPECT_TRUE(ckpt->variables.at("mv").slots.empty());
+  EXPECT_EQ(ckpt->variables.at("w").slots.size(), 2u);  // Adam's m, v
+  const CheckpointState state = ckpt->ToCheckpointState();
+  EXPECT_TRUE(BitEqual(state.tensors.at("variables/mm"), want_mm));
+  for (const auto& [name, tensor] : state.tensors) {
+    EXPECT_FALSE(absl::StartsWith(name, "optimizer/mm") || absl::StartsWith(name, "optimizer/mv"))
+        << name;
+  }
+  EXPECT_EQ(state.metadata.at("optimizer_iterations"), "1");
+
+  // Restore round-trips value and version; deltas apply on top again.
+  ASSERT_TRUE(client->Push({{"mm", &dm1}}).ok());
+  absl::StatusOr<int64_t> step = client->Restore(dir);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 7);
+  pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["mm"], want_mm));
+  EXPECT_EQ(pulled->versions["mm"][0], 3);
+  ASSERT_TRUE(client->Push({{"mm", &dm2}}).ok());
+  pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok()) << pulled.status();
+  EXPECT_TRUE(BitEqual(pulled->values["mm"], Plus(want_mm, dm2)));
+  EXPECT_EQ(pulled->versions["mm"][0], 4);
+}
+
+TEST(PsServiceTest, NonTrainableShardsRefuseFactorsAndAChangeOfTrainability) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  PsTestCluster cluster(1, options);
+  std::vector<VariableSpec> vars = {{"s", {4, 4}}};
+  vars[0].trainable = false;
+  const ShardingPlan plan = Plan(vars, Partitioner::None(), 1);
+  std::unique_ptr<PsClient> client = cluster.Client(plan);
+  ASSERT_NE(client, nullptr);
+  const Tensor init = Pattern({4, 4}, 1);
+  ASSERT_TRUE(client->Initialize({{"s", &init}}).ok());
+  // The client refuses factors for it...
+  const Tensor left = Pattern({1, 4}, 2), right = Pattern({1, 4}, 3);
+  absl::Status s = client->Push({}, nullptr, {{"s", &left, &right}}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("\"s\" is non-trainable"));
+  // ...and so does the ps.
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.servers[0]->address(), grpc::InsecureChannelCredentials()));
+  v1::UploadMessage m;
+  v1::UploadShard* us = m.mutable_header()->add_shards();
+  us->mutable_ref()->set_variable("s");
+  us->set_num_elements(8);
+  us->set_factor_rank(1);
+  m.add_chunks()->set_data(std::string(8 * sizeof(float), '\0'));
+  {
+    grpc::ClientContext ctx;
+    v1::PushResponse response;
+    auto writer = stub->Push(&ctx, &response);
+    writer->Write(m);
+    writer->WritesDone();
+    grpc::Status g = writer->Finish();
+    EXPECT_EQ(g.error_code(), grpc::INVALID_ARGUMENT);
+    EXPECT_THAT(g.error_message(), HasSubstr("a non-trainable shard takes its delta dense"));
+  }
+  // Re-declaring "s" as trainable is a different plan.
+  vars[0].trainable = true;
+  absl::StatusOr<std::unique_ptr<PsClient>> other =
+      PsClient::Create(cluster.Addresses(), Plan(vars, Partitioner::None(), 1));
+  ASSERT_TRUE(other.ok());
+  s = (*other)->CreateVariables();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("of 1 shards (non-trainable); the request asks for"));
+  absl::StatusOr<PullResult> pulled = client->Pull();
+  ASSERT_TRUE(pulled.ok());
+  EXPECT_TRUE(BitEqual(pulled->values["s"], init));
+  EXPECT_EQ(pulled->versions["s"][0], 0);
+}
+
+// Restoring a checkpoint into shards whose trainability differs is a model
+// change, refused like a changed shape.
+TEST(PsServiceTest, RestoreRefusesACheckpointOfOtherTrainability) {
+  PsServiceOptions options;
+  options.optimizer = MakeOptimizerConfig(OptimizerType::kSgd, 1.0f);
+  const ScopedTempDir tmp("trainability");
+  std::vector<VariableSpec> vars = {{"v", {3}}};
+  {
+    PsTestCluster cluster(1, options);
+    std::unique_ptr<PsClient> client = cluster.Client(Plan(vars, Partitioner::None(), 1));
+    ASSERT_NE(client, nullptr);
+    const Tensor v = Pattern({3}, 1);
+    ASSERT_TRUE(client->Initialize({{"v", &v}}).ok());
+    ASSERT_TRUE(client->Save(tmp.path(), 1).ok());
+  }
+  vars[0].trainable = false;
+  PsTestCluster cluster(1, options);
+  std::unique_ptr<PsClient> client = cluster.Client(Plan(vars, Partitioner::None(), 1));
+  ASSERT_NE(client, nullptr);
+  absl::Status s = client->Restore(tmp.path()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("\"v\" is trainable in the checkpoint at step 1 but "
+                                     "non-trainable in the model"));
 }
 
 // A gradient of thousands of elements pushed in chunks of 13 floats (message
