@@ -21,6 +21,11 @@ constexpr char kVariablePrefix[] = "variables/";
 absl::StatusOr<ShardingPlan> PsShardingPlan(Model& model, int num_ps) {
   std::vector<VariableSpec> specs;
   for (Parameter* p : model.parameters()) specs.push_back(VariableSpec{p->name, p->value.shape()});
+  // After the trainable ones, so that they keep their placement: the state
+  // the model moves itself, which the ps updates by deltas (PsService).
+  for (Parameter* p : model.state_variables()) {
+    specs.push_back(VariableSpec{p->name, p->value.shape(), /*trainable=*/false});
+  }
   // TF's usual ParameterServerStrategy setup: shards of at least 256 KiB, at
   // most one per ps, so a large kernel spreads its load over every ps.
   auto partitioner = Partitioner::MinSize(256 << 10, std::max(1, num_ps));
@@ -85,13 +90,6 @@ absl::Status ParameterServerStrategy::CreateVariables(const ModelFactory& factor
   auto model = factory();
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
-  if (!model_->state_variables().empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "spec.training.model.layers: ", model_->state_variables().front()->name,
-        " is a moving statistic of BatchNormalization, which ParameterServer does not keep on "
-        "its ps tasks yet; use a synchronous strategy (MultiWorkerMirrored) for models with "
-        "BatchNormalization, or remove the layer"));
-  }
   auto opt = Optimizer::Create(optimizer);
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);
@@ -160,7 +158,7 @@ absl::StatusOr<int64_t> ParameterServerStrategy::SynchronizeInitialState(int64_t
   }
   if (!ps_restored) {
     std::vector<TensorRef> values;
-    for (Parameter* p : model_->parameters()) values.push_back(TensorRef{p->name, &p->value});
+    for (Parameter* p : AllVariables(*model_)) values.push_back(TensorRef{p->name, &p->value});
     // overwrite: the chief is the authority, even over a ps that kept values
     // from an earlier chief.
     auto init = ps_->Initialize(values, /*overwrite=*/true);
@@ -192,8 +190,11 @@ absl::StatusOr<StepOutput> ParameterServerStrategy::Run(const StepFn&, int64_t) 
 
 absl::Status ParameterServerStrategy::JoinAndPull() {
   if (absl::Status s = coordinator_->Join(); !s.ok()) return s;
+  // The moving statistics too: evaluation on the chief normalises with them.
   std::vector<MutableTensorRef> targets;
-  for (Parameter* p : model_->parameters()) targets.push_back(MutableTensorRef{p->name, &p->value});
+  for (Parameter* p : AllVariables(*model_)) {
+    targets.push_back(MutableTensorRef{p->name, &p->value});
+  }
   return ps_->PullInto(targets, nullptr);
 }
 
@@ -207,7 +208,7 @@ absl::StatusOr<CheckpointState> ParameterServerStrategy::SaveState(int64_t step)
                  "rerun, which resumes at step {}",
                  *dropped, step);
     std::vector<MutableTensorRef> targets;
-    for (Parameter* p : model_->parameters()) {
+    for (Parameter* p : AllVariables(*model_)) {
       targets.push_back(MutableTensorRef{p->name, &p->value});
     }
     if (absl::Status s = ps_->PullInto(targets, nullptr); !s.ok()) return s;

@@ -18,10 +18,15 @@
 //   2. Build the model (initial values from the job's seed), derive the
 //      ShardingPlan (PsShardingPlan: MinSize(256 KiB, #ps) like TF's usual
 //      setup), wait until every ps answers (connect timeout 5 min: pods start
-//      late) and declare the shards.
+//      late) and declare the shards. The model's non-trainable state
+//      (BatchNormalization's moving statistics) is sharded too, after the
+//      parameters, as non-trainable shards: workers push the deltas their
+//      forward passes made and the ps adds them (no optimizer, no staleness
+//      bound), like TensorFlow's moving averages of ps variables.
 //   RestoreState / SynchronizeInitialState
-//   3. Fresh start: upload the initial values (Initialize, overwrite: the chief
-//      is the authority even if the ps survived an earlier chief).
+//   3. Fresh start: upload the initial values of every variable, trainable
+//      and not (Initialize, overwrite: the chief is the authority even if the
+//      ps survived an earlier chief).
 //      Resume from checkpoint step s: every ps restores its own files of step
 //      s (values, optimizer slots, versions; PsClient::Restore) when they are
 //      readable; otherwise the chief uploads the checkpoint's values and the
@@ -30,7 +35,8 @@
 //   Run (every Trainer step)
 //   5. Schedule one closure; return the loss statistics of closures completed
 //      since the previous step (job-wide examples). At the final step and at
-//      evaluation steps, Join and pull the variables into primary_model().
+//      evaluation steps, Join and pull the variables into primary_model()
+//      (the moving statistics too, which evaluation normalises with).
 //   SaveState(step) — a consistent checkpoint of all shards
 //   6. Join: no closure in flight, so no push lands while saving; exactly
 //      `step` closures have completed. After RequestStop: Drain instead
@@ -39,9 +45,10 @@
 //   7. Every ps writes its shards + slots + versions at `step` under
 //      <checkpoint dir>/ps/ps-<t>-of-<n>/ (PsClient::Save); the chief reads
 //      them back (LoadPsCheckpoint) into the CheckpointState it returns, so
-//      the chief's checkpoint holds variables and optimizer slots. If a ps
-//      cannot write there (no shared volume) the chief pulls the variables
-//      instead (slots are then not checkpointed; logged once).
+//      the chief's checkpoint holds variables ("variables/<name>", moving
+//      statistics included, as variable_state.h names them) and optimizer
+//      slots. If a ps cannot write there (no shared volume) the chief pulls
+//      the variables instead (slots are then not checkpointed; logged once).
 //   Staleness
 //   Every push carries the shard versions its gradient was computed from;
 //   with spec.training.maxStaleness the ps rejects a push older than that and
@@ -76,7 +83,8 @@ namespace distrain {
 class GrpcWorkerTransport;
 
 // The plan every process of a ParameterServer job derives from the model:
-// variables in Model::parameters() order, MinSize(256 KiB, num_ps) shards.
+// variables in Model::parameters() order, then Model::state_variables()
+// (non-trainable), MinSize(256 KiB, num_ps) shards.
 absl::StatusOr<ShardingPlan> PsShardingPlan(Model& model, int num_ps);
 
 // Input shape and class count of a model built by Model::Create, which

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -141,21 +142,44 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   batches_ = std::move(batches);
   values_.clear();
   grads_.clear();
-  for (Parameter* p : model_->parameters()) {
-    values_.push_back(MutableTensorRef{p->name, &p->value});
-    grads_.push_back(TensorRef{p->name, &p->grad});
-  }
   layer_grads_.clear();
   layer_shards_.clear();
   variable_layer_.clear();
-  for (const std::vector<Parameter*>& layer : model_->parameters_by_layer()) {
+  state_.clear();
+  layer_state_.clear();
+  const std::vector<std::vector<Parameter*>> by_layer = model_->parameters_by_layer();
+  // The layer of each state variable, for the overlapped pull: the layer
+  // whose parameters share its "<layer name>/" prefix (a BatchNormalization's
+  // moving statistics and its gamma, beta). One without such a layer is
+  // awaited before the first layer's forward: slower to start, never wrong.
+  std::map<std::string, int> layer_of_prefix;
+  auto prefix = [](const std::string& name) { return name.substr(0, name.rfind('/') + 1); };
+  for (int layer = 0; layer < static_cast<int>(by_layer.size()); ++layer) {
+    for (Parameter* p : by_layer[layer]) layer_of_prefix.emplace(prefix(p->name), layer);
+  }
+  layer_state_.resize(by_layer.size());
+  for (Parameter* p : model_->state_variables()) {
+    auto it = layer_of_prefix.find(prefix(p->name));
+    const int layer = it == layer_of_prefix.end() ? 0 : it->second;
+    layer_state_[layer].push_back(static_cast<int>(state_.size()));
+    state_.push_back(StateVariable{p, Tensor(p->value.shape()), Tensor(p->value.shape())});
+  }
+  for (int layer = 0; layer < static_cast<int>(by_layer.size()); ++layer) {
     layer_grads_.emplace_back();
     layer_shards_.push_back(0);
-    for (Parameter* p : layer) {
-      layer_grads_.back().push_back(TensorRef{p->name, &p->grad});
+    auto add_to_layer = [&](Parameter* p) {
+      // Pulls stream in values_ order: forward order, so layer i's variables
+      // arrive before layer i + 1's.
+      values_.push_back(MutableTensorRef{p->name, &p->value});
       layer_shards_.back() += static_cast<int>(ps_->plan().Find(p->name)->shards.size());
-      variable_layer_[p->name] = static_cast<int>(layer_grads_.size()) - 1;
+      variable_layer_[p->name] = layer;
+    };
+    for (Parameter* p : by_layer[layer]) {
+      add_to_layer(p);
+      grads_.push_back(TensorRef{p->name, &p->grad});
+      layer_grads_.back().push_back(TensorRef{p->name, &p->grad});
     }
+    for (int i : layer_state_[layer]) add_to_layer(state_[i].variable);
   }
   // Unbounded staleness pushes layer by layer (RunStepOverlapped), and there
   // each Dense kernel's gradient travels as its factors (PsClient::Push).
@@ -219,6 +243,20 @@ StepContext PsWorkerService::StepContextOf(const v1::RunStepRequest& request) co
   return StepContext{request.closure_id(), worker_index_};
 }
 
+void PsWorkerService::SnapshotPulledState(StateVariable& v) {
+  std::memcpy(v.pulled.data(), v.variable->value.data(), v.pulled.bytes());
+}
+
+void PsWorkerService::AppendStateDeltas(std::vector<TensorRef>* pushes) {
+  for (StateVariable& v : state_) {
+    const float* after = v.variable->value.data();
+    const float* before = v.pulled.data();
+    float* delta = v.delta.data();
+    for (int64_t i = 0; i < v.delta.size(); ++i) delta[i] = after[i] - before[i];
+    pushes->push_back(TensorRef{v.variable->name, &v.delta});
+  }
+}
+
 absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, const StepContext& step,
                                                 v1::RunStepResponse* response) {
   // 1. Current parameters, pulled on a ps-client thread: each ps streams its
@@ -260,6 +298,9 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, const StepCo
         },
         &arg));
     waited += Seconds(start);
+    // The layer's moving statistics as pulled, before its forward pass moves
+    // them (after a failed pull they may be partial; nothing is pushed then).
+    for (int i : layer_state_[layer]) SnapshotPulledState(state_[i]);
   };
   // 2. Forward as parameters arrive, then backward.
   auto t0 = std::chrono::steady_clock::now();
@@ -295,6 +336,9 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, const StepCo
       }
     }
   }
+  // The moving statistics' updates ride along as deltas; nothing rejects a
+  // push without a staleness bound, so each is applied exactly once.
+  AppendStateDeltas(&dense);
   absl::StatusOr<PushResult> pushed = ps_->Push(dense, &pulled, factored);
   response->set_push_seconds(Seconds(t0));
   if (!pushed.ok()) return pushed.status();
@@ -314,17 +358,18 @@ absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepConte
     auto t0 = std::chrono::steady_clock::now();
     ShardVersions pulled;
     if (absl::Status s = ps_->PullInto(values_, &pulled); !s.ok()) return s;
+    for (StateVariable& v : state_) SnapshotPulledState(v);
     response->set_pull_seconds(response->pull_seconds() + Seconds(t0));
-    // 2. Gradients of this worker's batch.
+    // 2. Gradients of this worker's batch (and moved moving statistics).
     t0 = std::chrono::steady_clock::now();
     LossResult r = model_->TrainStep(batch.features, batch.labels, {}, {}, step);
     response->set_compute_seconds(response->compute_seconds() + Seconds(t0));
     // 3. Push; the ps applies the optimizer.
     t0 = std::chrono::steady_clock::now();
     absl::StatusOr<PushResult> pushed = ps_->Push(grads_, &pulled);
-    response->set_push_seconds(response->push_seconds() + Seconds(t0));
     if (!pushed.ok() && pushed.status().code() == absl::StatusCode::kFailedPrecondition &&
         attempt < kMaxStaleRetries) {
+      response->set_push_seconds(response->push_seconds() + Seconds(t0));
       // Rejected by the staleness bound (the ps checks every shard of a
       // push before applying any, so nothing was applied): redo it on
       // fresher parameters.
@@ -332,6 +377,16 @@ absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepConte
       continue;
     }
     if (!pushed.ok()) return pushed.status();
+    // 4. The moving statistics' deltas, once the gradients were taken: in
+    // the push above, a ps holding only deltas would apply them even when
+    // another ps rejected its gradients, and the retry would apply the
+    // closure's update twice. The ps takes deltas whatever their staleness.
+    if (!state_.empty()) {
+      std::vector<TensorRef> deltas;
+      AppendStateDeltas(&deltas);
+      if (absl::Status s = ps_->Push(deltas, &pulled).status(); !s.ok()) return s;
+    }
+    response->set_push_seconds(response->push_seconds() + Seconds(t0));
     response->set_loss(r.loss);
     response->set_correct(r.correct);
     response->set_examples(static_cast<int64_t>(batch.labels.size()));

@@ -56,7 +56,11 @@ struct PsWorkerOptions {
 // connects a PsClient and opens this worker's data shard: shard <index> of
 // <#workers>, batches of globalBatchSize, prefetched. RunStep pulls every
 // variable into the model, computes gradients on the next batch and pushes
-// them with the versions pulled. When staleness is unbounded this is
+// them with the versions pulled. Non-trainable variables (BatchNormalization's
+// moving statistics, which the forward pass moves) are pulled with the
+// others and pushed as deltas, value after the step - value pulled, which
+// the ps adds to whatever it holds by then (TensorFlow's assign_moving_average
+// on a ps variable). When staleness is unbounded this is
 // pipelined by layer: a helper thread pulls the layers in forward order while
 // the forward pass computes the layers already pulled, and each layer's
 // gradients are pushed while backward continues below it, a Dense kernel's as
@@ -66,7 +70,9 @@ struct PsWorkerOptions {
 // what was left of the pushes after backward). With
 // spec.training.maxStaleness set everything happens all at once (a
 // push the ps rejects for staleness is redone from a fresh pull on the same
-// batch, up to kMaxStaleRetries times). Only
+// batch, up to kMaxStaleRetries times; the deltas follow in a second push
+// once the gradients were taken, so a redone closure updates the moving
+// statistics once). Only
 // one RunStep runs at a time (a call arriving while one runs waits).
 // Thread-safety: handlers run on gRPC threads; state is under mu_.
 class PsWorkerService final : public distrain::v1::PsWorker::Service {
@@ -103,6 +109,19 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
                               distrain::v1::RunStepResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A non-trainable variable of the model (BatchNormalization's moving
+  // statistics): pulled with the parameters, moved by the forward pass,
+  // pushed as delta = value after the step - value pulled.
+  struct StateVariable {
+    Parameter* variable;  // in model_
+    Tensor pulled;        // the value as pulled, before the forward pass moved it
+    Tensor delta;         // what is pushed
+  };
+  // v.pulled = the variable's current (just pulled) value.
+  static void SnapshotPulledState(StateVariable& v);
+  // Forms every state variable's delta and appends it to `pushes`.
+  void AppendStateDeltas(std::vector<TensorRef>* pushes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const PsWorkerOptions options_;
   const int worker_index_;
   const int num_workers_;
@@ -117,11 +136,14 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   std::unique_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<PsClient> ps_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<BatchSource> batches_ ABSL_GUARDED_BY(mu_);
-  std::vector<MutableTensorRef> values_ ABSL_GUARDED_BY(mu_);  // into model_
+  // Into model_: every variable of the plan, trainable and not, in forward order.
+  std::vector<MutableTensorRef> values_ ABSL_GUARDED_BY(mu_);
   std::vector<TensorRef> grads_ ABSL_GUARDED_BY(mu_);          // into model_
   std::vector<std::vector<TensorRef>> layer_grads_ ABSL_GUARDED_BY(mu_);  // grads_ by layer
   std::vector<int> layer_shards_ ABSL_GUARDED_BY(mu_);  // ps shards of each layer's variables
   std::map<std::string, int> variable_layer_ ABSL_GUARDED_BY(mu_);  // variable -> layer
+  std::vector<StateVariable> state_ ABSL_GUARDED_BY(mu_);  // model_->state_variables() order
+  std::vector<std::vector<int>> layer_state_ ABSL_GUARDED_BY(mu_);  // state_ indices by layer
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   double pull_seconds_ ABSL_GUARDED_BY(mu_) = 0;  // totals over steps_run_, for the final log
   double compute_seconds_ ABSL_GUARDED_BY(mu_) = 0;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -676,6 +677,173 @@ TEST(ParameterServerStrategyTest, UnboundedTrainingIsAsynchronous) {
   EXPECT_GT(MaxStaleness(std::nullopt, &retries), 0)
       << "two workers pushing independently see each other's updates";
   EXPECT_EQ(retries, 0);
+}
+
+// --- BatchNormalization: moving statistics on the ps -----------------------
+
+constexpr char kMovingMean[] = "batch_normalization/moving_mean";
+constexpr char kMovingVariance[] = "batch_normalization/moving_variance";
+
+// SmallJob's data through Dense(32, relu), BatchNormalization, Dense(4,
+// softmax): the moving statistics are [32] each, one non-trainable shard.
+JobConfig BatchNormJob(int64_t steps) {
+  JobConfig config = SmallJob(steps);
+  LayerConfig hidden, bn, out;
+  hidden.kind = LayerKind::kDense;
+  hidden.units = 32;
+  hidden.activation = ActivationKind::kRelu;
+  bn.kind = LayerKind::kBatchNormalization;
+  bn.momentum = 0.9;  // moves visibly within a few dozen closures
+  out.kind = LayerKind::kDense;
+  out.units = 4;
+  out.activation = ActivationKind::kSoftmax;
+  config.training.model.type = "sequential";
+  config.training.model.layers = {hidden, bn, out};
+  return config;
+}
+
+std::function<absl::StatusOr<std::unique_ptr<Model>>()> FactoryOf(const JobConfig& config) {
+  return [config] { return Model::Create(config.training.model, 16, 4, config.training.seed); };
+}
+
+// Every variable as the ps tasks hold it, with its shard versions.
+PullResult PullEverything(const InProcessPsJob& job, Model& model) {
+  auto plan = PsShardingPlan(model, 2);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  auto client = PsClient::Create(job.ps_addresses, *plan);
+  EXPECT_TRUE(client.ok()) << client.status();
+  auto pulled = (*client)->Pull();
+  EXPECT_TRUE(pulled.ok()) << pulled.status();
+  return pulled.ok() ? *pulled : PullResult{};
+}
+
+std::vector<float> Values(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
+
+TEST(PsShardingPlanTest, StateVariablesFollowTheParametersAsNonTrainableShards) {
+  const JobConfig config = BatchNormJob(1);
+  auto model = FactoryOf(config)();
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto plan = PsShardingPlan(**model, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> names;
+  for (const VariablePlan& v : plan->variables()) {
+    names.push_back(v.name);
+    EXPECT_EQ(v.trainable, v.name != kMovingMean && v.name != kMovingVariance) << v.name;
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"dense/kernel", "dense/bias",
+                                             "batch_normalization/gamma",
+                                             "batch_normalization/beta", "dense_1/kernel",
+                                             "dense_1/bias", kMovingMean, kMovingVariance}));
+  EXPECT_EQ(plan->Find(kMovingMean)->shards.size(), 1u) << "128 bytes: one shard";
+}
+
+// Workers pull the moving statistics with the parameters, move them in their
+// forward passes and push the deltas, which the ps adds: after N closures
+// each moving-statistic shard has taken N deltas, the chief's checkpoint holds
+// statistics that moved away from their initial zeros and ones (and no
+// optimizer slots for them), and the chief evaluates with what it pulled.
+TEST(ParameterServerStrategyTest, BatchNormalizationMovingStatisticsLiveOnThePs) {
+  constexpr int kSteps = 60;
+  JobConfig config = BatchNormJob(kSteps);
+  const std::string dir = ::testing::TempDir() + "/ps_strategy_bn_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  config.training.checkpoint.dir = dir;
+  InProcessPsJob job(config);
+  ParameterServerStrategy strategy;
+  ASSERT_TRUE(strategy.Init(job.Chief(), config).ok());
+  absl::Status created = strategy.CreateVariables(FactoryOf(config), config.training.optimizer);
+  ASSERT_TRUE(created.ok()) << created;
+  ASSERT_TRUE(strategy.SynchronizeInitialState(0).ok());
+  ASSERT_EQ(strategy.primary_model()->state_variables().size(), 2u);
+  double first_loss = -1, last_loss = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    auto out = strategy.Run({}, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+    if (out->examples > 0 && first_loss < 0) first_loss = out->loss;
+    last_loss = out->loss;
+  }
+  EXPECT_LT(last_loss, first_loss);
+  auto state = strategy.SaveState(kSteps);
+  ASSERT_TRUE(state.ok()) << state.status();
+
+  ASSERT_TRUE(state->tensors.contains(absl::StrCat("variables/", kMovingMean)));
+  ASSERT_TRUE(state->tensors.contains(absl::StrCat("variables/", kMovingVariance)));
+  const Tensor& mean = state->tensors.at(absl::StrCat("variables/", kMovingMean));
+  const Tensor& variance = state->tensors.at(absl::StrCat("variables/", kMovingVariance));
+  ASSERT_EQ(mean.size(), 32);
+  int mean_moved = 0, variance_moved = 0;
+  for (int64_t i = 0; i < 32; ++i) {
+    ASSERT_TRUE(std::isfinite(mean[i]) && std::isfinite(variance[i])) << i;
+    EXPECT_GE(variance[i], 0.0f) << i;
+    mean_moved += mean[i] != 0.0f;
+    variance_moved += variance[i] != 1.0f;
+  }
+  // ReLU outputs: a unit that is never active keeps mean 0, variance moves
+  // towards 0; most units are active for some examples.
+  EXPECT_GT(mean_moved, 16);
+  EXPECT_GT(variance_moved, 16);
+  for (const auto& [name, tensor] : state->tensors) {
+    EXPECT_EQ(name.find("optimizer/batch_normalization/moving"), std::string::npos) << name;
+  }
+  EXPECT_EQ(state->metadata.at("optimizer_iterations"), absl::StrCat(kSteps));
+
+  // Each closure's delta landed exactly once, next to its gradients.
+  const PullResult ps = PullEverything(job, *strategy.primary_model());
+  for (const auto& [name, versions] : ps.versions) {
+    for (int64_t v : versions) EXPECT_EQ(v, kSteps) << name;
+  }
+  // The chief pulled them for evaluation.
+  const std::vector<Parameter*> chief = strategy.primary_model()->state_variables();
+  EXPECT_EQ(Values(chief[0]->value), Values(mean));
+  EXPECT_EQ(Values(chief[1]->value), Values(variance));
+  EXPECT_EQ(Values(ps.values.at(kMovingMean)), Values(mean));
+  strategy.Shutdown();
+
+  // A new chief resumes with the moving statistics: from the ps tasks'
+  // files, and, when those are gone, from its own checkpoint's values.
+  for (const bool ps_files : {true, false}) {
+    if (!ps_files) std::filesystem::remove_all(PsCheckpointRoot(dir));
+    InProcessPsJob fresh(config);  // new ps tasks: nothing survives in memory
+    ParameterServerStrategy resumed;
+    ASSERT_TRUE(resumed.Init(fresh.Chief(), config).ok());
+    ASSERT_TRUE(resumed.CreateVariables(FactoryOf(config), config.training.optimizer).ok());
+    ASSERT_TRUE(resumed.RestoreState(*state).ok());
+    ASSERT_TRUE(resumed.SynchronizeInitialState(kSteps).ok());
+    const PullResult now = PullEverything(fresh, *resumed.primary_model());
+    EXPECT_EQ(Values(now.values.at(kMovingMean)), Values(mean)) << ps_files;
+    EXPECT_EQ(Values(now.values.at(kMovingVariance)), Values(variance)) << ps_files;
+    EXPECT_EQ(now.versions.at(kMovingMean)[0], ps_files ? kSteps : 0);
+    resumed.Shutdown();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// With a staleness bound, pushes rejected for stale gradients are redone;
+// the deltas follow only once a closure's gradients were taken, so each
+// closure still moves the statistics exactly once.
+TEST(ParameterServerStrategyTest, RedoneStalePushesMoveTheMovingStatisticsOnce) {
+  constexpr int kSteps = 80;
+  JobConfig config = BatchNormJob(kSteps);
+  config.training.max_staleness = 0;
+  InProcessPsJob job(config);
+  ParameterServerStrategy strategy;
+  ASSERT_TRUE(strategy.Init(job.Chief(), config).ok());
+  ASSERT_TRUE(strategy.CreateVariables(FactoryOf(config), config.training.optimizer).ok());
+  ASSERT_TRUE(strategy.SynchronizeInitialState(0).ok());
+  for (int step = 0; step < kSteps; ++step) {
+    auto out = strategy.Run({}, 0);
+    ASSERT_TRUE(out.ok()) << out.status();
+  }
+  EXPECT_EQ(strategy.max_staleness_seen(), 0);
+  std::cout << "pushes redone under the bound: " << strategy.stale_retries() << "\n";
+  const PullResult ps = PullEverything(job, *strategy.primary_model());
+  // (Not the trainable shards: a ps decides on its own part of a push, so a
+  // gradient that one ps took while the other rejected its part is taken
+  // again when the closure is redone.)
+  EXPECT_EQ(ps.versions.at(kMovingMean)[0], kSteps);
+  EXPECT_EQ(ps.versions.at(kMovingVariance)[0], kSteps);
+  EXPECT_NE(Values(ps.values.at(kMovingMean)), std::vector<float>(32, 0.0f));
+  strategy.Shutdown();
 }
 
 TEST(ParameterServerStrategyTest, RefusesToRunTheTrainerOnAWorkerTask) {
