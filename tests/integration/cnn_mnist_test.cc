@@ -79,7 +79,7 @@ const char kCnnWithDropoutAndBatchNorm[] =
 
 std::string CnnJobYaml(const std::string& strategy, const std::string& replica_specs,
                        const char* layers, const std::string& loss, int64_t steps,
-                       const std::string& extra_training = "") {
+                       const std::string& extra_training = "", double learning_rate = 0.001) {
   const std::string& d = MnistDir();
   return absl::StrCat(
       "apiVersion: distrain.io/v1alpha1\n",
@@ -99,7 +99,7 @@ std::string CnnJobYaml(const std::string& strategy, const std::string& replica_s
       "      evalFiles: [", d, "/t10k-images-idx3-ubyte]\n",
       "      evalLabelFiles: [", d, "/t10k-labels-idx1-ubyte]\n",
       "      autoShardPolicy: DATA\n",
-      "    optimizer: {type: adam, learningRate: 0.001}\n",
+      "    optimizer: {type: adam, learningRate: ", learning_rate, "}\n",
       "    globalBatchSize: 64\n",
       "    steps: ", steps, "\n",
       "    logEverySteps: 25\n",
@@ -108,9 +108,22 @@ std::string CnnJobYaml(const std::string& strategy, const std::string& replica_s
 
 const char kGuideLoss[] = "{type: SparseCategoricalCrossentropy, fromLogits: true}";
 
+// The sync-equivalence jobs train with Adam at 1e-4. Placements differ in
+// summation order (a replica's 16 examples, then the all-reduce, against one
+// sum over 64), and at Keras' default 1e-3 the CNN's training amplifies those
+// last-bit differences: a ReLU or a max-pool window that flips on one side
+// routes a whole gradient elsewhere, and Adam turns tiny gradients into
+// full-size steps. Measured on this job, OneDevice against Mirrored(4):
+// 3e-7 after 1 step, 4e-7 after 10, 8e-3 after 100 at lr 1e-3 (SGD at 0.05:
+// 1e-3); at lr 1e-4, 4e-8 after 100 steps. TensorFlow's placements are no
+// more equal than that. The replicas themselves stay bit-identical at any
+// learning rate (the checksum hook), and that is tested at 1e-3 below.
+constexpr double kSyncLearningRate = 1e-4;
+
 std::string GuideJob(const std::string& strategy, const std::string& replica_specs,
                      const std::string& extra = "") {
-  return CnnJobYaml(strategy, replica_specs, kGuideCnn, kGuideLoss, kSteps, extra);
+  return CnnJobYaml(strategy, replica_specs, kGuideCnn, kGuideLoss, kSteps, extra,
+                    kSyncLearningRate);
 }
 
 // OneDevice on the guide CNN, trained once per test binary.
@@ -136,7 +149,8 @@ const std::map<std::string, Tensor>& CnnReference() {
 TEST(CnnMnistTest, OneDeviceLearnsRealDigits) {
   const std::string dir = FreshTempDir("cnn_onedevice");
   const std::string job = WriteTextFile(
-      dir + "/job.yaml", GuideJob("OneDevice", "    Worker: {replicas: 1}\n"));
+      dir + "/job.yaml", CnnJobYaml("OneDevice", "    Worker: {replicas: 1}\n", kGuideCnn,
+                                    kGuideLoss, kSteps));
   Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
   auto rc = run.Wait(300);
   ASSERT_TRUE(rc.has_value()) << run.output();
@@ -153,7 +167,7 @@ TEST(CnnMnistTest, OneDeviceLearnsRealDigits) {
     EXPECT_TRUE(vars.count(name)) << name;
   }
   EXPECT_EQ(vars.at("variables/conv2d/kernel").shape(), (std::vector<int64_t>{3, 3, 1, 32}));
-  EXPECT_EQ(vars.at("variables/dense/kernel").shape(), (std::vector<int64_t>{1600, 64}));
+  EXPECT_EQ(vars.at("variables/dense/kernel").shape(), (std::vector<int64_t>{7744, 64}));
   fs::remove_all(dir);
 }
 
