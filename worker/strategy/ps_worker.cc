@@ -160,7 +160,7 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   layer_state_.resize(by_layer.size());
   for (Parameter* p : model_->state_variables()) {
     auto it = layer_of_prefix.find(prefix(p->name));
-    const int layer = it == layer_of_prefix.end() ? 0 : it->second;
+    const int layer = it == layer_of_prefix.end() || it->first.empty() ? 0 : it->second;
     layer_state_[layer].push_back(static_cast<int>(state_.size()));
     state_.push_back(StateVariable{p, Tensor(p->value.shape()), Tensor(p->value.shape())});
   }
