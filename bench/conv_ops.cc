@@ -7,6 +7,8 @@
 //   onednn-any  oneDNN with format_tag::any (its blocked layouts), plus the
 //               reorders from and to the plain layouts the model keeps
 //               (ConvLayout::kChosen; DNNL_VERBOSE=1 shows what it picks)
+//   onednn-anyw oneDNN choosing the kernel's layout only, images nhwc
+//               (ConvLayout::kChosenWeights)
 //   gemm        im2col + cpu::Gemm (OpenBLAS)
 //   backend     what ops.h routes to today (one of the above)
 // and prints ms per call, GFLOP/s and the fraction of the machine's FP32
@@ -229,6 +231,7 @@ int main(int argc, char** argv) {
         std::vector<Variant> v = {
             {"onednn", [&] { internal::ConvForwardOnednn(w, x.data(), k.data(), b.data(), y.data(), ConvLayout::kPlain); }, &y},
             {"onednn-any", [&, p = &own(0, ys)] { internal::ConvForwardOnednn(w, x.data(), k.data(), b.data(), p->data(), ConvLayout::kChosen); }, &outs[0]},
+            {"onednn-anyw", [&, p = &own(3, ys)] { internal::ConvForwardOnednn(w, x.data(), k.data(), b.data(), p->data(), ConvLayout::kChosenWeights); }, &outs[3]},
             {"gemm", [&, p = &own(1, ys)] { internal::ConvForwardGemm(w, x.data(), k.data(), b.data(), p->data()); }, &outs[1]},
             {"backend", [&, p = &own(2, ys)] { distrain::cpu::Conv2DForward(w, x.data(), k.data(), b.data(), p->data()); }, &outs[2]}};
         Time(std::string(c.name) + " fwd", flops, std::move(v), reps, min_ms, peak);
@@ -238,6 +241,7 @@ int main(int argc, char** argv) {
         std::vector<Variant> v = {
             {"onednn", [&] { internal::ConvBackwardDataOnednn(w, dy.data(), k.data(), dx.data(), ConvLayout::kPlain); }, &dx},
             {"onednn-any", [&, p = &own(0, xs)] { internal::ConvBackwardDataOnednn(w, dy.data(), k.data(), p->data(), ConvLayout::kChosen); }, &outs[0]},
+            {"onednn-anyw", [&, p = &own(3, xs)] { internal::ConvBackwardDataOnednn(w, dy.data(), k.data(), p->data(), ConvLayout::kChosenWeights); }, &outs[3]},
             {"gemm", [&, p = &own(1, xs)] { internal::ConvBackwardDataGemm(w, dy.data(), k.data(), p->data()); }, &outs[1]},
             {"backend", [&, p = &own(2, xs)] { distrain::cpu::Conv2DBackwardData(w, dy.data(), k.data(), p->data()); }, &outs[2]}};
         Time(std::string(c.name) + " bwd-data", flops, std::move(v), reps, min_ms, peak);
@@ -247,6 +251,7 @@ int main(int argc, char** argv) {
         std::vector<Variant> v = {
             {"onednn", [&] { internal::ConvBackwardWeightsOnednn(w, x.data(), dy.data(), dk.data(), db.data(), ConvLayout::kPlain); }, &dk},
             {"onednn-any", [&, p = &own(0, ks)] { internal::ConvBackwardWeightsOnednn(w, x.data(), dy.data(), p->data(), db.data(), ConvLayout::kChosen); }, &outs[0]},
+            {"onednn-anyw", [&, p = &own(3, ks)] { internal::ConvBackwardWeightsOnednn(w, x.data(), dy.data(), p->data(), db.data(), ConvLayout::kChosenWeights); }, &outs[3]},
             {"gemm", [&, p = &own(1, ks)] { internal::ConvBackwardWeightsGemm(w, x.data(), dy.data(), p->data(), db.data()); }, &outs[1]},
             {"backend", [&, p = &own(2, ks)] { distrain::cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), p->data(), db.data()); }, &outs[2]}};
         Time(std::string(c.name) + " bwd-weights", flops, std::move(v), reps, min_ms, peak);

@@ -25,7 +25,9 @@ namespace distrain::cpu::internal {
 // kChosen: oneDNN picks its layouts (format_tag::any, blocked for the
 // direct JIT kernels); the arguments it wants otherwise are reordered into
 // and out of per-thread staging memory around the primitive.
-enum class ConvLayout { kPlain, kChosen };
+// kChosenWeights: images stay nhwc, oneDNN picks the kernel's layout only
+// (a reorder of a few KiB per call instead of whole activations).
+enum class ConvLayout { kPlain, kChosen, kChosenWeights };
 void ConvForwardOnednn(const ops::Window2D& w, const float* x, const float* kernel,
                        const float* bias, float* y, ConvLayout layout);
 void ConvBackwardDataOnednn(const ops::Window2D& w, const float* dy, const float* kernel,

@@ -10,10 +10,11 @@
 // threads never share scratch.
 //
 // Layouts: the callers' tensors are always plain (nhwc, hwio). Convolutions
-// let oneDNN choose its (blocked) layouts and reorder into and out of a
-// per-thread staging area around the primitive, which measured faster than
-// running on the plain layouts (see Conv2DForward's routing comment);
-// pooling and batch norm run on the plain layouts directly.
+// may let oneDNN choose the layout of some arguments (internal::ConvLayout);
+// those are reordered into and out of a per-thread staging area around the
+// primitive. Today's routes choose the kernel's layout only (see
+// Conv2DForward's routing comment); pooling and batch norm run on the plain
+// layouts directly.
 
 #include <omp.h>
 
@@ -202,19 +203,24 @@ struct ConvDescs {
 };
 
 // The descriptors over the callers' buffers (nhwc, hwio), or with
-// format_tag::any for the tensors whose layout oneDNN may choose.
-ConvDescs MakeConvDescs(const Window2D& w, bool any = false) {
-  return {Md({w.batch, w.in_c, w.in_h, w.in_w}, any ? Tag::any : Tag::nhwc),
-          Md({w.out_c, w.in_c, w.kernel_h, w.kernel_w}, any ? Tag::any : Tag::hwio),
+// format_tag::any for the tensors whose layout oneDNN may choose under
+// `layout`.
+ConvDescs MakeConvDescs(const Window2D& w,
+                        internal::ConvLayout layout = internal::ConvLayout::kPlain) {
+  const bool any_data = layout == internal::ConvLayout::kChosen;
+  const bool any_weights = layout != internal::ConvLayout::kPlain;
+  return {Md({w.batch, w.in_c, w.in_h, w.in_w}, any_data ? Tag::any : Tag::nhwc),
+          Md({w.out_c, w.in_c, w.kernel_h, w.kernel_w}, any_weights ? Tag::any : Tag::hwio),
           Md({w.out_c}, Tag::x),
-          Md({w.batch, w.out_c, w.out_h, w.out_w}, any ? Tag::any : Tag::nhwc),
+          Md({w.batch, w.out_c, w.out_h, w.out_w}, any_data ? Tag::any : Tag::nhwc),
           {w.stride_h, w.stride_w},
           {w.pad_top, w.pad_left},
           {w.pad_bottom, w.pad_right}};
 }
 
-dnnl::convolution_forward::primitive_desc ConvForwardPd(const Window2D& w, bool bias, bool any) {
-  const ConvDescs d = MakeConvDescs(w, any);
+dnnl::convolution_forward::primitive_desc ConvForwardPd(const Window2D& w, bool bias,
+                                                        internal::ConvLayout layout) {
+  const ConvDescs d = MakeConvDescs(w, layout);
   const auto desc =
       bias ? dnnl::convolution_forward::desc(
                  dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src,
@@ -244,7 +250,7 @@ void Stage(Cached* c, int arg, bool output, const memory::desc& plain,
 
 // Key flag bits for the convolutions.
 int64_t ConvFlag(bool bias, internal::ConvLayout layout) {
-  return (bias ? 1 : 0) | (layout == internal::ConvLayout::kChosen ? 2 : 0);
+  return (bias ? 1 : 0) | static_cast<int64_t>(layout) << 1;
 }
 
 }  // namespace
@@ -255,7 +261,7 @@ void ConvForwardOnednn(const Window2D& w, const float* x, const float* kernel, c
                        float* y, ConvLayout layout) {
   ThreadState& s = State();
   const Cached& c = s.Get(WindowKey(PrimKind::kConvFwd, w, ConvFlag(bias != nullptr, layout)), [&] {
-    const auto pd = ConvForwardPd(w, bias != nullptr, layout == ConvLayout::kChosen);
+    const auto pd = ConvForwardPd(w, bias != nullptr, layout);
     Cached c{dnnl::convolution_forward(pd), pd.scratchpad_desc(), {}, {}, 0};
     const ConvDescs plain = MakeConvDescs(w);
     Stage(&c, DNNL_ARG_SRC, false, plain.src, pd.src_desc());
@@ -276,13 +282,12 @@ void ConvBackwardDataOnednn(const Window2D& w, const float* dy, const float* ker
                             ConvLayout layout) {
   ThreadState& s = State();
   const Cached& c = s.Get(WindowKey(PrimKind::kConvBwdData, w, ConvFlag(false, layout)), [&] {
-    const bool any = layout == ConvLayout::kChosen;
-    const ConvDescs d = MakeConvDescs(w, any);
+    const ConvDescs d = MakeConvDescs(w, layout);
     const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                      d.weights, d.dst, d.strides, d.pad_l,
                                                      d.pad_r);
     const dnnl::convolution_backward_data::primitive_desc pd(desc, UserScratch(), Engine(),
-                                                             ConvForwardPd(w, false, any));
+                                                             ConvForwardPd(w, false, layout));
     Cached c{dnnl::convolution_backward_data(pd), pd.scratchpad_desc(), {}, {}, 0};
     const ConvDescs plain = MakeConvDescs(w);
     Stage(&c, DNNL_ARG_DIFF_DST, false, plain.dst, pd.diff_dst_desc());
@@ -302,8 +307,7 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
   const bool with_bias = dbias != nullptr;
   const Cached& c =
       s.Get(WindowKey(PrimKind::kConvBwdWeights, w, ConvFlag(with_bias, layout)), [&] {
-        const bool any = layout == ConvLayout::kChosen;
-        const ConvDescs d = MakeConvDescs(w, any);
+        const ConvDescs d = MakeConvDescs(w, layout);
         const auto desc = with_bias ? dnnl::convolution_backward_weights::desc(
                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                           d.bias, d.dst, d.strides, d.pad_l, d.pad_r)
@@ -311,7 +315,7 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                           d.dst, d.strides, d.pad_l, d.pad_r);
         const dnnl::convolution_backward_weights::primitive_desc pd(
-            desc, UserScratch(), Engine(), ConvForwardPd(w, with_bias, any));
+            desc, UserScratch(), Engine(), ConvForwardPd(w, with_bias, layout));
         Cached c{dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(), {}, {}, 0};
         const ConvDescs plain = MakeConvDescs(w);
         Stage(&c, DNNL_ARG_SRC, false, plain.src, pd.src_desc());
@@ -331,28 +335,32 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
 }  // namespace internal
 
 // Routing, from bench/conv_ops.cc on the guide CNN's shapes (bench/README.md,
-// "Conv2D ops"; 2-core AMD EPYC Zen 4, AVX-512, 1 and 2 threads, batch 64
-// and 256): oneDNN's own blocked layouts beat the plain nhwc/hwio ones on
-// every op even with the reorders to and from the plain tensors (1.2-2x
-// forward and backward-data, 1.5-20x backward-weights: with plain layouts
-// oneDNN 2.6 falls back to its gemm-based kernels). The exception is
-// backward-data into a single input channel, where oneDNN is poor in both
-// layouts and im2col's transpose (one GEMM with K = filters, then a
-// scatter) was 1.8-2.9x faster. These are relations between algorithms, not
-// tuned constants; re-run the benchmark on a new machine kind.
+// "conv_ops"; 2-core AMD EPYC Zen 4 with AVX-512, batch 64 and 256):
+// oneDNN 2.6 on a plain hwio kernel falls back to its gemm-based convolution
+// (1.2-8x slower). Letting it choose the kernel's layout while the images
+// stay nhwc (kChosenWeights: a reorder of a few KiB per call) gets its JIT
+// and brgemm kernels on nhwc, which matched or beat its fully blocked
+// layouts plus activation reorders (kChosen) on every op but one
+// (conv1 backward-weights at batch 64: 0.57 vs 0.50 ms), without the
+// activation copies, and beat im2col+GEMM (cpu::Gemm) everywhere except
+// backward-data into a single input channel, where oneDNN is poor in every
+// layout and im2col's transpose (one GEMM with K = filters, then a scatter)
+// was 2x faster. These are relations between algorithms, not tuned
+// constants; re-run the benchmark on a new machine kind.
 void Conv2DForward(const Window2D& w, const float* x, const float* kernel, const float* bias,
                    float* y) {
-  internal::ConvForwardOnednn(w, x, kernel, bias, y, internal::ConvLayout::kChosen);
+  internal::ConvForwardOnednn(w, x, kernel, bias, y, internal::ConvLayout::kChosenWeights);
 }
 
 void Conv2DBackwardData(const Window2D& w, const float* dy, const float* kernel, float* dx) {
   if (w.in_c == 1) return internal::ConvBackwardDataGemm(w, dy, kernel, dx);
-  internal::ConvBackwardDataOnednn(w, dy, kernel, dx, internal::ConvLayout::kChosen);
+  internal::ConvBackwardDataOnednn(w, dy, kernel, dx, internal::ConvLayout::kChosenWeights);
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias) {
-  internal::ConvBackwardWeightsOnednn(w, x, dy, dkernel, dbias, internal::ConvLayout::kChosen);
+  internal::ConvBackwardWeightsOnednn(w, x, dy, dkernel, dbias,
+                                     internal::ConvLayout::kChosenWeights);
 }
 
 // ---- Pooling ---------------------------------------------------------------

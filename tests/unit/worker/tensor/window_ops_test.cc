@@ -297,8 +297,9 @@ TEST_P(ConvTest, EveryImplementationMatchesReference) {
   for (int64_t i = 0; i < r.size(); ++i) db_ref[i % g.out_c] += r[i];
 
   Tensor y(r.shape()), dx(x.shape()), dk(k.shape()), db(b.shape());
-  for (const in::ConvLayout layout : {in::ConvLayout::kPlain, in::ConvLayout::kChosen}) {
-    const std::string name = layout == in::ConvLayout::kPlain ? "onednn plain" : "onednn chosen";
+  for (const in::ConvLayout layout :
+       {in::ConvLayout::kPlain, in::ConvLayout::kChosen, in::ConvLayout::kChosenWeights}) {
+    const std::string name = "onednn layout " + std::to_string(static_cast<int>(layout));
     in::ConvForwardOnednn(g, x.data(), k.data(), b.data(), y.data(), layout);
     ExpectNear(y, y_ref, 1e-5, name + " forward");
     in::ConvBackwardDataOnednn(g, r.data(), k.data(), dx.data(), layout);
