@@ -142,20 +142,31 @@ class ThreadState {
       if (st.output) {
         outputs.emplace_back(chosen, it->second);
       } else {
-        st.reorder.execute(stream_, it->second, chosen);
+        Execute(st.reorder, {{DNNL_ARG_FROM, it->second}, {DNNL_ARG_TO, chosen}});
       }
       it->second = chosen;
     }
-    c.primitive.execute(stream_, args);
+    Execute(c.primitive, args);
     for (size_t i = 0, o = 0; i < c.staged.size(); ++i) {
       if (!c.staged[i].output) continue;
-      c.staged[i].reorder.execute(stream_, outputs[o].first, outputs[o].second);
+      Execute(c.staged[i].reorder,
+              {{DNNL_ARG_FROM, outputs[o].first}, {DNNL_ARG_TO, outputs[o].second}});
       ++o;
     }
     stream_.wait();
   }
 
  private:
+  void Execute(const dnnl::primitive& p, const std::unordered_map<int, memory>& args) {
+    try {
+      p.execute(stream_, args);
+    } catch (const dnnl::error& e) {
+      // Only a missing or mismatched argument gets here: a bug in this file.
+      DISTRAIN_CHECK(false) << "oneDNN could not run a primitive: " << e.what() << " (status "
+                            << static_cast<int>(e.status) << ")";
+    }
+  }
+
   // A 64-byte aligned buffer that grows to the largest request and stays.
   class Buffer {
    public:
