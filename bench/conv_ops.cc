@@ -196,6 +196,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   distrain::ops::SetCpuThreadsForThisThread(threads);
+  distrain::cpu::SetBlasThreads(threads);
   const char* isa = "";
   const double peak = MeasuredPeakGflops(threads, &isa);
   std::printf("threads %d, measured FP32 peak %.0f GFLOP/s (%s FMAs)\n", threads, peak, isa);

@@ -97,7 +97,7 @@ absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory
     }
   }
   barrier_ = std::make_unique<StepBarrier>(num_replicas_);
-  runner_ = std::make_unique<ReplicaRunner>(num_replicas_);
+  runner_ = std::make_unique<ReplicaRunner>(num_replicas_, cpu::BlasThreads());
   return absl::OkStatus();
 }
 

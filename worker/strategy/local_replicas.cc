@@ -41,7 +41,9 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
         options.collective_options, options.metrics, abort_all,
         absl::MakeSpan(set->extras_[r])));
   }
-  set->runner_ = std::make_unique<ReplicaRunner>(n);
+  // The strategy has given OpenBLAS each replica's share of the cores;
+  // oneDNN's per-thread teams get the same.
+  set->runner_ = std::make_unique<ReplicaRunner>(n, cpu::BlasThreads());
   return set;
 }
 

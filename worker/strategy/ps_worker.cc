@@ -23,6 +23,7 @@
 #include "worker/data/dataset.h"
 #include "worker/ps/ps_service.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 
@@ -208,6 +209,9 @@ grpc::Status PsWorkerService::Prepare(grpc::ServerContext*, const v1::PrepareReq
 
 grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepRequest* request,
                                       v1::RunStepResponse* response) {
+  // Closures run on gRPC's threads: give this one the process's share of
+  // the cores for its ops, as the main thread has.
+  ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
   absl::MutexLock lock(&mu_);
   if (!prepared_) {
     // A restarted worker that the coordinator has not re-admitted yet: the

@@ -1,10 +1,12 @@
 #include "worker/strategy/replica_runner.h"
 
 #include "common/check.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 
-ReplicaRunner::ReplicaRunner(int num_replicas) : num_replicas_(num_replicas) {
+ReplicaRunner::ReplicaRunner(int num_replicas, int threads_per_replica)
+    : num_replicas_(num_replicas), threads_per_replica_(threads_per_replica) {
   DISTRAIN_CHECK_GE(num_replicas, 1);
   threads_.reserve(num_replicas - 1);
   for (int r = 1; r < num_replicas; ++r) threads_.emplace_back([this, r] { Loop(r); });
@@ -25,6 +27,7 @@ void ReplicaRunner::Run(const std::function<void(int replica)>& fn) {
     pending_ = num_replicas_ - 1;
     ++generation_;
   }
+  if (threads_per_replica_ > 0) ops::SetCpuThreadsForThisThread(threads_per_replica_);
   fn(0);
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
@@ -35,6 +38,7 @@ void ReplicaRunner::Run(const std::function<void(int replica)>& fn) {
 }
 
 void ReplicaRunner::Loop(int replica) {
+  if (threads_per_replica_ > 0) ops::SetCpuThreadsForThisThread(threads_per_replica_);
   int64_t seen = 0;
   while (true) {
     const std::function<void(int)>* fn;

@@ -20,7 +20,9 @@ namespace distrain {
 // concurrently on every replica's thread and must synchronise itself.
 class ReplicaRunner {
  public:
-  explicit ReplicaRunner(int num_replicas);
+  // Each replica's thread runs its ops on `threads_per_replica` cores
+  // (ops::SetCpuThreadsForThisThread); 0 leaves the threads' default.
+  explicit ReplicaRunner(int num_replicas, int threads_per_replica = 0);
   ~ReplicaRunner();
   ReplicaRunner(const ReplicaRunner&) = delete;
   ReplicaRunner& operator=(const ReplicaRunner&) = delete;
@@ -33,6 +35,7 @@ class ReplicaRunner {
   void Loop(int replica);
 
   const int num_replicas_;
+  const int threads_per_replica_;
   absl::Mutex mu_;
   const std::function<void(int)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumps once per Run

@@ -141,9 +141,12 @@ LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
 // Copies src into dst (resized), across devices when they differ.
 void Copy(const Tensor& src, Tensor* dst);
 
-// Gives each thread that calls ops an equal share of the cores: oneDNN's
-// OpenMP team and OpenBLAS (cpu_math.h SetBlasThreads) both follow it. Call
-// from the thread whose ops it governs (replica threads call it once).
+// How many cores the calling thread's windowed and normalisation ops may use
+// (oneDNN's OpenMP team of this thread). Every thread that runs ops sets it
+// to its share — the same share the process gives OpenBLAS, which is
+// process-wide (cpu::SetBlasThreads) — because an unset team is one thread
+// per core in every replica thread and process: on 2 cores, 4 replica
+// threads would run 8 spinning OpenMP threads (measured: 5x slower).
 void SetCpuThreadsForThisThread(int threads);
 
 }  // namespace distrain::ops

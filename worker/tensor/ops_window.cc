@@ -274,15 +274,11 @@ void GlobalAveragePool2DBackward(const Tensor& dy, int64_t h, int64_t w, Tensor*
 void SetCpuThreadsForThisThread(int threads) {
   DISTRAIN_CHECK_GE(threads, 1);
   // oneDNN runs on the calling thread's OpenMP team, so this governs the
-  // windowed and normalisation ops of this thread alone.
+  // windowed and normalisation ops of this thread alone. OpenBLAS's pool
+  // (MatMul) is process-wide, not per thread, so it is not set here: the
+  // strategies give it the per-replica share (cpu::SetBlasThreads), and
+  // concurrent replica threads must not race to set it.
   cpu::SetOmpThreadsForThisThread(threads);
-  // OpenBLAS's pool (MatMul) is process-wide, not per thread: the last
-  // caller's count wins. Replica threads all pass the same share, so the
-  // result is that share; a thread that wants a different BLAS count than
-  // its siblings cannot have it. With one BLAS thread, OpenBLAS (pthreads
-  // build) runs products on the calling thread, so N replica threads at one
-  // BLAS thread each use N cores, as intended.
-  cpu::SetBlasThreads(threads);
 }
 
 }  // namespace distrain::ops
