@@ -35,9 +35,11 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # library). Every build checks the binaries against this list and stops with the
 # package to add, so it cannot silently drift. Changing it rebuilds the base.
 RUNTIME_PACKAGES=(
-  libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libfmt9 libgcc-s1
-  libgfortran5 libgrpc++1.51 libgrpc29 libopenblas0-pthread libprotobuf32
-  libquadmath0 libre2-9 libspdlog1.10 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g
+  libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libdnnl2 libfmt9 libgcc-s1
+  libgfortran5 libgomp1 libgrpc++1.51 libgrpc29 libopenblas0-pthread libprotobuf32
+  libquadmath0 libre2-9 libspdlog1.10 libssl3 libstdc++6 libyaml-cpp0.7
+  ocl-icd-libopencl1  # libdnnl2 links the OpenCL loader; the CPU path never opens a device
+  zlib1g
 )
 SUITE=bookworm
 BASE_RECIPE=3   # bump when build_base_rootfs changes what it produces
