@@ -53,7 +53,13 @@ EvaluatorMetrics::EvaluatorMetrics(prometheus::Registry& registry)
                          "Checkpoints the evaluator skipped because they were unreadable")) {}
 
 EvalSummary EvaluateModel(Model& model, const Dataset& data) {
-  constexpr int64_t kEvalBatch = 1024;
+  // Batches whose largest activation stays near 8 MiB: the model keeps its
+  // activation buffers at their largest size, so a 1,024-example batch of
+  // the guide's CNN (86 KB of conv output per example) would hold ~200 MB
+  // for the rest of the job. An MLP still gets the full 1,024.
+  constexpr int64_t kActivationBudget = (8 << 20) / sizeof(float);
+  const int64_t kEvalBatch = std::clamp<int64_t>(
+      kActivationBudget / std::max<int64_t>(1, model.largest_activation_per_example()), 32, 1024);
   const int64_t n = data.size();
   const int f = data.num_features();
   Tensor features;

@@ -126,6 +126,29 @@ std::string GuideJob(const std::string& strategy, const std::string& replica_spe
                     kSyncLearningRate);
 }
 
+// `distrain run` on `job` with checkpoints in dir/ckpt (and, with
+// `checksums`, the checksum hook's files in dir); returns its output, after
+// failing the test unless it succeeded.
+std::string RunToSuccess(const std::string& job, const std::string& dir, bool checksums = false) {
+  std::map<std::string, std::string> env;
+  if (checksums) env["DISTRAIN_PARAM_CHECKSUM_FILE"] = dir + "/checksums.{task}.txt";
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
+                 env);
+  auto rc = run.Wait(300);
+  EXPECT_TRUE(rc.has_value() && *rc == 0) << run.output();
+  return run.output();
+}
+
+// The eval accuracy of distrain run's final summary line; -1 when absent.
+double FinalEvalAccuracy(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) {
+    ADD_FAILURE() << "no eval_accuracy in:\n" << out;
+    return -1;
+  }
+  return std::stod(m[1]);
+}
+
 // OneDevice on the guide CNN, trained once per test binary.
 const std::map<std::string, Tensor>& CnnReference() {
   static const auto* reference = [] {
@@ -151,15 +174,8 @@ TEST(CnnMnistTest, OneDeviceLearnsRealDigits) {
   const std::string job = WriteTextFile(
       dir + "/job.yaml", CnnJobYaml("OneDevice", "    Worker: {replicas: 1}\n", kGuideCnn,
                                     kGuideLoss, kSteps));
-  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
-  auto rc = run.Wait(300);
-  ASSERT_TRUE(rc.has_value()) << run.output();
-  ASSERT_EQ(*rc, 0) << run.output();
-  std::smatch m;
-  const std::string out = run.output();
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
   // 100 steps of 64 real digits: far above chance (0.1), as in Keras.
-  EXPECT_GT(std::stod(m[1]), 0.8) << out;
+  EXPECT_GT(FinalEvalAccuracy(RunToSuccess(job, dir)), 0.8);
   const auto vars = FinalVariables(dir + "/ckpt", kSteps);
   for (const char* name : {"variables/conv2d/kernel", "variables/conv2d/bias",
                            "variables/conv2d_1/kernel", "variables/dense/kernel",
@@ -171,23 +187,25 @@ TEST(CnnMnistTest, OneDeviceLearnsRealDigits) {
   fs::remove_all(dir);
 }
 
-TEST(CnnMnistTest, MirroredFourReplicasMatchesOneDevice) {
+// Mirrored and CentralStorage: 4 replicas as threads of one process.
+class CnnLocalReplicasTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CnnLocalReplicasTest, FourReplicasMatchOneDevice) {
   const auto& reference = CnnReference();
-  const std::string dir = FreshTempDir("cnn_mirrored");
+  const std::string dir = FreshTempDir("cnn_" + GetParam());
   const std::string job = WriteTextFile(
       dir + "/job.yaml",
-      GuideJob("Mirrored", "    Worker: {replicas: 1}\n",
+      GuideJob(GetParam(), "    Worker: {replicas: 1}\n",
                "    localReplicas: 4\n    communication: {bytesPerPack: 65536}\n"));
-  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
-                 {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
-  auto rc = run.Wait(300);
-  ASSERT_TRUE(rc.has_value()) << run.output();
-  ASSERT_EQ(*rc, 0) << run.output();
+  RunToSuccess(job, dir, /*checksums=*/true);
   ExpectSameVariables(FinalVariables(dir + "/ckpt", kSteps), reference, 1e-4f);
   // The worker checks its 4 replicas against each other before every line.
   EXPECT_EQ(ReadLines(dir + "/checksums.worker-0.txt").size(), static_cast<size_t>(kSteps));
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Strategies, CnnLocalReplicasTest,
+                         ::testing::Values("Mirrored", "CentralStorage"));
 
 TEST(CnnMnistTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDevice) {
   const auto& reference = CnnReference();
@@ -204,26 +222,10 @@ TEST(CnnMnistTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDevice) {
   fs::remove_all(dir);
 }
 
-TEST(CnnMnistTest, CentralStorageFourReplicasMatchesOneDevice) {
-  const auto& reference = CnnReference();
-  const std::string dir = FreshTempDir("cnn_central");
-  const std::string job = WriteTextFile(
-      dir + "/job.yaml",
-      GuideJob("CentralStorage", "    Worker: {replicas: 1}\n", "    localReplicas: 4\n"));
-  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"},
-                 {{"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
-  auto rc = run.Wait(300);
-  ASSERT_TRUE(rc.has_value()) << run.output();
-  ASSERT_EQ(*rc, 0) << run.output();
-  ExpectSameVariables(FinalVariables(dir + "/ckpt", kSteps), reference, 1e-4f);
-  EXPECT_EQ(ReadLines(dir + "/checksums.worker-0.txt").size(), static_cast<size_t>(kSteps));
-  fs::remove_all(dir);
-}
-
 // BatchNormalization's moving statistics are per-replica state that the
 // strategy averages; Dropout draws a different mask per replica. The
-// replicas must still agree bit for bit after every step, the checkpoint
-// must carry the moving statistics, and a rerun from it resumes.
+// replicas must still agree bit for bit after every step, and the
+// checkpoint must carry the moving statistics.
 TEST(CnnMnistTest, MultiWorkerMirroredKeepsBatchNormStatisticsInSync) {
   const std::string dir = FreshTempDir("cnn_bn");
   const std::string job = WriteTextFile(
@@ -265,14 +267,8 @@ TEST(CnnMnistTest, ParameterServerAndEvaluatorTrainTheCnnWithDropout) {
                  "    Evaluator: {replicas: 1}\n",
                  kCnnWithDropout, "{type: SparseCategoricalCrossentropy, fromLogits: true}", 150,
                  "    checkpoint: {everySteps: 50}\n"));
-  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
-  auto rc = run.Wait(300);
-  ASSERT_TRUE(rc.has_value()) << run.output();
-  ASSERT_EQ(*rc, 0) << run.output();
-  const std::string out = run.output();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
-  EXPECT_GT(std::stod(m[1]), 0.8) << out;
+  const std::string out = RunToSuccess(job, dir);
+  EXPECT_GT(FinalEvalAccuracy(out), 0.8) << out;
   // The Evaluator read the chief's checkpoints of the conv model.
   EXPECT_NE(out.find("[evaluator-0]"), std::string::npos) << out;
   fs::remove_all(dir);
@@ -286,6 +282,8 @@ struct ExampleCase {
   std::string replica_specs;  // YAML flow map
   int local_replicas = 0;     // 0: leave unset
 };
+
+void PrintTo(const ExampleCase& c, std::ostream* os) { *os << c.strategy; }
 
 class CnnExampleTest : public ::testing::TestWithParam<ExampleCase> {};
 
@@ -309,14 +307,8 @@ TEST_P(CnnExampleTest, RunsAndLearns) {
   YAML::Emitter emitter;
   emitter << job;
   const std::string path = WriteTextFile(dir + "/job.yaml", emitter.c_str());
-  Subprocess run({DistrainBinary(), "run", path, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
-  auto rc = run.Wait(300);
-  ASSERT_TRUE(rc.has_value()) << run.output();
-  ASSERT_EQ(*rc, 0) << run.output();
-  const std::string out = run.output();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
-  EXPECT_GT(std::stod(m[1]), 0.6) << out;  // 60 steps of 64 digits; chance is 0.1
+  // 60 steps of 64 digits; chance is 0.1.
+  EXPECT_GT(FinalEvalAccuracy(RunToSuccess(path, dir)), 0.6);
   fs::remove_all(dir);
 }
 

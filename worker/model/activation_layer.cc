@@ -11,12 +11,17 @@ void ActivationState::Forward(const Tensor& x, Tensor* y) {
       ops::Copy(x, y);  // a no-op in place
       return;
     case ActivationKind::kGelu:
-      ops::Copy(x, &saved_);  // before an in-place forward overwrites x
+      if (y == &x) {
+        ops::Copy(x, &gelu_input_copy_);  // before the in-place forward overwrites x
+        saved_ = &gelu_input_copy_;
+      } else {
+        saved_ = &x;
+      }
       ops::ActivationForward(kind_, x, y);
       return;
     default:
       ops::ActivationForward(kind_, x, y);
-      ops::Copy(*y, &saved_);
+      saved_ = y;
       return;
   }
 }
@@ -26,11 +31,11 @@ void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
     ops::Copy(dy, dx);
     return;
   }
-  DISTRAIN_CHECK_EQ(saved_.size(), dy.size())
+  DISTRAIN_CHECK(saved_ != nullptr && saved_->size() == dy.size())
       << ActivationName(kind_) << ": Backward without a matching Forward (dy "
-      << dy.ShapeString() << ", saved " << saved_.ShapeString() << ")";
+      << dy.ShapeString() << ")";
   // Each kind reads only the tensor it saved (ops.h), passed as both.
-  ops::ActivationBackward(kind_, saved_, saved_, dy, dx);
+  ops::ActivationBackward(kind_, *saved_, *saved_, dy, dx);
 }
 
 void Activation::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {

@@ -1,5 +1,6 @@
 #include "worker/model/model.h"
 
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <string>
@@ -109,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
             std::make_unique<Activation>(absl::StrCat("relu_", d), ActivationKind::kRelu));
       }
     }
+    model->largest_activation_ = *std::max_element(widths.begin(), widths.end());
     model->Finalize(absl::StrCat("mlp ", absl::StrJoin(widths, "-")));
     return model;
   }
@@ -137,6 +139,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
     model->output_activation_ = last.activation;
     model->from_logits_ = true;
     last.activation = ActivationKind::kLinear;
+  }
+  model->largest_activation_ = Tensor::NumElements(example_shape);
+  for (const std::vector<int64_t>& shape : *shapes) {
+    model->largest_activation_ = std::max(model->largest_activation_, Tensor::NumElements(shape));
   }
   std::vector<int64_t> in_shape = example_shape;
   std::vector<std::string> parts;

@@ -71,6 +71,9 @@ class Model {
   const std::vector<int64_t>& example_shape() const { return example_shape_; }
   // Number of classes (the label range) the model was built for.
   int num_classes() const { return num_classes_; }
+  // Elements of the largest layer output for one example (the input
+  // included): what a batch of B examples costs in activations, ~B x this.
+  int64_t largest_activation_per_example() const { return largest_activation_; }
   // parameters() grouped by layer index (empty for parameter-free layers).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -104,6 +107,7 @@ class Model {
 
   std::vector<int64_t> example_shape_;
   int num_classes_ = 0;
+  int64_t largest_activation_ = 0;
   uint64_t seed_ = 0;
   LossConfig loss_;
   bool from_logits_ = true;

@@ -141,8 +141,8 @@ TEST(ReLUTest, ForwardAndBackward) {
   Tensor out, grad_input;
   relu.Forward(input, &out);
   EXPECT_EQ(out.span(), (absl::Span<const float>(std::vector<float>{0, 2, 0, 3, 0, 5})));
-  // The mask is the layer's own copy: overwriting `out` must not change Backward.
-  out.Fill(-7);
+  // Backward reads the forward output the caller keeps (Model keeps every
+  // layer's output until the step's backward pass): no copy per step.
   relu.Backward(Tensor({2, 3}, std::vector<float>{1, 1, 1, 1, 1, 1}), &grad_input);
   EXPECT_EQ(grad_input.span(), (absl::Span<const float>(std::vector<float>{0, 1, 0, 1, 0, 1})));
 }
