@@ -250,6 +250,31 @@ TEST(CnnMnistTest, MultiWorkerMirroredKeepsBatchNormStatisticsInSync) {
   fs::remove_all(dir);
 }
 
+// A job stopped at step 30 and run again from its checkpoint ends exactly
+// where an uninterrupted 60-step job ends: the checkpoint carries every
+// variable (BatchNormalization's moving statistics included) and the
+// optimizer's slots, and Dropout's masks depend only on (seed, step,
+// replica), so the resumed steps draw the masks the uninterrupted ones drew.
+TEST(CnnMnistTest, ResumeWithDropoutAndBatchNormIsExact) {
+  const std::string dir = FreshTempDir("cnn_resume");
+  const std::string loss = "{type: SparseCategoricalCrossentropy, fromLogits: true}";
+  const std::string straight = WriteTextFile(
+      dir + "/straight.yaml", CnnJobYaml("OneDevice", "    Worker: {replicas: 1}\n",
+                                         kCnnWithDropoutAndBatchNorm, loss, 60));
+  RunToSuccess(straight, dir + "/straight");
+  const std::string first = WriteTextFile(
+      dir + "/first.yaml", CnnJobYaml("OneDevice", "    Worker: {replicas: 1}\n",
+                                      kCnnWithDropoutAndBatchNorm, loss, 30));
+  RunToSuccess(first, dir + "/resumed");
+  const std::string out = RunToSuccess(straight, dir + "/resumed");
+  EXPECT_NE(out.find("resumed from checkpoint step 30"), std::string::npos) << out;
+  const auto want = FinalVariables(dir + "/straight/ckpt", 60);
+  const auto got = FinalVariables(dir + "/resumed/ckpt", 60);
+  ASSERT_TRUE(want.count("variables/batch_normalization/moving_variance"));
+  ExpectSameVariables(got, want, 0.0f);
+  fs::remove_all(dir);
+}
+
 TEST(CnnMnistTest, ParameterServerAndEvaluatorTrainTheCnnWithDropout) {
   const std::string dir = FreshTempDir("cnn_ps");
   const char kCnnWithDropout[] =
