@@ -374,6 +374,9 @@ def main():
                   "fp32_peak_gflops": {"nominal": peak_nominal / 1e9,
                                        "measured": peak_measured / 1e9 if peak_measured else None},
                   "mflop_per_example": {"forward": fwd / 1e6, "backward": bwd / 1e6},
+                  "worker_binary_mtime": datetime.datetime.fromtimestamp(
+                      os.path.getmtime(os.path.join(BUILD, "worker", "distrain-worker")),
+                      datetime.timezone.utc).isoformat(timespec="seconds"),
                   "uptime_before": load_before, "uptime_after": load_after, "epochs": args.epochs,
                   "repeats": args.repeats, "seed": args.seed, "note": args.note, "configs": configs}
         os.makedirs(os.path.dirname(RECORDS), exist_ok=True)
