@@ -8,7 +8,11 @@ The CNN of TensorFlow's distributed-training guide,
 trained on the IDX files of scripts/mnist.sh (8,000 train / 2,000 test digits)
   (a) by TensorFlow Keras model.fit (bench/peers/tf_keras_cnn.py, tensorflow-cpu
       in ~/.cache/distrain/peers-venv, oneDNN on), and
-  (b) by `build/cli/distrain run` on a generated job YAML (OneDevice),
+  (b) by `build/cli/distrain run` on a generated job YAML: side `distrain` is
+      OneDevice (one replica; oneDNN and OpenBLAS share the cores inside each
+      op), side `mirrored` is Mirrored with one replica per core (the batch
+      split over threads, one core each, gradients all-reduced in process) —
+      the same model, data, global batch, optimizer and steps,
 with the same global batch (64 and 256), the same number of steps (`--epochs`
 passes over the training split) and the same warm-up. Per run:
   * examples/s: wall time from the end of warm-up step `warmup` to the end of
@@ -53,10 +57,11 @@ JOB = """apiVersion: distrain.io/v1alpha1
 kind: DistributedTrainingJob
 metadata: {{name: bench-cnn}}
 spec:
-  strategy: OneDevice
+  strategy: {strategy}
   replicaSpecs:
     Worker: {{replicas: 1}}
   training:
+    localReplicas: {local_replicas}
     model:
       layers:
         - Conv2D: {{filters: 32, kernelSize: [3, 3], activation: relu}}
@@ -224,11 +229,13 @@ def stamp(line):
     return datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
 
 
-def run_distrain(data_dir, batch, steps, warmup, seed):
+def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False):
     with tempfile.TemporaryDirectory() as tmp:
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
-            f.write(JOB.format(d=data_dir, batch=batch, steps=steps, log_every=warmup, seed=seed))
+            f.write(JOB.format(d=data_dir, batch=batch, steps=steps, log_every=warmup, seed=seed,
+                               strategy="Mirrored" if mirrored else "OneDevice",
+                               local_replicas=os.cpu_count() if mirrored else 0))
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         out, rss = run_measured([os.path.join(BUILD, "cli", "distrain"), "run", "--no-progress",
@@ -272,7 +279,8 @@ def main():
     ap.add_argument("--batches", default="64,256", help="global batch sizes, comma-separated")
     ap.add_argument("--epochs", type=float, default=8, help="passes over the 8,000 training digits")
     ap.add_argument("--repeats", type=int, default=2, help="alternating distrain/TF rounds per batch")
-    ap.add_argument("--sides", default="distrain,tf", help="which sides to run (harness checks)")
+    ap.add_argument("--sides", default="distrain,mirrored,tf",
+                    help="which sides to run: distrain (OneDevice), mirrored (Mirrored, a replica per core), tf")
     ap.add_argument("--seed", type=int, default=42, help="round r uses seed + r on both sides")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     ap.add_argument("--note", default="", help="free text stored in the record (e.g. machine load)")
@@ -305,7 +313,8 @@ def main():
         runs = {s: [] for s in sides}
         for r in range(args.repeats):
             for side in sides:
-                fn = run_distrain if side == "distrain" else run_tf
+                fn = {"distrain": run_distrain, "tf": run_tf,
+                      "mirrored": lambda *a: run_distrain(*a, mirrored=True)}[side]
                 # A different seed per round (the same for both sides): the
                 # accuracy means then average over initialisations and orders.
                 result = fn(data_dir, batch, steps, warmup, args.seed + r)
@@ -324,29 +333,28 @@ def main():
                 "test_accuracy_mean": (statistics.mean(x["test_accuracy"] for x in runs[side])
                                        if all(x["test_accuracy"] is not None for x in runs[side]) else None),
             }
-        if "distrain" in sides:
-            d = summary["distrain"]
-            d["gflops"] = d["examples_per_second_best"] * (fwd + bwd) / 1e9
-            d["fraction_of_nominal_peak"] = d["gflops"] * 1e9 / peak_nominal
+        for side in sides:
+            x = summary[side]
+            x["gflops"] = x["examples_per_second_best"] * (fwd + bwd) / 1e9
+            x["fraction_of_nominal_peak"] = x["gflops"] * 1e9 / peak_nominal
             if peak_measured:
-                d["fraction_of_measured_peak"] = d["gflops"] * 1e9 / peak_measured
+                x["fraction_of_measured_peak"] = x["gflops"] * 1e9 / peak_measured
         if "tf" in sides:
             t = summary["tf"]
-            t["gflops"] = t["examples_per_second_best"] * (fwd + bwd) / 1e9
-            t["fraction_of_nominal_peak"] = t["gflops"] * 1e9 / peak_nominal
-            if peak_measured:
-                t["fraction_of_measured_peak"] = t["gflops"] * 1e9 / peak_measured
-        if len(sides) == 2:
-            d, t = summary["distrain"], summary["tf"]
-            summary["ratio_examples_per_second"] = d["examples_per_second_best"] / t["examples_per_second_best"]
-            summary["ratio_peak_rss"] = d["peak_rss_mib"] / t["peak_rss_mib"]
-            if d["test_accuracy_mean"] is not None and t["test_accuracy_mean"] is not None:
-                summary["accuracy_gap_points"] = 100 * (d["test_accuracy_mean"] - t["test_accuracy_mean"])
+            for side in [s for s in sides if s != "tf"]:
+                d = summary[side]
+                prefix = "" if side == "distrain" else side + "_"
+                summary[prefix + "ratio_examples_per_second"] = (d["examples_per_second_best"] /
+                                                                 t["examples_per_second_best"])
+                summary[prefix + "ratio_peak_rss"] = d["peak_rss_mib"] / t["peak_rss_mib"]
+                if d["test_accuracy_mean"] is not None and t["test_accuracy_mean"] is not None:
+                    summary[prefix + "accuracy_gap_points"] = 100 * (d["test_accuracy_mean"] -
+                                                                     t["test_accuracy_mean"])
         configs.append(summary)
     load_after = uptime()
 
     print()
-    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, OneDevice vs model.fit, "
+    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, distrain vs model.fit, "
           f"{args.epochs:g} epochs, best of {args.repeats} alternating rounds")
     peak = peak_measured or peak_nominal
     print(f"FP32 peak: {peak / 1e9:.0f} GFLOP/s " + ("(measured: one core's FMA rate x cores)" if peak_measured else
@@ -359,10 +367,11 @@ def main():
             print(f"{c['batch']:5d} {side:9} {s['examples_per_second_best']:11.0f} {s['gflops']:8.1f} "
                   f"{100 * s['gflops'] * 1e9 / peak:7.1f}% {s['peak_rss_mib']:8.0f} "
                   + (f"{100 * acc:8.2f}%" if acc is not None else "      n/a"))
-        if len(sides) == 2:
-            gap = c.get("accuracy_gap_points")
-            print(f"{c['batch']:5d} ratio distrain/tf: {c['ratio_examples_per_second']:.2f}x examples/s, "
-                  f"{c['ratio_peak_rss']:.2f}x peak RSS, accuracy gap "
+        for side in [s for s in sides if s != "tf" and "tf" in sides]:
+            prefix = "" if side == "distrain" else side + "_"
+            gap = c.get(prefix + "accuracy_gap_points")
+            print(f"{c['batch']:5d} ratio {side}/tf: {c[prefix + 'ratio_examples_per_second']:.2f}x examples/s, "
+                  f"{c[prefix + 'ratio_peak_rss']:.2f}x peak RSS, accuracy gap "
                   + (f"{gap:+.2f} points" if gap is not None else "n/a"))
     print(f"uptime before: {load_before}\nuptime after:  {load_after}")
 
