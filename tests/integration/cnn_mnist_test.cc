@@ -332,7 +332,7 @@ TEST_P(CnnExampleTest, RunsAndLearns) {
   YAML::Emitter emitter;
   emitter << job;
   const std::string path = WriteTextFile(dir + "/job.yaml", emitter.c_str());
-  // 60 steps of 64 digits; chance is 0.1.
+  // 60 steps of the example's batches; chance is 0.1.
   EXPECT_GT(FinalEvalAccuracy(RunToSuccess(path, dir)), 0.6);
   fs::remove_all(dir);
 }
