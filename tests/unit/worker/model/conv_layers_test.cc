@@ -15,14 +15,9 @@ namespace {
 
 using ::distrain::testing::DistinctTensor;
 using ::distrain::testing::ExpectLayerGradients;
+using ::distrain::testing::Training;
 using ::distrain::testing::RandomTensor;
 using ::testing::ElementsAre;
-
-ForwardContext Training() {
-  ForwardContext ctx;
-  ctx.training = true;
-  return ctx;
-}
 
 std::string Name(PaddingKind p, int64_t stride) {
   return std::string(p == PaddingKind::kSame ? "same" : "valid") + " stride " +

@@ -3,7 +3,8 @@
 
 // Central-difference checks of a layer's Backward, shared by the layer tests.
 // The scalar is L = sum(Forward(input) * upstream) for a fixed random
-// `upstream`, so dL/d(output) = upstream.
+// `upstream`, so dL/d(output) = upstream. ExpectModelGradients does the same
+// for a whole model's TrainStep against its Evaluate loss.
 
 #include <cmath>
 #include <random>
@@ -11,9 +12,45 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/types/span.h"
 #include "worker/model/layer.h"
+#include "worker/model/model.h"
 
 namespace distrain::testing {
+
+inline ForwardContext Training() {
+  ForwardContext ctx;
+  ctx.training = true;
+  return ctx;
+}
+
+// Every parameter's TrainStep gradient against central differences of the
+// batch's Evaluate loss (so the model must have no Dropout and no batch
+// statistics in it), within rtol * |fd| + atol.
+inline void ExpectModelGradients(Model& model, const Tensor& features,
+                                 absl::Span<const int32_t> labels, float h, double rtol,
+                                 double atol) {
+  model.TrainStep(features, labels);
+  std::vector<Tensor> analytic;
+  for (Parameter* p : model.parameters()) analytic.push_back(p->grad);
+  auto params = model.parameters();
+  for (size_t k = 0; k < params.size(); ++k) {
+    Tensor& value = params[k]->value;
+    for (int64_t i = 0; i < value.size(); ++i) {
+      const float saved = value[i];
+      value[i] = saved + h;
+      const double x_plus = value[i];
+      const double plus = model.Evaluate(features, labels).loss;
+      value[i] = saved - h;
+      const double x_minus = value[i];
+      const double minus = model.Evaluate(features, labels).loss;
+      value[i] = saved;
+      const double fd = (plus - minus) / (x_plus - x_minus);
+      EXPECT_NEAR(analytic[k][i], fd, rtol * std::abs(fd) + atol)
+          << params[k]->name << " element " << i;
+    }
+  }
+}
 
 inline Tensor RandomTensor(std::vector<int64_t> shape, uint32_t seed, float scale = 1.0f) {
   std::mt19937 gen(seed);

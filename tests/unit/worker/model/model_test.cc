@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model/gradient_check.h"
 #include "worker/model/optimizer.h"
 
 namespace distrain {
@@ -117,28 +118,7 @@ Batch RandomBatch(int64_t n, int dim, int classes, uint32_t seed) {
 TEST(ModelTest, GradientsOfEveryParameterMatchFiniteDifferences) {
   auto model = MakeModel({6, 5}, 4, 3, 7);
   const Batch batch = RandomBatch(5, 4, 3, 3);
-  model->TrainStep(batch.features, batch.labels);
-  std::vector<Tensor> analytic;
-  for (Parameter* p : model->parameters()) analytic.push_back(p->grad);
-
-  const float h = 1e-3f;
-  auto params = model->parameters();
-  for (size_t k = 0; k < params.size(); ++k) {
-    Tensor& value = params[k]->value;
-    for (int64_t i = 0; i < value.size(); ++i) {
-      const float saved = value[i];
-      value[i] = saved + h;
-      const double x_plus = value[i];
-      const double plus = model->Evaluate(batch.features, batch.labels).loss;
-      value[i] = saved - h;
-      const double x_minus = value[i];
-      const double minus = model->Evaluate(batch.features, batch.labels).loss;
-      value[i] = saved;
-      const double fd = (plus - minus) / (x_plus - x_minus);
-      EXPECT_NEAR(analytic[k][i], fd, 1e-2 * std::abs(fd) + 2e-4)
-          << params[k]->name << " element " << i;
-    }
-  }
+  testing::ExpectModelGradients(*model, batch.features, batch.labels, 1e-3f, 1e-2, 2e-4);
 }
 
 TEST(ModelTest, EvaluateMatchesTrainStepLossAndCountsCorrect) {

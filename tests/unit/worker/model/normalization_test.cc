@@ -14,14 +14,9 @@ namespace distrain {
 namespace {
 
 using ::distrain::testing::ExpectLayerGradients;
+using ::distrain::testing::Training;
 using ::distrain::testing::RandomTensor;
 using ::testing::ElementsAre;
-
-ForwardContext Training() {
-  ForwardContext ctx;
-  ctx.training = true;
-  return ctx;
-}
 
 std::vector<float> Values(const Tensor& t) { return {t.span().begin(), t.span().end()}; }
 

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model/gradient_check.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 
@@ -161,27 +162,7 @@ TEST(SequentialModelTest, GradientsOfEveryParameterMatchFiniteDifferences) {
                      {7, 9, 2}, 3, 5);
   ASSERT_NE(model, nullptr);
   const Batch batch = RandomBatch(4, 7 * 9 * 2, 3, 3);
-  model->TrainStep(batch.features, batch.labels);
-  std::vector<Tensor> analytic;
-  for (Parameter* p : model->parameters()) analytic.push_back(p->grad);
-  const float h = 1e-2f;
-  auto params = model->parameters();
-  for (size_t k = 0; k < params.size(); ++k) {
-    Tensor& value = params[k]->value;
-    for (int64_t i = 0; i < value.size(); ++i) {
-      const float saved = value[i];
-      value[i] = saved + h;
-      const double xp = value[i];
-      const double plus = model->Evaluate(batch.features, batch.labels).loss;
-      value[i] = saved - h;
-      const double xm = value[i];
-      const double minus = model->Evaluate(batch.features, batch.labels).loss;
-      value[i] = saved;
-      const double fd = (plus - minus) / (xp - xm);
-      EXPECT_NEAR(analytic[k][i], fd, 2e-2 * std::abs(fd) + 2e-4)
-          << params[k]->name << " element " << i;
-    }
-  }
+  testing::ExpectModelGradients(*model, batch.features, batch.labels, 1e-2f, 2e-2, 2e-4);
 }
 
 TEST(SequentialModelTest, BatchNormalizationStateVariablesTrainAndEvaluate) {
