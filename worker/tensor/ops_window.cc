@@ -55,23 +55,6 @@ std::vector<int64_t> KernelShape(const Window2D& w) {
   return {w.kernel_h, w.kernel_w, w.in_c, w.out_c};
 }
 
-// Keras' padding arithmetic along one axis (common/model_spec.h,
-// KerasAxisWindow, restated here so the ops do not depend on the spec's
-// translation unit): valid: floor((in - k) / s) + 1; same: ceil(in / s) with
-// the odd padding element at the end.
-void AxisWindow(int64_t in, int64_t k, int64_t s, PaddingKind padding, int64_t* out,
-                int64_t* before, int64_t* after) {
-  if (padding == PaddingKind::kValid) {
-    *out = in >= k ? (in - k) / s + 1 : 0;
-    *before = *after = 0;
-    return;
-  }
-  *out = (in + s - 1) / s;
-  const int64_t total = std::max<int64_t>((*out - 1) * s + k - in, 0);
-  *before = total / 2;
-  *after = total - *before;
-}
-
 }  // namespace
 
 Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, int64_t out_c,
@@ -87,8 +70,15 @@ Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, 
   w.kernel_w = kernel[1];
   w.stride_h = strides[0];
   w.stride_w = strides[1];
-  AxisWindow(in_h, kernel[0], strides[0], padding, &w.out_h, &w.pad_top, &w.pad_bottom);
-  AxisWindow(in_w, kernel[1], strides[1], padding, &w.out_w, &w.pad_left, &w.pad_right);
+  // Keras' padding arithmetic, the one the model's validation uses.
+  const AxisWindow rows = KerasAxisWindow(in_h, kernel[0], strides[0], padding);
+  const AxisWindow cols = KerasAxisWindow(in_w, kernel[1], strides[1], padding);
+  w.out_h = rows.out;
+  w.pad_top = rows.pad_before;
+  w.pad_bottom = rows.pad_after;
+  w.out_w = cols.out;
+  w.pad_left = cols.pad_before;
+  w.pad_right = cols.pad_after;
   return w;
 }
 
