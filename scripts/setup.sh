@@ -4,7 +4,7 @@
 # ${DISTRAIN_CACHE:-~/.cache/distrain}, keyed by version.
 #
 #   scripts/setup.sh            build + test + benchmark dependencies
-#   scripts/setup.sh --no-peers skip the benchmark peers (TensorFlow, Open MPI)
+#   scripts/setup.sh --no-peers skip the peers (TensorFlow, Open MPI); the interop tests then skip
 #   scripts/setup.sh --no-cuda  skip the CUDA/NCCL wheels (CPU-only build)
 set -euo pipefail
 
@@ -33,6 +33,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libopenblas-dev libcli11-dev libspdlog-dev
   libcivetweb-dev civetweb zlib1g-dev dpkg-dev curl procps
   libdnnl-dev  # oneDNN: CPU convolution, pooling, batch norm (TensorFlow's own CPU path)
+  libhdf5-dev  # the weights file inside an exported .keras model
   openssl  # scripts/control-plane.sh: the dev cluster's certificates
   buildah debootstrap  # scripts/build-images.sh: images without a Docker engine or registry
 )
@@ -133,15 +134,17 @@ else
   log "CUDA: toolkit tree ready in $CUDA_TREE"
 fi
 
-# 4. Benchmark peers (not needed to build or test): TensorFlow in its own venv.
+# 4. TensorFlow in its own venv: the benchmark peer, and the other side of the
+# interop tests (exported .keras models load in Keras, TFRecord files written
+# by tf.io, event files read by TensorBoard's own reader).
 if [ "$WITH_PEERS" = 1 ]; then
   VENV="$CACHE/peers-venv"
-  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import tensorflow' >/dev/null 2>&1; then
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import tensorflow, tensorboard' >/dev/null 2>&1; then
     log "peers: TensorFlow venv cached"
   else
-    log "peers: installing tensorflow-cpu into $VENV"
+    log "peers: installing tensorflow-cpu and tensorboard into $VENV"
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check tensorflow-cpu
+    "$VENV/bin/pip" install -q --disable-pip-version-check tensorflow-cpu tensorboard
   fi
 fi
 log "done"
