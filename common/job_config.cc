@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -1265,6 +1266,7 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps),
             Min(0)),
       Field("training.checkpoint.keep", DISTRAIN_REF(training.checkpoint.keep), Min(1)),
+      Field("training.export.path", DISTRAIN_REF(training.export_model.path)),
 
       EnumField("training.communication.implementation",
                 DISTRAIN_REF(training.communication.implementation), kImplementations),
@@ -2057,6 +2059,12 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   // The global batch is split evenly across the replicas that step together.
   const TrainingConfig& t = config.training;
+  // keras.saving.load_model refuses any other extension.
+  if (!t.export_model.path.empty() && !absl::EndsWith(t.export_model.path, ".keras")) {
+    issues.Add("spec.training.export.path",
+               absl::StrCat("must end in .keras (Keras 3 loads no other name), got '",
+                            t.export_model.path, "'"));
+  }
   if (t.global_batch_size >= 1) {
     int64_t in_sync = 0;
     std::string how;

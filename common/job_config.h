@@ -102,6 +102,13 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// spec.training.export: the trained model as a Keras 3 .keras file, written
+// by the chief after the last step (docs/keras.md).
+struct ExportConfig {
+  std::string path;  // empty: no export
+  bool operator==(const ExportConfig&) const = default;
+};
+
 // spec.training.checkpoint
 struct CheckpointConfig {
   std::string dir;          // empty: DISTRAIN_CHECKPOINT_DIR, else no checkpoints
@@ -125,6 +132,7 @@ struct TrainingConfig {
   DatasetConfig dataset;
   OptimizerConfig optimizer;
   CheckpointConfig checkpoint;
+  ExportConfig export_model;  // spec.training.export ("export" is a C++ keyword)
   CommunicationConfig communication;
   int64_t global_batch_size = 256;
   int64_t steps = 1000;
