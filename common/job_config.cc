@@ -1,5 +1,7 @@
 #include "common/job_config.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -70,6 +72,17 @@ constexpr EnumName<DatasetType> kDatasetTypes[] = {
     {"synthetic", DatasetType::kSynthetic},
     {"idx", DatasetType::kIdx},
     {"csv", DatasetType::kCsv},
+    {"tfrecord", DatasetType::kTfRecord},
+};
+constexpr EnumName<DataCompression> kDataCompressions[] = {
+    {"NONE", DataCompression::kNone},
+    {"GZIP", DataCompression::kGzip},
+    {"ZLIB", DataCompression::kZlib},
+};
+constexpr EnumName<FeatureEncoding> kFeatureEncodings[] = {
+    {"uint8Bytes", FeatureEncoding::kUint8Bytes},
+    {"floatList", FeatureEncoding::kFloatList},
+    {"int64List", FeatureEncoding::kInt64List},
 };
 constexpr EnumName<AutoShardPolicy> kAutoShardPolicies[] = {
     {"AUTO", AutoShardPolicy::kAuto},
@@ -1246,6 +1259,14 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.dataset.labelColumn", DISTRAIN_REF(training.dataset.label_column), Min(0)),
       Field("training.dataset.csvHeader", DISTRAIN_REF(training.dataset.csv_header)),
       Field("training.dataset.scale", DISTRAIN_REF(training.dataset.scale), Above(0)),
+      EnumField("training.dataset.compression", DISTRAIN_REF(training.dataset.compression),
+                kDataCompressions),
+      Field("training.dataset.featureKey", DISTRAIN_REF(training.dataset.feature_key)),
+      Field("training.dataset.featureShape", DISTRAIN_REF(training.dataset.feature_shape),
+            Min(1)),
+      EnumField("training.dataset.featureEncoding",
+                DISTRAIN_REF(training.dataset.feature_encoding), kFeatureEncodings),
+      Field("training.dataset.labelKey", DISTRAIN_REF(training.dataset.label_key)),
       EnumField("training.dataset.autoShardPolicy",
                 DISTRAIN_REF(training.dataset.auto_shard_policy), kAutoShardPolicies),
       Field("training.dataset.shuffle", DISTRAIN_REF(training.dataset.shuffle)),
@@ -1831,15 +1852,77 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text) {
   return config;
 }
 
+absl::StatusOr<std::vector<std::string>> ExpandDatasetFiles(
+    const std::vector<std::string>& entries, const std::string& field) {
+  std::vector<std::string> files;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string& entry = entries[i];
+    // Only entries with a wildcard are patterns, so a plain path keeps the
+    // loader's own "cannot open" error (with errno) instead of "no match".
+    if (entry.find_first_of("*?[") == std::string::npos) {
+      files.push_back(entry);
+      continue;
+    }
+    glob_t matches{};
+    // glob(3) sorts its matches (LC_COLLATE; C in the worker and in tests):
+    // the order FILE sharding and the example order depend on.
+    const int rc = ::glob(entry.c_str(), GLOB_ERR, nullptr, &matches);
+    std::vector<std::string> found;
+    if (rc == 0) {
+      for (size_t k = 0; k < matches.gl_pathc; ++k) found.emplace_back(matches.gl_pathv[k]);
+    }
+    ::globfree(&matches);
+    if (rc == GLOB_NOMATCH || (rc == 0 && found.empty())) {
+      return absl::NotFoundError(absl::StrCat(
+          field, "[", i, "]: the pattern '", entry, "' matches no file",
+          entry.front() == '/' ? "" : " (relative patterns are read from the working directory)",
+          "; check the path, or list the files by name"));
+    }
+    if (rc != 0) {
+      return absl::PermissionDeniedError(absl::StrCat(field, "[", i, "]: cannot expand '", entry,
+                                                      "': a directory on the way is unreadable"));
+    }
+    // Plain std::sort on top of glob's collation: byte order, the same in
+    // every locale, so every process agrees on which file is number i.
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
 absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset) {
+  std::vector<std::string> train_files;
+  if (dataset.type != DatasetType::kSynthetic) {
+    absl::StatusOr<std::vector<std::string>> expanded =
+        ExpandDatasetFiles(dataset.train_files, "spec.training.dataset.trainFiles");
+    if (!expanded.ok()) return expanded.status();
+    train_files = *std::move(expanded);
+  }
   switch (dataset.type) {
     case DatasetType::kSynthetic:
       return std::vector<int64_t>{dataset.num_features};
+    case DatasetType::kTfRecord: {
+      if (dataset.feature_shape.empty()) {
+        return absl::InvalidArgumentError(
+            "spec.training.dataset.featureShape: required for dataset type tfrecord");
+      }
+      if (train_files.empty()) {
+        return absl::InvalidArgumentError("spec.training.dataset.trainFiles: no TFRecord file");
+      }
+      // The records themselves are the worker's to check (each against
+      // featureShape, exit code 4); here only that the data is there.
+      std::ifstream in(train_files.front(), std::ios::binary);
+      if (!in) {
+        return absl::NotFoundError(
+            absl::StrCat(train_files.front(), ": cannot open: ", std::strerror(errno)));
+      }
+      return std::vector<int64_t>(dataset.feature_shape.begin(), dataset.feature_shape.end());
+    }
     case DatasetType::kCsv: {
-      if (dataset.train_files.empty()) {
+      if (train_files.empty()) {
         return absl::InvalidArgumentError("spec.training.dataset.trainFiles: no CSV file");
       }
-      const std::string& path = dataset.train_files.front();
+      const std::string& path = train_files.front();
       absl::StatusOr<std::string> line = FirstLine(path);
       if (!line.ok()) return line.status();
       const int64_t columns = static_cast<int64_t>(std::count(line->begin(), line->end(), ',')) + 1;
@@ -1852,12 +1935,12 @@ absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset
       return std::vector<int64_t>{columns - 1};
     }
     case DatasetType::kIdx: {
-      if (dataset.train_files.empty()) {
+      if (train_files.empty()) {
         return absl::InvalidArgumentError("spec.training.dataset.trainFiles: no IDX image file");
       }
       // Only the header: magic 0x00000803 and three big-endian uint32
       // dimensions [n, rows, cols].
-      const std::string& path = dataset.train_files.front();
+      const std::string& path = train_files.front();
       std::ifstream in(path, std::ios::binary);
       if (!in) {
         return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
@@ -2091,14 +2174,16 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     }
   }
 
-  // The model: what needs no file (synthetic data, or an Input layer).
+  // The model: what needs no file (synthetic data, tfrecord's declared
+  // featureShape, or an Input layer).
   {
     const bool synthetic = t.dataset.type == DatasetType::kSynthetic;
-    ValidateModel(t,
-                  synthetic ? std::optional<std::vector<int64_t>>(
-                                  std::vector<int64_t>{t.dataset.num_features})
-                            : std::nullopt,
-                  synthetic ? t.dataset.num_classes : 0, &issues);
+    std::optional<std::vector<int64_t>> shape;
+    if (synthetic) shape = std::vector<int64_t>{t.dataset.num_features};
+    if (t.dataset.type == DatasetType::kTfRecord && !t.dataset.feature_shape.empty()) {
+      shape = std::vector<int64_t>(t.dataset.feature_shape.begin(), t.dataset.feature_shape.end());
+    }
+    ValidateModel(t, shape, synthetic ? t.dataset.num_classes : 0, &issues);
   }
 
   // Files per dataset type.
@@ -2133,13 +2218,52 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
                    "csv files carry their labels in labelColumn; remove the label files");
       }
       break;
+    case DatasetType::kTfRecord:
+      if (d.train_files.empty()) {
+        issues.Add(ds + "trainFiles",
+                   "required for dataset type tfrecord; list the TFRecord files or patterns "
+                   "such as data/train-*.tfrecord.gz");
+      }
+      if (!d.train_label_files.empty() || !d.eval_label_files.empty()) {
+        issues.Add(ds + (d.train_label_files.empty() ? "evalLabelFiles" : "trainLabelFiles"),
+                   "tfrecord examples carry their labels in the labelKey feature; remove the "
+                   "label files");
+      }
+      if (d.feature_shape.empty()) {
+        issues.Add(ds + "featureShape",
+                   absl::StrCat("required for dataset type tfrecord: the shape of one example's '",
+                                d.feature_key,
+                                "' feature, e.g. [28, 28, 1] for MNIST images (NHWC without the "
+                                "batch) or [784] for flat vectors"));
+      }
+      if (d.feature_key.empty()) {
+        issues.Add(ds + "featureKey",
+                   "is empty; name the tf.train.Example feature that holds the input, e.g. image");
+      }
+      if (d.label_key.empty()) {
+        issues.Add(ds + "labelKey",
+                   "is empty; name the tf.train.Example feature that holds the label, e.g. label");
+      }
+      if (!d.feature_key.empty() && d.feature_key == d.label_key) {
+        issues.Add(ds + "labelKey",
+                   absl::StrCat("is the same feature as featureKey ('", d.label_key,
+                                "'); the input and the label must be different features"));
+      }
+      break;
     case DatasetType::kSynthetic:
       if (!d.train_files.empty() || !d.train_label_files.empty() || !d.eval_files.empty() ||
           !d.eval_label_files.empty()) {
         issues.Add(ds + "type",
-                   "synthetic reads no files; remove the file lists or set type to idx or csv");
+                   "synthetic reads no files; remove the file lists or set type to idx, csv or "
+                   "tfrecord");
       }
       break;
+  }
+  if (d.type != DatasetType::kTfRecord && !d.feature_shape.empty()) {
+    issues.Add(ds + "featureShape",
+               absl::StrCat("is for dataset type tfrecord only; ", ToName(kDatasetTypes, d.type),
+                            " data has its own shape (the IDX header, the CSV columns, "
+                            "numFeatures): remove it"));
   }
 
   if (issues.empty()) return absl::OkStatus();

@@ -62,8 +62,16 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
-enum class DatasetType { kSynthetic, kIdx, kCsv };
+enum class DatasetType { kSynthetic, kIdx, kCsv, kTfRecord };
 enum class AutoShardPolicy { kAuto, kData, kFile, kOff };
+// tfrecord: how each file is compressed as a whole (tf.io.TFRecordOptions).
+enum class DataCompression { kNone, kGzip, kZlib };
+// tfrecord: how the input feature of a tf.train.Example holds one example.
+enum class FeatureEncoding {
+  kUint8Bytes,  // bytes_list with one value of prod(featureShape) raw bytes, times `scale`
+  kFloatList,   // float_list of prod(featureShape) values, used as written
+  kInt64List,   // int64_list of prod(featureShape) values, times `scale`
+};
 
 // spec.training.dataset
 struct DatasetConfig {
@@ -74,14 +82,23 @@ struct DatasetConfig {
   int num_features = 784;
   int num_classes = 10;
   float noise = 1.0f;  // per-feature std-dev around the class centre
-  // idx: MNIST-format image/label files; csv: files with the label column.
+  // idx: MNIST-format image/label files; csv: files with the label column;
+  // tfrecord: files of tf.train.Example records. Entries may be shell-style
+  // patterns (`data/train-*.tfrecord.gz`), expanded in sorted order when the
+  // data is opened (ExpandDatasetFiles).
   std::vector<std::string> train_files;  // idx: images files; csv: csv files
   std::vector<std::string> train_label_files;  // idx only, parallel to train_files
   std::vector<std::string> eval_files;
   std::vector<std::string> eval_label_files;
   int label_column = 0;       // csv
   bool csv_header = false;    // csv: skip the first line of each file
-  float scale = 1.0f / 255;   // idx: pixel multiplier
+  float scale = 1.0f / 255;   // idx, tfrecord uint8Bytes/int64List: pixel multiplier
+  // tfrecord: which features of each tf.train.Example are the input and the label.
+  DataCompression compression = DataCompression::kNone;
+  std::string feature_key = "image";
+  std::vector<int> feature_shape;  // required for tfrecord: one example's shape, e.g. {28, 28, 1}
+  FeatureEncoding feature_encoding = FeatureEncoding::kUint8Bytes;
+  std::string label_key = "label";  // int64_list with one value in [0, numClasses)
   AutoShardPolicy auto_shard_policy = AutoShardPolicy::kAuto;
   bool shuffle = true;
   int prefetch_batches = 2;
@@ -215,9 +232,20 @@ absl::StatusOr<JobConfig> ParseJobConfigJson(const std::string& json_text);
 // rules): replica counts per strategy, batch divisibility, file lists, ...
 absl::Status ValidateJobConfig(const JobConfig& config);
 
+// The files a list of dataset.trainFiles-style entries names: an entry with a
+// shell wildcard (* ? [) is expanded with glob(3) into its matches in sorted
+// order, an error naming `field` and the pattern when it matches nothing;
+// other entries are kept as written (a missing file is the loader's error,
+// with its own message). `field` is the YAML path, e.g.
+// "spec.training.dataset.trainFiles".
+absl::StatusOr<std::vector<std::string>> ExpandDatasetFiles(
+    const std::vector<std::string>& entries, const std::string& field);
+
 // One example's shape as the worker will see it: synthetic -> {numFeatures};
 // csv -> {columns - 1} from the first line of the first train file; idx ->
-// {rows, cols, 1} from the first images file's header. Reads nothing else.
+// {rows, cols, 1} from the first images file's header; tfrecord ->
+// featureShape (declared in the YAML; the worker checks every record against
+// it) once the first train file is found. Reads nothing else.
 // An error when a file is missing or unreadable (the worker's data errors
 // exit with code 4; callers treat this as "shape unknown").
 absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset);

@@ -179,10 +179,33 @@ namespace {
 
 constexpr char kDatasetPath[] = "spec.training.dataset";
 
+const char* TypeArticle(DatasetType type) {
+  switch (type) {
+    case DatasetType::kIdx:
+      return "an IDX";
+    case DatasetType::kCsv:
+      return "a CSV";
+    case DatasetType::kTfRecord:
+      return "a TFRecord";
+    case DatasetType::kSynthetic:
+      break;
+  }
+  return "a synthetic";
+}
+
+// `entries` of config field `field` ("trainFiles") with patterns expanded.
+absl::StatusOr<std::vector<std::string>> Expand(const std::vector<std::string>& entries,
+                                                const std::string& field) {
+  return ExpandDatasetFiles(entries, absl::StrCat(kDatasetPath, ".", field));
+}
+
 // Loads files[i] for every i in `indices` (plus label_files[i] for IDX) and
-// concatenates them. `files_field` is the config path used in errors.
+// concatenates them. `files_field` is the config path used in errors; the
+// lists are already expanded (Expand), `from_patterns` when that changed them
+// (then an index into the YAML's list would mislead, and errors say "file i").
 absl::StatusOr<std::unique_ptr<Dataset>> LoadFiles(const DatasetConfig& config,
                                                    const std::vector<std::string>& files,
+                                                   bool from_patterns,
                                                    const std::vector<std::string>& label_files,
                                                    const std::string& files_field,
                                                    const std::string& label_files_field,
@@ -202,12 +225,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadFiles(const DatasetConfig& config,
     absl::StatusOr<std::unique_ptr<Dataset>> part;
     if (config.type == DatasetType::kIdx) {
       part = LoadIdxDataset(files[i], label_files[i], config.scale);
+    } else if (config.type == DatasetType::kTfRecord) {
+      part = LoadTfRecordDataset(files[i], config, config.num_classes);
     } else {
       part = LoadCsvDataset(files[i], config.label_column, config.csv_header, config.num_classes);
     }
     if (!part.ok()) {
-      return absl::Status(part.status().code(), absl::StrCat(kDatasetPath, ".", files_field, "[", i,
-                                                             "]: ", part.status().message()));
+      const std::string which =
+          from_patterns ? absl::StrCat(" (file ", i, " of ", files.size(), " the patterns match)")
+                        : absl::StrCat("[", i, "]");
+      return absl::Status(part.status().code(), absl::StrCat(kDatasetPath, ".", files_field, which,
+                                                             ": ", part.status().message()));
     }
     if ((*part)->num_classes() > config.num_classes) {
       return absl::InvalidArgumentError(
@@ -252,11 +280,16 @@ absl::StatusOr<TrainingInput> OpenTrainingInput(const DatasetConfig& config, uin
     return input;
   }
 
-  const auto& files = config.train_files;
+  absl::StatusOr<std::vector<std::string>> expanded = Expand(config.train_files, "trainFiles");
+  if (!expanded.ok()) return expanded.status();
+  absl::StatusOr<std::vector<std::string>> label_files =
+      Expand(config.train_label_files, "trainLabelFiles");
+  if (!label_files.ok()) return label_files.status();
+  const std::vector<std::string>& files = *expanded;
   if (files.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kDatasetPath, ".trainFiles: ", config.type == DatasetType::kIdx ? "an IDX" : "a CSV",
-        " dataset needs at least one training file"));
+    return absl::InvalidArgumentError(absl::StrCat(kDatasetPath, ".trainFiles: ",
+                                                   TypeArticle(config.type),
+                                                   " dataset needs at least one training file"));
   }
   AutoShardPolicy policy = config.auto_shard_policy;
   if (policy == AutoShardPolicy::kAuto) {
@@ -276,8 +309,8 @@ absl::StatusOr<TrainingInput> OpenTrainingInput(const DatasetConfig& config, uin
       indices.push_back(i);
     }
   }
-  auto dataset =
-      LoadFiles(config, files, config.train_label_files, "trainFiles", "trainLabelFiles", indices);
+  auto dataset = LoadFiles(config, files, files != config.train_files, *label_files, "trainFiles",
+                           "trainLabelFiles", indices);
   if (!dataset.ok()) return dataset.status();
   input.dataset = *std::move(dataset);
   input.effective_policy = policy;
@@ -291,9 +324,14 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenEvalDataset(const DatasetConfig& co
     return MakeSyntheticDataset(config, seed, /*eval_split=*/true);
   }
   if (config.eval_files.empty()) return std::unique_ptr<Dataset>();
-  std::vector<size_t> indices(config.eval_files.size());
+  absl::StatusOr<std::vector<std::string>> files = Expand(config.eval_files, "evalFiles");
+  if (!files.ok()) return files.status();
+  absl::StatusOr<std::vector<std::string>> label_files =
+      Expand(config.eval_label_files, "evalLabelFiles");
+  if (!label_files.ok()) return label_files.status();
+  std::vector<size_t> indices(files->size());
   for (size_t i = 0; i < indices.size(); ++i) indices[i] = i;
-  return LoadFiles(config, config.eval_files, config.eval_label_files, "evalFiles",
+  return LoadFiles(config, *files, *files != config.eval_files, *label_files, "evalFiles",
                    "evalLabelFiles", indices);
 }
 

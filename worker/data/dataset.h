@@ -98,12 +98,27 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadIdxDataset(const std::string& image
 absl::StatusOr<std::unique_ptr<Dataset>> LoadCsvDataset(const std::string& path, int label_column,
                                                         bool header, int num_classes);
 
+// TFRecord file of tf.train.Example records (worker/data/tfrecord_dataset.cc),
+// read with config.compression. Each record's config.feature_key feature is
+// decoded per config.feature_encoding into prod(config.feature_shape) floats
+// (uint8Bytes and int64List times config.scale, floatList as written), its
+// config.label_key feature (an int64_list with one value >= 0) is the label.
+// example_shape() is feature_shape. Number of classes = max label + 1 (at
+// least 2) unless `num_classes` > 0 (then labels must be below it). Errors
+// name the record's index, the file and byte offset, the feature and the
+// field to fix; an empty file is an error.
+absl::StatusOr<std::unique_ptr<Dataset>> LoadTfRecordDataset(const std::string& path,
+                                                             const DatasetConfig& config,
+                                                             int num_classes);
+
 // Concatenation of datasets with equal example_shape (num_classes = max); the
 // result has that example_shape.
 absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(std::vector<std::unique_ptr<Dataset>> parts);
 
 // The training data one input pipeline reads, following the auto-shard policy
-// (TensorFlow's AutoShardPolicy semantics):
+// (TensorFlow's AutoShardPolicy semantics). trainFiles entries that are
+// patterns are expanded first (ExpandDatasetFiles, sorted), so "files" below
+// are the expanded ones, as tf.data's list_files would give:
 //   FILE: this pipeline reads files i with i % num_shards == shard_index (an
 //         error when there are fewer files than shards);
 //   DATA: all files; ShardedBatcher keeps every num_shards-th example;

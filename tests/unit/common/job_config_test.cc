@@ -432,7 +432,8 @@ std::vector<BadDocCase> BadDocs() {
       {"HiddenUnitsSingular", JobYaml("training: {model: {hiddenUnit: [1]}}"),
        "spec.training.model.hiddenUnit: unknown field; did you mean \"hiddenUnits\"?"},
       {"BadDatasetType", JobYaml("training: {dataset: {type: mnist}}"),
-       "spec.training.dataset.type: must be one of \"synthetic\", \"idx\", \"csv\", got \"mnist\""},
+       "spec.training.dataset.type: must be one of \"synthetic\", \"idx\", \"csv\", \"tfrecord\", "
+       "got \"mnist\""},
       {"NumClassesOne", JobYaml("training: {dataset: {numClasses: 1}}"),
        "spec.training.dataset.numClasses: must be an integer >= 2, got 1"},
       {"NumFeaturesTooLarge", JobYaml("training: {dataset: {numFeatures: 3000000000}}"),
