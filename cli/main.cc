@@ -1,8 +1,10 @@
 // distrain: the command-line tool. `distrain run job.yaml` runs a
-// DistributedTrainingJob on this machine as local processes.
+// DistributedTrainingJob on this machine as local processes; `distrain
+// export` and `distrain import-keras` move models to and from Keras.
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "cli/keras_commands.h"
 #include "cli/run_command.h"
 #include "common/exit_codes.h"
 
@@ -31,6 +33,31 @@ int main(int argc, char** argv) {
   bool no_progress = false;
   run_cmd->add_flag("--no-progress", no_progress, "plain progress lines even on a terminal");
 
+  distrain::ExportOptions export_options;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a checkpoint's model as a Keras 3 .keras file that "
+                "keras.saving.load_model opens (compiled, with the optimizer's state)");
+  export_cmd->add_option("checkpoint_dir", export_options.checkpoint_dir,
+                         "checkpoint directory (files ckpt-<step>.dtc)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  export_cmd->add_option("-o,--output", export_options.output, "the .keras file to write")
+      ->required();
+  export_cmd->add_option("--job", export_options.job_file,
+                         "the job YAML that trained it (default: the job the checkpoint records)")
+      ->check(CLI::ExistingFile);
+  export_cmd->add_option("--step", export_options.step,
+                         "export this step's checkpoint (default: the newest valid one)");
+
+  distrain::ImportKerasOptions import_options;
+  CLI::App* import_cmd = app.add_subcommand(
+      "import-keras", "Turn a Keras Sequential's model.to_json() (or a .keras file's "
+                      "config.json) into the spec.training model block");
+  import_cmd->add_option("json", import_options.json_file, "the Keras JSON")
+      ->required()
+      ->check(CLI::ExistingFile);
+  import_cmd->add_option("-o,--output", import_options.output, "write here (default: stdout)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,5 +68,7 @@ int main(int argc, char** argv) {
     run.progress = !no_progress;
     return distrain::RunJob(run);
   }
+  if (*export_cmd) return distrain::ExportCommand(export_options);
+  if (*import_cmd) return distrain::ImportKerasCommand(import_options);
   return distrain::kExitUsage;
 }

@@ -50,12 +50,6 @@ constexpr std::pair<LossKind, const char*> kLosses[] = {
     {LossKind::kMeanSquaredError, "MeanSquaredError"},
 };
 
-const char* AutoName(LayerKind kind) {
-  for (const LayerKindEntry& e : kLayerKinds) {
-    if (e.kind == kind) return e.auto_name;
-  }
-  return "layer";
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
@@ -289,6 +283,13 @@ AxisWindow KerasAxisWindow(int64_t in, int64_t kernel, int64_t stride, PaddingKi
   return w;
 }
 
+const char* LayerKindSnakeName(LayerKind kind) {
+  for (const LayerKindEntry& e : kLayerKinds) {
+    if (e.kind == kind) return e.auto_name;
+  }
+  return "layer";
+}
+
 void AssignLayerNames(std::vector<LayerConfig>* layers) {
   // Names the user chose stay, and automatic names step around them, so a
   // user's "dense_1" and an unnamed Dense never collide.
@@ -299,7 +300,7 @@ void AssignLayerNames(std::vector<LayerConfig>* layers) {
   std::map<LayerKind, int> next;  // per class, like Keras' per-prefix counter
   for (LayerConfig& layer : *layers) {
     if (!layer.name.empty()) continue;
-    const std::string base = AutoName(layer.kind);
+    const std::string base = LayerKindSnakeName(layer.kind);
     int& n = next[layer.kind];
     std::string name;
     do {

@@ -48,6 +48,9 @@ const char* LayerKindName(LayerKind kind);
 std::optional<LayerKind> ParseLayerKind(const std::string& class_name);
 // Every class name, in the order of the enum (for "did you mean" and docs).
 std::vector<std::string> LayerKindNames();
+// Keras' snake_case of the class ("max_pooling2d"): its automatic layer name
+// and the key of the layer's weights in a .keras file.
+const char* LayerKindSnakeName(LayerKind kind);
 
 // Activations by Keras' string name. Gelu is Keras' default, the exact
 // (erf) form.

@@ -256,6 +256,17 @@ LossResult Model::Evaluate(const Tensor& features, absl::Span<const int32_t> lab
   return ComputeLoss(RunForward(features, ctx, {}), labels, nullptr);
 }
 
+const Tensor& Model::Predict(const Tensor& features) {
+  ForwardContext ctx;
+  ctx.training = false;
+  const Tensor& output = RunForward(features, ctx, {});
+  // The last layer was built without the output activation (see
+  // output_activation_); apply it as Keras' model would.
+  if (output_activation_ == ActivationKind::kLinear) return output;
+  ops::ActivationForward(output_activation_, output, &activated_output_);
+  return activated_output_;
+}
+
 std::vector<Parameter*> Model::parameters() {
   std::vector<Parameter*> out;
   for (auto& layer : layers_) {

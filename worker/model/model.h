@@ -61,6 +61,10 @@ class Model {
                        const StepContext& step = {});
   // Inference mode (no Dropout, moving statistics); changes no variable.
   LossResult Evaluate(const Tensor& features, absl::Span<const int32_t> labels);
+  // The model's output in inference mode, as Keras' model.predict returns it
+  // (the output layer's activation applied: probabilities after a softmax),
+  // [batch, output...]. Valid until the next call on this model.
+  const Tensor& Predict(const Tensor& features);
 
   // Trainable variables. Stable order: layers first to last, kernel before bias.
   std::vector<Parameter*> parameters();

@@ -1,0 +1,31 @@
+#ifndef DISTRAIN_CLI_KERAS_COMMANDS_H_
+#define DISTRAIN_CLI_KERAS_COMMANDS_H_
+
+// `distrain export` and `distrain import-keras`: the command-line ends of
+// worker/model/keras_format.h (docs/keras.md).
+
+#include <cstdint>
+#include <string>
+
+namespace distrain {
+
+struct ExportOptions {
+  std::string checkpoint_dir;
+  std::string output;    // must end in .keras
+  std::string job_file;  // "": the job recorded in the checkpoint
+  int64_t step = -1;     // -1: the newest valid checkpoint
+};
+// Writes the checkpoint's model as a .keras file; prints where and what.
+// Exit codes: common/exit_codes.h (6 for an unusable checkpoint directory).
+int ExportCommand(const ExportOptions& options);
+
+struct ImportKerasOptions {
+  std::string json_file;  // model.to_json() output, or a .keras file's config.json
+  std::string output;     // "": stdout
+};
+// Prints (or writes) the spec.training model block for the Keras model.
+int ImportKerasCommand(const ImportKerasOptions& options);
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_CLI_KERAS_COMMANDS_H_

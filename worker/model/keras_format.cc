@@ -1,0 +1,988 @@
+#include "worker/model/keras_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/keras_archive.h"
+#include "worker/model/model.h"
+
+namespace distrain {
+namespace {
+
+using Json = nlohmann::json;
+
+// What the checkpoint names a variable and an optimizer slot
+// (worker/strategy/variable_state.h).
+std::string CheckpointVariable(const std::string& name) { return "variables/" + name; }
+std::string CheckpointSlot(const std::string& name, const char* slot) {
+  return absl::StrCat("optimizer/", name, "/", slot);
+}
+constexpr char kIterationsKey[] = "optimizer_iterations";
+
+// ---------------------------------------------------------------------------
+// Export: the Sequential Keras would have built.
+
+// The model's layers as Keras layers: a layers model as written (names
+// assigned); the mlp shorthand spelled out as the Sequential it is —
+// [Flatten,] Dense(h, relu)..., Dense(classes) — named after its variables
+// ("dense_0/kernel"), so the checkpoint's tensors map by name either way.
+std::vector<LayerConfig> KerasLayersOf(const KerasModelSpec& spec) {
+  if (spec.model.type != "mlp" || !spec.model.layers.empty()) {
+    std::vector<LayerConfig> layers = spec.model.layers;
+    AssignLayerNames(&layers);
+    return layers;
+  }
+  std::vector<LayerConfig> layers;
+  if (spec.example_shape.size() > 1) {
+    LayerConfig flatten;
+    flatten.kind = LayerKind::kFlatten;
+    flatten.name = "flatten";
+    layers.push_back(flatten);
+  }
+  std::vector<int64_t> units(spec.model.hidden_units.begin(), spec.model.hidden_units.end());
+  units.push_back(spec.num_classes);
+  for (size_t d = 0; d < units.size(); ++d) {
+    LayerConfig dense;
+    dense.kind = LayerKind::kDense;
+    dense.name = absl::StrCat("dense_", d);
+    dense.units = units[d];
+    dense.activation = d + 1 < units.size() ? ActivationKind::kRelu : ActivationKind::kLinear;
+    layers.push_back(dense);
+  }
+  return layers;
+}
+
+// The loss's from_logits as the model trains it (LossConfig: unset means
+// true for the mlp, whose output is logits, false for a layers model).
+bool ResolvedFromLogits(const KerasModelSpec& spec) {
+  const bool mlp = spec.model.type == "mlp" && spec.model.layers.empty();
+  return spec.model.loss.from_logits.value_or(mlp);
+}
+
+Json Pair(const std::array<int64_t, 2>& v) { return Json::array({v[0], v[1]}); }
+
+Json BatchShape(const std::vector<int64_t>& shape) {
+  Json out = Json::array({nullptr});
+  for (int64_t d : shape) out.push_back(d);
+  return out;
+}
+
+Json DTypePolicy() {
+  return {{"module", "keras"},
+          {"class_name", "DTypePolicy"},
+          {"config", {{"name", "float32"}}},
+          {"registered_name", nullptr}};
+}
+
+Json Serialized(const char* module, const char* class_name, Json config) {
+  return {{"module", module},
+          {"class_name", class_name},
+          {"config", std::move(config)},
+          {"registered_name", nullptr}};
+}
+
+Json Initializer(const char* class_name) {
+  // Keras' defaults, which distrain's initialisers follow (initializers.h).
+  Json config = Json::object();
+  if (std::string(class_name) == "GlorotUniform") config["seed"] = nullptr;
+  return Serialized("keras.initializers", class_name, std::move(config));
+}
+
+// One layer's config as Keras' get_config() writes it, restricted to keys
+// every Keras 3 release accepts (from_config rejects unknown keywords).
+Json KerasLayerConfig(const LayerConfig& layer) {
+  Json c = {{"name", layer.name}, {"trainable", true}, {"dtype", DTypePolicy()}};
+  switch (layer.kind) {
+    case LayerKind::kInput:
+      return {{"batch_shape", BatchShape(layer.shape)},
+              {"dtype", "float32"},
+              {"sparse", false},
+              {"name", layer.name}};
+    case LayerKind::kReshape:
+      c["target_shape"] = layer.shape;
+      break;
+    case LayerKind::kConv2D:
+      c["filters"] = layer.filters;
+      c["kernel_size"] = Pair(layer.kernel_size);
+      c["strides"] = Pair(layer.EffectiveStrides());
+      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+      c["data_format"] = "channels_last";
+      c["dilation_rate"] = Json::array({1, 1});
+      c["groups"] = 1;
+      c["activation"] = ActivationName(layer.activation);
+      c["use_bias"] = layer.use_bias;
+      c["kernel_initializer"] = Initializer("GlorotUniform");
+      c["bias_initializer"] = Initializer("Zeros");
+      c["kernel_regularizer"] = nullptr;
+      c["bias_regularizer"] = nullptr;
+      c["activity_regularizer"] = nullptr;
+      c["kernel_constraint"] = nullptr;
+      c["bias_constraint"] = nullptr;
+      break;
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
+      c["pool_size"] = Pair(layer.pool_size);
+      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+      c["strides"] = Pair(layer.EffectiveStrides());
+      c["data_format"] = "channels_last";
+      break;
+    case LayerKind::kGlobalAveragePooling2D:
+      c["data_format"] = "channels_last";
+      c["keepdims"] = false;
+      break;
+    case LayerKind::kFlatten:
+      c["data_format"] = "channels_last";
+      break;
+    case LayerKind::kDense:
+      c["units"] = layer.units;
+      c["activation"] = ActivationName(layer.activation);
+      c["use_bias"] = layer.use_bias;
+      c["kernel_initializer"] = Initializer("GlorotUniform");
+      c["bias_initializer"] = Initializer("Zeros");
+      c["kernel_regularizer"] = nullptr;
+      c["bias_regularizer"] = nullptr;
+      c["kernel_constraint"] = nullptr;
+      c["bias_constraint"] = nullptr;
+      break;
+    case LayerKind::kDropout:
+      c["rate"] = layer.rate;
+      c["seed"] = nullptr;
+      c["noise_shape"] = nullptr;
+      break;
+    case LayerKind::kBatchNormalization:
+      c["axis"] = -1;
+      c["momentum"] = layer.momentum;
+      c["epsilon"] = layer.epsilon;
+      c["center"] = true;
+      c["scale"] = true;
+      c["beta_initializer"] = Initializer("Zeros");
+      c["gamma_initializer"] = Initializer("Ones");
+      c["moving_mean_initializer"] = Initializer("Zeros");
+      c["moving_variance_initializer"] = Initializer("Ones");
+      c["beta_regularizer"] = nullptr;
+      c["gamma_regularizer"] = nullptr;
+      c["beta_constraint"] = nullptr;
+      c["gamma_constraint"] = nullptr;
+      c["synchronized"] = false;
+      break;
+    case LayerKind::kActivation:
+      c["activation"] = ActivationName(layer.activation);
+      break;
+  }
+  return c;
+}
+
+const char* KerasClassName(LayerKind kind) {
+  return kind == LayerKind::kInput ? "InputLayer" : LayerKindName(kind);
+}
+
+Json KerasLoss(const KerasModelSpec& spec) {
+  const bool from_logits = ResolvedFromLogits(spec);
+  Json config = {{"reduction", "sum_over_batch_size"}};
+  switch (spec.model.loss.kind) {
+    case LossKind::kSparseCategoricalCrossentropy:
+      config["name"] = "sparse_categorical_crossentropy";
+      config["from_logits"] = from_logits;
+      config["ignore_class"] = nullptr;
+      break;
+    case LossKind::kCategoricalCrossentropy:
+      config["name"] = "categorical_crossentropy";
+      config["from_logits"] = from_logits;
+      config["label_smoothing"] = 0.0;
+      config["axis"] = -1;
+      break;
+    case LossKind::kBinaryCrossentropy:
+      config["name"] = "binary_crossentropy";
+      config["from_logits"] = from_logits;
+      config["label_smoothing"] = 0.0;
+      config["axis"] = -1;
+      break;
+    case LossKind::kMeanSquaredError:
+      config["name"] = "mean_squared_error";
+      break;
+  }
+  return Serialized("keras.losses", LossKindName(spec.model.loss.kind), std::move(config));
+}
+
+// Keras' optimizer name (the optimizer group's "name" attribute too).
+const char* KerasOptimizerName(OptimizerType type) {
+  return type == OptimizerType::kAdam ? "adam" : "SGD";
+}
+
+Json KerasOptimizer(const OptimizerConfig& o) {
+  if (o.type == OptimizerType::kAdam) {
+    return Serialized("keras.optimizers", "Adam",
+                      {{"name", "adam"},
+                       {"learning_rate", o.learning_rate},
+                       {"beta_1", o.beta1},
+                       {"beta_2", o.beta2},
+                       {"epsilon", o.epsilon},
+                       {"amsgrad", false}});
+  }
+  // distrain's sgd is Keras' SGD without momentum; momentum is SGD with it.
+  const bool momentum = o.type == OptimizerType::kMomentum;
+  return Serialized("keras.optimizers", "SGD",
+                    {{"name", "SGD"},
+                     {"learning_rate", o.learning_rate},
+                     {"momentum", momentum ? o.momentum : 0.0f},
+                     {"nesterov", momentum && o.nesterov}});
+}
+
+// The checkpoint slots of one trainable variable in Keras' optimizer order
+// (Adam: momentum then velocity; SGD with momentum: momentum).
+std::vector<const char*> SlotNames(OptimizerType type) {
+  switch (type) {
+    case OptimizerType::kAdam:
+      return {"m", "v"};
+    case OptimizerType::kMomentum:
+      return {"momentum"};
+    case OptimizerType::kSgd:
+      return {};
+  }
+  return {};
+}
+
+// Variables of one Keras layer, in Keras' order, by distrain's names; the
+// first `trainable` of them are trainable.
+struct LayerVariables {
+  std::vector<std::string> names;
+  size_t trainable = 0;
+};
+LayerVariables VariablesOf(const LayerConfig& layer) {
+  const std::string& n = layer.name;
+  switch (layer.kind) {
+    case LayerKind::kConv2D:
+    case LayerKind::kDense:
+      if (layer.use_bias) return {{n + "/kernel", n + "/bias"}, 2};
+      return {{n + "/kernel"}, 1};
+    case LayerKind::kBatchNormalization:
+      return {{n + "/gamma", n + "/beta", n + "/moving_mean", n + "/moving_variance"}, 2};
+    default:
+      return {};
+  }
+}
+
+const Tensor* FindTensor(const CheckpointState& state, const std::string& key) {
+  auto it = state.tensors.find(key);
+  return it == state.tensors.end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> KerasConfigJson(const KerasModelSpec& spec) {
+  const std::vector<LayerConfig> layers = KerasLayersOf(spec);
+  absl::StatusOr<std::vector<std::vector<int64_t>>> shapes =
+      InferLayerShapes(layers, spec.example_shape);
+  if (!shapes.ok()) return shapes.status();
+
+  Json keras_layers = Json::array();
+  if (layers.empty() || layers.front().kind != LayerKind::kInput) {
+    LayerConfig input;
+    input.kind = LayerKind::kInput;
+    input.name = "input_layer";
+    input.shape = spec.example_shape;
+    keras_layers.push_back(Serialized("keras.layers", "InputLayer", KerasLayerConfig(input)));
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Json entry = Serialized("keras.layers", KerasClassName(layers[i].kind),
+                            KerasLayerConfig(layers[i]));
+    if (layers[i].kind != LayerKind::kInput) {
+      entry["build_config"] = {
+          {"input_shape", BatchShape(i == 0 ? spec.example_shape : (*shapes)[i - 1])}};
+    }
+    keras_layers.push_back(std::move(entry));
+  }
+  Json model = {
+      {"module", "keras"},
+      {"class_name", "Sequential"},
+      {"config",
+       {{"name", "sequential"},
+        {"trainable", true},
+        {"dtype", DTypePolicy()},
+        {"layers", std::move(keras_layers)}}},
+      {"registered_name", nullptr},
+      {"build_config", {{"input_shape", BatchShape(spec.example_shape)}}},
+      {"compile_config",
+       {{"optimizer", KerasOptimizer(spec.optimizer)},
+        {"loss", KerasLoss(spec)},
+        {"loss_weights", nullptr},
+        {"metrics", Json::array({"accuracy"})},
+        {"weighted_metrics", nullptr},
+        {"run_eagerly", false},
+        {"steps_per_execution", 1},
+        {"jit_compile", false}}},
+  };
+  return model.dump();
+}
+
+absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState& state,
+                              const std::string& path) {
+  if (!absl::EndsWith(path, ".keras")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the export path '", path, "' must end in .keras (Keras 3 loads no other name)"));
+  }
+  absl::StatusOr<std::string> config = KerasConfigJson(spec);
+  if (!config.ok()) return config.status();
+  const std::vector<LayerConfig> layers = KerasLayersOf(spec);
+
+  absl::StatusOr<Hdf5Image> h5 = Hdf5Image::Create();
+  if (!h5.ok()) return h5.status();
+  // 1. Layer weights: /layers/<snake class name, _1, _2 ... in order>/vars/<i>,
+  //    Keras' own addressing (it deliberately ignores layer names there).
+  std::map<std::string, int> used_keys;
+  // Keras' model.trainable_variables order, with each variable's shape
+  // (optimizer slots are stored flat in checkpoints).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> trainable;
+  for (const LayerConfig& layer : layers) {
+    if (layer.kind == LayerKind::kInput) continue;
+    std::string key = LayerKindSnakeName(layer.kind);
+    if (auto [it, inserted] = used_keys.try_emplace(key, 0); !inserted) {
+      key = absl::StrCat(key, "_", ++it->second);
+    }
+    const std::string group = absl::StrCat("/layers/", key, "/vars");
+    if (absl::Status s = h5->AddGroup(group, layer.name); !s.ok()) return s;
+    const LayerVariables vars = VariablesOf(layer);
+    for (size_t v = 0; v < vars.names.size(); ++v) {
+      const Tensor* value = FindTensor(state, CheckpointVariable(vars.names[v]));
+      if (value == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the checkpoint has no variable '", vars.names[v], "' (layer '", layer.name,
+            "'): it was written for another model; export with the job that trained it"));
+      }
+      if (absl::Status s = h5->AddFloats(absl::StrCat(group, "/", v), value->shape(),
+                                         value->data());
+          !s.ok()) {
+        return s;
+      }
+      if (v < vars.trainable) trainable.emplace_back(vars.names[v], value->shape());
+    }
+  }
+  if (absl::Status s = h5->AddGroup("/vars", "sequential"); !s.ok()) return s;
+
+  // 2. The optimizer: iterations, learning rate, then each trainable
+  //    variable's slots. A checkpoint without slots (a parameter-server job
+  //    whose chief could not read the ps files) exports the model without
+  //    optimizer state; Keras then starts its optimizer from zero.
+  const std::vector<const char*> slots = SlotNames(spec.optimizer.type);
+  bool have_slots = true;
+  for (const auto& [name, shape] : trainable) {
+    for (const char* slot : slots) {
+      const Tensor* t = FindTensor(state, CheckpointSlot(name, slot));
+      if (t == nullptr) {
+        have_slots = false;
+      } else if (t->size() != Tensor::NumElements(shape)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the checkpoint's optimizer slot '", name, "/", slot, "' has ", t->size(),
+            " values but the variable has ", Tensor::NumElements(shape), ": the checkpoint is inconsistent"));
+      }
+    }
+  }
+  int64_t iterations = 0;
+  if (auto it = state.metadata.find(kIterationsKey); it != state.metadata.end()) {
+    if (!absl::SimpleAtoi(it->second, &iterations) || iterations < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the checkpoint's ", kIterationsKey, " '", it->second, "' is not a count"));
+    }
+  } else {
+    have_slots = false;
+  }
+  if (have_slots) {
+    const std::string group = "/optimizer/vars";
+    if (absl::Status s = h5->AddGroup(group, KerasOptimizerName(spec.optimizer.type)); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = h5->AddInt64Scalar(group + "/0", iterations); !s.ok()) return s;
+    const float lr = spec.optimizer.learning_rate;
+    if (absl::Status s = h5->AddFloats(group + "/1", {}, &lr); !s.ok()) return s;
+    int index = 2;
+    for (const auto& [name, shape] : trainable) {
+      for (const char* slot : slots) {
+        const Tensor* t = FindTensor(state, CheckpointSlot(name, slot));
+        if (absl::Status s = h5->AddFloats(absl::StrCat(group, "/", index++), shape, t->data());
+            !s.ok()) {
+          return s;
+        }
+      }
+    }
+  }
+  absl::StatusOr<std::string> weights = h5->Bytes();
+  if (!weights.ok()) return weights.status();
+
+  // 3. metadata.json and the zip, in the order Keras writes them.
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(date, sizeof date, "%Y-%m-%d@%H:%M:%S", &local);
+  const Json metadata = {{"keras_version", kKerasFormatVersion},
+                         {"date_saved", date},
+                         {"producer", "distrain"},
+                         {"step", state.step}};
+  absl::StatusOr<std::string> zip = StoredZip({{"metadata.json", metadata.dump()},
+                                               {"config.json", *config},
+                                               {"model.weights.h5", *std::move(weights)}});
+  if (!zip.ok()) return zip.status();
+  return WriteFileAtomically(path, *zip);
+}
+
+absl::StatusOr<KerasModelSpec> KerasModelSpecFromCheckpoint(const CheckpointState& state) {
+  auto get = [&](const char* key) -> absl::StatusOr<std::string> {
+    auto it = state.metadata.find(key);
+    if (it == state.metadata.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "the checkpoint (step ", state.step, ") does not record '", key,
+          "' (written by an older distrain): pass the job's YAML with --job"));
+    }
+    return it->second;
+  };
+  absl::StatusOr<std::string> job = get(kCheckpointJobConfigKey);
+  if (!job.ok()) return job.status();
+  absl::StatusOr<std::string> shape = get(kCheckpointExampleShapeKey);
+  if (!shape.ok()) return shape.status();
+  absl::StatusOr<std::string> classes = get(kCheckpointNumClassesKey);
+  if (!classes.ok()) return classes.status();
+  absl::StatusOr<JobConfig> config = ParseJobConfigJson(*job);
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint's recorded job does not parse: ",
+                                                   config.status().message()));
+  }
+  KerasModelSpec spec;
+  spec.model = config->training.model;
+  spec.optimizer = config->training.optimizer;
+  for (absl::string_view d : absl::StrSplit(*shape, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v) || v < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the checkpoint's example shape '", *shape, "' is not a list of sizes"));
+    }
+    spec.example_shape.push_back(v);
+  }
+  if (!absl::SimpleAtoi(*classes, &spec.num_classes) || spec.num_classes < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint's class count '", *classes, "' is not a number >= 2"));
+  }
+  return spec;
+}
+
+// ---------------------------------------------------------------------------
+// Import: a Keras Sequential's JSON -> LayerConfigs.
+
+namespace {
+
+// Collects every problem of one import, each naming the layer.
+class ImportIssues {
+ public:
+  void Add(std::string problem) { problems_.push_back(std::move(problem)); }
+  bool empty() const { return problems_.empty(); }
+  absl::Status ToStatus() const {
+    return absl::InvalidArgumentError(absl::StrJoin(problems_, "\n"));
+  }
+
+ private:
+  std::vector<std::string> problems_;
+};
+
+std::string SupportedLayerList() {
+  std::vector<std::string> names;
+  for (const std::string& n : LayerKindNames()) names.push_back(n == "Input" ? "InputLayer" : n);
+  return absl::StrJoin(names, ", ");
+}
+
+// Reads Keras' config keys for one layer, reporting each unsupported value.
+class LayerReader {
+ public:
+  LayerReader(const Json& config, std::string where, ImportIssues* issues,
+              std::vector<std::string>* warnings)
+      : config_(config), where_(std::move(where)), issues_(issues), warnings_(warnings) {}
+
+  const Json* Get(const char* key) const {
+    auto it = config_.find(key);
+    return it == config_.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t Int(const char* key, int64_t fallback) {
+    const Json* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number_integer()) {
+      Bad(key, absl::StrCat("must be an integer, got ", v->dump()));
+      return fallback;
+    }
+    return v->get<int64_t>();
+  }
+  double Number(const char* key, double fallback) {
+    const Json* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number()) {
+      Bad(key, absl::StrCat("must be a number, got ", v->dump()));
+      return fallback;
+    }
+    return v->get<double>();
+  }
+  bool Bool(const char* key, bool fallback) {
+    const Json* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) {
+      Bad(key, absl::StrCat("must be true or false, got ", v->dump()));
+      return fallback;
+    }
+    return v->get<bool>();
+  }
+  // An int or a pair of ints (Keras accepts both for sizes and strides).
+  std::optional<std::array<int64_t, 2>> Pair(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return std::nullopt;
+    if (v->is_number_integer()) return std::array<int64_t, 2>{v->get<int64_t>(), v->get<int64_t>()};
+    if (v->is_array() && v->size() == 2 && (*v)[0].is_number_integer() &&
+        (*v)[1].is_number_integer()) {
+      return std::array<int64_t, 2>{(*v)[0].get<int64_t>(), (*v)[1].get<int64_t>()};
+    }
+    Bad(key, absl::StrCat("must be an integer or a pair of integers, got ", v->dump()));
+    return std::nullopt;
+  }
+  std::vector<int64_t> Shape(const char* key, bool drop_batch) {
+    const Json* v = Get(key);
+    std::vector<int64_t> out;
+    if (v == nullptr || !v->is_array()) return out;
+    for (size_t i = drop_batch ? 1 : 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_number_integer()) {
+        Bad(key, absl::StrCat("has an unknown dimension (", v->dump(),
+                              "); distrain needs every example dimension"));
+        return {};
+      }
+      out.push_back((*v)[i].get<int64_t>());
+    }
+    return out;
+  }
+  std::string String(const char* key, const std::string& fallback) {
+    const Json* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) {
+      Bad(key, absl::StrCat("must be a string, got ", v->dump()));
+      return fallback;
+    }
+    return v->get<std::string>();
+  }
+  ActivationKind Activation(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return ActivationKind::kLinear;
+    std::string name;
+    if (v->is_string()) {
+      name = v->get<std::string>();
+    } else if (v->is_object() && v->contains("config") && (*v)["config"].is_object() &&
+               (*v)["config"].contains("name") && (*v)["config"]["name"].is_string()) {
+      name = (*v)["config"]["name"].get<std::string>();  // a serialized activation
+    } else {
+      Bad(key, absl::StrCat("must name an activation, got ", v->dump()));
+      return ActivationKind::kLinear;
+    }
+    std::optional<ActivationKind> kind = ParseActivationName(name);
+    if (!kind) {
+      Bad(key, absl::StrCat("'", name,
+                            "' is not supported; use linear, relu, sigmoid, tanh, softmax or gelu"));
+      return ActivationKind::kLinear;
+    }
+    return *kind;
+  }
+  PaddingKind Padding() {
+    const std::string padding = String("padding", "valid");
+    if (padding == "same") return PaddingKind::kSame;
+    if (padding != "valid") Bad("padding", absl::StrCat("'", padding, "' is not supported; use valid or same"));
+    return PaddingKind::kValid;
+  }
+  // Keys whose non-default values change what the layer computes.
+  void RequireNull(const char* key) {
+    if (const Json* v = Get(key)) {
+      Bad(key, absl::StrCat("is set (", v->dump(), "); distrain supports only null here"));
+    }
+  }
+  void RequireEqual(const char* key, const Json& expected) {
+    const Json* v = Get(key);
+    if (v != nullptr && *v != expected) {
+      Bad(key, absl::StrCat("is ", v->dump(), "; distrain supports only ", expected.dump()));
+    }
+  }
+  void RequireChannelsLast() {
+    const std::string format = String("data_format", "channels_last");
+    if (format != "channels_last") {
+      Bad("data_format", absl::StrCat("is ", format,
+                                      "; distrain's images are NHWC, use channels_last"));
+    }
+  }
+  // Initialisers change where training starts, not what the model is: a
+  // warning, since distrain always initialises as Keras' defaults do.
+  void ExpectInitializer(const char* key, const char* keras_default) {
+    const Json* v = Get(key);
+    if (v == nullptr) return;
+    std::string name = v->is_string() ? v->get<std::string>() : v->value("class_name", "");
+    std::string lowered = absl::AsciiStrToLower(name);
+    lowered.erase(std::remove(lowered.begin(), lowered.end(), '_'), lowered.end());
+    if (lowered != absl::AsciiStrToLower(keras_default)) {
+      warnings_->push_back(absl::StrCat(where_, ": ", key, " ", name,
+                                        " is not supported; distrain initialises with Keras' "
+                                        "default ",
+                                        keras_default));
+    }
+  }
+  void Bad(const char* key, const std::string& problem) {
+    issues_->Add(absl::StrCat(where_, ": ", key, " ", problem));
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const Json& config_;
+  std::string where_;
+  ImportIssues* issues_;
+  std::vector<std::string>* warnings_;
+};
+
+void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
+  switch (kind) {
+    case LayerKind::kInput:
+      layer->shape = r.Get("batch_shape") ? r.Shape("batch_shape", true)
+                                          : r.Shape("batch_input_shape", true);
+      if (layer->shape.empty() && r.Get("shape")) layer->shape = r.Shape("shape", false);
+      r.RequireEqual("sparse", false);
+      r.RequireEqual("ragged", false);
+      break;
+    case LayerKind::kReshape:
+      layer->shape = r.Shape("target_shape", false);
+      break;
+    case LayerKind::kConv2D:
+      layer->filters = r.Int("filters", 0);
+      if (auto k = r.Pair("kernel_size")) layer->kernel_size = *k;
+      if (auto s = r.Pair("strides"); s && *s != std::array<int64_t, 2>{1, 1}) layer->strides = *s;
+      layer->padding = r.Padding();
+      r.RequireChannelsLast();
+      if (auto d = r.Pair("dilation_rate"); d && *d != std::array<int64_t, 2>{1, 1}) {
+        r.Bad("dilation_rate", "is not [1, 1]; dilated convolutions are not supported");
+      }
+      r.RequireEqual("groups", 1);
+      layer->activation = r.Activation("activation");
+      layer->use_bias = r.Bool("use_bias", true);
+      r.ExpectInitializer("kernel_initializer", "GlorotUniform");
+      r.ExpectInitializer("bias_initializer", "Zeros");
+      for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                              "kernel_constraint", "bias_constraint"}) {
+        r.RequireNull(key);
+      }
+      break;
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
+      if (auto p = r.Pair("pool_size")) layer->pool_size = *p;
+      if (auto s = r.Pair("strides"); s && *s != layer->pool_size) layer->strides = *s;
+      layer->padding = r.Padding();
+      r.RequireChannelsLast();
+      break;
+    case LayerKind::kGlobalAveragePooling2D:
+      r.RequireChannelsLast();
+      r.RequireEqual("keepdims", false);
+      break;
+    case LayerKind::kFlatten:
+      r.RequireChannelsLast();
+      break;
+    case LayerKind::kDense:
+      layer->units = r.Int("units", 0);
+      layer->activation = r.Activation("activation");
+      layer->use_bias = r.Bool("use_bias", true);
+      r.ExpectInitializer("kernel_initializer", "GlorotUniform");
+      r.ExpectInitializer("bias_initializer", "Zeros");
+      for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                              "kernel_constraint", "bias_constraint", "lora_rank",
+                              "quantization_config"}) {
+        r.RequireNull(key);
+      }
+      break;
+    case LayerKind::kDropout:
+      layer->rate = r.Number("rate", 0);
+      r.RequireNull("noise_shape");
+      break;
+    case LayerKind::kBatchNormalization: {
+      const int64_t axis = r.Int("axis", -1);
+      if (axis != -1 && axis != 3 && axis != 1) {
+        r.Bad("axis", absl::StrCat("is ", axis, "; distrain normalises the last (channel) axis, -1"));
+      }
+      layer->momentum = r.Number("momentum", 0.99);
+      layer->epsilon = r.Number("epsilon", 1e-3);
+      r.RequireEqual("center", true);
+      r.RequireEqual("scale", true);
+      r.RequireEqual("renorm", false);
+      for (const char* key : {"beta_regularizer", "gamma_regularizer", "beta_constraint",
+                              "gamma_constraint"}) {
+        r.RequireNull(key);
+      }
+      r.ExpectInitializer("beta_initializer", "Zeros");
+      r.ExpectInitializer("gamma_initializer", "Ones");
+      r.ExpectInitializer("moving_mean_initializer", "Zeros");
+      r.ExpectInitializer("moving_variance_initializer", "Ones");
+      break;
+    }
+    case LayerKind::kActivation:
+      layer->activation = r.Activation("activation");
+      break;
+  }
+}
+
+std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* issues,
+                                             std::vector<std::string>* warnings) {
+  auto it = compile.find("optimizer");
+  if (it == compile.end() || it->is_null()) return std::nullopt;
+  const std::string class_name =
+      it->is_string() ? it->get<std::string>() : it->value("class_name", std::string());
+  const Json config =
+      it->is_object() && it->contains("config") ? (*it)["config"] : Json::object();
+  auto number = [&](const char* key, double fallback) {
+    auto v = config.find(key);
+    return v != config.end() && v->is_number() ? v->get<double>() : fallback;
+  };
+  OptimizerConfig o;
+  const std::string lowered = absl::AsciiStrToLower(class_name);
+  if (lowered == "adam") {
+    o.type = OptimizerType::kAdam;
+    o.learning_rate = static_cast<float>(number("learning_rate", 0.001));
+    o.beta1 = static_cast<float>(number("beta_1", 0.9));
+    o.beta2 = static_cast<float>(number("beta_2", 0.999));
+    o.epsilon = static_cast<float>(number("epsilon", 1e-7));
+    if (config.value("amsgrad", false)) {
+      issues->Add("compile_config.optimizer: Adam with amsgrad is not supported");
+    }
+  } else if (lowered == "sgd") {
+    o.learning_rate = static_cast<float>(number("learning_rate", 0.01));
+    o.momentum = static_cast<float>(number("momentum", 0));
+    o.nesterov = config.value("nesterov", false);
+    o.type = o.momentum > 0 ? OptimizerType::kMomentum : OptimizerType::kSgd;
+    if (o.type == OptimizerType::kSgd) o.momentum = OptimizerConfig().momentum;
+  } else {
+    issues->Add(absl::StrCat("compile_config.optimizer: ", class_name,
+                             " is not supported; distrain has Adam and SGD (with or without "
+                             "momentum)"));
+    return std::nullopt;
+  }
+  if (config.contains("learning_rate") && !config["learning_rate"].is_number()) {
+    warnings->push_back(
+        "compile_config.optimizer: a learning-rate schedule is not supported; set "
+        "spec.training.optimizer.learningRate (its initial value is not known here)");
+  }
+  for (const char* key : {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}) {
+    auto v = config.find(key);
+    if (v != config.end() && !v->is_null()) {
+      issues->Add(absl::StrCat("compile_config.optimizer: ", key, " is set (", v->dump(),
+                               "); distrain does not support it"));
+    }
+  }
+  return o;
+}
+
+bool ReadLoss(const Json& compile, LossConfig* loss, ImportIssues* issues) {
+  auto it = compile.find("loss");
+  if (it == compile.end() || it->is_null()) return false;
+  std::string class_name;
+  bool from_logits = false;
+  if (it->is_string()) {
+    // A string loss ("sparse_categorical_crossentropy") has Keras' defaults.
+    std::string snake = it->get<std::string>();
+    for (LossKind kind : {LossKind::kSparseCategoricalCrossentropy,
+                          LossKind::kCategoricalCrossentropy, LossKind::kBinaryCrossentropy,
+                          LossKind::kMeanSquaredError}) {
+      std::string name = LossKindName(kind);
+      std::string s;
+      for (size_t i = 0; i < name.size(); ++i) {
+        if (i > 0 && absl::ascii_isupper(name[i])) s += '_';
+        s += absl::ascii_tolower(name[i]);
+      }
+      if (s == snake) class_name = name;
+    }
+    if (class_name.empty()) class_name = snake;
+  } else if (it->is_object()) {
+    class_name = it->value("class_name", std::string());
+    if (it->contains("config") && (*it)["config"].is_object()) {
+      from_logits = (*it)["config"].value("from_logits", false);
+    }
+  }
+  std::optional<LossKind> kind = ParseLossKindName(class_name);
+  if (!kind) {
+    issues->Add(absl::StrCat("compile_config.loss: ", class_name,
+                             " is not supported; distrain has SparseCategoricalCrossentropy, "
+                             "CategoricalCrossentropy, BinaryCrossentropy and MeanSquaredError"));
+    return false;
+  }
+  loss->kind = *kind;
+  if (*kind != LossKind::kMeanSquaredError) loss->from_logits = from_logits;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text) {
+  Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError(
+        "not a Keras model JSON: expected an object like model.to_json() writes "
+        "({\"class_name\": \"Sequential\", \"config\": {\"layers\": [...]}})");
+  }
+  const std::string class_name = root.value("class_name", std::string());
+  if (class_name != "Sequential") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model is a ", class_name.empty() ? std::string("(no class_name)") : class_name,
+        "; distrain imports Sequential models only (rebuild it with keras.Sequential)"));
+  }
+  const Json& config = root.contains("config") ? root["config"] : Json::object();
+  if (!config.is_object() || !config.contains("layers") || !config["layers"].is_array()) {
+    return absl::InvalidArgumentError("the Sequential has no config.layers list");
+  }
+  KerasImport out;
+  out.model.type = "sequential";
+  ImportIssues issues;
+  const Json& layers = config["layers"];
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Json& entry = layers[i];
+    const std::string keras_class =
+        entry.is_object() ? entry.value("class_name", std::string()) : std::string();
+    const Json empty = Json::object();
+    const Json& layer_config =
+        entry.is_object() && entry.contains("config") && entry["config"].is_object()
+            ? entry["config"]
+            : empty;
+    const std::string name = layer_config.value("name", std::string());
+    const std::string where = absl::StrCat("layers[", i, "] ", keras_class,
+                                           name.empty() ? "" : absl::StrCat(" '", name, "'"));
+    std::optional<LayerKind> kind =
+        keras_class == "InputLayer" ? std::optional<LayerKind>(LayerKind::kInput)
+                                    : ParseLayerKind(keras_class);
+    if (!kind || keras_class == "Input") {
+      issues.Add(absl::StrCat(where, ": layer class ", keras_class.empty() ? "(none)" : keras_class,
+                              " is not supported; distrain supports ", SupportedLayerList()));
+      continue;
+    }
+    LayerConfig layer;
+    layer.kind = *kind;
+    layer.name = name;
+    LayerReader reader(layer_config, where, &issues, &out.warnings);
+    ReadLayer(*kind, reader, &layer);
+    if (*kind == LayerKind::kInput) out.input_shape = layer.shape;
+    out.model.layers.push_back(std::move(layer));
+  }
+  if (out.input_shape.empty() && config.contains("build_input_shape")) {
+    // A Sequential built without an Input still records the shape it was built for.
+    LayerReader reader(config, "Sequential", &issues, &out.warnings);
+    out.input_shape = reader.Shape("build_input_shape", true);
+  }
+  if (root.contains("compile_config") && root["compile_config"].is_object()) {
+    const Json& compile = root["compile_config"];
+    out.has_loss = ReadLoss(compile, &out.model.loss, &issues);
+    out.optimizer = ReadOptimizer(compile, &issues, &out.warnings);
+  }
+  if (!issues.empty()) return issues.ToStatus();
+  if (out.model.layers.empty()) {
+    return absl::InvalidArgumentError("the Sequential has no layers");
+  }
+  AssignLayerNames(&out.model.layers);
+
+  // The model must build as distrain builds it; then Keras' parameter count.
+  if (!out.input_shape.empty()) {
+    absl::StatusOr<std::vector<std::vector<int64_t>>> shapes =
+        InferLayerShapes(out.model.layers, out.input_shape);
+    if (!shapes.ok()) return shapes.status();
+    const std::vector<int64_t>& output = shapes->back();
+    ModelConfig probe = out.model;
+    int classes = output.size() == 1 ? static_cast<int>(output[0]) : 0;
+    if (classes == 1) {
+      probe.loss.kind = LossKind::kBinaryCrossentropy;
+      classes = 2;
+    } else if (probe.loss.kind == LossKind::kBinaryCrossentropy) {
+      probe.loss.kind = LossKind::kSparseCategoricalCrossentropy;
+    }
+    if (classes >= 2) {
+      absl::StatusOr<std::unique_ptr<Model>> model =
+          Model::Create(probe, out.input_shape, classes, /*seed=*/0);
+      if (!model.ok()) return model.status();
+      out.num_parameters = (*model)->num_parameters();
+    }
+  }
+  return out;
+}
+
+namespace {
+
+bool PlainYamlScalar(const std::string& s) {
+  if (s.empty()) return false;
+  static const std::set<std::string> kReserved = {"true", "false", "null", "yes", "no",
+                                                  "on",   "off",   "y",    "n",   "~"};
+  if (kReserved.count(absl::AsciiStrToLower(s))) return false;
+  if (!absl::ascii_isalpha(s[0]) && s[0] != '_') return false;
+  for (char c : s) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-' && c != '.') return false;
+  }
+  return true;
+}
+
+// JSON as YAML flow style with plain keys and strings where YAML allows.
+std::string FlowYaml(const Json& v) {
+  if (v.is_object()) {
+    std::vector<std::string> parts;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string key = PlainYamlScalar(it.key()) ? it.key() : Json(it.key()).dump();
+      parts.push_back(absl::StrCat(key, ": ", FlowYaml(it.value())));
+    }
+    return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+  }
+  if (v.is_array()) {
+    std::vector<std::string> parts;
+    for (const Json& item : v) parts.push_back(FlowYaml(item));
+    return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+  }
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    return PlainYamlScalar(s) ? s : v.dump();
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+std::string KerasImportYaml(const KerasImport& imported, const std::string& source) {
+  // The job's own JSON writer decides the spelling (camelCase, defaults left
+  // out), so the block reads like a hand-written one and parses back equal.
+  JobConfig job;
+  job.training.model = imported.model;
+  if (imported.optimizer) job.training.optimizer = *imported.optimizer;
+  const Json training = Json::parse(JobConfigToJson(job))["training"];
+  std::string out = absl::StrCat("# spec.training blocks imported by `distrain import-keras` from ",
+                                 source, "\n");
+  if (imported.num_parameters >= 0) {
+    absl::StrAppend(&out, "# ", imported.model.layers.size(), " layers, ",
+                    imported.num_parameters, " parameters (Keras' count_params)\n");
+  }
+  for (const std::string& w : imported.warnings) absl::StrAppend(&out, "# note: ", w, "\n");
+  absl::StrAppend(&out, "model:\n  layers:\n");
+  for (const Json& layer : training["model"]["layers"]) {
+    absl::StrAppend(&out, "    - ", FlowYaml(layer), "\n");
+  }
+  if (imported.has_loss) {
+    absl::StrAppend(&out, "  loss: ", FlowYaml(training["model"]["loss"]), "\n");
+  } else {
+    absl::StrAppend(&out,
+                    "  # the JSON names no loss (model.to_json() leaves compile settings out);\n"
+                    "  # distrain's default is SparseCategoricalCrossentropy, fromLogits: false\n");
+  }
+  if (imported.optimizer) {
+    // Only the fields of the chosen rule; the others would be ignored.
+    Json optimizer = training["optimizer"];
+    std::vector<std::string> unused = {"momentum", "nesterov", "beta1", "beta2", "epsilon"};
+    if (imported.optimizer->type == OptimizerType::kAdam) unused = {"momentum", "nesterov"};
+    if (imported.optimizer->type == OptimizerType::kMomentum) unused = {"beta1", "beta2", "epsilon"};
+    for (const std::string& key : unused) optimizer.erase(key);
+    absl::StrAppend(&out, "optimizer: ", FlowYaml(optimizer), "\n");
+  }
+  return out;
+}
+
+}  // namespace distrain
