@@ -131,7 +131,8 @@ Evaluator::Evaluator(const JobConfig& config, EvaluatorOptions options,
       metrics_(metrics),
       // keep is only used by Save, which the evaluator never calls.
       checkpoints_(options_.checkpoint_dir, config.training.checkpoint.keep),
-      final_step_(config.training.steps) {}
+      final_step_(config.training.steps),
+      events_(options_.checkpoint_dir + "/validation") {}
 
 absl::Status Evaluator::LoadVariables(const CheckpointState& state, const std::string& path) {
   auto tensor_of = [&](const std::string& name) -> const Tensor* {
@@ -223,6 +224,8 @@ absl::StatusOr<std::optional<Evaluation>> Evaluator::Poll() {
                  "({} examples, {:.0f} ms)",
                  step, final_step_, evaluation.result.loss, evaluation.result.accuracy,
                  evaluation.result.examples, absl::ToDoubleMilliseconds(options_.now() - t0));
+    events_.WriteScalars(step, {{"loss", evaluation.result.loss},
+                                {"accuracy", evaluation.result.accuracy}});
     return evaluation;
   }
   return std::nullopt;

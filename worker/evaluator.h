@@ -18,8 +18,11 @@
 //      (TensorFlow's checkpoints_iterator does the same);
 //   3. restore its variables into the evaluation model and evaluate the eval
 //      dataset of spec.training.dataset (what the Trainer evaluates); log
-//      "evaluator: checkpoint step S/T eval_loss L eval_accuracy A" and set
-//      distrain_eval_loss, distrain_eval_accuracy, distrain_eval_checkpoint_step;
+//      "evaluator: checkpoint step S/T eval_loss L eval_accuracy A", set
+//      distrain_eval_loss, distrain_eval_accuracy, distrain_eval_checkpoint_step,
+//      and append `loss` and `accuracy` at the checkpoint's step to the
+//      TensorBoard run <checkpoint dir>/validation (docs/tensorboard.md; the
+//      chief leaves that run to the Evaluator; best effort, like the chief's);
 //   4. stop:
 //      * exit 0 once a checkpoint at step >= spec.training.steps has been
 //        evaluated (the job is done: the chief writes that checkpoint last;
@@ -60,6 +63,7 @@
 #include "prometheus/registry.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/data/dataset.h"
+#include "worker/model/event_file_writer.h"
 #include "worker/model/model.h"
 
 namespace distrain {
@@ -158,6 +162,7 @@ class Evaluator {
   int64_t last_evaluated_step_ = -1;
   int64_t newest_seen_step_ = -1;
   std::set<int64_t> unreadable_steps_;  // warned about once
+  SummaryRun events_;                   // <checkpoint dir>/validation
 };
 
 }  // namespace distrain

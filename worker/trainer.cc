@@ -20,6 +20,7 @@
 #include "worker/data/batcher.h"
 #include "worker/data/dataset.h"
 #include "worker/evaluator.h"
+#include "worker/model/event_file_writer.h"
 #include "worker/strategy/param_checksum.h"
 
 namespace distrain {
@@ -94,6 +95,42 @@ class ParamChecksumHook {
   std::string path_;
   std::ofstream out_;
 };
+
+// The chief's TensorBoard runs (docs/tensorboard.md): <checkpoint dir>/train
+// and <checkpoint dir>/validation, the layout of Keras' TensorBoard callback.
+// A run may be disabled (no checkpoint directory; no eval data; validation
+// written by the job's Evaluator instead).
+struct TensorBoardRuns {
+  SummaryRun train;
+  SummaryRun validation;
+};
+
+// `first_step`: the first step this process runs. Each run starts with a
+// SessionLog START there, so TensorBoard drops what a previous chief wrote
+// after the checkpoint this one resumed from.
+TensorBoardRuns OpenTensorBoardRuns(const JobConfig& config, const std::string& checkpoint_dir,
+                                    bool has_eval_data, int64_t first_step) {
+  TensorBoardRuns runs;
+  if (checkpoint_dir.empty()) {
+    spdlog::info("no checkpoint directory: no TensorBoard event files are written (they go "
+                 "next to the checkpoints; set spec.training.checkpoint.dir or --checkpoint-dir)");
+    return runs;
+  }
+  runs.train = SummaryRun(checkpoint_dir + "/train");
+  // One writer per run: TensorBoard follows only the newest event file of a
+  // run directory, so the chief and an Evaluator writing validation/ side by
+  // side would lose points. The Evaluator, when the job has one, owns it.
+  const bool evaluator = config.replicas_of(ReplicaType::kEvaluator) > 0;
+  if (has_eval_data && !evaluator) runs.validation = SummaryRun(checkpoint_dir + "/validation");
+  runs.train.WriteSessionStart(first_step);
+  runs.validation.WriteSessionStart(first_step);
+  spdlog::info("TensorBoard event files: {}{} (tensorboard --logdir {})", runs.train.dir(),
+               runs.validation.enabled() ? absl::StrCat(" and ", runs.validation.dir())
+               : evaluator              ? " (validation/: the Evaluator's)"
+                                        : "",
+               checkpoint_dir);
+  return runs;
+}
 
 }  // namespace
 
@@ -209,6 +246,14 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   } else {
     start_step = *synced;
   }
+  TensorBoardRuns tensorboard;
+  if (chief) {
+    tensorboard = OpenTensorBoardRuns(config_, env_.checkpoint_dir, eval_data != nullptr,
+                                      start_step + 1);
+  }
+  auto write_eval_events = [&](int64_t at_step, const EvalSummary& ev) {
+    tensorboard.validation.WriteScalars(at_step, {{"loss", ev.loss}, {"accuracy", ev.accuracy}});
+  };
   // A strategy that cannot assemble its state because a peer is gone (a lost
   // ps) is a retryable peer failure, not an unusable checkpoint directory.
   bool strategy_save_failed = false;
@@ -263,6 +308,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   double last_loss = 0;
   double window_start = NowSeconds();
   int64_t window_examples = 0;
+  int64_t window_steps = 0;
   double examples_per_second = 0;
   WriteStatus("Running", step, 0, 0, nullptr, "");
 
@@ -316,6 +362,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
     const double dt = NowSeconds() - t0;
     window_examples += out->examples;
+    ++window_steps;
     if (env_.metrics) {
       env_.metrics->steps.Increment();
       env_.metrics->examples.Increment(static_cast<double>(out->examples));
@@ -326,13 +373,25 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     if (log_now) {
       const double now = NowSeconds();
       examples_per_second = window_examples / std::max(now - window_start, 1e-9);
+      const double step_seconds = (now - window_start) / std::max<int64_t>(window_steps, 1);
       window_start = now;
       window_examples = 0;
+      window_steps = 0;
       if (env_.metrics) env_.metrics->examples_per_second.Set(examples_per_second);
+      const double accuracy =
+          out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0;
       spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,
-                   out->loss, out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0,
-                   examples_per_second);
+                   out->loss, accuracy, examples_per_second);
       WriteStatus("Running", step, last_loss, examples_per_second, nullptr, "");
+      std::vector<Scalar> scalars;
+      // A ParameterServer coordinator step in which no closure finished has
+      // no loss of its own: its curve gets no point rather than a stale one.
+      if (out->examples > 0) scalars = {{"loss", out->loss}, {"accuracy", accuracy}};
+      // Job-wide, like the status file's (WriteStatus).
+      scalars.push_back({"examples_per_second", examples_per_second * strategy_->num_input_shards()});
+      scalars.push_back({"step_time_seconds", step_seconds});
+      scalars.push_back({"learning_rate", tc.optimizer.learning_rate});
+      tensorboard.train.WriteScalars(step, scalars);
     }
     if (chief && eval_data != nullptr && tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 &&
         step < tc.steps) {
@@ -342,6 +401,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
         env_.metrics->eval_loss.Set(ev.loss);
       }
       spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f}", step, ev.loss, ev.accuracy);
+      write_eval_events(step, ev);
     }
     if (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0 && step < tc.steps) {
       if (absl::Status s = save(step); !s.ok()) return fail(save_exit_code(s), s);
@@ -355,6 +415,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     EvalSummary ev = EvaluateModel(*strategy_->primary_model(), *eval_data);
     outcome.eval_accuracy = ev.accuracy;
     outcome.eval_loss = ev.loss;
+    write_eval_events(step, ev);
     if (env_.metrics) {
       env_.metrics->eval_accuracy.Set(ev.accuracy);
       env_.metrics->eval_loss.Set(ev.loss);

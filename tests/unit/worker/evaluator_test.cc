@@ -10,6 +10,7 @@
 
 #include "common/exit_codes.h"
 #include "worker/strategy/variable_state.h"
+#include "tests/unit/worker/model/event_files.h"
 
 namespace distrain {
 namespace {
@@ -143,6 +144,24 @@ TEST_F(EvaluatorTest, EvaluatesEachNewCheckpointOnceAndExitsZeroAfterTheFinalSte
   EXPECT_EQ(metrics.checkpoint_step.Value(), kFinalStep);
   EXPECT_EQ(metrics.evaluations.Value(), 3);
   EXPECT_EQ(metrics.skipped.Value(), 0);
+}
+
+// TensorBoard's validation run: one point per evaluated checkpoint, at its step.
+TEST_F(EvaluatorTest, WritesEachEvaluationToTheValidationRunAtTheCheckpointStep) {
+  auto evaluator = Make();
+  time_.on_sleep = [&] {
+    if (time_.sleeps % 2 == 1) WriteCheckpoint(10 * (time_.sleeps / 2 + 1));
+  };
+  ASSERT_EQ(evaluator->Run(stop_).exit_code, kExitOk);
+  const testing::ScalarCurves curves = testing::ReadScalars(dir_ + "/validation");
+  std::map<int64_t, float> loss, accuracy;
+  for (int64_t step : {10, 20, 30}) {
+    loss[step] = static_cast<float>(Expected(step).loss);
+    accuracy[step] = static_cast<float>(Expected(step).accuracy);
+  }
+  EXPECT_EQ(curves.size(), 2u);
+  EXPECT_EQ(curves.at("loss"), loss);
+  EXPECT_EQ(curves.at("accuracy"), accuracy);
 }
 
 TEST_F(EvaluatorTest, DifferentCheckpointsEvaluateDifferently) {

@@ -9,6 +9,7 @@
 #include "common/exit_codes.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/strategy/one_device.h"
+#include "tests/unit/worker/model/event_files.h"
 
 namespace distrain {
 namespace {
@@ -118,6 +119,89 @@ TEST(TrainerTest, CheckpointOfAnotherModelIsRejectedNotSilentlyReused) {
   TrainOutcome out = Train(wider, dir);
   EXPECT_EQ(out.exit_code, kExitCheckpoint);
   EXPECT_NE(std::string(out.status.message()).find("dense_0/kernel"), std::string::npos) << out.status;
+  fs::remove_all(dir);
+}
+
+// Keras' TensorBoard layout next to the checkpoints: train/ at every logged
+// step, validation/ at every evaluation, each run beginning with a
+// SessionLog START at the first step the process runs.
+TEST(TrainerTest, ChiefWritesTensorBoardRunsAtTheLoggedAndEvaluatedSteps) {
+  const std::string dir = TempDir("tensorboard");
+  JobConfig c = SmallJob(40);
+  c.training.eval_every_steps = 20;
+  TrainOutcome out = Train(c, dir);
+  ASSERT_EQ(out.exit_code, kExitOk) << out.status;
+
+  const testing::ScalarCurves train = testing::ReadScalars(dir + "/train");
+  for (const char* tag :
+       {"loss", "accuracy", "examples_per_second", "step_time_seconds", "learning_rate"}) {
+    ASSERT_EQ(train.count(tag), 1u) << tag;
+    std::vector<int64_t> steps;
+    for (const auto& [step, value] : train.at(tag)) steps.push_back(step);
+    EXPECT_EQ(steps, (std::vector<int64_t>{10, 20, 30, 40})) << tag;
+  }
+  EXPECT_EQ(train.at("loss").at(40), static_cast<float>(out.final_loss));
+  for (const auto& [step, value] : train.at("learning_rate")) EXPECT_EQ(value, 0.01f);
+  for (const auto& [step, value] : train.at("accuracy")) {
+    EXPECT_GE(value, 0);
+    EXPECT_LE(value, 1);
+  }
+  for (const auto& [step, value] : train.at("examples_per_second")) EXPECT_GT(value, 0);
+  for (const auto& [step, value] : train.at("step_time_seconds")) EXPECT_GT(value, 0);
+
+  const testing::ScalarCurves validation = testing::ReadScalars(dir + "/validation");
+  EXPECT_EQ(validation.size(), 2u);
+  ASSERT_EQ(validation.count("loss"), 1u);
+  ASSERT_EQ(validation.count("accuracy"), 1u);
+  EXPECT_EQ(validation.at("loss").size(), 2u);
+  EXPECT_EQ(validation.at("loss").count(20), 1u);
+  ASSERT_TRUE(out.eval_loss.has_value() && out.eval_accuracy.has_value());
+  EXPECT_EQ(validation.at("loss").at(40), static_cast<float>(*out.eval_loss));
+  EXPECT_EQ(validation.at("accuracy").at(40), static_cast<float>(*out.eval_accuracy));
+
+  for (const char* run : {"/train", "/validation"}) {
+    const std::vector<std::string> files = testing::EventFiles(dir + run);
+    ASSERT_EQ(files.size(), 1u) << run;
+    const std::vector<v1::TfEvent> events = testing::ReadEventFile(files[0]);
+    ASSERT_GE(events.size(), 2u) << run;
+    EXPECT_EQ(events[0].file_version(), "brain.Event:2") << run;
+    EXPECT_EQ(events[1].session_log().status(), v1::TfSessionLog::START) << run;
+    EXPECT_EQ(events[1].step(), 1) << run;
+  }
+  fs::remove_all(dir);
+}
+
+// A resumed chief appends a new file whose START is the step after its
+// checkpoint: TensorBoard drops what the previous process logged after it.
+TEST(TrainerTest, ResumedChiefStartsANewEventFileAtTheStepAfterItsCheckpoint) {
+  const std::string dir = TempDir("tensorboard_resume");
+  ASSERT_EQ(Train(SmallJob(17), dir).exit_code, kExitOk);
+  ASSERT_EQ(Train(SmallJob(40), dir).exit_code, kExitOk);
+  const std::vector<std::string> files = testing::EventFiles(dir + "/train");
+  ASSERT_EQ(files.size(), 2u);
+  const std::vector<v1::TfEvent> second = testing::ReadEventFile(files[1]);
+  ASSERT_GE(second.size(), 3u);
+  EXPECT_EQ(second[1].session_log().status(), v1::TfSessionLog::START);
+  EXPECT_EQ(second[1].step(), 18);
+  EXPECT_EQ(second[2].step(), 20);
+  std::vector<int64_t> steps;
+  for (const auto& [step, value] : testing::ReadScalars(dir + "/train").at("loss")) {
+    steps.push_back(step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 17, 20, 30, 40}));
+  fs::remove_all(dir);
+}
+
+// validation/ has one writer: the job's Evaluator when it has one.
+TEST(TrainerTest, JobWithAnEvaluatorLeavesTheValidationRunToIt) {
+  const std::string dir = TempDir("tensorboard_evaluator");
+  JobConfig c = SmallJob(20);
+  c.replicas[ReplicaType::kEvaluator].replicas = 1;
+  TrainOutcome out = Train(c, dir);
+  ASSERT_EQ(out.exit_code, kExitOk) << out.status;
+  EXPECT_TRUE(out.eval_loss.has_value()) << "the chief still evaluates and logs";
+  EXPECT_EQ(testing::EventFiles(dir + "/train").size(), 1u);
+  EXPECT_FALSE(fs::exists(dir + "/validation"));
   fs::remove_all(dir);
 }
 
