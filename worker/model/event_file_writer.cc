@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -37,6 +39,24 @@ std::string HostName() {
   return name;
 }
 
+constexpr char kFileNamePrefix[] = "events.out.tfevents.";
+
+// The largest <unix seconds> in the names of the event files in `dir`; -1 when none.
+int64_t NewestNamedSecond(const std::string& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kFileNamePrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::strlen(kFileNamePrefix));
+    int64_t seconds = 0;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &seconds)) {
+      newest = std::max(newest, seconds);
+    }
+  }
+  return newest;
+}
+
 // tensor_content is the values' little-endian bytes, whatever the host's order.
 std::string LittleEndianFloat(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
@@ -54,10 +74,14 @@ absl::StatusOr<std::unique_ptr<EventFileWriter>> EventFileWriter::Create(const s
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create directory '", dir, "': ", ec.message()));
   }
-  // The same seconds as the first record's wall_time, as TensorFlow does.
-  const int64_t seconds = absl::ToUnixSeconds(absl::Now());
+  // TensorBoard reads a run's files in name order and, by default, follows
+  // only the last one, so a restarted process's file must sort after its
+  // predecessor's: when that one's name has this second (a quick restart) or
+  // a later one (a node whose clock runs ahead), take the second after it.
+  // The first record's wall_time is the same number, as in TensorFlow.
+  const int64_t seconds = std::max(absl::ToUnixSeconds(absl::Now()), NewestNamedSecond(dir) + 1);
   const std::string prefix =
-      absl::StrCat(dir, "/events.out.tfevents.", seconds, ".", HostName(), ".", ::getpid(), ".");
+      absl::StrCat(dir, "/", kFileNamePrefix, seconds, ".", HostName(), ".", ::getpid(), ".");
   std::string path;
   do {
     path = absl::StrCat(prefix, next_writer_id.fetch_add(1), ".v2");

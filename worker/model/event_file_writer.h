@@ -38,9 +38,11 @@ class EventFileWriter {
   // Creates `dir` (and its parents) and a new file in it named as TensorFlow
   // 2.21's tf.summary.create_file_writer names its files:
   //   events.out.tfevents.<unix seconds>.<hostname>.<pid>.<n>.v2
-  // where n counts the writers this process created. An existing name is
-  // never reused (n moves on): a restarted container has the same hostname
-  // and pid, and may start within the same second.
+  // where n counts the writers this process created. The name sorts after
+  // every event file already in `dir` (TensorBoard reads a run's files in
+  // name order): when one is named with this second or a later one, the
+  // seconds are that one's plus 1. So a restarted container, with the same
+  // hostname and pid and maybe within the same second, never reuses a name.
   static absl::StatusOr<std::unique_ptr<EventFileWriter>> Create(const std::string& dir);
   // The same at an exact path, created or truncated (tests; tools).
   static absl::StatusOr<std::unique_ptr<EventFileWriter>> CreateAt(const std::string& path);

@@ -89,7 +89,7 @@ TEST_F(EventFileWriterTest, SessionStartIsTheRecordTensorBoardTreatsAsARestart) 
   EXPECT_EQ(events[1].SerializeAsString(), kTfSessionStartEvent);
 }
 
-TEST_F(EventFileWriterTest, FileIsNamedAsTensorFlow2NamesItAndNeverReusesAName) {
+TEST_F(EventFileWriterTest, FileIsNamedAsTensorFlow2NamesItAndSortsAfterTheRunsOtherFiles) {
   auto first = EventFileWriter::Create(dir_);
   auto second = EventFileWriter::Create(dir_);
   ASSERT_TRUE(first.ok() && second.ok());
@@ -103,7 +103,14 @@ TEST_F(EventFileWriterTest, FileIsNamedAsTensorFlow2NamesItAndNeverReusesAName) 
   ASSERT_TRUE(std::regex_match(first_name, a, name)) << first_name;
   ASSERT_TRUE(std::regex_match(second_name, b, name)) << second_name;
   EXPECT_NE(a[1], b[1]);
-  EXPECT_EQ(EventFiles(dir_).size(), 2u);
+  // TensorBoard's order is the names' order: the newer file comes last, even
+  // within the same second, and after a file from a clock that runs ahead.
+  EXPECT_LT(first_name, second_name);
+  std::ofstream(dir_ + "/events.out.tfevents.4102444800.other.1.0.v2");  // year 2100
+  auto third = EventFileWriter::Create(dir_);
+  ASSERT_TRUE(third.ok());
+  EXPECT_THAT((*third)->path(), HasSubstr("/events.out.tfevents.4102444801."));
+  EXPECT_EQ(EventFiles(dir_).size(), 4u);
 }
 
 TEST_F(EventFileWriterTest, SeveralTagsShareOneEventAndValuesAreFloat32) {
