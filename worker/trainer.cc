@@ -21,6 +21,7 @@
 #include "worker/data/dataset.h"
 #include "worker/evaluator.h"
 #include "worker/model/event_file_writer.h"
+#include "worker/model/keras_format.h"
 #include "worker/strategy/param_checksum.h"
 
 namespace distrain {
@@ -260,19 +261,29 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   auto save_exit_code = [&](const absl::Status& s) {
     return strategy_save_failed ? ExitCodeForStrategyError(s) : kExitCheckpoint;
   };
-  auto save = [&](int64_t step) -> absl::Status {
-    if (!chief || checkpoints == nullptr) return absl::OkStatus();
-    const double t0 = NowSeconds();
+  // The state as a checkpoint holds it: variables, slots and what `distrain
+  // export` and an Evaluator need to rebuild the model without the data.
+  auto capture = [&](int64_t step) -> absl::StatusOr<CheckpointState> {
     auto state = strategy_->SaveState(step);
     if (!state.ok()) {
       strategy_save_failed = true;
       return state.status();
     }
+    const Model& model = *strategy_->primary_model();
     state->metadata["strategy"] = strategy_->name();
-    // What an Evaluator needs to build the model without the training data.
-    state->metadata[kCheckpointNumClassesKey] =
-        absl::StrCat(strategy_->primary_model()->num_classes());
+    state->metadata[kCheckpointNumClassesKey] = absl::StrCat(model.num_classes());
+    state->metadata[kCheckpointExampleShapeKey] = absl::StrJoin(model.example_shape(), ",");
+    state->metadata[kCheckpointJobConfigKey] = JobConfigToJson(config_);
+    return state;
+  };
+  // The final save keeps its state in *kept (when not null) for the export.
+  auto save = [&](int64_t step, std::optional<CheckpointState>* kept = nullptr) -> absl::Status {
+    if (!chief || checkpoints == nullptr) return absl::OkStatus();
+    const double t0 = NowSeconds();
+    auto state = capture(step);
+    if (!state.ok()) return state.status();
     if (absl::Status s = checkpoints->Save(*state); !s.ok()) return s;
+    if (kept != nullptr) *kept = *state;
     if (env_.metrics) env_.metrics->checkpoint_duration.Observe(NowSeconds() - t0);
     // state->step: an asynchronous strategy stopping early may have completed
     // fewer steps than it scheduled (ParameterServerStrategy::RequestStop).
@@ -421,7 +432,25 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       env_.metrics->eval_loss.Set(ev.loss);
     }
   }
-  if (absl::Status s = save(step); !s.ok()) return fail(save_exit_code(s), s);
+  std::optional<CheckpointState> final_state;
+  if (absl::Status s = save(step, &final_state); !s.ok()) return fail(save_exit_code(s), s);
+  // 6. The trained model for Keras (spec.training.export), from the same
+  //    state as the final checkpoint.
+  if (chief && !tc.export_model.path.empty()) {
+    if (!final_state) {
+      auto state = capture(step);
+      if (!state.ok()) return fail(save_exit_code(state.status()), state.status());
+      final_state = *std::move(state);
+    }
+    KerasModelSpec spec{tc.model, tc.optimizer, strategy_->primary_model()->example_shape(),
+                        strategy_->primary_model()->num_classes()};
+    if (absl::Status s = ExportKerasModel(spec, *final_state, tc.export_model.path); !s.ok()) {
+      return fail(kExitCheckpoint,
+                  absl::Status(s.code(), absl::StrCat("spec.training.export.path: ", s.message())));
+    }
+    spdlog::info("exported the model at step {} to {} (Keras: keras.saving.load_model)",
+                 final_state->step, tc.export_model.path);
+  }
   strategy_->Shutdown();
   outcome.wall_seconds = NowSeconds() - start_seconds_;
   if (outcome.eval_accuracy) {

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "yaml-cpp/yaml.h"
+#include "tests/integration/mnist_data.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/sync_reference.h"
 
@@ -31,6 +32,7 @@ using testing::DistrainBinary;
 using testing::ExpectSameVariables;
 using testing::FinalVariables;
 using testing::FreshTempDir;
+using testing::MnistDir;
 using testing::ReadLines;
 using testing::SourceDir;
 using testing::Subprocess;
@@ -40,23 +42,6 @@ using testing::WriteTextFile;
 namespace fs = std::filesystem;
 
 constexpr int kSteps = 100;
-
-// The IDX files scripts/mnist.sh writes (it is idempotent and cached; the
-// test command runs it before the tests, so here it only prints the path).
-const std::string& MnistDir() {
-  static const std::string* dir = [] {
-    if (const char* env = std::getenv("DISTRAIN_MNIST_DIR"); env != nullptr && *env != '\0') {
-      return new std::string(env);
-    }
-    Subprocess script({"/bin/bash", SourceDir() + "/scripts/mnist.sh"});
-    auto rc = script.Wait(600);
-    EXPECT_TRUE(rc.has_value() && *rc == 0) << script.output();
-    std::string out = script.output();
-    while (!out.empty() && out.back() == '\n') out.pop_back();
-    return new std::string(out.substr(out.rfind('\n') + 1));
-  }();
-  return *dir;
-}
 
 const char kGuideCnn[] =
     "      - Conv2D: {filters: 32, kernelSize: [3, 3], activation: relu}\n"

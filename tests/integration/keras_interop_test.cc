@@ -1,0 +1,280 @@
+// Keras interop, with TensorFlow itself on the other side:
+//   * a job's exported .keras file opens with keras.saving.load_model, and
+//     model.predict equals distrain's predictions on the same real MNIST
+//     digits (<= 1e-5), for the guide's CNN and for a model with Dropout and
+//     BatchNormalization trained by two MultiWorkerMirrored processes;
+//   * Keras' own model.to_json() -> `distrain import-keras` -> train ->
+//     export -> load in Keras closes the loop with the same architecture and
+//     parameter count.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/mnist_data.h"
+#include "tests/integration/subprocess.h"
+#include "tests/integration/sync_reference.h"
+#include "tests/integration/tensorflow_peer.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/data/dataset.h"
+#include "worker/model/keras_format.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/strategy/variable_state.h"
+
+namespace distrain {
+namespace {
+
+using testing::DistrainBinary;
+using testing::FreshTempDir;
+using testing::MnistDir;
+using testing::SourceDir;
+using testing::Subprocess;
+using testing::WriteTextFile;
+
+constexpr int kPredictExamples = 64;
+
+std::string JobYaml(const std::string& strategy, const std::string& replica_specs,
+                    const std::string& model_block, const std::string& export_path) {
+  const std::string& d = MnistDir();
+  return absl::StrCat("apiVersion: distrain.io/v1alpha1\n", "kind: DistributedTrainingJob\n",
+                      "metadata: {name: keras-interop}\n", "spec:\n", "  strategy: ", strategy,
+                      "\n", "  replicaSpecs:\n", replica_specs, "  training:\n", model_block,
+                      "    dataset:\n", "      type: idx\n", "      trainFiles: [", d,
+                      "/train-images-idx3-ubyte]\n", "      trainLabelFiles: [", d,
+                      "/train-labels-idx1-ubyte]\n", "      numClasses: 10\n",
+                      "    optimizer: {type: adam, learningRate: 0.001}\n",
+                      "    globalBatchSize: 64\n", "    steps: 30\n", "    logEverySteps: 10\n",
+                      "    export: {path: ", export_path, "}\n");
+}
+
+std::string RunJob(const std::string& job, const std::string& dir) {
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--work-dir", dir + "/work",
+                  "--checkpoint-dir", dir + "/ckpt"});
+  auto rc = run.Wait(600);
+  EXPECT_TRUE(rc.has_value() && *rc == 0) << run.output();
+  return run.output();
+}
+
+// The first kPredictExamples test digits, as float32 [n, 28, 28, 1] in
+// `path`, and distrain's predictions for them from the newest checkpoint in
+// `checkpoint_dir` (built from what the checkpoint records, as export does)
+// in `predictions_path`. Returns the model's parameter count (Keras'
+// count_params: every model variable), -1 on failure.
+int64_t PredictWithDistrain(const std::string& checkpoint_dir, const std::string& inputs_path,
+                            const std::string& predictions_path) {
+  auto data = LoadIdxDataset(MnistDir() + "/t10k-images-idx3-ubyte",
+                             MnistDir() + "/t10k-labels-idx1-ubyte", 1.0f / 255);
+  EXPECT_TRUE(data.ok()) << data.status();
+  if (!data.ok()) return -1;
+  const int features = (*data)->num_features();
+  Tensor batch({kPredictExamples, features});
+  for (int i = 0; i < kPredictExamples; ++i) {
+    int32_t label;
+    (*data)->Get(i, batch.data() + static_cast<int64_t>(i) * features, &label);
+  }
+  CheckpointManager checkpoints(checkpoint_dir, 100);
+  auto state = checkpoints.RestoreLatest();
+  EXPECT_TRUE(state.ok() && state->has_value()) << checkpoint_dir;
+  if (!state.ok() || !state->has_value()) return -1;
+  auto spec = KerasModelSpecFromCheckpoint(**state);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return -1;
+  auto model = Model::Create(spec->model, spec->example_shape, spec->num_classes, 0);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return -1;
+  auto optimizer = Optimizer::Create(spec->optimizer);
+  EXPECT_TRUE(optimizer.ok());
+  if (!optimizer.ok()) return -1;
+  absl::Status restored = RestoreVariableState(**state, **model, **optimizer);
+  EXPECT_TRUE(restored.ok()) << restored;
+  if (!restored.ok()) return -1;
+  const Tensor& predictions = (*model)->Predict(batch);
+  std::ofstream(inputs_path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(batch.data()), batch.size() * sizeof(float));
+  std::ofstream(predictions_path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(predictions.data()), predictions.size() * sizeof(float));
+  return (*model)->num_parameters();
+}
+
+// Loads `keras_file` in Keras and compares its predictions with distrain's;
+// returns what the script prints (JSON).
+nlohmann::json CompareInKeras(const std::string& python, const std::string& dir,
+                              const std::string& keras_file) {
+  const std::string script = WriteTextFile(dir + "/compare.py", R"PY(
+import json, sys
+import numpy as np
+import keras
+model = keras.saving.load_model(sys.argv[1])
+x = np.fromfile(sys.argv[2], dtype=np.float32).reshape((-1,) + tuple(model.input_shape[1:]))
+ours = np.fromfile(sys.argv[3], dtype=np.float32).reshape((x.shape[0], -1))
+theirs = model.predict(x, verbose=0).reshape((x.shape[0], -1))
+print("RESULT " + json.dumps({
+    "max_abs_diff": float(np.max(np.abs(ours - theirs))),
+    "params": int(model.count_params()),
+    "layers": [type(l).__name__ for l in model.layers],
+    "output_shapes": [list(l.output.shape[1:]) for l in model.layers],
+    "optimizer": type(model.optimizer).__name__,
+    "iterations": int(model.optimizer.iterations.numpy()),
+    "loss": type(model.loss).__name__,
+}))
+)PY");
+  Subprocess py({python, script, keras_file, dir + "/x.f32", dir + "/p.f32"},
+                {{"TF_CPP_MIN_LOG_LEVEL", "3"}, {"CUDA_VISIBLE_DEVICES", ""}});
+  auto rc = py.Wait(300);
+  EXPECT_TRUE(rc.has_value() && *rc == 0) << py.output();
+  const std::string out = py.output();
+  const size_t at = out.rfind("RESULT ");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << out;
+    return nlohmann::json::object();
+  }
+  nlohmann::json result = nlohmann::json::parse(out.substr(at + 7, out.find('\n', at) - at - 7));
+  std::cout << keras_file << ": max |keras - distrain| = " << result.value("max_abs_diff", -1.0)
+            << "\n";
+  return result;
+}
+
+const char kGuideCnnModel[] =
+    "    model:\n"
+    "      layers:\n"
+    "        - Conv2D: {filters: 32, kernelSize: [3, 3], activation: relu}\n"
+    "        - MaxPooling2D: {poolSize: [2, 2]}\n"
+    "        - Conv2D: {filters: 64, kernelSize: [3, 3], activation: relu}\n"
+    "        - Flatten: {}\n"
+    "        - Dense: {units: 64, activation: relu}\n"
+    "        - Dense: {units: 10, activation: softmax}\n"
+    "      loss: {type: SparseCategoricalCrossentropy, fromLogits: true}\n";
+
+TEST(KerasInteropTest, GuideCnnExportPredictsInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_guide_cnn");
+  const std::string exported = dir + "/guide.keras";
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      JobYaml("OneDevice", "    Worker: {replicas: 1}\n", kGuideCnnModel, exported));
+  const std::string out = RunJob(job, dir);
+  EXPECT_NE(out.find("guide.keras"), std::string::npos) << out;
+  ASSERT_TRUE(std::filesystem::exists(exported)) << out;
+  // The command does the same from the checkpoint directory alone.
+  const std::string from_cli = dir + "/from-cli.keras";
+  Subprocess export_cmd({DistrainBinary(), "export", dir + "/ckpt", "-o", from_cli});
+  auto rc = export_cmd.Wait(60);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << export_cmd.output();
+
+  const int64_t params = PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
+  for (const std::string& file : {exported, from_cli}) {
+    nlohmann::json r = CompareInKeras(python, dir, file);
+    EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+    EXPECT_EQ(r.value("params", int64_t{0}), params) << r.dump();
+    EXPECT_EQ(r.value("optimizer", ""), "Adam");
+    EXPECT_EQ(r.value("iterations", -1), 30) << "the optimizer's state travels with the model";
+    EXPECT_EQ(r.value("loss", ""), "SparseCategoricalCrossentropy");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KerasInteropTest, BatchNormAndDropoutModelFromTwoWorkersPredictsInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_bn_dropout");
+  const std::string exported = dir + "/bn.keras";
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      JobYaml("MultiWorkerMirrored", "    Chief: {replicas: 1}\n    Worker: {replicas: 1}\n",
+              "    model:\n"
+              "      layers:\n"
+              "        - Conv2D: {filters: 16, kernelSize: [3, 3], padding: same, useBias: false}\n"
+              "        - BatchNormalization: {momentum: 0.9}\n"
+              "        - Activation: {activation: relu}\n"
+              "        - MaxPooling2D: {poolSize: [2, 2]}\n"
+              "        - Dropout: {rate: 0.25}\n"
+              "        - Conv2D: {filters: 32, kernelSize: [3, 3], strides: [2, 2]}\n"
+              "        - BatchNormalization: {}\n"
+              "        - Activation: {activation: gelu}\n"
+              "        - GlobalAveragePooling2D: {}\n"
+              "        - Dense: {units: 10, activation: softmax}\n",
+              exported));
+  RunJob(job, dir);
+  ASSERT_TRUE(std::filesystem::exists(exported));
+  PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
+  nlohmann::json r = CompareInKeras(python, dir, exported);
+  // Inference uses the moving statistics, which must have arrived too.
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+  EXPECT_EQ(r.value("layers", nlohmann::json::array()),
+            nlohmann::json({"Conv2D", "BatchNormalization", "Activation", "MaxPooling2D", "Dropout",
+                            "Conv2D", "BatchNormalization", "Activation",
+                            "GlobalAveragePooling2D", "Dense"}));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KerasInteropTest, KerasJsonImportsTrainsAndReturnsToKeras) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_round_trip");
+  // 1. Keras writes the guide's CNN (with BatchNormalization and Dropout
+  //    added) as JSON, and says how many parameters it has.
+  const std::string script = WriteTextFile(dir + "/write.py", R"PY(
+import sys, keras
+model = keras.Sequential([
+    keras.Input(shape=(28, 28, 1)),
+    keras.layers.Conv2D(32, 3, activation="relu"),
+    keras.layers.MaxPooling2D(),
+    keras.layers.BatchNormalization(),
+    keras.layers.Conv2D(64, 3, activation="relu"),
+    keras.layers.Flatten(),
+    keras.layers.Dropout(0.2),
+    keras.layers.Dense(64, activation="relu"),
+    keras.layers.Dense(10),
+])
+open(sys.argv[1], "w").write(model.to_json())
+print("PARAMS", model.count_params())
+print("SHAPES", [list(l.output.shape[1:]) for l in model.layers])
+)PY");
+  Subprocess writer({python, script, dir + "/model.json"}, {{"TF_CPP_MIN_LOG_LEVEL", "3"}});
+  auto rc = writer.Wait(300);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << writer.output();
+  const std::string written = writer.output();
+  const size_t p = written.find("PARAMS ");
+  ASSERT_NE(p, std::string::npos) << written;
+  const int64_t keras_params = std::stoll(written.substr(p + 7));
+
+  // 2. distrain turns it into the job's model block.
+  Subprocess import({DistrainBinary(), "import-keras", dir + "/model.json"});
+  rc = import.Wait(60);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << import.output();
+  const std::string block = import.output();
+  EXPECT_NE(block.find(absl::StrCat(keras_params, " parameters")), std::string::npos) << block;
+  // Indent the block under spec.training; the comment lines go too.
+  std::string model_block;
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("distrain: note", 0) == 0) continue;
+    model_block += "    " + line + "\n";
+  }
+  model_block += "      loss: {type: SparseCategoricalCrossentropy, fromLogits: true}\n";
+
+  // 3. Train it, export it, and load it back in Keras.
+  const std::string exported = dir + "/round-trip.keras";
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      JobYaml("OneDevice", "    Worker: {replicas: 1}\n", model_block, exported));
+  RunJob(job, dir);
+  EXPECT_EQ(PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32"), keras_params);
+  nlohmann::json r = CompareInKeras(python, dir, exported);
+  EXPECT_EQ(r.value("params", int64_t{0}), keras_params) << r.dump();
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+  const size_t s = written.find("SHAPES ");
+  ASSERT_NE(s, std::string::npos);
+  EXPECT_EQ(r["output_shapes"].dump(),
+            nlohmann::json::parse(written.substr(s + 7, written.find('\n', s) - s - 7)).dump());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace distrain
