@@ -39,6 +39,7 @@ RUNTIME_PACKAGES=(
   libgfortran5 libgomp1 libgrpc++1.51 libgrpc29 libopenblas0-pthread libprotobuf32
   libquadmath0 libre2-9 libspdlog1.10 libssl3 libstdc++6 libyaml-cpp0.7
   ocl-icd-libopencl1  # libdnnl2 links the OpenCL loader; the CPU path never opens a device
+  libhdf5-103-1  # the weights file of an exported .keras model
   zlib1g
 )
 SUITE=bookworm
