@@ -1,0 +1,299 @@
+#include "worker/model/keras_format.h"
+
+#include <hdf5.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/keras_archive.h"
+#include "worker/model/model.h"
+#include "worker/model/optimizer.h"
+#include "worker/strategy/variable_state.h"
+
+namespace distrain {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+
+// A Keras 3 model.to_json() of the guide's CNN (keys as Keras 3.15 writes
+// them, trimmed of the ones the importer ignores).
+Json GuideCnnJson() {
+  return Json::parse(R"({
+    "module": "keras", "class_name": "Sequential", "registered_name": null,
+    "config": {"name": "sequential", "trainable": true, "layers": [
+      {"module": "keras.layers", "class_name": "InputLayer",
+       "config": {"batch_shape": [null, 28, 28, 1], "dtype": "float32", "sparse": false,
+                  "ragged": false, "name": "input_layer", "optional": false}},
+      {"module": "keras.layers", "class_name": "Conv2D",
+       "config": {"name": "conv2d", "filters": 32, "kernel_size": [3, 3], "strides": [1, 1],
+                  "padding": "valid", "data_format": "channels_last", "dilation_rate": [1, 1],
+                  "groups": 1, "activation": "relu", "use_bias": true,
+                  "kernel_initializer": {"module": "keras.initializers", "class_name": "GlorotUniform", "config": {"seed": null}},
+                  "bias_initializer": {"module": "keras.initializers", "class_name": "Zeros", "config": {}},
+                  "kernel_regularizer": null, "bias_regularizer": null, "activity_regularizer": null,
+                  "kernel_constraint": null, "bias_constraint": null}},
+      {"module": "keras.layers", "class_name": "MaxPooling2D",
+       "config": {"name": "max_pooling2d", "pool_size": [2, 2], "padding": "valid",
+                  "strides": [2, 2], "data_format": "channels_last"}},
+      {"module": "keras.layers", "class_name": "Flatten",
+       "config": {"name": "flatten", "data_format": "channels_last"}},
+      {"module": "keras.layers", "class_name": "Dense",
+       "config": {"name": "dense", "units": 10, "activation": "softmax", "use_bias": true}}
+    ]}})");
+}
+
+TEST(KerasImportTest, GuideCnnBecomesTheSameLayersWithKerasParameterCount) {
+  auto imported = ImportKerasModelJson(GuideCnnJson().dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const auto& layers = imported->model.layers;
+  ASSERT_EQ(layers.size(), 5u);
+  EXPECT_EQ(layers[0].kind, LayerKind::kInput);
+  EXPECT_EQ(layers[0].shape, (std::vector<int64_t>{28, 28, 1}));
+  EXPECT_EQ(layers[1].kind, LayerKind::kConv2D);
+  EXPECT_EQ(layers[1].filters, 32);
+  EXPECT_EQ(layers[1].activation, ActivationKind::kRelu);
+  EXPECT_FALSE(layers[2].strides.has_value()) << "strides equal to pool_size are Keras' default";
+  EXPECT_EQ(layers[4].activation, ActivationKind::kSoftmax);
+  // 3*3*32+32 + 13*13*32*10+10 = 320 + 54,090.
+  EXPECT_EQ(imported->num_parameters, 54410);
+  EXPECT_TRUE(imported->warnings.empty());
+}
+
+TEST(KerasImportTest, YamlBlockParsesBackIntoTheSameModel) {
+  auto imported = ImportKerasModelJson(GuideCnnJson().dump());
+  ASSERT_TRUE(imported.ok());
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("54410 parameters"));
+  // Indent it under spec.training of a job, as a user pastes it.
+  std::string indented;
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
+  const std::string job = "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\n"
+                          "metadata: {name: t}\nspec:\n  strategy: OneDevice\n"
+                          "  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
+                          indented;
+  auto parsed = ParseJobYaml(job);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << job;
+  EXPECT_EQ(parsed->training.model.layers, imported->model.layers) << job;
+}
+
+TEST(KerasImportTest, UnsupportedLayerIsNamedWithTheSupportedList) {
+  Json json = GuideCnnJson();
+  json["config"]["layers"].push_back(
+      {{"class_name", "LSTM"}, {"config", {{"name", "lstm"}, {"units", 8}}}});
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_THAT(imported.status().message(),
+              AllOf(HasSubstr("layers[5] LSTM 'lstm'"), HasSubstr("Conv2D"),
+                    HasSubstr("BatchNormalization"), HasSubstr("InputLayer")));
+}
+
+TEST(KerasImportTest, ArgumentsThatChangeTheModelAreErrorsInitialisersAreNotes) {
+  Json json = GuideCnnJson();
+  auto& conv = json["config"]["layers"][1]["config"];
+  conv["dilation_rate"] = {2, 2};
+  conv["kernel_regularizer"] = {{"class_name", "L2"}, {"config", {{"l2", 0.01}}}};
+  conv["kernel_initializer"] = {{"class_name", "HeNormal"}, {"config", {{"seed", nullptr}}}};
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_THAT(imported.status().message(),
+              AllOf(HasSubstr("layers[1] Conv2D 'conv2d': dilation_rate"),
+                    HasSubstr("kernel_regularizer")));
+
+  conv.erase("dilation_rate");
+  conv["kernel_regularizer"] = nullptr;
+  imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_EQ(imported->warnings.size(), 1u);
+  EXPECT_THAT(imported->warnings[0], AllOf(HasSubstr("HeNormal"), HasSubstr("GlorotUniform")));
+}
+
+TEST(KerasImportTest, FunctionalModelsAndGarbageAreRefusedClearly) {
+  auto functional = ImportKerasModelJson(R"({"class_name": "Functional", "config": {}})");
+  ASSERT_FALSE(functional.ok());
+  EXPECT_THAT(functional.status().message(), AllOf(HasSubstr("Functional"), HasSubstr("Sequential")));
+  auto garbage = ImportKerasModelJson("not json");
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_THAT(garbage.status().message(), HasSubstr("to_json"));
+  auto channels_first = GuideCnnJson();
+  channels_first["config"]["layers"][1]["config"]["data_format"] = "channels_first";
+  auto cf = ImportKerasModelJson(channels_first.dump());
+  ASSERT_FALSE(cf.ok());
+  EXPECT_THAT(cf.status().message(), HasSubstr("channels_last"));
+}
+
+TEST(KerasImportTest, CompileConfigBringsLossAndOptimizer) {
+  Json json = GuideCnnJson();
+  json["compile_config"] = Json::parse(R"({
+    "optimizer": {"module": "keras.optimizers", "class_name": "Adam",
+                  "config": {"name": "adam", "learning_rate": 0.0005, "beta_1": 0.8,
+                             "beta_2": 0.99, "epsilon": 1e-07, "amsgrad": false}},
+    "loss": {"module": "keras.losses", "class_name": "SparseCategoricalCrossentropy",
+             "config": {"from_logits": true}},
+    "metrics": ["accuracy"]})");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_TRUE(imported->optimizer.has_value());
+  EXPECT_EQ(imported->optimizer->type, OptimizerType::kAdam);
+  EXPECT_FLOAT_EQ(imported->optimizer->learning_rate, 0.0005f);
+  EXPECT_FLOAT_EQ(imported->optimizer->beta1, 0.8f);
+  EXPECT_TRUE(imported->has_loss);
+  EXPECT_EQ(imported->model.loss.from_logits, std::optional<bool>(true));
+  const std::string block = KerasImportYaml(*imported, "config.json");
+  EXPECT_THAT(block, AllOf(HasSubstr("optimizer: {"), HasSubstr("learningRate: 0.0005"),
+                           HasSubstr("fromLogits: true")));
+  EXPECT_THAT(block, ::testing::Not(HasSubstr("momentum")));
+}
+
+// Reads a stored zip's entries back (local headers, checking each CRC-32),
+// as a zip reader would.
+std::map<std::string, std::string> ReadStoredZip(const std::string& zip) {
+  std::map<std::string, std::string> entries;
+  auto le = [&](size_t at, int bytes) {
+    uint32_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(zip[at + i]);
+    return v;
+  };
+  size_t at = 0;
+  while (at + 30 <= zip.size() && le(at, 4) == 0x04034b50) {
+    EXPECT_EQ(le(at + 8, 2), 0u) << "stored";
+    const uint32_t crc = le(at + 14, 4);
+    const uint32_t size = le(at + 18, 4);
+    const uint32_t name_len = le(at + 26, 2);
+    const std::string name = zip.substr(at + 30, name_len);
+    const std::string data = zip.substr(at + 30 + name_len, size);
+    EXPECT_EQ(crc32(0, reinterpret_cast<const Bytef*>(data.data()), data.size()), crc) << name;
+    entries[name] = data;
+    at += 30 + name_len + size;
+  }
+  // The end-of-central-directory record counts them.
+  const size_t eocd = zip.size() - 22;
+  EXPECT_EQ(le(eocd, 4), 0x06054b50u);
+  EXPECT_EQ(le(eocd + 10, 2), entries.size());
+  return entries;
+}
+
+class KerasExportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/keras_export_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A small BN model and its state after one Adam step.
+  static KerasModelSpec Spec() {
+    KerasModelSpec spec;
+    spec.model.type = "sequential";
+    LayerConfig conv;
+    conv.kind = LayerKind::kConv2D;
+    conv.filters = 4;
+    conv.kernel_size = {3, 3};
+    LayerConfig bn;
+    bn.kind = LayerKind::kBatchNormalization;
+    LayerConfig flatten;
+    flatten.kind = LayerKind::kFlatten;
+    LayerConfig dense;
+    dense.kind = LayerKind::kDense;
+    dense.units = 3;
+    dense.activation = ActivationKind::kSoftmax;
+    spec.model.layers = {conv, bn, flatten, dense};
+    spec.example_shape = {6, 6, 1};
+    spec.num_classes = 3;
+    return spec;
+  }
+  static CheckpointState TrainedState(const KerasModelSpec& spec) {
+    auto model = Model::Create(spec.model, spec.example_shape, spec.num_classes, 1);
+    EXPECT_TRUE(model.ok());
+    auto optimizer = Optimizer::Create(spec.optimizer);
+    Tensor x({2, 36}, 0.5f);
+    std::vector<int32_t> labels = {0, 2};
+    (*model)->TrainStep(x, labels);
+    (*optimizer)->Apply((*model)->parameters());
+    return CaptureVariableState(**model, **optimizer, 1);
+  }
+  std::string dir_;
+};
+
+TEST_F(KerasExportTest, ArchiveHoldsKerasLayoutWeightsAndAdamSlots) {
+  const KerasModelSpec spec = Spec();
+  const CheckpointState state = TrainedState(spec);
+  const std::string path = dir_ + "/m.keras";
+  ASSERT_TRUE(ExportKerasModel(spec, state, path).ok());
+  std::ifstream in(path, std::ios::binary);
+  const std::string zip((std::istreambuf_iterator<char>(in)), {});
+  auto entries = ReadStoredZip(zip);
+  ASSERT_EQ(entries.size(), 3u);
+  const Json config = Json::parse(entries["config.json"]);
+  EXPECT_EQ(config["class_name"], "Sequential");
+  EXPECT_EQ(config["config"]["layers"][0]["class_name"], "InputLayer");
+  EXPECT_EQ(config["config"]["layers"][4]["config"]["activation"], "softmax");
+  EXPECT_EQ(config["compile_config"]["optimizer"]["class_name"], "Adam");
+  EXPECT_EQ(Json::parse(entries["metadata.json"])["keras_version"], kKerasFormatVersion);
+
+  // The weights file, opened by HDF5 from the archive's bytes.
+  const std::string h5_path = dir_ + "/w.h5";
+  std::ofstream(h5_path, std::ios::binary) << entries["model.weights.h5"];
+  const hid_t file = H5Fopen(h5_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  auto read = [&](const std::string& name) {
+    const hid_t set = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+    EXPECT_GE(set, 0) << name;
+    const hid_t space = H5Dget_space(set);
+    std::vector<float> values(H5Sget_simple_extent_npoints(space));
+    H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+    H5Sclose(space);
+    H5Dclose(set);
+    return values;
+  };
+  auto expect_equal = [&](const std::string& h5_name, const std::string& checkpoint_name) {
+    const Tensor& t = state.tensors.at(checkpoint_name);
+    EXPECT_EQ(read(h5_name), std::vector<float>(t.data(), t.data() + t.size())) << h5_name;
+  };
+  expect_equal("/layers/conv2d/vars/0", "variables/conv2d/kernel");
+  // gamma, beta, moving_mean, moving_variance: Keras' order.
+  expect_equal("/layers/batch_normalization/vars/1", "variables/batch_normalization/beta");
+  expect_equal("/layers/batch_normalization/vars/3", "variables/batch_normalization/moving_variance");
+  expect_equal("/layers/dense/vars/1", "variables/dense/bias");
+  // iterations, learning rate, then (momentum, velocity) per trainable variable.
+  expect_equal("/optimizer/vars/2", "optimizer/conv2d/kernel/m");
+  expect_equal("/optimizer/vars/3", "optimizer/conv2d/kernel/v");
+  expect_equal("/optimizer/vars/8", "optimizer/batch_normalization/beta/m");
+  expect_equal("/optimizer/vars/11", "optimizer/dense/kernel/v");
+  EXPECT_GT(H5Lexists(file, "/optimizer/vars/13", H5P_DEFAULT), 0);
+  EXPECT_EQ(H5Lexists(file, "/optimizer/vars/14", H5P_DEFAULT), 0) << "2 + 2 x 6 variables";
+  H5Fclose(file);
+}
+
+TEST_F(KerasExportTest, CheckpointOfAnotherModelNamesTheMissingVariable) {
+  const KerasModelSpec spec = Spec();
+  CheckpointState state = TrainedState(spec);
+  state.tensors.erase("variables/dense/kernel");
+  auto s = ExportKerasModel(spec, state, dir_ + "/m.keras");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("dense/kernel"), HasSubstr("another model")));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/m.keras")) << "no half-written model";
+  auto bad_name = ExportKerasModel(spec, TrainedState(spec), dir_ + "/m.h5");
+  ASSERT_FALSE(bad_name.ok());
+  EXPECT_THAT(bad_name.message(), HasSubstr(".keras"));
+}
+
+TEST_F(KerasExportTest, CheckpointMetadataIsEnoughToExport) {
+  CheckpointState state;
+  auto missing = KerasModelSpecFromCheckpoint(state);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("--job"));
+}
+
+}  // namespace
+}  // namespace distrain
