@@ -66,6 +66,15 @@ std::string RunScript(const std::string& script) {
   return LastLine(run.output());
 }
 
+// scripts/mnist.sh's IDX directory (DISTRAIN_MNIST_DIR overrides it, as for
+// the CNN tests).
+std::string MnistIdxDir() {
+  if (const char* env = std::getenv("DISTRAIN_MNIST_DIR"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return RunScript("mnist.sh");
+}
+
 // The first `n` examples of an IDX images/labels pair, as a new pair.
 void WriteIdxPrefix(const std::string& from_images, const std::string& from_labels, int n,
                     const std::string& to_images, const std::string& to_labels) {
@@ -99,7 +108,7 @@ const Data& SharedData() {
       d->skip = "TensorFlow peer venv missing: run scripts/setup.sh (without --no-peers)";
       return d;
     }
-    const std::string mnist = RunScript("mnist.sh");
+    const std::string mnist = MnistIdxDir();
     d->dir = FreshTempDir("tfrecord_data");
     WriteIdxPrefix(mnist + "/train-images-idx3-ubyte", mnist + "/train-labels-idx1-ubyte", kTrain,
                    d->dir + "/train-images", d->dir + "/train-labels");
@@ -115,7 +124,8 @@ const Data& SharedData() {
         "src = '", mnist, "'\n",
         "for comp, shards, out in (('NONE', 3, 'plain'), ('GZIP', 4, 'gzip')):\n"
         "  os.makedirs(os.path.join('", d->dir, "', out))\n",
-        "  for name, idx, n in (('train', 'train', ", kTrain, "), ('test', 't10k', ", kTest, ")):\n",
+        "  for name, idx, n in (('train', 'train', ", kTrain, "),\n",
+        "                       ('test', 't10k', ", kTest, ")):\n",
         "    images = m.read_idx(os.path.join(src, idx + '-images-idx3-ubyte'), 2051, 3)[:n]\n"
         "    labels = m.read_idx(os.path.join(src, idx + '-labels-idx1-ubyte'), 2049, 1)[:n]\n"
         "    m.write_split(tf, images, labels, os.path.join('", d->dir, "', out), name,\n",
@@ -331,7 +341,7 @@ double EvalAccuracy(const std::string& out) {
 TEST(TfRecordTrainingTest, ExampleTrainsAsTheIdxExampleAndShardsOverWorkers) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
   const std::string tfrecord_dir = RunScript("mnist_tfrecord.sh");
-  const std::string idx_dir = RunScript("mnist.sh");
+  const std::string idx_dir = MnistIdxDir();
   const std::string dir = FreshTempDir("tfrecord_example");
   const std::string one = "{Worker: {replicas: 1}}";
   const RunResult idx = DistrainRun(
