@@ -213,6 +213,10 @@ absl::StatusOr<std::optional<Evaluation>> Evaluator::Poll() {
     Evaluation evaluation;
     evaluation.step = step;
     evaluation.result = EvaluateModel(*model_, *eval_data_);
+    // This process's first point: a restarted Evaluator re-evaluates the
+    // newest checkpoint, and the START makes TensorBoard replace the point
+    // its predecessor wrote for it instead of showing both.
+    if (last_evaluated_step_ < 0) events_.WriteSessionStart(step);
     last_evaluated_step_ = step;
     if (metrics_ != nullptr) {
       metrics_->eval_loss.Set(evaluation.result.loss);

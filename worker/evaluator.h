@@ -22,7 +22,8 @@
 //      distrain_eval_loss, distrain_eval_accuracy, distrain_eval_checkpoint_step,
 //      and append `loss` and `accuracy` at the checkpoint's step to the
 //      TensorBoard run <checkpoint dir>/validation (docs/tensorboard.md; the
-//      chief leaves that run to the Evaluator; best effort, like the chief's);
+//      chief leaves that run to the Evaluator; best effort, like the chief's),
+//      the process's first one after a SessionLog START at that step;
 //   4. stop:
 //      * exit 0 once a checkpoint at step >= spec.training.steps has been
 //        evaluated (the job is done: the chief writes that checkpoint last;

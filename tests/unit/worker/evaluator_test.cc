@@ -164,6 +164,24 @@ TEST_F(EvaluatorTest, WritesEachEvaluationToTheValidationRunAtTheCheckpointStep)
   EXPECT_EQ(curves.at("accuracy"), accuracy);
 }
 
+// A restarted Evaluator evaluates the newest checkpoint again; its file
+// starts with a SessionLog START there, so TensorBoard shows one point.
+TEST_F(EvaluatorTest, RestartedEvaluatorStartsItsFileAtTheCheckpointItReevaluates) {
+  WriteCheckpoint(10);
+  ASSERT_TRUE(Make()->Poll().ok());
+  auto restarted = Make();
+  auto evaluated = restarted->Poll();
+  ASSERT_TRUE(evaluated.ok() && evaluated->has_value());
+  const std::vector<std::string> files = testing::EventFiles(dir_ + "/validation");
+  ASSERT_EQ(files.size(), 2u);
+  const std::vector<v1::TfEvent> events = testing::ReadEventFile(files[1]);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[1].session_log().status(), v1::TfSessionLog::START);
+  EXPECT_EQ(events[1].step(), 10);
+  EXPECT_EQ(events[2].step(), 10);
+  EXPECT_EQ(events[2].summary().value_size(), 2);
+}
+
 TEST_F(EvaluatorTest, DifferentCheckpointsEvaluateDifferently) {
   // Guards the test above: equal losses would not show which checkpoint was read.
   EXPECT_NE(Expected(10).loss, Expected(30).loss);
