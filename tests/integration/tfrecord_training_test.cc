@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/exit_codes.h"
+#include "tests/integration/mnist_data.h"
 #include "tests/integration/subprocess.h"
 #include "tests/integration/sync_reference.h"
 #include "tests/integration/tensorflow_peer.h"
@@ -33,6 +34,8 @@ using testing::DistrainBinary;
 using testing::ExpectSameVariables;
 using testing::FinalVariables;
 using testing::FreshTempDir;
+using testing::MnistDir;
+using testing::MnistTfRecordDir;
 using testing::SourceDir;
 using testing::Subprocess;
 using testing::WriteTextFile;
@@ -51,28 +54,6 @@ std::string ReadBytes(const std::string& path) {
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
-}
-
-// The last line a script printed (scripts/mnist*.sh print their directory last).
-std::string LastLine(std::string out) {
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out.substr(out.rfind('\n') + 1);
-}
-
-std::string RunScript(const std::string& script) {
-  Subprocess run({"/bin/bash", SourceDir() + "/scripts/" + script});
-  auto rc = run.Wait(600);
-  EXPECT_TRUE(rc.has_value() && *rc == 0) << run.output();
-  return LastLine(run.output());
-}
-
-// scripts/mnist.sh's IDX directory (DISTRAIN_MNIST_DIR overrides it, as for
-// the CNN tests).
-std::string MnistIdxDir() {
-  if (const char* env = std::getenv("DISTRAIN_MNIST_DIR"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return RunScript("mnist.sh");
 }
 
 // The first `n` examples of an IDX images/labels pair, as a new pair.
@@ -108,7 +89,7 @@ const Data& SharedData() {
       d->skip = "TensorFlow peer venv missing: run scripts/setup.sh (without --no-peers)";
       return d;
     }
-    const std::string mnist = MnistIdxDir();
+    const std::string mnist = MnistDir();
     d->dir = FreshTempDir("tfrecord_data");
     WriteIdxPrefix(mnist + "/train-images-idx3-ubyte", mnist + "/train-labels-idx1-ubyte", kTrain,
                    d->dir + "/train-images", d->dir + "/train-labels");
@@ -340,8 +321,8 @@ double EvalAccuracy(const std::string& out) {
 
 TEST(TfRecordTrainingTest, ExampleTrainsAsTheIdxExampleAndShardsOverWorkers) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
-  const std::string tfrecord_dir = RunScript("mnist_tfrecord.sh");
-  const std::string idx_dir = MnistIdxDir();
+  const std::string tfrecord_dir = MnistTfRecordDir();
+  const std::string idx_dir = MnistDir();
   const std::string dir = FreshTempDir("tfrecord_example");
   const std::string one = "{Worker: {replicas: 1}}";
   const RunResult idx = DistrainRun(

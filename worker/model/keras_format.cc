@@ -924,19 +924,21 @@ bool PlainYamlScalar(const std::string& s) {
   return true;
 }
 
-// JSON as YAML flow style with plain keys and strings where YAML allows.
-std::string FlowYaml(const Json& v) {
+// JSON as YAML flow style with plain keys and strings where YAML allows;
+// ordered_json keeps the job writer's argument order (Keras').
+using OrderedJson = nlohmann::ordered_json;
+std::string FlowYaml(const OrderedJson& v) {
   if (v.is_object()) {
     std::vector<std::string> parts;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      const std::string key = PlainYamlScalar(it.key()) ? it.key() : Json(it.key()).dump();
+      const std::string key = PlainYamlScalar(it.key()) ? it.key() : OrderedJson(it.key()).dump();
       parts.push_back(absl::StrCat(key, ": ", FlowYaml(it.value())));
     }
     return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
   }
   if (v.is_array()) {
     std::vector<std::string> parts;
-    for (const Json& item : v) parts.push_back(FlowYaml(item));
+    for (const OrderedJson& item : v) parts.push_back(FlowYaml(item));
     return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
   }
   if (v.is_string()) {
@@ -954,7 +956,7 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
   JobConfig job;
   job.training.model = imported.model;
   if (imported.optimizer) job.training.optimizer = *imported.optimizer;
-  const Json training = Json::parse(JobConfigToJson(job))["training"];
+  const OrderedJson training = OrderedJson::parse(JobConfigToJson(job))["training"];
   std::string out = absl::StrCat("# spec.training blocks imported by `distrain import-keras` from ",
                                  source, "\n");
   if (imported.num_parameters >= 0) {
@@ -963,8 +965,11 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
   }
   for (const std::string& w : imported.warnings) absl::StrAppend(&out, "# note: ", w, "\n");
   absl::StrAppend(&out, "model:\n  layers:\n");
-  for (const Json& layer : training["model"]["layers"]) {
-    absl::StrAppend(&out, "    - ", FlowYaml(layer), "\n");
+  // Each layer as the examples write it: `- Conv2D: {filters: 32, ...}`.
+  for (const OrderedJson& layer : training["model"]["layers"]) {
+    for (auto it = layer.begin(); it != layer.end(); ++it) {
+      absl::StrAppend(&out, "    - ", it.key(), ": ", FlowYaml(it.value()), "\n");
+    }
   }
   if (imported.has_loss) {
     absl::StrAppend(&out, "  loss: ", FlowYaml(training["model"]["loss"]), "\n");
@@ -975,7 +980,7 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
   }
   if (imported.optimizer) {
     // Only the fields of the chosen rule; the others would be ignored.
-    Json optimizer = training["optimizer"];
+    OrderedJson optimizer = training["optimizer"];
     std::vector<std::string> unused = {"momentum", "nesterov", "beta1", "beta2", "epsilon"};
     if (imported.optimizer->type == OptimizerType::kAdam) unused = {"momentum", "nesterov"};
     if (imported.optimizer->type == OptimizerType::kMomentum) unused = {"beta1", "beta2", "epsilon"};
