@@ -9,8 +9,10 @@ scripts/build.sh
 # The kube tier runs against a real kube-apiserver built from Go modules
 # (cached under ~/.cache/distrain/kube-<version>; cold build ~10-20 min).
 scripts/control-plane.sh build
-# Real MNIST digits (cached) for the CNN integration tests.
+# Real MNIST digits (cached) for the CNN integration tests, and the same split
+# as TFRecord shards written by TensorFlow (the TFRecord and workflow tests).
 scripts/mnist.sh > /dev/null
+scripts/mnist_tfrecord.sh > /dev/null
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 cd "$BUILD_DIR"
 # Integration tests start several processes each; run them one at a time on
