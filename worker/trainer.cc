@@ -399,7 +399,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       // no loss of its own: its curve gets no point rather than a stale one.
       if (out->examples > 0) scalars = {{"loss", out->loss}, {"accuracy", accuracy}};
       // Job-wide, like the status file's (WriteStatus).
-      scalars.push_back({"examples_per_second", examples_per_second * strategy_->num_input_shards()});
+      scalars.push_back(
+          {"examples_per_second", examples_per_second * strategy_->num_input_shards()});
       scalars.push_back({"step_time_seconds", step_seconds});
       scalars.push_back({"learning_rate", tc.optimizer.learning_rate});
       tensorboard.train.WriteScalars(step, scalars);

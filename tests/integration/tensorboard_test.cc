@@ -97,7 +97,8 @@ Runs ReadWithTensorBoard(const std::string& python, const std::string& logdir) {
 // <dir>/<run> step S: tag=value ..."), run -> tag -> step -> value.
 Runs WrittenBy(const std::string& out, const std::string& task) {
   Runs runs;
-  const std::regex line("\\[" + task + R"(\] [^\n]*tensorboard: \S+/(train|validation) step (\d+):([^\n]*))");
+  const std::regex line("\\[" + task +
+                        R"(\] [^\n]*tensorboard: \S+/(train|validation) step (\d+):([^\n]*))");
   const std::regex pair(R"( ([a-z_]+)=(\S+))");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
        ++it) {
@@ -143,8 +144,9 @@ struct StepLine {
 };
 std::map<int64_t, StepLine> StepLines(const std::string& out, const std::string& task) {
   std::map<int64_t, StepLine> lines;
-  const std::regex re("\\[" + task +
-                      R"(\] [^\n]*step (\d+)/\d+ loss ([0-9.]+) accuracy ([0-9.]+) examples/s ([0-9]+))");
+  const std::regex re(
+      "\\[" + task +
+      R"(\] [^\n]*step (\d+)/\d+ loss ([0-9.]+) accuracy ([0-9.]+) examples/s ([0-9]+))");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
        ++it) {
     lines[std::stoll((*it)[1].str())] = {std::stod((*it)[2].str()), std::stod((*it)[3].str()),
@@ -163,8 +165,10 @@ std::map<int64_t, std::pair<double, double>> EvalLines(const std::string& out,
   const std::string p = "\\[" + task + "\\] [^\\n]*";
   for (const std::string& pattern :
        {p + R"(eval at step (\d+): loss ([0-9.]+) accuracy ([0-9.]+))",
-        p + R"(training complete: steps (\d+) loss [0-9.]+ eval_loss ([0-9.]+) eval_accuracy ([0-9.]+))",
-        p + R"(evaluator: checkpoint step (\d+)/\d+ eval_loss ([0-9.]+) eval_accuracy ([0-9.]+))"}) {
+        p + R"(training complete: steps (\d+) loss [0-9.]+ )"
+            R"(eval_loss ([0-9.]+) eval_accuracy ([0-9.]+))",
+        p + R"(evaluator: checkpoint step (\d+)/\d+ )"
+            R"(eval_loss ([0-9.]+) eval_accuracy ([0-9.]+))"}) {
     const std::regex re(pattern);
     for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
          ++it) {
@@ -250,7 +254,8 @@ std::string RunJob(const std::string& job, const std::string& dir, const std::st
 TEST(TensorBoardTest, OneDeviceRunShowsEveryScalarAndARestartReplacesThePointsAfterItsCheckpoint) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
   const std::string dir = FreshTempDir("tensorboard_onedevice");
-  const std::string training = "    evalEverySteps: 20\n    checkpoint: {everySteps: 20, keep: 5}\n";
+  const std::string training =
+      "    evalEverySteps: 20\n    checkpoint: {everySteps: 20, keep: 5}\n";
   const std::string out1 = RunJob(
       WriteTextFile(dir + "/job60.yaml",
                     SyncJobYaml("OneDevice", "    Worker: {replicas: 1}\n", 60, training)),
@@ -310,8 +315,9 @@ TEST(TensorBoardTest, MultiWorkerMirroredChiefWritesTrainAndTheEvaluatorWritesVa
   // It may skip a checkpoint when it falls behind, never the final one.
   EXPECT_EQ(evaluator.at("validation").at("loss").count(60), 1u) << out;
 
-  ExpectTensorBoardShows(ReadWithTensorBoard(python, dir + "/ckpt"),
-                         {{"train", chief.at("train")}, {"validation", evaluator.at("validation")}});
+  ExpectTensorBoardShows(
+      ReadWithTensorBoard(python, dir + "/ckpt"),
+      {{"train", chief.at("train")}, {"validation", evaluator.at("validation")}});
   fs::remove_all(dir);
 }
 

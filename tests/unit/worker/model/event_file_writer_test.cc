@@ -36,8 +36,8 @@ const std::string kTfScalarEvent(
     "\x08\x01\x12\x00\x22\x04\x00\x00\x00\x3f\x4a\x0b\x0a\x09\x0a\x07\x73\x63\x61\x6c\x61\x72\x73",
     46);
 constexpr double kTfScalarWallTime = 1795621895.33851;
-const std::string kTfSessionStartEvent("\x09\x00\x00\x00\x00\x00\x00\x00\x40\x10\x07\x3a\x02\x08\x01",
-                                       15);
+const std::string kTfSessionStartEvent(
+    "\x09\x00\x00\x00\x00\x00\x00\x00\x40\x10\x07\x3a\x02\x08\x01", 15);
 
 class EventFileWriterTest : public ::testing::Test {
  protected:
@@ -116,7 +116,8 @@ TEST_F(EventFileWriterTest, FileIsNamedAsTensorFlow2NamesItAndSortsAfterTheRunsO
 TEST_F(EventFileWriterTest, SeveralTagsShareOneEventAndValuesAreFloat32) {
   auto writer = EventFileWriter::Create(dir_);
   ASSERT_TRUE(writer.ok()) << writer.status();
-  ASSERT_TRUE((*writer)->WriteScalars(10, {{Scalar{"loss", 0.1}, Scalar{"accuracy", 1.0 / 3}}}).ok());
+  ASSERT_TRUE(
+      (*writer)->WriteScalars(10, {{Scalar{"loss", 0.1}, Scalar{"accuracy", 1.0 / 3}}}).ok());
   ASSERT_TRUE((*writer)->WriteScalars(20, {{Scalar{"loss", 0.05}}}).ok());
   const std::vector<v1::TfEvent> events = ReadEventFile((*writer)->path());
   ASSERT_EQ(events.size(), 3u);
