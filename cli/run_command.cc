@@ -424,6 +424,14 @@ int RunJob(const RunOptions& options) {
   }
   std::cout << absl::StrFormat("  wall time       %.1fs\n", wall);
   std::cout << "  checkpoints     " << cluster_options.checkpoint_dir << "\n";
+  // The chief's event files (docs/tensorboard.md) live next to the checkpoints.
+  std::error_code ignored;
+  if (std::filesystem::is_directory(cluster_options.checkpoint_dir + "/train", ignored)) {
+    std::cout << "  tensorboard     tensorboard --logdir " << cluster_options.checkpoint_dir << "\n";
+  }
+  if (code == 0 && !config->training.export_model.path.empty()) {
+    std::cout << "  keras model     " << config->training.export_model.path << "\n";
+  }
   if (code != 0 && IsRetryableExitCode(code)) {
     std::cout << "  resume with     distrain run " << options.job_file << " --checkpoint-dir "
               << cluster_options.checkpoint_dir << "\n";
