@@ -509,32 +509,26 @@ class LayerReader {
     auto it = config_.find(key);
     return it == config_.end() || it->is_null() ? nullptr : &*it;
   }
-  int64_t Int(const char* key, int64_t fallback) {
+  // The value at `key` when it has the JSON type `is` checks; else the
+  // fallback, and a problem saying what it must be.
+  template <typename T>
+  T Typed(const char* key, T fallback, bool (Json::*is)() const noexcept, const char* what) {
     const Json* v = Get(key);
     if (v == nullptr) return fallback;
-    if (!v->is_number_integer()) {
-      Bad(key, absl::StrCat("must be an integer, got ", v->dump()));
+    if (!(v->*is)()) {
+      Bad(key, absl::StrCat("must be ", what, ", got ", v->dump()));
       return fallback;
     }
-    return v->get<int64_t>();
+    return v->get<T>();
+  }
+  int64_t Int(const char* key, int64_t fallback) {
+    return Typed(key, fallback, &Json::is_number_integer, "an integer");
   }
   double Number(const char* key, double fallback) {
-    const Json* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_number()) {
-      Bad(key, absl::StrCat("must be a number, got ", v->dump()));
-      return fallback;
-    }
-    return v->get<double>();
+    return Typed(key, fallback, &Json::is_number, "a number");
   }
   bool Bool(const char* key, bool fallback) {
-    const Json* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) {
-      Bad(key, absl::StrCat("must be true or false, got ", v->dump()));
-      return fallback;
-    }
-    return v->get<bool>();
+    return Typed(key, fallback, &Json::is_boolean, "true or false");
   }
   // An int or a pair of ints (Keras accepts both for sizes and strides).
   std::optional<std::array<int64_t, 2>> Pair(const char* key) {
@@ -563,13 +557,7 @@ class LayerReader {
     return out;
   }
   std::string String(const char* key, const std::string& fallback) {
-    const Json* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_string()) {
-      Bad(key, absl::StrCat("must be a string, got ", v->dump()));
-      return fallback;
-    }
-    return v->get<std::string>();
+    return Typed(key, fallback, &Json::is_string, "a string");
   }
   ActivationKind Activation(const char* key) {
     const Json* v = Get(key);
