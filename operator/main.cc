@@ -84,6 +84,15 @@ int main(int argc, char** argv) {
                  "address of the Prometheus endpoint (/metrics); \"0\" disables it");
   app.add_option("--health-probe-bind-address", health_address,
                  "address of /healthz and /readyz; \"0\" disables it");
+  std::string progress_timeout = "2s";
+  app.add_option("--progress-scrape-timeout", progress_timeout,
+                 "deadline of each scrape of a chief's /metrics for status.progress (each job's own)");
+  app.add_option("--progress-scrape-max-bytes", options.progress_scrape_max_bytes,
+                 "the most bytes read from one chief's /metrics; a larger answer is skipped")
+      ->check(CLI::Range(size_t{1024}, size_t{64} << 20));
+  app.add_option("--progress-scrape-concurrency", options.progress_scrape_concurrency,
+                 "chiefs' /metrics scraped at once (memory: this times --progress-scrape-max-bytes)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("--version", version, "print the version and exit");
@@ -157,7 +166,8 @@ int main(int argc, char** argv) {
   for (const DurationFlag& d :
        {DurationFlag{"--leader-election-lease-duration", lease_duration, &options.lease_duration},
         DurationFlag{"--leader-election-renew-deadline", renew_deadline, &options.renew_deadline},
-        DurationFlag{"--leader-election-retry-period", retry_period, &options.retry_period}}) {
+        DurationFlag{"--leader-election-retry-period", retry_period, &options.retry_period},
+        DurationFlag{"--progress-scrape-timeout", progress_timeout, &options.progress_scrape_timeout}}) {
     if (!absl::ParseDuration(d.value, d.out) || *d.out <= absl::ZeroDuration()) {
       std::cerr << d.flag << ": must be a positive duration such as 15s or 500ms, got \"" << d.value
                 << "\"\n";

@@ -380,7 +380,10 @@ absl::Status Manager::Impl::Lead(std::stop_token stop) {
                                    return all;
                                  },
                              .pods = [this](const std::string& ns,
-                                            const std::string& job) { return Children(ns, job, 1); }});
+                                            const std::string& job) { return Children(ns, job, 1); }},
+                            {.scrape = {.max_response_bytes = options.progress_scrape_max_bytes,
+                                        .timeout = options.progress_scrape_timeout,
+                                        .max_in_flight = options.progress_scrape_concurrency}});
   progress.Start();
   // Re-check the PodGroup CRD now and then: scheduler-plugins may be installed later.
   absl::Time next_crd_check = absl::Now() + absl::Minutes(1);

@@ -42,6 +42,7 @@
 // Ownership: owns everything it builds. Thread-safety: Create and Run are
 // called from one thread; Healthy/Ready from any (the probe server's).
 
+#include <cstddef>
 #include <memory>
 #include <stop_token>
 #include <string>
@@ -74,6 +75,11 @@ struct ManagerOptions {
   std::string default_worker_image;
   std::string checkpoint_root;
   std::string cluster_domain;
+  // The progress reporter's scrapes of the chiefs' /metrics
+  // (progress_reporter.h): per-pod deadline, byte limit, connections at once.
+  absl::Duration progress_scrape_timeout = absl::Seconds(2);
+  size_t progress_scrape_max_bytes = 256 * 1024;
+  int progress_scrape_concurrency = 32;
 };
 
 class Manager {

@@ -1,9 +1,6 @@
 #include "operator/progress_reporter.h"
 
-// cpprestsdk's U() macro collides with fmt (spdlog).
-#define _TURN_OFF_PLATFORM_STRING
-#include <cpprest/http_client.h>
-
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -98,16 +95,16 @@ Json MergeProgress(const Json& current, const ScrapedProgress& scraped) {
   return progress;
 }
 
-ProgressReporter::ProgressReporter(kube::Client* client, Sources sources, absl::Duration interval)
-    : client_(client), sources_(std::move(sources)), interval_(interval) {}
+ProgressReporter::ProgressReporter(kube::Client* client, Sources sources, Options options)
+    : client_(client), sources_(std::move(sources)), options_(std::move(options)) {}
 
 ProgressReporter::~ProgressReporter() { Stop(); }
 
 void ProgressReporter::Start() {
   thread_ = std::jthread([this](std::stop_token stop) {
     while (!stop.stop_requested()) {
-      ReportOnce();
-      const absl::Time next = absl::Now() + interval_;
+      const absl::Time next = absl::Now() + options_.interval;
+      ReportOnce(stop);
       while (!stop.stop_requested() && absl::Now() < next) absl::SleepFor(absl::Milliseconds(100));
     }
   });
@@ -120,7 +117,29 @@ void ProgressReporter::Stop() {
   }
 }
 
-void ProgressReporter::ReportOnce() {
+ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) {
+  RoundStats stats;
+  auto patch_progress = [&](const std::string& ns, const std::string& name, const Json& progress) {
+    Json patch = {{"status", {{"progress", progress}}}};
+    auto r = client_->Request(
+        "PATCH",
+        kube::ResourcePath({api::kGroup, api::kVersion, api::kPlural, true}, ns, name, "status"),
+        &patch, "application/merge-patch+json");
+    if (!r.ok() || !r->ok()) {
+      spdlog::debug("progress of {}/{}: {}", ns, name,
+                    r.ok() ? r->message() : std::string(r.status().message()));
+    } else {
+      ++stats.patched;
+    }
+  };
+
+  // 1. The master pods of running jobs (and step 4 for finished ones).
+  struct Scrape {
+    std::string ns, name;
+    Json current;  // the job's status.progress
+  };
+  std::vector<Scrape> scrapes;
+  std::vector<ScrapeTarget> targets;
   for (const Json& job : sources_.jobs()) {
     const std::string ns = Str(job, "/metadata/namespace");
     const std::string name = Str(job, "/metadata/name");
@@ -131,11 +150,7 @@ void ProgressReporter::ReportOnce() {
       const Json current = job["status"].value("progress", Json());
       if (current.is_object() && current.contains("totalSteps") &&
           current.value("step", Json()) != current["totalSteps"]) {
-        Json patch = {{"status", {{"progress", {{"step", current["totalSteps"]}}}}}};
-        (void)client_->Request(
-            "PATCH",
-            kube::ResourcePath({api::kGroup, api::kVersion, api::kPlural, true}, ns, name, "status"),
-            &patch, "application/merge-patch+json");
+        patch_progress(ns, name, {{"step", current["totalSteps"]}});
       }
       continue;
     }
@@ -146,33 +161,31 @@ void ProgressReporter::ReportOnce() {
       const std::string ip = Str(pod, "/status/podIP");
       std::optional<int> port = MetricsPort(pod);
       if (Str(pod, "/status/phase") != "Running" || ip.empty() || !port) continue;
-      std::string body;
-      try {
-        web::http::client::http_client_config config;
-        config.set_timeout(std::chrono::seconds(2));
-        web::http::client::http_client http(
-            utility::conversions::to_string_t(absl::StrCat("http://", ip, ":", *port)), config);
-        web::http::http_response response = http.request(web::http::methods::GET, "/metrics").get();
-        if (response.status_code() != 200) continue;
-        body = response.extract_utf8string(true).get();
-      } catch (const std::exception& e) {
-        spdlog::debug("progress of {}/{}: {}:{}: {}", ns, name, ip, *port, e.what());
-        continue;
-      }
-      const Json current = job.contains("status") ? job["status"].value("progress", Json()) : Json();
-      Json progress = MergeProgress(current, ParseProgressMetrics(body));
-      if (progress == current) continue;
-      Json patch = {{"status", {{"progress", progress}}}};
-      auto r = client_->Request(
-          "PATCH",
-          kube::ResourcePath({api::kGroup, api::kVersion, api::kPlural, true}, ns, name, "status"),
-          &patch, "application/merge-patch+json");
-      if (!r.ok() || !r->ok()) {
-        spdlog::debug("progress of {}/{}: {}", ns, name,
-                      r.ok() ? r->message() : std::string(r.status().message()));
-      }
+      scrapes.push_back(
+          {ns, name, job.contains("status") ? job["status"].value("progress", Json()) : Json()});
+      targets.push_back({ip, *port, "/metrics"});
     }
   }
+  // 2. All of them at once, each within its own deadline and byte limit.
+  std::vector<ScrapeResult> results = ScrapeAll(targets, options_.scrape, stop);
+  // 3. The patches, once no scrape is waiting.
+  for (size_t i = 0; i < scrapes.size(); ++i) {
+    const Scrape& s = scrapes[i];
+    const ScrapeResult& r = results[i];
+    ++stats.scraped;
+    stats.max_bytes_read = std::max(stats.max_bytes_read, r.bytes_read);
+    stats.longest_scrape = std::max(stats.longest_scrape, r.elapsed);
+    if (!r.status.ok()) {
+      ++stats.failed;
+      spdlog::debug("progress of {}/{}: {}:{}: {}", s.ns, s.name, targets[i].host,
+                    targets[i].port, std::string(r.status.message()));
+      continue;
+    }
+    Json progress = MergeProgress(s.current, ParseProgressMetrics(r.body));
+    if (progress == s.current) continue;
+    patch_progress(s.ns, s.name, progress);
+  }
+  return stats;
 }
 
 }  // namespace distrain

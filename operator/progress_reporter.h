@@ -13,20 +13,31 @@
 //      find its master pod (label distrain.io/job-role=master: the chief, or
 //      worker 0 without one) with phase Running and a status.podIP.
 //   2. GET http://<podIP>:<DISTRAIN_METRICS_PORT of its main container>/metrics
-//      with a short timeout; read distrain_steps_total, distrain_total_steps,
-//      distrain_examples_per_second and distrain_loss.
+//      of all those pods at once (metrics_scraper.h ScrapeAll): each with its
+//      own deadline (Options::scrape.timeout) and a bound on the bytes read
+//      (scrape.max_response_bytes), at most scrape.max_in_flight open at a
+//      time. The endpoints are tenants' processes: one that streams without
+//      end, answers slowly or never costs only its own job's update, and a
+//      round lasts about one timeout however many jobs are slow (the old
+//      one-at-a-time scrape took N timeouts for N slow jobs). Read
+//      distrain_steps_total, distrain_total_steps,
+//      distrain_examples_per_second and distrain_loss from each body.
 //   3. When they differ from status.progress, merge-patch /status with the new
 //      progress only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries
-//      with this one).
+//      with this one). The patches go out after the scrapes have ended, so no
+//      API request is waited for while a scrape's deadline runs.
 //   4. A Succeeded job's progress.step is set to totalSteps: a job succeeds
 //      only when training ran every step, which a short job may do between
 //      two scrapes.
-// A pod that does not answer is skipped until the next round; nothing is
-// invented: fields the scrape did not see are left as they were.
+// A pod that does not answer (or answers too much) is skipped until the next
+// round; nothing is invented: fields the scrape did not see are left as they
+// were. Memory: at most max_in_flight * max_response_bytes of response
+// buffers (8 MiB with the defaults), whatever the jobs send.
 //
 // Ownership: borrows the client and the listing functions (they must outlive
-// it); owns its thread. Thread-safety: Start/Stop from one thread.
+// it); owns its thread. Thread-safety: Start/Stop from one thread; ReportOnce
+// only while not started (tests).
 
 #include <functional>
 #include <optional>
@@ -38,6 +49,7 @@
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "operator/kube/client.h"
+#include "operator/metrics_scraper.h"
 
 namespace distrain {
 
@@ -51,24 +63,38 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition);
 // {"step": ..., ...} merged over `current` (a job's status.progress).
 nlohmann::json MergeProgress(const nlohmann::json& current, const ScrapedProgress& scraped);
 
+struct ProgressReporterOptions {
+  absl::Duration interval = absl::Seconds(5);
+  ScrapeOptions scrape;
+};
+
 class ProgressReporter {
  public:
   struct Sources {
     std::function<std::vector<nlohmann::json>()> jobs;  // every watched job
     std::function<std::vector<nlohmann::json>(const std::string& ns, const std::string& job)> pods;
   };
-  ProgressReporter(kube::Client* client, Sources sources, absl::Duration interval = absl::Seconds(5));
+  using Options = ProgressReporterOptions;
+  // What one round did (for tests and logs).
+  struct RoundStats {
+    int scraped = 0;            // master pods asked
+    int failed = 0;             // of those, how many gave no usable answer
+    int patched = 0;            // status.progress writes
+    size_t max_bytes_read = 0;  // the most bytes read from one pod
+    absl::Duration longest_scrape;
+  };
+  ProgressReporter(kube::Client* client, Sources sources, Options options = {});
   ~ProgressReporter();  // stops
 
   void Start();
   void Stop();
-  // One round of steps 1-3 (for tests and Start's loop).
-  void ReportOnce();
+  // One round of steps 1-4 (for tests and Start's loop).
+  RoundStats ReportOnce(std::stop_token stop = {});
 
  private:
   kube::Client* client_;
   Sources sources_;
-  absl::Duration interval_;
+  Options options_;
   std::jthread thread_;
 };
 
