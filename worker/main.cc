@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
     return outcome.exit_code;
   }
 
+  // Strategies that checkpoint beside the chief read the resolved directory
+  // from the config: ParameterServer's chief, and its ps tasks, which save
+  // and restore only under their own directory (PsServiceOptions).
+  config->training.checkpoint.dir = checkpoint_dir;
+
   // ParameterServer: ps and worker tasks run their own roles; the chief (the
   // coordinator) runs the Trainer below (worker/strategy/parameter_server.h).
   if (config->strategy == StrategyKind::kParameterServer &&
@@ -231,9 +236,6 @@ int main(int argc, char** argv) {
   TrainingMetrics metrics(*registry);
   TrainerEnv env;
   env.checkpoint_dir = checkpoint_dir;
-  // Strategies that checkpoint beside the chief (ParameterServer's ps tasks)
-  // read the resolved directory from the config.
-  config->training.checkpoint.dir = checkpoint_dir;
   env.status_file = Env("DISTRAIN_STATUS_FILE");
   env.metrics = &metrics;
   Trainer trainer(*config, *cluster, env, std::move(*strategy));

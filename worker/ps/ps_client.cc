@@ -713,13 +713,12 @@ absl::StatusOr<PullResult> PsClient::Pull(const std::vector<std::string>& names)
   return result;
 }
 
-absl::Status PsClient::Save(const std::string& dir, int64_t step) {
+absl::Status PsClient::Save(int64_t step) {
   std::vector<int> tasks;
   for (int t = 0; t < plan_.num_ps(); ++t) tasks.push_back(t);
   return RunPerPs(tasks, [&](int task) -> absl::Status {
     Timer timer(metrics_.get(), "Save");
     v1::SaveRequest request;
-    request.set_dir(dir);
     request.set_step(step);
     grpc::ClientContext ctx;
     SetDeadline(ctx);
@@ -729,11 +728,10 @@ absl::Status PsClient::Save(const std::string& dir, int64_t step) {
   });
 }
 
-absl::StatusOr<int64_t> PsClient::Restore(const std::string& dir, std::optional<int64_t> step) {
+absl::StatusOr<int64_t> PsClient::Restore(std::optional<int64_t> step) {
   auto restore = [&](int task, std::optional<int64_t> at) -> absl::StatusOr<int64_t> {
     Timer timer(metrics_.get(), "Restore");
     v1::RestoreRequest request;
-    request.set_dir(dir);
     if (at) request.set_step(*at);
     grpc::ClientContext ctx;
     SetDeadline(ctx);

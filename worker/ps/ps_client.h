@@ -132,12 +132,14 @@ class PsClient {
                                   absl::Span<const FactoredGradRef> factored = {});
   absl::StatusOr<PushResult> Push(const std::map<std::string, Tensor>& grads,
                                   const ShardVersions* pulled = nullptr);
-  // Every ps writes its shards at `step` (see PsService::Save).
-  absl::Status Save(const std::string& dir, int64_t step);
-  // Every ps restores the same step: ps 0 picks it (newest consistent unless
-  // `step`), the others follow. Returns the step.
-  absl::StatusOr<int64_t> Restore(const std::string& dir,
-                                  std::optional<int64_t> step = std::nullopt);
+  // Every ps writes its shards at `step` under its own checkpoint directory
+  // (see PsService::Save; the caller names no path). FAILED_PRECONDITION
+  // from a ps that has none.
+  absl::Status Save(int64_t step);
+  // Every ps restores the same step from its own checkpoint directory: ps 0
+  // picks it (newest consistent unless `step`), the others follow. Returns
+  // the step.
+  absl::StatusOr<int64_t> Restore(std::optional<int64_t> step = std::nullopt);
   absl::StatusOr<std::vector<distrain::v1::HealthResponse>> Health();
 
   const ShardingPlan& plan() const { return plan_; }

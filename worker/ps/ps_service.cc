@@ -10,6 +10,7 @@
 #include <iterator>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -63,6 +64,56 @@ grpc::Status WriteAnswer(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBu
 
 std::string RefString(const std::string& variable, int index) {
   return absl::StrCat("variable \"", variable, "\" shard ", index);
+}
+
+// Names go into error messages; keep those readable when they are huge.
+std::string Shown(const std::string& name) {
+  constexpr size_t kShown = 64;
+  if (name.size() <= kShown) return name;
+  return absl::StrCat(name.substr(0, kShown), "...");
+}
+
+// `field` names a variable; INVALID_ARGUMENT when it is longer than the limit.
+absl::Status CheckName(const std::string& field, const std::string& name, const PsLimits& limits) {
+  if (static_cast<int64_t>(name.size()) > limits.max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " \"", Shown(name), "\" is ", name.size(), " bytes; the limit is ",
+        limits.max_name_bytes, " (PsLimits::max_name_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// A declared variable's shape: rank, non-negative dimensions and a product
+// of its non-zero dimensions within max_variable_elements, so that neither
+// the element count nor the elements of a row (the product of dimensions
+// 1..) can overflow, whatever the other dimensions are. Returns the element
+// count.
+absl::StatusOr<int64_t> CheckShape(const std::string& field, absl::Span<const int64_t> shape,
+                                   const PsLimits& limits) {
+  if (static_cast<int64_t>(shape.size()) > limits.max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " has ", shape.size(),
+                                                   " dimensions; the limit is ", limits.max_rank,
+                                                   " (PsLimits::max_rank)"));
+  }
+  int64_t nonzero = 1;
+  bool empty = false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": dimension ", d, " is ", shape[d],
+                                                     "; dimensions must be >= 0"));
+    }
+    if (shape[d] == 0) {
+      empty = true;
+      continue;
+    }
+    if (nonzero > limits.max_variable_elements / shape[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " [", absl::StrJoin(shape, ", "), "] has more than ",
+          limits.max_variable_elements, " elements (PsLimits::max_variable_elements)"));
+    }
+    nonzero *= shape[d];
+  }
+  return empty ? 0 : nonzero;
 }
 
 prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count) {
@@ -224,6 +275,18 @@ struct PsService::Upload {
   };
   bool overwrite = false;
   std::vector<Item> items;
+  // Staging bytes reserved from owner->staging_bytes_, returned when the
+  // upload goes away.
+  PsService* owner = nullptr;
+  int64_t reserved = 0;
+  Upload() = default;
+  Upload(const Upload&) = delete;
+  Upload& operator=(const Upload&) = delete;
+  ~Upload() {
+    if (reserved == 0) return;
+    absl::MutexLock lock(&owner->staging_mu_);
+    owner->staging_bytes_ -= reserved;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<PsService>> PsService::Create(PsServiceOptions options) {
@@ -235,6 +298,26 @@ absl::StatusOr<std::unique_ptr<PsService>> PsService::Create(PsServiceOptions op
     return absl::InvalidArgumentError(absl::StrCat("ps service: chunk_bytes must be in [4, ",
                                                    kPsMaxChunkBytes, "], got ",
                                                    options.chunk_bytes));
+  }
+  const PsLimits& l = options.limits;
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, int64_t>>{
+           {"max_name_bytes", l.max_name_bytes},
+           {"max_rank", l.max_rank},
+           {"max_shards", l.max_shards},
+           {"max_shards_per_variable", l.max_shards_per_variable},
+           {"max_variable_elements", l.max_variable_elements},
+           {"max_hosted_bytes", l.max_hosted_bytes},
+           {"max_staging_bytes", l.max_staging_bytes}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ps service: limits.", name, " must be >= 1, got ", value));
+    }
+  }
+  if (l.max_message_bytes < options.chunk_bytes + (64 << 10) || l.max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ps service: limits.max_message_bytes must be in [chunk_bytes + 64 KiB = ",
+        options.chunk_bytes + (64 << 10), ", 2^31 - 1], got ", l.max_message_bytes));
   }
   if (options.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(
@@ -297,6 +380,13 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
                                         const v1::CreateVariablesRequest* request,
                                         v1::CreateVariablesResponse* response) {
   RpcTimer timer(metrics_.get(), "CreateVariables");
+  const PsLimits& limits = options_.limits;
+  if (request->shards_size() > limits.max_shards) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        absl::StrCat("CreateVariables: shards lists ", request->shards_size(),
+                                     " shards; the limit is ", limits.max_shards,
+                                     " (PsLimits::max_shards)"));
+  }
   // Validate every spec before declaring any, so a bad request changes nothing.
   std::vector<ShardInfo> infos;
   for (int i = 0; i < request->shards_size(); ++i) {
@@ -305,12 +395,22 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
     if (spec.variable().empty()) {
       return grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat(field, ".variable is empty"));
     }
+    if (absl::Status s = CheckName(absl::StrCat(field, ".variable"), spec.variable(), limits);
+        !s.ok()) {
+      return ToGrpc(s);
+    }
     const std::string what =
         absl::StrCat(field, " (", RefString(spec.variable(), spec.shard()), ")");
     std::vector<int64_t> full(spec.full_shape().begin(), spec.full_shape().end());
-    absl::StatusOr<int64_t> n = CheckedNumElements(full, absl::StrCat(what, ".full_shape"));
+    absl::StatusOr<int64_t> n = CheckShape(absl::StrCat(what, ".full_shape"), full, limits);
     if (!n.ok()) return ToGrpc(n.status());
     const int64_t rows = full.empty() ? 1 : full[0];
+    if (spec.num_shards() > limits.max_shards_per_variable) {
+      return grpc::Status(grpc::INVALID_ARGUMENT,
+                          absl::StrCat(what, ": num_shards is ", spec.num_shards(),
+                                       "; the limit is ", limits.max_shards_per_variable,
+                                       " (PsLimits::max_shards_per_variable)"));
+    }
     if (spec.num_shards() < 1 || spec.shard() < 0 || spec.shard() >= spec.num_shards()) {
       return grpc::Status(grpc::INVALID_ARGUMENT,
                           absl::StrCat(what, ": shard index ", spec.shard(),
@@ -357,6 +457,37 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
                        "(restart the ps tasks after changing the model)"));
     }
   }
+  // The budgets, for the shards this request adds (a shard listed twice
+  // counts once): nothing is declared when they would be exceeded.
+  {
+    absl::flat_hash_set<std::string> fresh;
+    int64_t fresh_bytes = 0;
+    for (const ShardInfo& info : infos) {
+      std::string key = info.key();
+      if (shards_.contains(key) || !fresh.insert(std::move(key)).second) continue;
+      fresh_bytes += info.num_elements() * static_cast<int64_t>(sizeof(float));
+      // Each term is at most 4 * max_variable_elements; checked per term so
+      // the sum cannot overflow either.
+      if (hosted_bytes_ + fresh_bytes > limits.max_hosted_bytes) {
+        return grpc::Status(
+            grpc::RESOURCE_EXHAUSTED,
+            absl::StrCat("CreateVariables: ", Name(), " hosts ", hosted_bytes_,
+                         " bytes of shards; declaring ", RefString(info.variable, info.index),
+                         " (", info.num_elements(), " elements) with the request's other new "
+                         "shards would make ", hosted_bytes_ + fresh_bytes,
+                         " bytes; the limit is ", limits.max_hosted_bytes,
+                         " (PsLimits::max_hosted_bytes); nothing declared"));
+      }
+    }
+    const int64_t total = static_cast<int64_t>(shards_.size() + fresh.size());
+    if (total > limits.max_shards) {
+      return grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                          absl::StrCat("CreateVariables: ", Name(), " hosts ", shards_.size(),
+                                       " shards; this request adds ", fresh.size(),
+                                       ", more than the limit of ", limits.max_shards,
+                                       " (PsLimits::max_shards); nothing declared"));
+    }
+  }
   int created = 0, existing = 0;
   for (ShardInfo& info : infos) {
     std::string key = info.key();
@@ -364,6 +495,7 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
       ++existing;
       continue;
     }
+    hosted_bytes_ += info.num_elements() * static_cast<int64_t>(sizeof(float));
     auto shard = std::make_unique<Shard>();
     shard->info = std::move(info);
     shard->key = key;
@@ -448,12 +580,24 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
         absl::StrCat(method, ": the first message must carry a header listing at least one shard"));
   }
   upload.overwrite = header.overwrite();
+  const PsLimits& limits = options_.limits;
+  if (header.shards_size() > limits.max_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        method, ": header.shards lists ", header.shards_size(), " shards; the limit is ",
+        limits.max_shards, " (PsLimits::max_shards)"));
+  }
   std::vector<int64_t> received;
+  absl::flat_hash_set<const Shard*> listed;
   for (int i = 0; i < header.shards_size(); ++i) {
     const v1::UploadShard& us = header.shards(i);
     const std::string field = absl::StrCat(method, ": header.shards[", i, "]");
     if (us.ref().variable().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(field, ".ref.variable is empty"));
+    }
+    if (absl::Status s = CheckName(absl::StrCat(field, ".ref.variable"), us.ref().variable(),
+                                   limits);
+        !s.ok()) {
+      return s;
     }
     const std::string what = RefString(us.ref().variable(), us.ref().shard());
     Shard* shard = FindShard(us.ref().variable(), us.ref().shard());
@@ -463,10 +607,8 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
           "; create it first (CreateVariables) and check that every process uses the same "
           "sharding plan"));
     }
-    for (const Upload::Item& item : upload.items) {
-      if (item.shard == shard) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, " is listed twice"));
-      }
+    if (!listed.insert(shard).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", what, " is listed twice"));
     }
     int64_t elements = shard->info.num_elements();
     if (us.factor_rank() != 0) {
@@ -494,6 +636,26 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
         us.factor_rank(), elements, {}});
     received.push_back(0);
   }
+  // Reserve every buffer the announced shards need before taking a chunk:
+  // each element count is a hosted shard's (or less, for factors), so the
+  // sum is bounded by max_hosted_bytes; the budget bounds many streams.
+  int64_t staging = 0;
+  for (const Upload::Item& item : upload.items) {
+    staging += item.elements * static_cast<int64_t>(sizeof(float));
+  }
+  if (staging > 0) {
+    absl::MutexLock lock(&staging_mu_);
+    if (staging_bytes_ + staging > limits.max_staging_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          method, ": the header announces ", staging, " bytes while uploads in flight hold ",
+          staging_bytes_, " bytes of ", Name(), "'s staging budget of ",
+          limits.max_staging_bytes,
+          " (PsLimits::max_staging_bytes); nothing applied, retry when they are done"));
+    }
+    staging_bytes_ += staging;
+    upload.owner = this;
+    upload.reserved = staging;
+  }
   const int n = static_cast<int>(upload.items.size());
   for (int64_t message = 0;; ++message) {
     if (message > 0) {
@@ -505,6 +667,17 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
       if (!frame.headers().empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(method, ": a header arrived after the first message; send it once"));
+      }
+      // Every later message must move data: a stream of empty messages
+      // would hold its staging reservation and a handler thread for ever.
+      bool moves_data = false;
+      for (const ps_wire::DecodedChunk& chunk : frame.chunks()) {
+        moves_data = moves_data || chunk.data.size >= sizeof(float);
+      }
+      if (!moves_data) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            method, ": message ", message,
+            " carries no element; every message after the first must carry data"));
       }
     }
     for (const ps_wire::DecodedChunk& chunk : frame.chunks()) {
@@ -604,14 +777,28 @@ grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
     }
   }
   const v1::PullRequest* request = &request_message;
+  const PsLimits& limits = options_.limits;
+  if (request->variables_size() + static_cast<int64_t>(request->shards_size()) >
+      limits.max_shards) {
+    return grpc::Status(
+        grpc::INVALID_ARGUMENT,
+        absl::StrCat("Pull: the request names ", request->variables_size(), " variables and ",
+                     request->shards_size(), " shards; the limit is ", limits.max_shards,
+                     " together (PsLimits::max_shards)"));
+  }
   std::vector<Shard*> targets;
+  absl::flat_hash_set<const Shard*> seen;
   auto add = [&](Shard* s) -> bool {
-    if (std::find(targets.begin(), targets.end(), s) != targets.end()) return false;
+    if (!seen.insert(s).second) return false;
     targets.push_back(s);
     return true;
   };
   for (int i = 0; i < request->variables_size(); ++i) {
     const std::string& name = request->variables(i);
+    if (absl::Status s = CheckName(absl::StrCat("Pull: variables[", i, "]"), name, limits);
+        !s.ok()) {
+      return ToGrpc(s);
+    }
     std::vector<Shard*> shards = ShardsOfVariable(name);
     if (shards.empty()) {
       return grpc::Status(grpc::NOT_FOUND, absl::StrCat("Pull: variables[", i, "]: variable \"",
@@ -626,6 +813,11 @@ grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
   }
   for (int i = 0; i < request->shards_size(); ++i) {
     const v1::ShardRef& ref = request->shards(i);
+    if (absl::Status s =
+            CheckName(absl::StrCat("Pull: shards[", i, "].variable"), ref.variable(), limits);
+        !s.ok()) {
+      return ToGrpc(s);
+    }
     Shard* s = FindShard(ref.variable(), ref.shard());
     if (s == nullptr) {
       return grpc::Status(grpc::NOT_FOUND, absl::StrCat("Pull: shards[", i, "]: ",
@@ -850,18 +1042,32 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   return WriteAnswer(stream, answer);
 }
 
+grpc::Status PsService::NoCheckpointDir(const char* method) const {
+  return grpc::Status(
+      grpc::FAILED_PRECONDITION,
+      absl::StrCat(method, ": ", Name(),
+                   " has no checkpoint directory (DISTRAIN_CHECKPOINT_DIR is not set for this ps "
+                   "task); give the chief and every ps task one shared checkpoint directory "
+                   "(spec.training.checkpoint.dir on a volume they all mount)"));
+}
+
 grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* request,
                              v1::SaveResponse* response) {
   RpcTimer timer(metrics_.get(), "Save");
-  if (request->dir().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "Save: dir is empty");
-  if (request->step() < 0) {
-    return grpc::Status(grpc::INVALID_ARGUMENT,
-                        absl::StrCat("Save: step must be >= 0, got ", request->step()));
-  }
-  if (request->keep() < 0) {
+  if (options_.checkpoint_dir.empty()) return NoCheckpointDir("Save");
+  if (request->step() < 0 || (options_.max_step >= 0 && request->step() > options_.max_step)) {
     return grpc::Status(
         grpc::INVALID_ARGUMENT,
-        absl::StrCat("Save: keep must be >= 0 (0 = server default), got ", request->keep()));
+        absl::StrCat("Save: step is ", request->step(), "; it must be in [0, ",
+                     options_.max_step >= 0 ? absl::StrCat(options_.max_step, "] (the job's steps)")
+                                            : std::string("2^63)")));
+  }
+  // Retention is the ps's own: a caller may keep more, never prune more.
+  if (request->keep() < 0 || (request->keep() > 0 && request->keep() < options_.checkpoint_keep)) {
+    return grpc::Status(
+        grpc::INVALID_ARGUMENT,
+        absl::StrCat("Save: keep is ", request->keep(), "; it must be 0 (", Name(),
+                     "'s own retention, ", options_.checkpoint_keep, ") or at least that"));
   }
   absl::MutexLock save_lock(&save_mu_);
   CheckpointState state;
@@ -890,7 +1096,8 @@ grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* re
     state.metadata[prefix + "version"] = absl::StrCat(s->version);
     state.metadata[prefix + "trainable"] = s->info.trainable ? "true" : "false";
   }
-  const std::string dir = PsCheckpointDir(request->dir(), options_.task_index, options_.num_ps);
+  const std::string dir =
+      PsCheckpointDir(options_.checkpoint_dir, options_.task_index, options_.num_ps);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -907,14 +1114,15 @@ grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* re
 grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* request,
                                 v1::RestoreResponse* response) {
   RpcTimer timer(metrics_.get(), "Restore");
-  if (request->dir().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "Restore: dir is empty");
+  if (options_.checkpoint_dir.empty()) return NoCheckpointDir("Restore");
   if (request->has_step() && request->step() < 0) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
                         absl::StrCat("Restore: step must be >= 0, got ", request->step()));
   }
   absl::MutexLock save_lock(&save_mu_);
-  absl::StatusOr<PsCheckpoint> ckpt = LoadPsCheckpoint(
-      request->dir(), request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
+  absl::StatusOr<PsCheckpoint> ckpt =
+      LoadPsCheckpoint(options_.checkpoint_dir,
+                       request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
   if (!ckpt.ok()) return ToGrpc(ckpt.status());
 
   // Build every shard's new state first; commit only when all are valid.
@@ -931,7 +1139,8 @@ grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreReque
     if (it == ckpt->variables.end()) {
       return grpc::Status(
           grpc::FAILED_PRECONDITION,
-          absl::StrCat("Restore: the checkpoint at step ", ckpt->step, " in ", request->dir(),
+          absl::StrCat("Restore: the checkpoint at step ", ckpt->step, " in ",
+                       options_.checkpoint_dir,
                        " has no variable \"", s->info.variable,
                        "\"; the model changed since it was written — use a new checkpoint "
                        "directory"));
@@ -981,7 +1190,7 @@ grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreReque
     st.shard->initialized = true;
   }
   spdlog::info("{}: restored {} shards from step {} ({} ps layout) in {}", Name(), staged.size(),
-               ckpt->step, ckpt->saved_num_ps, request->dir());
+               ckpt->step, ckpt->saved_num_ps, options_.checkpoint_dir);
   response->set_step(ckpt->step);
   response->set_shards(static_cast<int32_t>(staged.size()));
   response->set_saved_num_ps(ckpt->saved_num_ps);
@@ -1017,6 +1226,9 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const std::string& add
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
   for (const auto& [name, value] : PsTransportArgs()) builder.AddChannelArgument(name, value);
+  // gRPC refuses a larger message (RESOURCE_EXHAUSTED) before a handler sees it.
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(server->service_->options().limits.max_message_bytes));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("ps server: cannot listen on ", address,

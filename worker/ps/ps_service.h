@@ -34,6 +34,48 @@ namespace distrain {
 // 4 MiB; 3 MiB leaves room for headers and for many small-shard headers.
 inline constexpr int64_t kPsMaxChunkBytes = 3 << 20;
 
+// Bounds on every size that reaches a ps from the network. Each request is
+// checked against them before the ps allocates anything for it; a request
+// beyond one is refused with INVALID_ARGUMENT (a size no job of this ps can
+// have) or RESOURCE_EXHAUSTED (a budget the ps's state would exceed),
+// naming the field, the value and the limit.
+//
+// The defaults are sized from the models distrain trains. The largest today
+// is bench/ps_training.py's MLP 784-1024-1024-10: 1.9 M parameters, 7.4 MB
+// of float32 for the whole model, less per ps. One ps hosting 1 GiB of
+// values holds a model 140 times that on a single ps (and P times more over
+// P ps tasks); the staging budget lets about 140 uploads of such a model
+// share be in flight at once (each worker has at most one push per ps in
+// flight, the chief one Initialize). Names, ranks and shard counts are far
+// above what Keras layers produce ("conv2d_1/kernel", rank <= 4, at most
+// one shard per ps under MinSize). Raise them for bigger jobs; the worst
+// case a ps allocates is about (2 + optimizer slots) * max_hosted_bytes
+// (values, a copy-on-write spare, Adam's m and v) + max_staging_bytes.
+struct PsLimits {
+  // Any one gRPC message the ps receives (gRPC's own default). Chunks carry
+  // at most kPsMaxChunkBytes, so headers have a MiB to spare.
+  int64_t max_message_bytes = 4 << 20;
+  // ShardSpec.variable, UploadShard.ref.variable, Pull's names.
+  int64_t max_name_bytes = 1024;
+  // ShardSpec.full_shape dimensions (Conv2D kernels have 4).
+  int64_t max_rank = 8;
+  // Shards hosted by this ps, over every CreateVariables call.
+  int64_t max_shards = 65536;
+  // ShardSpec.num_shards: shards one variable is split into.
+  int64_t max_shards_per_variable = 4096;
+  // Elements of one whole variable (full_shape's product; 16 GiB of floats),
+  // so that no product of dimensions can overflow.
+  int64_t max_variable_elements = int64_t{1} << 32;
+  // Bytes of values of every shard declared on this ps together (the shard
+  // memory Initialize and Restore will allocate). CreateVariables beyond it
+  // is RESOURCE_EXHAUSTED.
+  int64_t max_hosted_bytes = int64_t{1} << 30;
+  // Bytes of upload buffers (Initialize, Push) held by all streams in flight
+  // together, reserved when a stream's header is read, before any chunk is
+  // taken. A stream that would exceed it is RESOURCE_EXHAUSTED.
+  int64_t max_staging_bytes = int64_t{1} << 30;
+};
+
 struct PsServiceOptions {
   int task_index = 0;  // this ps's index in TF_CONFIG's "ps" job
   int num_ps = 1;
@@ -43,6 +85,17 @@ struct PsServiceOptions {
   int64_t max_staleness = -1;
   int64_t chunk_bytes = 1 << 20;  // Pull's default chunk payload, 4 .. kPsMaxChunkBytes
   int checkpoint_keep = 3;        // Save's default retention
+  // This ps's checkpoint root, from its own environment
+  // (PsCheckpointRoot(DISTRAIN_CHECKPOINT_DIR): "<dir>/ps"): Save writes,
+  // prunes and Restore reads only PsCheckpointDir(checkpoint_dir, task,
+  // num_ps) and its siblings. Requests carry no path. Empty: Save and
+  // Restore answer FAILED_PRECONDITION.
+  std::string checkpoint_dir;
+  // Save refuses a step above this (the job's spec.training.steps: a caller
+  // cannot write a checkpoint that looks newer than every real one and so
+  // prunes them); < 0: unbounded.
+  int64_t max_step = -1;
+  PsLimits limits;
   // Optional. Families (all with label side="server"):
   //   distrain_ps_rpc_seconds{method}          histogram  handler wall time
   //   distrain_ps_bytes_total{direction,shard} counter    direction=pushed|pulled,
@@ -101,11 +154,19 @@ class PsMetrics {
 //      its lock; a snapshot consistent across shards and ps tasks needs the
 //      coordinator to quiesce pushes first. Restore refuses a checkpoint
 //      whose variable's trainability differs from the declared shard's.
+//      Both work only under options.checkpoint_dir: the request names a
+//      step, never a directory.
+// Sizes from the network are bounded by options.limits (PsLimits) before
+// anything is allocated: CreateVariables checks names, ranks, shard counts
+// and element counts, and the bytes all declared shards would take; an
+// upload reserves its staging bytes from a budget shared by all streams
+// when its header is read and returns them when the call ends.
 // Shards are never removed while the service lives. Thread-safe: gRPC calls
 // handlers from many threads.
 class PsService final : public distrain::v1::ParameterServer::Service {
  public:
-  // INVALID_ARGUMENT for a bad optimizer config, task index or chunk size.
+  // INVALID_ARGUMENT for a bad optimizer config, task index, chunk size or
+  // limit.
   static absl::StatusOr<std::unique_ptr<PsService>> Create(PsServiceOptions options);
   ~PsService() override;
 
@@ -145,6 +206,8 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   absl::Status ReadUpload(const char* method, grpc::ServerContext* ctx, RawStream* stream,
                           Upload& upload);
   std::string Name() const;  // "ps:0"
+  // FAILED_PRECONDITION for Save/Restore on a ps without checkpoint_dir.
+  grpc::Status NoCheckpointDir(const char* method) const;
 
   const PsServiceOptions options_;
   std::unique_ptr<PsMetrics> metrics_;  // null without a registry
@@ -156,6 +219,11 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   absl::flat_hash_map<std::string, std::vector<Shard*>> by_variable_ ABSL_GUARDED_BY(shards_mu_);
   absl::Mutex save_mu_;  // serialises Save/Restore with each other
   std::atomic<int64_t> pushes_applied_{0};
+  // Sum of the declared shards' value bytes (PsLimits::max_hosted_bytes).
+  int64_t hosted_bytes_ ABSL_GUARDED_BY(shards_mu_) = 0;
+  // Upload buffers reserved by streams in flight (max_staging_bytes).
+  absl::Mutex staging_mu_;
+  int64_t staging_bytes_ ABSL_GUARDED_BY(staging_mu_) = 0;
 };
 
 // Owns a grpc::Server hosting one PsService.

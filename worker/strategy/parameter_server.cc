@@ -142,7 +142,7 @@ absl::Status ParameterServerStrategy::RestoreState(const CheckpointState& state)
 absl::StatusOr<int64_t> ParameterServerStrategy::SynchronizeInitialState(int64_t local_start_step) {
   bool ps_restored = false;
   if (restored_ && !ps_checkpoint_root_.empty()) {
-    absl::StatusOr<int64_t> step = ps_->Restore(ps_checkpoint_root_, restored_step_);
+    absl::StatusOr<int64_t> step = ps_->Restore(restored_step_);
     if (step.ok()) {
       ps_restored = true;
       spdlog::info("ParameterServer: every ps restored its shards and optimizer slots of step {}",
@@ -217,7 +217,7 @@ absl::StatusOr<CheckpointState> ParameterServerStrategy::SaveState(int64_t step)
   }
   // 7. Values and slots as the ps tasks hold them.
   if (!ps_checkpoint_root_.empty()) {
-    absl::Status saved = ps_->Save(ps_checkpoint_root_, step);
+    absl::Status saved = ps_->Save(step);
     if (saved.code() == absl::StatusCode::kUnavailable ||
         saved.code() == absl::StatusCode::kDeadlineExceeded) {
       return saved;

@@ -42,13 +42,16 @@
 //      `step` closures have completed. After RequestStop: Drain instead
 //      (queued closures are dropped) and the checkpoint's step is
 //      start + completed, which the rerun resumes at.
-//   7. Every ps writes its shards + slots + versions at `step` under
-//      <checkpoint dir>/ps/ps-<t>-of-<n>/ (PsClient::Save); the chief reads
-//      them back (LoadPsCheckpoint) into the CheckpointState it returns, so
+//   7. Every ps writes its shards + slots + versions at `step` under its own
+//      <checkpoint dir>/ps/ps-<t>-of-<n>/ (PsClient::Save names only the
+//      step; each ps reads the directory from its own DISTRAIN_CHECKPOINT_DIR);
+//      the chief reads them back (LoadPsCheckpoint) from its own
+//      <checkpoint dir>/ps into the CheckpointState it returns, so
 //      the chief's checkpoint holds variables ("variables/<name>", moving
 //      statistics included, as variable_state.h names them) and optimizer
-//      slots. If a ps cannot write there (no shared volume) the chief pulls
-//      the variables instead (slots are then not checkpointed; logged once).
+//      slots. If a ps cannot write there (no checkpoint directory, no shared
+//      volume) the chief pulls the variables instead (slots are then not
+//      checkpointed; logged once).
 //   Staleness
 //   Every push carries the shard versions its gradient was computed from;
 //   with spec.training.maxStaleness the ps rejects a push older than that and
@@ -96,7 +99,9 @@ struct ModelDims {
 };
 absl::StatusOr<ModelDims> ModelDimsOf(Model& model);
 
-// Where the ps tasks write their checkpoint files: <checkpoint dir>/ps.
+// Where the ps tasks write their checkpoint files: <checkpoint dir>/ps
+// ("" without a checkpoint directory). The chief reads there, and each ps
+// task gets it as PsServiceOptions::checkpoint_dir from its own environment.
 std::string PsCheckpointRoot(const std::string& checkpoint_dir);
 
 class ParameterServerStrategy : public Strategy {

@@ -61,6 +61,55 @@ void WaitUntil(const std::atomic<bool>& stop, Done done) {
 // ---------------------------------------------------------------------------
 // PsWorkerService
 
+namespace {
+
+// PrepareRequest's sizes against the limits, before anything is built from
+// them. Dimensions are checked one by one against max_features, so their
+// product never overflows.
+absl::Status CheckPrepareSizes(const v1::PrepareRequest& request,
+                               const std::vector<int64_t>& example_shape,
+                               const PsWorkerLimits& limits) {
+  if (request.num_features() > limits.max_features) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Prepare: num_features is ", request.num_features(), "; the limit is ",
+                     limits.max_features, " (PsWorkerLimits::max_features)"));
+  }
+  if (request.num_classes() > limits.max_classes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Prepare: num_classes is ", request.num_classes(), "; the limit is ",
+                     limits.max_classes, " (PsWorkerLimits::max_classes)"));
+  }
+  if (static_cast<int64_t>(request.plan_fingerprint().size()) > limits.max_fingerprint_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prepare: plan_fingerprint is ", request.plan_fingerprint().size(),
+        " bytes; the limit is ", limits.max_fingerprint_bytes,
+        " (PsWorkerLimits::max_fingerprint_bytes)"));
+  }
+  if (static_cast<int64_t>(example_shape.size()) > limits.max_example_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prepare: example_shape has ", example_shape.size(), " dimensions; the limit is ",
+        limits.max_example_rank, " (PsWorkerLimits::max_example_rank)"));
+  }
+  int64_t product = 1;
+  for (size_t d = 0; d < example_shape.size(); ++d) {
+    if (example_shape[d] < 1 || example_shape[d] > limits.max_features / product) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Prepare: example_shape [", absl::StrJoin(example_shape, ", "), "]: dimension ", d,
+          " is ", example_shape[d], "; every dimension must be >= 1 and the product at most ",
+          limits.max_features, " (PsWorkerLimits::max_features)"));
+    }
+    product *= example_shape[d];
+  }
+  if (product != request.num_features()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prepare: example_shape [", absl::StrJoin(example_shape, ", "), "] does not hold ",
+        request.num_features(), " features"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 PsWorkerService::PsWorkerService(PsWorkerOptions options)
     : options_(std::move(options)),
       worker_index_(options_.cluster.task().index),
@@ -98,10 +147,8 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   std::vector<int64_t> example_shape(request.example_shape().begin(),
                                      request.example_shape().end());
   if (example_shape.empty()) example_shape = {request.num_features()};
-  if (Tensor::NumElements(example_shape) != request.num_features()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Prepare: example_shape [", absl::StrJoin(example_shape, ", "), "] does not hold ",
-        request.num_features(), " features"));
+  if (absl::Status s = CheckPrepareSizes(request, example_shape, options_.limits); !s.ok()) {
+    return s;
   }
   const TrainingConfig& tc = options_.config.training;
   auto model = Model::Create(tc.model, example_shape, request.num_classes(), tc.seed);
@@ -212,6 +259,11 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepReq
   // Closures run on gRPC's threads: give this one the process's share of
   // the cores for its ops, as the main thread has.
   ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
+  if (request->closure_id() < 0 || request->attempt() < 0) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        absl::StrCat("RunStep: closure_id (", request->closure_id(),
+                                     ") and attempt (", request->attempt(), ") must be >= 0"));
+  }
   absl::MutexLock lock(&mu_);
   if (!prepared_) {
     // A restarted worker that the coordinator has not re-admitted yet: the
@@ -551,6 +603,19 @@ absl::StatusOr<std::string> ListenAddress(const ClusterSpec& cluster) {
 
 }  // namespace
 
+std::unique_ptr<grpc::Server> StartPsWorkerServer(const std::string& address,
+                                                  PsWorkerService& service, int* port) {
+  grpc::ServerBuilder builder;
+  *port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(service.options().limits.max_message_bytes, INT32_MAX)));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) return nullptr;
+  return server;
+}
+
 int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
                            prometheus::Registry* registry, const std::atomic<bool>& stop) {
   KeepPsBuffersMapped();
@@ -570,6 +635,10 @@ int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
   options.optimizer = config.training.optimizer;
   options.max_staleness = config.training.max_staleness.value_or(-1);
   options.checkpoint_keep = std::max(1, config.training.checkpoint.keep);
+  // The ps's own directory, from its own environment (main.cc); requests
+  // name only a step.
+  options.checkpoint_dir = PsCheckpointRoot(config.training.checkpoint.dir);
+  options.max_step = config.training.steps > 0 ? config.training.steps : -1;
   options.registry = registry;
   auto server = PsServer::Start(*listen, options);
   if (!server.ok()) {
@@ -577,10 +646,12 @@ int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
     return server.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig
                                                                          : kExitUnreachable;
   }
-  spdlog::info("ps:{} of {} serving on {} (optimizer applied here; staleness {})",
+  spdlog::info("ps:{} of {} serving on {} (optimizer applied here; staleness {}; checkpoints {})",
                options.task_index, options.num_ps, *listen,
                options.max_staleness < 0 ? std::string("unbounded")
-                                         : absl::StrCat("<= ", options.max_staleness));
+                                         : absl::StrCat("<= ", options.max_staleness),
+               options.checkpoint_dir.empty() ? std::string("off: no DISTRAIN_CHECKPOINT_DIR")
+                                              : options.checkpoint_dir);
   // Like TensorFlow's ps tasks: serve until the process is told to stop.
   WaitUntil(stop, [] { return false; });
   // SIGTERM reaches every task of a stopping job at about the same time, and
@@ -622,12 +693,9 @@ int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,
   options.ps_rpc_timeout = absl::Seconds(config.training.communication.timeout_seconds);
   options.registry = registry;
   PsWorkerService service(options);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(*listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  std::unique_ptr<grpc::Server> server = StartPsWorkerServer(*listen, service, &port);
+  if (server == nullptr) {
     spdlog::error("worker:{}: cannot listen on {} (port in use?)", cluster.task().index, *listen);
     return kExitUnreachable;
   }

@@ -39,6 +39,21 @@ class Server;
 
 namespace distrain {
 
+// Bounds on what the PsWorker service takes from the network (the
+// coordinator's requests); beyond one a request is INVALID_ARGUMENT naming
+// the field, the value and the limit, before the worker builds anything.
+// Sized from the inputs distrain trains on: MNIST examples are [28, 28, 1]
+// (784 features), an ImageNet-sized image [224, 224, 3] is 150,528, and
+// classification heads have at most tens of thousands of classes.
+struct PsWorkerLimits {
+  // One gRPC message: every PsWorker request is a few hundred bytes.
+  int64_t max_message_bytes = 64 << 10;
+  int64_t max_example_rank = 8;            // PrepareRequest.example_shape dimensions
+  int64_t max_features = int64_t{1} << 24;  // PrepareRequest.num_features (16 M floats)
+  int64_t max_classes = int64_t{1} << 20;   // PrepareRequest.num_classes
+  int64_t max_fingerprint_bytes = 256;      // PrepareRequest.plan_fingerprint
+};
+
 struct PsWorkerOptions {
   JobConfig config;
   ClusterSpec cluster;  // this task must be worker:<index>
@@ -47,6 +62,7 @@ struct PsWorkerOptions {
   // Prepare waits this long for every ps to answer.
   absl::Duration ps_connect_timeout = absl::Seconds(20);
   prometheus::Registry* registry = nullptr;  // optional: ps client metrics
+  PsWorkerLimits limits;
 };
 
 // gRPC PsWorker service of one worker task.
@@ -92,6 +108,7 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   // Set once Finish was called; the task then exits.
   bool finished() const { return finished_.load(); }
   const std::string& incarnation() const { return incarnation_; }
+  const PsWorkerOptions& options() const { return options_; }
 
  private:
   absl::Status PrepareLocked(const distrain::v1::PrepareRequest& request)
@@ -187,8 +204,16 @@ class GrpcWorkerTransport : public WorkerTransport {
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
+// Serves `service` on `address` ("127.0.0.1:0": a free port, written to
+// *port) with its limits' message bound; null when it cannot listen. The
+// caller owns both and shuts the server down before destroying the service.
+std::unique_ptr<grpc::Server> StartPsWorkerServer(const std::string& address,
+                                                  PsWorkerService& service, int* port);
+
 // The role entry points used by worker/main.cc; return the process exit code
-// (common/exit_codes.h). `stop` is set by SIGTERM/SIGINT.
+// (common/exit_codes.h). `stop` is set by SIGTERM/SIGINT. The ps task's
+// checkpoint directory is PsCheckpointRoot(config.training.checkpoint.dir):
+// main.cc resolves that field from the task's own flags and environment.
 int RunParameterServerTask(const JobConfig& config, const ClusterSpec& cluster,
                            prometheus::Registry* registry, const std::atomic<bool>& stop);
 int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,

@@ -297,15 +297,16 @@ TEST(PsClientTest, RecordsClientSideMetrics) {
 TEST(PsClientTest, PsWithoutShardsStillTakesPartInCheckpoints) {
   // Three ps, one single-shard variable: ps:1 and ps:2 host nothing but must
   // still write their (empty) part so the step counts as consistent.
-  PsTestCluster cluster(3);
+  const testing_ps::ScopedTempDir tmp("empty");
+  PsServiceOptions options;
+  options.checkpoint_dir = tmp.path();
+  PsTestCluster cluster(3, options);
   std::unique_ptr<PsClient> client = cluster.Client(Plan({{"w", {3}}}, Partitioner::None(), 3));
   ASSERT_NE(client, nullptr);
   const Tensor w = Pattern({3}, 4);
   ASSERT_TRUE(client->Initialize({{"w", &w}}).ok());
-  const testing_ps::ScopedTempDir tmp("empty");
-  const std::string& dir = tmp.path();
-  ASSERT_TRUE(client->Save(dir, 5).ok());
-  absl::StatusOr<int64_t> step = client->Restore(dir);
+  ASSERT_TRUE(client->Save(5).ok());
+  absl::StatusOr<int64_t> step = client->Restore();
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 5);
   absl::StatusOr<PullResult> pulled = client->Pull();

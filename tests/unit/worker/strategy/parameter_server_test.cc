@@ -505,6 +505,8 @@ struct InProcessPsJob {
       o.num_ps = 2;
       o.optimizer = config.training.optimizer;
       o.max_staleness = config.training.max_staleness.value_or(-1);
+      // As RunParameterServerTask gives a ps task its own directory.
+      o.checkpoint_dir = PsCheckpointRoot(config.training.checkpoint.dir);
       auto s = PsServer::Start("127.0.0.1:0", o);
       EXPECT_TRUE(s.ok()) << s.status();
       ps_addresses.push_back((*s)->address());
