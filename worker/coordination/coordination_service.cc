@@ -44,6 +44,8 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       : options_(std::move(options)), num_ranked_(static_cast<int>(members.size())) {
     ids_ = std::move(members);
     ids_.insert(ids_.end(), options_.unranked.begin(), options_.unranked.end());
+    max_waiters_ = options_.max_waiters > 0 ? options_.max_waiters
+                                            : 4 * static_cast<int64_t>(ids_.size()) + 16;
     tasks_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) tasks_[i].id = ids_[i];
   }
@@ -65,6 +67,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
 
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return ShuttingDown();
+    if (absl::Status s = CheckWaitersLocked("Join"); !s.ok()) return ToGrpc(s);
     TaskState& t = tasks_[*idx];
     if (t.incarnation == inc) {
       switch (t.phase) {
@@ -112,7 +115,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     }
     AdmitIfCompleteLocked();
 
-    const WaitResult r = WaitLocked(ctx, *deadline, [&] {
+    const WaitResult r = CountedWaitLocked(ctx, *deadline, [&] {
       return t.incarnation != inc || t.phase != Phase::kJoining;
     });
     if (t.incarnation == inc && t.phase == Phase::kJoined) {
@@ -250,6 +253,13 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return ShuttingDown();
     const auto it = store_.find(req->key());
+    if (it == store_.end() && static_cast<int64_t>(store_.size()) >= options_.max_keys) {
+      return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("KeyValueSetRequest.key ", Quote(req->key()),
+                                " would be key number ", store_.size() + 1,
+                                " in the key-value store; the limit is ", options_.max_keys,
+                                " keys (CoordinationServiceOptions::max_keys)"));
+    }
     const int64_t old_bytes =
         it == store_.end() ? 0 : static_cast<int64_t>(it->first.size() + it->second.size());
     const int64_t new_bytes = static_cast<int64_t>(req->key().size() + req->value().size());
@@ -257,7 +267,8 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
                    absl::StrCat("the key-value store holds ", store_bytes_, " bytes; setting ",
                                 Quote(req->key()), " would exceed its limit of ",
-                                options_.max_store_bytes, " bytes"));
+                                options_.max_store_bytes,
+                                " bytes (CoordinationServiceOptions::max_store_bytes)"));
     }
     store_bytes_ += new_bytes - old_bytes;
     store_[req->key()] = req->value();
@@ -273,8 +284,11 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     if (!deadline.ok()) return ToGrpc(deadline.status());
     const absl::Time start = absl::Now();
     absl::MutexLock lock(&mu_);
-    const WaitResult r =
-        WaitLocked(ctx, *deadline, [&] { return store_.find(req->key()) != store_.end(); });
+    const auto present = [&] { return store_.find(req->key()) != store_.end(); };
+    if (!present()) {
+      if (absl::Status s = CheckWaitersLocked("KeyValueGet"); !s.ok()) return ToGrpc(s);
+    }
+    const WaitResult r = CountedWaitLocked(ctx, *deadline, present);
     switch (r) {
       case WaitResult::kDone:
         resp->set_value(store_.at(req->key()));
@@ -314,9 +328,15 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     if (it == barriers_.end()) {
       if (static_cast<int64_t>(barriers_.size()) >= options_.max_barriers) {
         return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                     absl::StrCat("too many distinct barrier names (limit ",
-                                  options_.max_barriers, "); reuse names"));
+                     absl::StrCat("BarrierRequest.name ", barrier, " would be distinct barrier "
+                                  "name number ", barriers_.size() + 1, "; the limit is ",
+                                  options_.max_barriers,
+                                  " (CoordinationServiceOptions::max_barriers); reuse names"));
       }
+    }
+    // Checked before arriving, so a refused call leaves the counts alone.
+    if (absl::Status s = CheckWaitersLocked("Barrier"); !s.ok()) return ToGrpc(s);
+    if (it == barriers_.end()) {
       it = barriers_.emplace(req->name(), BarrierState{std::vector<int64_t>(tasks_.size(), 0), 0})
                .first;
     }
@@ -324,8 +344,8 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     const int64_t my_round = ++b.arrivals[*idx];
     TryCompleteBarrierLocked(b);
 
-    const WaitResult r =
-        WaitLocked(ctx, *deadline, [&] { return b.completed >= my_round || AnyFailedLocked(); });
+    const WaitResult r = CountedWaitLocked(
+        ctx, *deadline, [&] { return b.completed >= my_round || AnyFailedLocked(); });
     if (b.completed >= my_round) return grpc::Status::OK;
     --b.arrivals[*idx];  // withdraw, so the counts stay consistent for a retry
     std::vector<TaskId> failed, missing;
@@ -510,6 +530,24 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     return Error(grpc::StatusCode::UNAVAILABLE, "the coordination service is shutting down");
   }
 
+  // RESOURCE_EXHAUSTED when max_waiters handlers are blocked already.
+  absl::Status CheckWaitersLocked(const char* method) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (waiters_ < max_waiters_) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": ", waiters_, " calls are already blocked in Join, KeyValueGet or Barrier; "
+        "the limit is ", max_waiters_, " (CoordinationServiceOptions::max_waiters)"));
+  }
+
+  // WaitLocked, counted in waiters_ while it blocks.
+  WaitResult CountedWaitLocked(grpc::ServerContext* ctx, absl::Time deadline,
+                               const std::function<bool()>& done)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++waiters_;
+    const WaitResult r = WaitLocked(ctx, deadline, done);
+    --waiters_;
+    return r;
+  }
+
   // Waits until done(), the deadline, the caller going away (ctx cancelled;
   // polled every cancel_poll) or shutdown.
   WaitResult WaitLocked(grpc::ServerContext* ctx, absl::Time deadline,
@@ -607,6 +645,8 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   std::map<std::string, std::string> store_ ABSL_GUARDED_BY(mu_);
   int64_t store_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
+  int64_t max_waiters_ = 0;  // options_.max_waiters resolved; set in the constructor
+  int64_t waiters_ ABSL_GUARDED_BY(mu_) = 0;  // handlers in CountedWaitLocked
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

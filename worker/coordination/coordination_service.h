@@ -55,8 +55,10 @@
 //
 // Hostile input (unknown task, empty or foreign incarnation, negative
 // timeouts, oversized keys/values) is answered with INVALID_ARGUMENT or
-// FAILED_PRECONDITION and a message naming the field; the server keeps
-// serving.
+// FAILED_PRECONDITION and a message naming the field; what requests can make
+// the service hold (keys, store bytes, barrier names, blocked handlers) is
+// bounded by CoordinationServiceOptions and answered RESOURCE_EXHAUSTED
+// beyond; the server keeps serving.
 //
 // Ownership: the object owns the gRPC server and all state; destroy it (or
 // call Shutdown) to stop serving. Thread-safety: all public methods are
@@ -93,10 +95,25 @@ struct CoordinationServiceOptions {
   absl::Duration max_wait = absl::Hours(24);
   // Blocked handlers check this often whether their caller is gone.
   absl::Duration cancel_poll = absl::Milliseconds(50);
+  // Bounds on what requests may make the service hold. Beyond one a request
+  // is refused before anything is stored: INVALID_ARGUMENT for a size no
+  // request may have, RESOURCE_EXHAUSTED for a budget the state would
+  // exceed, the message naming the field, the value and the limit.
+  // Sized from what the strategies store: per membership generation one
+  // ring address per rank ("mwms/g<gen>/ring/<rank>", ~25-byte values) and
+  // the chief's initial-state manifest (one line per variable: KiBs, a
+  // large model's well under 1 MiB); at most a few barrier names per
+  // generation; and per task at most one blocked call of each kind (Join,
+  // KeyValueGet, Barrier). A 1,000-task job restarting 15 times stays well
+  // inside every default.
   int64_t max_key_bytes = 4096;            // keys and barrier names
   int64_t max_value_bytes = 4 << 20;       // one value
-  int64_t max_store_bytes = 256LL << 20;   // all keys + values together
-  int64_t max_barriers = 100000;           // distinct barrier names
+  int64_t max_store_bytes = 64LL << 20;    // all keys + values together
+  int64_t max_keys = 16384;                // distinct keys in the store
+  int64_t max_barriers = 1024;             // distinct barrier names
+  // Handlers blocked at once in Join, KeyValueGet or Barrier (each holds a
+  // gRPC thread). 0: 4 per task of the cluster + 16.
+  int64_t max_waiters = 0;
   KeepaliveOptions keepalive;
 };
 
