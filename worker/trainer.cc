@@ -389,8 +389,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       window_examples = 0;
       window_steps = 0;
       if (env_.metrics) env_.metrics->examples_per_second.Set(examples_per_second);
-      const double accuracy =
-          out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0;
+      const double accuracy = out->job_accuracy.value_or(
+          out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0);
       spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,
                    out->loss, accuracy, examples_per_second);
       WriteStatus("Running", step, last_loss, examples_per_second, nullptr, "");

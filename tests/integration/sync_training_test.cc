@@ -64,6 +64,43 @@ TEST(SyncTrainingTest, MultiWorkerMirroredChiefAnd3WorkersMatchesOneDeviceAndSta
   fs::remove_all(dir);
 }
 
+// The loss and accuracy a MultiWorkerMirrored chief logs (and writes to
+// TensorBoard) are the job's, as Keras reports them, not its own shard's: with
+// DATA sharding the job's batch is the single-process batch, so the lines
+// equal OneDevice's.
+TEST(SyncTrainingTest, MultiWorkerMirroredLogsTheJobsLossNotTheChiefsShard) {
+  const std::string dir = FreshTempDir("mwms_loss");
+  auto logged = [&](const std::string& name, const std::string& strategy,
+                    const std::string& replicas) {
+    const std::string job = WriteTextFile(dir + "/" + name + ".yaml",
+                                          SyncJobYaml(strategy, replicas, 60));
+    Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--work-dir",
+                    dir + "/" + name});
+    auto rc = run.Wait(120);
+    EXPECT_TRUE(rc.has_value() && *rc == 0) << run.output();
+    // "[chief-0] ... step 20/60 loss 1.2345 accuracy 0.5000" (worker-0 without a chief).
+    std::vector<std::pair<double, double>> lines;
+    const std::string out = run.output();
+    const std::regex line(R"(\[(chief|worker)-0\][^\n]* step \d+/60 loss ([0-9.]+) accuracy ([0-9.]+))");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+         ++it) {
+      if (strategy != "OneDevice" && (*it)[1] != "chief") continue;
+      lines.emplace_back(std::stod((*it)[2]), std::stod((*it)[3]));
+    }
+    return lines;
+  };
+  const auto one = logged("one", "OneDevice", "    Worker: {replicas: 1}\n");
+  const auto mwms = logged("mwms", "MultiWorkerMirrored", kChiefAnd3Workers);
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(mwms.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    // 4 printed decimals; summation order differs in the last bits.
+    EXPECT_NEAR(mwms[i].first, one[i].first, 2e-4) << "loss line " << i;
+    EXPECT_NEAR(mwms[i].second, one[i].second, 1.0 / 64 + 1e-4) << "accuracy line " << i;
+  }
+  fs::remove_all(dir);
+}
+
 // A restarted job resumes from the chief's checkpoint even though the other
 // processes cannot read it: the chief broadcasts variables, optimizer slots
 // and step, and the job ends exactly where an uninterrupted one does.

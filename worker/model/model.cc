@@ -228,6 +228,7 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
   ctx.rng_stream = StepStream(step);
   const Tensor& output = RunForward(features, ctx, before_layer_forward);
   const LossResult result = ComputeLoss(output, labels, &grad_logits_);
+  last_train_loss_ = result;
   const Tensor* grad = &grad_logits_;
   for (int i = num_layers() - 1; i >= first_parameter_layer_; --i) {
     // grads_[i] = dL/d(input of layer i); not needed from the first layer

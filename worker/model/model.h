@@ -59,6 +59,10 @@ class Model {
                        const std::function<void(int layer_index)>& on_layer_grads_ready = {},
                        const std::function<void(int layer_index)>& before_layer_forward = {},
                        const StepContext& step = {});
+  // The loss of the running or last TrainStep, set before backward starts: a
+  // strategy reading it from on_layer_grads_ready can reduce it with the
+  // gradients.
+  const LossResult& last_train_loss() const { return last_train_loss_; }
   // Inference mode (no Dropout, moving statistics); changes no variable.
   LossResult Evaluate(const Tensor& features, absl::Span<const int32_t> labels);
   // The model's output in inference mode, as Keras' model.predict returns it
@@ -114,6 +118,7 @@ class Model {
   int64_t largest_activation_ = 0;
   uint64_t seed_ = 0;
   LossConfig loss_;
+  LossResult last_train_loss_;
   bool from_logits_ = true;
   // Keras hands a cross-entropy the logits behind a softmax or sigmoid
   // output whatever from_logits says (keras' _get_logits; from_logits: true

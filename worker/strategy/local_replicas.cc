@@ -11,6 +11,14 @@
 
 namespace distrain {
 
+namespace {
+// The layout of each replica's extras_: then the packed state variables.
+constexpr size_t kExtraStopVote = 0;
+constexpr size_t kExtraLoss = 1;
+constexpr size_t kExtraCorrect = 2;
+constexpr size_t kExtraHeader = 3;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
     const ModelFactory& factory, const OptimizerConfig& optimizer,
     std::vector<Collective*> collectives, Options options) {
@@ -34,7 +42,7 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
     for (Collective* c : self->collectives_) c->Abort(reason);
   };
   const int64_t state_size = StateVariableSize(*set->models_[0]);
-  set->extras_.assign(n, std::vector<float>(1 + state_size, 0.0f));
+  set->extras_.assign(n, std::vector<float>(kExtraHeader + state_size, 0.0f));
   for (int r = 0; r < n; ++r) {
     set->reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
         set->models_[r].get(), set->collectives_[r], options.bytes_per_pack,
@@ -65,9 +73,13 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
     // The forward pass has updated the state by the time backward reports
     // its first layer, and the last bucket (which carries `extra`) cannot
     // start before that report or FinishStep.
-    bool state_staged = extras_[r].size() == 1;
+    bool state_staged = false;
     auto stage_state = [&] {
-      if (!state_staged) PackStateVariables(model, extra + 1);
+      if (state_staged) return;
+      // By the first layer's report the forward pass has set the loss.
+      extra[kExtraLoss] = static_cast<float>(model.last_train_loss().loss);
+      extra[kExtraCorrect] = static_cast<float>(model.last_train_loss().correct);
+      if (extras_[r].size() > kExtraHeader) PackStateVariables(model, extra + kExtraHeader);
       state_staged = true;
     };
     ReplicaContext ctx;
@@ -85,7 +97,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
     stage_state();
     statuses[r] = reducer.FinishStep();
     if (statuses[r].ok()) {
-      if (extras_[r].size() > 1) UnpackStateVariables(extra + 1, model);
+      if (extras_[r].size() > kExtraHeader) UnpackStateVariables(extra + kExtraHeader, model);
       optimizers_[r]->Apply(model.parameters());
     }
   });
@@ -102,7 +114,13 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
   }
   if (first_error != nullptr) return *first_error;
   StepOutput out = CombineReplicaResults(results, examples);
-  out.stop_requested = extras_[0][0] > 0;  // the mean of 0/1 votes, identical on every replica
+  out.stop_requested = extras_[0][kExtraStopVote] > 0;  // the mean of 0/1 votes
+  if (options_.num_replicas_in_sync > n && examples > 0) {
+    // Equal slices everywhere: the mean of the replicas' means is the job's
+    // batch mean, and the mean correct count over one slice's size its accuracy.
+    out.loss = extras_[0][kExtraLoss];
+    out.job_accuracy = extras_[0][kExtraCorrect] / (static_cast<double>(examples) / n);
+  }
   return out;
 }
 

@@ -62,8 +62,10 @@ class LocalReplicas {
 
   // One synchronous step over every local replica; `examples` is the number
   // this process feeds the step (split evenly by step_fn). Every replica's
-  // stop vote (1 once VoteStop was called, else 0) is averaged with the last
-  // gradient bucket; StepOutput::stop_requested = some replica of the job voted.
+  // stop vote (1 once VoteStop was called, else 0), loss and correct count
+  // are averaged with the last gradient bucket; StepOutput::stop_requested =
+  // some replica of the job voted, and with replicas in other processes the
+  // loss and job_accuracy are the job's.
   // step_fn must pass ctx.on_layer_grads_ready to Model::TrainStep.
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples);
   void VoteStop() { stop_vote_ = true; }
@@ -81,8 +83,8 @@ class LocalReplicas {
 
   Options options_;
   bool stop_vote_ = false;
-  // Per replica: [stop vote, packed state variables...], reduced (MEAN) in
-  // place with the last gradient bucket every step.
+  // Per replica: [stop vote, loss, correct, packed state variables...],
+  // reduced (MEAN) in place with the last gradient bucket every step.
   std::vector<std::vector<float>> extras_;
   std::vector<Collective*> collectives_;
   std::vector<std::unique_ptr<Model>> models_;

@@ -26,6 +26,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,9 +62,14 @@ using StepFn = std::function<LossResult(ReplicaContext& ctx)>;
 
 // Loss statistics of a step, combined over the replicas of this process.
 struct StepOutput {
-  double loss = 0;       // mean over this process's examples
-  int64_t correct = 0;
-  int64_t examples = 0;
+  // Mean over the job's batch when the strategy reduces it across processes
+  // (MultiWorkerMirrored, as Keras reports it), else over this process's examples.
+  double loss = 0;
+  int64_t correct = 0;   // this process's
+  int64_t examples = 0;  // this process's
+  // The job's batch accuracy when reduced across processes (then preferred
+  // over correct / examples); unset otherwise.
+  std::optional<double> job_accuracy;
   // Some process of the job asked to stop (Strategy::RequestStop); every
   // process of the job sees the same value for the same step.
   bool stop_requested = false;
