@@ -93,6 +93,12 @@ int main(int argc, char** argv) {
   app.add_option("--progress-scrape-concurrency", options.progress_scrape_concurrency,
                  "chiefs' /metrics scraped at once (memory: this times --progress-scrape-max-bytes)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--network-policy", options.network_policy,
+                 "create a NetworkPolicy per job admitting only its own pods (and the metrics peers "
+                 "on the metrics port); false: none (default: true)");
+  app.add_option("--network-policy-metrics-peer", options.network_policy_metrics_peers,
+                 "a NetworkPolicyPeer as JSON admitted to the jobs' metrics port (repeatable; "
+                 "default: the operator's namespace, $POD_NAMESPACE)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("--version", version, "print the version and exit");

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "operator/api/distributed_training_job.h"
+#include "operator/controller/network_policy.h"
 #include "operator/controller/pods.h"
 #include "operator/controller/reconcile.h"
 #include "operator/controller/reconciler.h"
@@ -40,6 +41,7 @@ constexpr char kJobIndex[] = "job";
 
 kube::Resource JobsResource() { return {api::kGroup, api::kVersion, api::kPlural, true}; }
 kube::Resource PodGroupsResource() { return {"scheduling.x-k8s.io", "v1alpha1", "podgroups", true}; }
+kube::Resource NetworkPoliciesResource() { return {"networking.k8s.io", "v1", "networkpolicies", true}; }
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -92,6 +94,7 @@ struct Manager::Impl {
   // One informer of each kind per watched namespace ("" = all namespaces).
   struct NamespaceInformers {
     std::unique_ptr<kube::Informer> jobs, pods, services, config_maps;
+    std::unique_ptr<kube::Informer> network_policies;  // null with --network-policy=false
   };
   std::map<std::string, NamespaceInformers> informers;
 
@@ -177,6 +180,8 @@ kube::Informer* Manager::Impl::InformerFor(const std::string& ns, int kind) {
       return it->second.pods.get();
     case 2:
       return it->second.services.get();
+    case 4:
+      return it->second.network_policies.get();
     default:
       return it->second.config_maps.get();
   }
@@ -220,6 +225,21 @@ void Manager::Impl::StartInformers() {
         client.get(), kube::InformerOptions{.resource = kube::ConfigMapsResource(),
                                             .namespace_name = ns, .label_selector = selector,
                                             .registry = registry});
+    // The jobs' NetworkPolicies (controller/network_policy.h), looked up by name.
+    if (options.network_policy) {
+      set.network_policies = std::make_unique<kube::Informer>(
+          client.get(), kube::InformerOptions{.resource = NetworkPoliciesResource(),
+                                              .namespace_name = ns, .label_selector = selector,
+                                              .registry = registry});
+      auto enqueue = [this](const Json& p) {
+        if (auto key = OwnerJobKey(p)) queue->Add(*key);
+      };
+      set.network_policies->AddHandlers({
+          .on_add = enqueue,
+          .on_update = [enqueue](const Json&, const Json& p) { enqueue(p); },
+          .on_delete = enqueue,
+      });
+    }
     for (kube::Informer* child : {set.pods.get(), set.services.get()}) {
       child->AddIndex(kJobIndex, [](const Json& object) {
         std::optional<std::string> key = OwnerJobKey(object);
@@ -282,13 +302,14 @@ void Manager::Impl::StartInformers() {
     set.pods->Start();
     set.services->Start();
     set.config_maps->Start();
+    if (set.network_policies) set.network_policies->Start();
   }
 }
 
 void Manager::Impl::StopInformers() {
   for (auto& [ns, set] : informers) {
-    for (kube::Informer* i :
-         {set.jobs.get(), set.pods.get(), set.services.get(), set.config_maps.get()}) {
+    for (kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get(),
+                              set.config_maps.get(), set.network_policies.get()}) {
       if (i != nullptr) i->Stop();
     }
   }
@@ -299,6 +320,10 @@ bool Manager::Impl::InformersSynced() const {
     for (const kube::Informer* i :
          {set.jobs.get(), set.pods.get(), set.services.get(), set.config_maps.get()}) {
       if (i == nullptr || !i->HasSynced()) return false;
+    }
+    if (options.network_policy &&
+        (set.network_policies == nullptr || !set.network_policies->HasSynced())) {
+      return false;
     }
   }
   return !informers.empty();
@@ -435,6 +460,28 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
   }
   impl->controller_options.checkpoint_root = options.checkpoint_root;
   impl->controller_options.cluster_domain = options.cluster_domain;
+  impl->controller_options.network_policy.enabled = options.network_policy;
+  for (const std::string& peer : options.network_policy_metrics_peers) {
+    Json parsed = Json::parse(peer, nullptr, /*allow_exceptions=*/false);
+    bool valid = parsed.is_object() && !parsed.empty();
+    for (auto it = parsed.begin(); valid && it != parsed.end(); ++it) {
+      valid = (it.key() == "podSelector" || it.key() == "namespaceSelector" ||
+               it.key() == "ipBlock") && it.value().is_object();
+    }
+    if (!valid) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--network-policy-metrics-peer: want a NetworkPolicyPeer as JSON, an object of "
+          "podSelector, namespaceSelector and/or ipBlock objects, got ", peer));
+    }
+    impl->controller_options.network_policy.metrics_peers.push_back(std::move(parsed));
+  }
+  if (options.network_policy_metrics_peers.empty() && !Env("POD_NAMESPACE").empty()) {
+    // In a cluster without explicit peers: the operator's own namespace, so
+    // the progress scrape keeps working.
+    impl->controller_options.network_policy.metrics_peers.push_back(
+        {{"namespaceSelector",
+          {{"matchLabels", {{"kubernetes.io/metadata.name", Env("POD_NAMESPACE")}}}}}});
+  }
   impl->InitMetrics();
   Impl* m = impl.get();
   impl->reconciler = std::make_unique<controller::JobReconciler>(
@@ -455,6 +502,10 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
                 if (kube::Informer* cms = m->InformerFor(ns, 3)) {
                   observed.cluster_config_map =
                       cms->Get(ns, controller::ClusterConfigMapName(name));
+                }
+                if (kube::Informer* policies = m->InformerFor(ns, 4)) {
+                  observed.network_policy =
+                      policies->Get(ns, controller::NetworkPolicyName(name));
                 }
                 if (m->pod_group_crd && job.contains("spec") &&
                     job["spec"].value("/runPolicy/scheduling/gang"_json_pointer, false)) {

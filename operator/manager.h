@@ -12,7 +12,8 @@
 //      (the process exits and its Deployment restarts it: client-go's advice,
 //      since a deposed leader's caches and expectations are suspect).
 //   3. Lead: informers for DistributedTrainingJobs, their pods, Services and
-//      cluster-spec ConfigMaps (label distrain.io/job-name), one set per
+//      cluster-spec ConfigMaps and NetworkPolicies (label
+//      distrain.io/job-name), one set per
 //      watched namespace (or one cluster-wide). Job events enqueue the job's key; child events enqueue
 //      the owning job's key and settle expectations. /readyz turns 200 once
 //      every informer has synced.
@@ -80,6 +81,13 @@ struct ManagerOptions {
   absl::Duration progress_scrape_timeout = absl::Seconds(2);
   size_t progress_scrape_max_bytes = 256 * 1024;
   int progress_scrape_concurrency = 32;
+  // A NetworkPolicy per job (controller/network_policy.h); off: none, and no
+  // informer on networkpolicies (so no RBAC for them is needed).
+  bool network_policy = true;
+  // NetworkPolicyPeer objects, as JSON, admitted to the jobs' metrics ports
+  // (the operator's own pods, Prometheus). Empty: the operator's namespace
+  // ($POD_NAMESPACE) when it runs in a cluster, else none.
+  std::vector<std::string> network_policy_metrics_peers;
 };
 
 class Manager {

@@ -41,6 +41,16 @@ struct ControllerOptions {
   // The scheduler of gang-scheduled pods when runPolicy.scheduling.schedulerName
   // is empty: the scheduler-plugins second scheduler's usual name.
   std::string gang_scheduler_name = "scheduler-plugins-scheduler";
+  // The job's NetworkPolicy (network_policy.h).
+  struct NetworkPolicyOptions {
+    // Off: no policy is created (the cluster's own policies decide), and the
+    // operator needs no RBAC on networkpolicies.
+    bool enabled = true;
+    // NetworkPolicyPeer objects admitted to the pods' metrics port besides
+    // the job's own pods: the operator (its progress scrape) and Prometheus.
+    std::vector<nlohmann::json> metrics_peers;
+  };
+  NetworkPolicyOptions network_policy;
 };
 
 // A child as the informer caches it: shared, never modified.
@@ -53,6 +63,8 @@ struct Observed {
   std::optional<nlohmann::json> pod_group;  // the PodGroup named after the job, if any
   // The job's cluster-spec ConfigMap (pods.h ClusterConfigMapName), if any.
   std::optional<nlohmann::json> cluster_config_map;
+  // The job's NetworkPolicy (network_policy.h NetworkPolicyName), if any.
+  std::optional<nlohmann::json> network_policy;
 };
 
 // Facts about the world that are not children of the job.
@@ -87,6 +99,11 @@ struct Plan {
   // Applied before any pod is created: pods read it when they start.
   std::optional<nlohmann::json> config_map_to_create;
   std::optional<nlohmann::json> config_map_to_update;
+  // The job's NetworkPolicy, to POST (absent) or PUT (the observed object
+  // with the desired spec; its resourceVersion guards the write). Applied
+  // before any pod is created: no pod runs unprotected.
+  std::optional<nlohmann::json> network_policy_to_create;
+  std::optional<nlohmann::json> network_policy_to_update;
   // Complete objects, ready to POST.
   std::vector<nlohmann::json> pods_to_create;
   std::vector<nlohmann::json> services_to_create;

@@ -134,6 +134,68 @@ bool IsTrainingType(ReplicaType type) {
   return type == ReplicaType::kChief || type == ReplicaType::kWorker;
 }
 
+// A securityContext object of `holder`, made an object if it is not one.
+Json& SecurityContext(Json* holder) {
+  Json& sc = (*holder)["securityContext"];
+  if (!sc.is_object()) sc = Json::object();
+  return sc;
+}
+
+bool SetsRootUser(const Json& holder) {
+  if (!holder.is_object() || !holder.contains("securityContext") ||
+      !holder["securityContext"].is_object()) {
+    return false;
+  }
+  const Json& sc = holder["securityContext"];
+  return sc.contains("runAsUser") && sc["runAsUser"].is_number_integer() &&
+         sc["runAsUser"].get<int64_t>() == 0;
+}
+
+bool AddsSysAdmin(const Json& sc) {
+  if (!sc.contains("capabilities") || !sc["capabilities"].is_object()) return false;
+  const Json& add = sc["capabilities"].value("add", Json::array());
+  if (!add.is_array()) return false;
+  for (const Json& cap : add) {
+    if (cap == "SYS_ADMIN" || cap == "CAP_SYS_ADMIN") return true;
+  }
+  return false;
+}
+
+// The restricted Pod Security Standard's settings, each only where the
+// template leaves it unset (pods.h "Pod security").
+void ApplySecurityDefaults(Json* spec) {
+  if (!spec->contains("automountServiceAccountToken")) {
+    (*spec)["automountServiceAccountToken"] = false;
+  }
+  // Windows pods may not carry the Linux-only fields below (API validation).
+  if (spec->contains("os") && (*spec)["os"].is_object() &&
+      (*spec)["os"].value("name", "") == "windows") {
+    return;
+  }
+  bool root_asked = SetsRootUser(*spec);
+  for (const char* list : {"initContainers", "containers"}) {
+    if (!spec->contains(list) || !(*spec)[list].is_array()) continue;
+    for (Json& c : (*spec)[list]) {
+      if (!c.is_object()) continue;
+      root_asked = root_asked || SetsRootUser(c);
+      Json& sc = SecurityContext(&c);
+      // The API refuses allowPrivilegeEscalation false together with
+      // privileged or CAP_SYS_ADMIN: a template asking for those asked for
+      // escalation.
+      if (!sc.contains("allowPrivilegeEscalation") && !sc.value("privileged", false) &&
+          !AddsSysAdmin(sc)) {
+        sc["allowPrivilegeEscalation"] = false;
+      }
+      Json& caps = sc["capabilities"];
+      if (!caps.is_object()) caps = Json::object();
+      if (!caps.contains("drop")) caps["drop"] = Json::array({"ALL"});
+    }
+  }
+  Json& pod_sc = SecurityContext(spec);
+  if (!pod_sc.contains("runAsNonRoot") && !root_asked) pod_sc["runAsNonRoot"] = true;
+  if (!pod_sc.contains("seccompProfile")) pod_sc["seccompProfile"] = {{"type", "RuntimeDefault"}};
+}
+
 }  // namespace
 
 bool Plan::DeletesPod(const std::string& name) const {
@@ -406,6 +468,7 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   NormalizeDevice(main, kGpuResource, default_gpus);
   NormalizeDevice(main, kTpuResource, 0);
 
+  ApplySecurityDefaults(&spec);
   pod["spec"] = std::move(spec);
   return pod;
 }

@@ -49,6 +49,30 @@
 // for GPUs gets max(1, spec.training.localReplicas) nvidia.com/gpu per
 // training pod, since NCCL cannot run without them.
 //
+// Pod security. Every pod is made to pass the "restricted" Pod Security
+// Standard unless its template says otherwise, field by field: what the
+// template sets is kept, what it leaves unset gets the restricted value.
+//   spec.automountServiceAccountToken  false (the worker never calls the API;
+//                                      a TF image that does sets it true)
+//   spec.securityContext.runAsNonRoot  true, unless the template sets it or
+//                                      sets runAsUser 0 on the pod or on any
+//                                      container (it asked for root). No
+//                                      runAsUser is chosen: the kubelet then
+//                                      refuses an image whose USER is root
+//                                      (CreateContainerConfigError "container
+//                                      has runAsNonRoot and image will run as
+//                                      root"), and the fix is the template's
+//                                      runAsNonRoot false or runAsUser 0. The
+//                                      distrain images run as 65532.
+//   spec.securityContext.seccompProfile RuntimeDefault
+//   every container and initContainer:
+//     securityContext.allowPrivilegeEscalation false, unless the container is
+//                                      privileged or adds CAP_SYS_ADMIN (the
+//                                      API refuses that combination)
+//     securityContext.capabilities.drop ["ALL"] (capabilities.add is kept)
+// Container-level values override pod-level ones, so a template can opt one
+// container out. Pods with spec.os.name windows get only the token setting.
+//
 // Pure functions; thread-safe.
 
 #include <map>

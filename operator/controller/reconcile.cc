@@ -12,6 +12,7 @@
 #include "operator/controller/conditions.h"
 #include "operator/controller/elastic.h"
 #include "operator/controller/gang.h"
+#include "operator/controller/network_policy.h"
 #include "operator/controller/observed.h"
 #include "operator/controller/pods.h"
 #include "operator/controller/restart.h"
@@ -54,6 +55,16 @@ bool OwnedByJob(const Json& child, const std::string& job_uid) {
     if (ref.is_object() && ref.value("uid", "") == job_uid) return true;
   }
   return false;
+}
+
+std::string Annotation(const Json& object, const char* key) {
+  const Json& metadata = object.value("metadata", Json::object());
+  if (!metadata.is_object() || !metadata.contains("annotations") ||
+      !metadata["annotations"].is_object()) {
+    return "";
+  }
+  const Json& value = metadata["annotations"].value(key, Json());
+  return value.is_string() ? value.get<std::string>() : "";
 }
 
 // One reconcile's working state: the plan being built and what it needs.
@@ -306,6 +317,26 @@ void Reconciler::CreateMissing(const ControllerOptions& options) {
       Json update = *observed_->pod_group;
       update["spec"]["minMember"] = size;
       plan_.pod_group_to_update = std::move(update);
+    }
+  }
+
+  // The NetworkPolicy: written before any pod, so none runs unprotected.
+  if (options.network_policy.enabled) {
+    const Json desired = BuildNetworkPolicy(job_, topology_, options);
+    const std::optional<Json>& observed_policy = observed_->network_policy;
+    if (!observed_policy) {
+      plan_.network_policy_to_create = desired;
+    } else if (!OwnedByJob(*observed_policy)) {
+      // An earlier job's of the same name, not yet garbage-collected; it
+      // selects these pods the same way. Its deletion requeues the job.
+      plan_.RequeueAfter(kForeignConfigMapRetry);
+    } else if (Annotation(*observed_policy, kNetworkPolicyHashAnnotation) !=
+               desired["metadata"]["annotations"][kNetworkPolicyHashAnnotation]) {
+      Json update = *observed_policy;
+      update["spec"] = desired["spec"];
+      update["metadata"]["annotations"][kNetworkPolicyHashAnnotation] =
+          desired["metadata"]["annotations"][kNetworkPolicyHashAnnotation];
+      plan_.network_policy_to_update = std::move(update);
     }
   }
 

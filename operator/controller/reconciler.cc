@@ -20,6 +20,7 @@ using Json = nlohmann::json;
 
 kube::Resource JobsResource() { return {api::kGroup, api::kVersion, api::kPlural}; }
 kube::Resource PodGroupsResource() { return {"scheduling.x-k8s.io", "v1alpha1", "podgroups"}; }
+kube::Resource NetworkPoliciesResource() { return {"networking.k8s.io", "v1", "networkpolicies"}; }
 
 std::string Describe(const absl::StatusOr<kube::ApiResponse>& r) {
   if (!r.ok()) return std::string(r.status().message());
@@ -240,9 +241,39 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
     config_map = ApplyConfigMap(key, ns, plan);
     errors.Add(config_map);
   }
-  // No pod without its ConfigMap: it would wait for it in the kubelet.
+  // The NetworkPolicy: a pod is only created once its policy exists (an
+  // update that fails leaves the old policy, which still selects the pods).
+  bool policy_in_place = true;
+  if (plan.network_policy_to_create) {
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "POST", kube::ResourcePath(NetworkPoliciesResource(), ns), &*plan.network_policy_to_create);
+    // 409: there already (a cache that has not seen our earlier create).
+    policy_in_place = r.ok() && (r->ok() || r->conflict());
+    if (!policy_in_place) {
+      errors.Add(absl::UnavailableError(absl::StrCat(
+          "creating NetworkPolicy ", ns, "/",
+          (*plan.network_policy_to_create)["metadata"].value("name", ""), ": ", Describe(r),
+          "; the job's pods are created once it exists")));
+    }
+  }
+  if (plan.network_policy_to_update) {
+    const std::string policy = (*plan.network_policy_to_update)["metadata"].value("name", "");
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "PUT", kube::ResourcePath(NetworkPoliciesResource(), ns, policy),
+        &*plan.network_policy_to_update);
+    if (r.ok() && r->conflict()) {
+      errors.Add(absl::AbortedError(absl::StrCat("updating NetworkPolicy ", ns, "/", policy, ": ",
+                                                 r->message(), "; retrying")));
+    } else if (!(r.ok() && r->ok())) {
+      errors.Add(absl::UnavailableError(
+          absl::StrCat("updating NetworkPolicy ", ns, "/", policy, ": ", Describe(r))));
+    }
+  }
+  // No pod without its ConfigMap (it would wait for it in the kubelet) or
+  // without its NetworkPolicy.
   errors.Add(CreateAll(key, plan.services_to_create,
-                       config_map.ok() ? plan.pods_to_create : std::vector<Json>()));
+                       config_map.ok() && policy_in_place ? plan.pods_to_create
+                                                          : std::vector<Json>()));
 
   // The status goes before pod deletions: a deletion is what a restart
   // counts, and once the pod is gone no later reconcile can count it again,

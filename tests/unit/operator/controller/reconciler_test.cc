@@ -46,6 +46,13 @@ struct Fixture {
   kube::FakeClock clock{testing::T0()};
   kube::Expectations expectations{&clock};
   ScriptedClient client;
+  // Without the NetworkPolicy, so that each test scripts only the requests
+  // its subject makes; the NetworkPolicy tests turn it on.
+  ControllerOptions options = [] {
+    ControllerOptions o;
+    o.network_policy.enabled = false;
+    return o;
+  }();
 
   explicit Fixture(const std::string& spec = kSpec) {
     api::DistributedTrainingJob parsed = MakeJob(spec);
@@ -67,7 +74,7 @@ struct Fixture {
       EXPECT_EQ(j["metadata"]["name"], "mnist");
       events.push_back(e);
     };
-    return JobReconciler(&client, &expectations, std::move(hooks), ControllerOptions{}, &clock);
+    return JobReconciler(&client, &expectations, std::move(hooks), options, &clock);
   }
 };
 
@@ -144,6 +151,44 @@ TEST(JobReconcilerTest, AFailedConfigMapWriteCreatesNoPods) {
   f.client.ExpectAllConsumed();  // in particular, no pod POST
   // No informer event will come for the refused write.
   EXPECT_TRUE(f.expectations.SatisfiedExpectations(ConfigMapExpectationsKey(kKey)));
+}
+
+TEST(JobReconcilerTest, TheNetworkPolicyIsCreatedAfterTheConfigMapAndBeforeAnyPod) {
+  Fixture f;
+  f.options.network_policy.enabled = true;
+  constexpr char kPolicies[] = "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies";
+  f.client.Expect("POST", kConfigMaps, Created());
+  // A 409 means it is there already (a cache that has not seen it yet).
+  f.client.Expect("POST", kPolicies, ScriptedClient::Status(409, "AlreadyExists", "exists"));
+  f.client.SetFallback(Echo());
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const auto calls = f.client.calls();
+  ASSERT_EQ(calls.size(), 9u);
+  EXPECT_EQ(calls[1].body["metadata"]["name"], "mnist-network");
+  int pods = 0;
+  for (size_t i = 2; i < calls.size(); ++i) pods += calls[i].path == kPods;
+  EXPECT_EQ(pods, 3);
+}
+
+TEST(JobReconcilerTest, AFailedNetworkPolicyCreateCreatesNoPods) {
+  Fixture f;
+  f.options.network_policy.enabled = true;
+  f.client.Expect("POST", kConfigMaps, Created());
+  f.client.Expect("POST", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies",
+                  ScriptedClient::Status(403, "Forbidden", "networkpolicies is forbidden"));
+  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  JobReconciler r = f.Make();
+  auto result = r.Reconcile(kKey);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("NetworkPolicy team-a/mnist-network"));
+  f.client.ExpectAllConsumed();  // in particular, no pod POST
+  EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
 }
 
 TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {

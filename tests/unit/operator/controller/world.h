@@ -63,6 +63,7 @@ struct World {
   std::map<std::string, Json> services;
   std::optional<Json> pod_group;
   std::optional<Json> config_map;  // the job's cluster-spec ConfigMap
+  std::optional<Json> network_policy;  // the job's NetworkPolicy
   Facts facts{T0(), true};
   ControllerOptions options;
   int next_uid = 0;
@@ -73,6 +74,7 @@ struct World {
     for (const auto& [name, svc] : services) o.services.push_back(std::make_shared<const Json>(svc));
     o.pod_group = pod_group;
     o.cluster_config_map = config_map;
+    o.network_policy = network_policy;
     return o;
   }
 
@@ -98,8 +100,17 @@ struct World {
       (*config_map)["metadata"]["resourceVersion"] = std::to_string(
           std::stoi((*config_map)["metadata"]["resourceVersion"].get<std::string>()) + 1);
     }
+    if (plan.network_policy_to_create) {
+      EXPECT_FALSE(network_policy.has_value()) << "NetworkPolicy created twice";
+      network_policy = *plan.network_policy_to_create;
+      (*network_policy)["metadata"]["uid"] = absl::StrCat("np-uid-", next_uid++);
+    }
+    if (plan.network_policy_to_update) network_policy = *plan.network_policy_to_update;
     if (!plan.pods_to_create.empty()) {
       EXPECT_TRUE(config_map.has_value()) << "pods created before their ConfigMap";
+      if (options.network_policy.enabled) {
+        EXPECT_TRUE(network_policy.has_value()) << "pods created before their NetworkPolicy";
+      }
     }
     for (const Json& pod : plan.pods_to_create) {
       const std::string name = pod["metadata"]["name"];
