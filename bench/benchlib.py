@@ -1,6 +1,7 @@
-"""Helpers shared by the multi-process benchmarks: free loopback ports,
-TF_CONFIG for N local workers, and running a group of processes that must all
-succeed (the first failure kills the rest and stops the benchmark loudly)."""
+"""Helpers shared by the benchmarks: free loopback ports, TF_CONFIG for N local
+workers, running a group of processes that must all succeed (the first failure
+kills the rest and stops the benchmark loudly), and the machine facts every
+record carries (`uptime`, `cpu_info`)."""
 import json
 import os
 import signal
@@ -14,6 +15,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
 PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
                         "peers-venv", "bin", "python")
+
+
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def cpu_info():
+    model = ""
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name:"):
+            model = line.split(":", 1)[1].strip()
+    flags, mhz, family = set(), 0.0, None
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "flags" and not flags:
+                flags = set(value.split())
+            elif key == "cpu MHz" and not mhz:
+                mhz = float(value)
+            elif key == "cpu family" and family is None:
+                family = int(value)
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+    return {"model": model, "isa": isa, "cores": os.cpu_count(), "tsc_mhz": mhz, "family": family}
 
 
 def fail(message):

@@ -47,10 +47,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
-PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
-                        "peers-venv", "bin", "python")
+from benchlib import BUILD, PEERS_PY, ROOT, cpu_info, uptime
+
 RECORDS = os.path.join(ROOT, "bench", "records", "cnn_training.jsonl")
 
 JOB = """apiVersion: distrain.io/v1alpha1
@@ -102,30 +100,6 @@ def flops_per_example():
     forward = sum(m for _, m, _ in LAYER_MACS)
     backward = sum(m * (2 if needs_input_grad else 1) for _, m, needs_input_grad in LAYER_MACS)
     return 2 * forward, 2 * backward
-
-
-def uptime():
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def cpu_info():
-    model = ""
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            model = line.split(":", 1)[1].strip()
-    flags, mhz, family = set(), 0.0, None
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "flags" and not flags:
-                flags = set(value.split())
-            elif key == "cpu MHz" and not mhz:
-                mhz = float(value)
-            elif key == "cpu family" and family is None:
-                family = int(value)
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
-    return {"model": model, "isa": isa, "cores": os.cpu_count(), "tsc_mhz": mhz, "family": family}
 
 
 # FP32 FMA throughput on every core at once: 16 independent accumulators per
