@@ -157,7 +157,8 @@ TEST_F(CoordinationFloodTest, ValuesBeyondTheStoreBudgetAreResourceExhaustedAndN
   EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_THAT(s.error_message(),
               AllOf(HasSubstr("the key-value store holds 40961 bytes; setting 'b'"),
-                    HasSubstr("limit of 65536 bytes (CoordinationServiceOptions::max_store_bytes)")));
+                    HasSubstr("limit of 65536 bytes "
+                              "(CoordinationServiceOptions::max_store_bytes)")));
   EXPECT_EQ(Get("b", 0).error_code(), grpc::DEADLINE_EXCEEDED) << "not stored";
   ExpectRealJobServed("after a store flood");
 }

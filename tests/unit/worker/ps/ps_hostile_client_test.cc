@@ -685,7 +685,7 @@ class PsWorkerAuthorityTest : public ::testing::Test {
   std::string fingerprint_;
 };
 
-TEST_F(PsWorkerAuthorityTest, PrepareWithGiantNegativeOrOverflowingShapesIsRefusedThenARealOneWorks) {
+TEST_F(PsWorkerAuthorityTest, PrepareWithGiantNegativeOrOverflowingShapesIsRefusedThenARealWorks) {
   struct Case {
     const char* name;
     std::function<void(v1::PrepareRequest&)> mutate;
