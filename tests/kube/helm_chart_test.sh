@@ -9,9 +9,13 @@
 #      Pod Security Standard (server-side dry run in a namespace that enforces it),
 #      probes on /healthz and /readyz, leader-election flags; RoleBindings
 #      instead of a ClusterRoleBinding when watchNamespaces is set;
+#   3b. a PodDisruptionBudget and pod anti-affinity only with more than one
+#      replica; NetworkPolicy flags and RBAC only with networkPolicy.enabled;
 #   4. `helm install` for real creates the objects; the operator's
-#      ServiceAccount can do exactly what the reconciler needs and nothing more
-#      (kubectl auth can-i as the ServiceAccount: pods create yes, secrets get no, ...);
+#      ServiceAccount can do exactly what the reconciler needs and nothing more,
+#      printed as a table of `kubectl auth can-i` answers (as the
+#      ServiceAccount, against the real API server), cluster-wide and, for a
+#      second release with watchNamespaces, in the watched namespace only;
 #   5. the Grafana dashboard ConfigMap holds valid JSON whose queries use the
 #      metric names the worker and the operator export;
 #   6. `helm uninstall` removes what install created.
@@ -30,7 +34,8 @@ cleanup() {
   local rc=$?
   if [ -n "${KUBECTL:-}" ]; then
     "$HELM" uninstall "$REL" -n "$NS" >/dev/null 2>&1 || true
-    "$KUBECTL" delete namespace "$NS" "$NS_RESTRICTED" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+    "$HELM" uninstall dtns -n "$NS" >/dev/null 2>&1 || true
+    "$KUBECTL" delete namespace "$NS" "$NS_RESTRICTED" "${NS_WATCHED:-$NS_RESTRICTED}" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   fi
   [ "$started_cluster" = 1 ] && "$CP" down >/dev/null 2>&1
   exit $rc
@@ -69,7 +74,14 @@ for want in "kind: Deployment" "path: /healthz" "path: /readyz" "--leader-elect"
 done
 out_ns="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set 'operator.watchNamespaces={team-a,team-b}')"
 [ "$(grep -c '^kind: RoleBinding' <<<"$out_ns")" = 3 ] || fail "watchNamespaces: want 2 RoleBindings + the leader-election one"
-grep -q '^kind: ClusterRoleBinding' <<<"$out_ns" && fail "watchNamespaces must not bind cluster-wide"
+[ "$(grep -c '^kind: Role$' <<<"$out_ns")" = 3 ] || fail "watchNamespaces: want a Role per namespace + the leader-election one"
+# The one cluster-wide binding left is to the ClusterRole that reads the PodGroup CRD by name.
+[ "$(grep -c '^kind: ClusterRoleBinding' <<<"$out_ns")" = 1 ] || fail "watchNamespaces: want only the CRD-read ClusterRoleBinding"
+crds_role="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set 'operator.watchNamespaces={team-a}' \
+  --set rbac.aggregateToDefaultRoles=false --show-only templates/rbac.yaml | awk '/^kind: ClusterRole$/ {p=1} p && /^---/ {exit} p')"
+grep -q "name: $REL-distrain-operator-crds" <<<"$crds_role" && [ "$(grep -c 'apiGroups:' <<<"$crds_role")" = 1 ] &&
+  grep -q 'resourceNames: \[podgroups.scheduling.x-k8s.io\]' <<<"$crds_role" ||
+  fail "watchNamespaces: the cluster-wide role must hold only 'get' of the PodGroup CRD by name: $crds_role"
 grep -qF -- "--namespaces=team-a,team-b" <<<"$out_ns" || fail "watchNamespaces not passed to the operator"
 mon="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" \
   --api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PodMonitor \
@@ -80,6 +92,27 @@ nomon="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS
   --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true)"
 grep -q 'kind: ServiceMonitor' <<<"$nomon" && fail "monitors must not render without the Prometheus Operator CRDs"
 pass "helm template renders the operator, probes, restricted security context, namespace-scoped RBAC, monitors with the release label only where their CRDs exist"
+
+# More than one replica: a PodDisruptionBudget and anti-affinity; one replica: neither.
+grep -q '^kind: PodDisruptionBudget' <<<"$out" || fail "replicaCount 2: no PodDisruptionBudget"
+grep -q 'minAvailable: 1' <<<"$out" || fail "replicaCount 2: PodDisruptionBudget without minAvailable 1"
+grep -q 'preferredDuringSchedulingIgnoredDuringExecution' <<<"$out" && grep -q 'topologyKey: kubernetes.io/hostname' <<<"$out" ||
+  fail "replicaCount 2: no preferred pod anti-affinity over hostnames"
+one="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set replicaCount=1)"
+grep -q 'PodDisruptionBudget\|podAntiAffinity' <<<"$one" && fail "replicaCount 1 must get neither a PodDisruptionBudget nor anti-affinity"
+req="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set antiAffinity=required)"
+grep -q 'requiredDuringSchedulingIgnoredDuringExecution' <<<"$req" || fail "antiAffinity=required not rendered"
+own="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set affinity.nodeAffinity.x=1)"
+grep -q 'podAntiAffinity' <<<"$own" && fail "a user's affinity must replace the default anti-affinity"
+# NetworkPolicies: the operator is told its own pods and metricsFrom as metrics peers, and gets RBAC for them.
+grep -qF -- '--network-policy=true' <<<"$out" || fail "no --network-policy=true"
+[ "$(grep -c -- '--network-policy-metrics-peer=' <<<"$out")" = 2 ] || fail "want 2 metrics peers (the operator, Prometheus)"
+grep -F -- '--network-policy-metrics-peer=' <<<"$out" | grep -q "kubernetes.io/metadata.name.*$NS.*app.kubernetes.io/instance.*$REL" ||
+  fail "the operator's own pods are not a metrics peer"
+nonp="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set networkPolicy.enabled=false)"
+grep -q 'networkpolicies' <<<"$nonp" && fail "networkPolicy.enabled=false must grant nothing on networkpolicies"
+grep -qF -- '--network-policy=false' <<<"$nonp" || fail "networkPolicy.enabled=false not passed to the operator"
+pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy flags and RBAC follow networkPolicy.enabled"
 
 if "$CP" status >/dev/null 2>&1; then
   say "reusing the running control plane"
@@ -115,27 +148,110 @@ done
 pass "helm install creates the Deployment, ServiceAccount, RBAC, metrics Service and dashboard"
 
 SA="system:serviceaccount:$NS:$REL-distrain"
-can() {  # can yes|no VERB RESOURCE [-n NS] ...
-  local want="$1"
-  shift
-  local got
-  got="$("$KUBECTL" auth can-i --as="$SA" "$@" 2>/dev/null)"
-  [ "$got" = "$want" ] || fail "ServiceAccount can-i $*: got '$got', want '$want'"
+# can_i_table TITLE: reads rows "yes|no VERB RESOURCE [kubectl flags]" from
+# stdin, asks the real API server (kubectl auth can-i --as the
+# ServiceAccount), prints the table, and fails naming how many rows differ
+# from the wanted answer (marked in the table).
+can_i_table() {
+  local title="$1" want args got bad=0 rows=0
+  printf '[helm-test]   can-i table (%s), as %s\n' "$title" "$SA"
+  printf '[helm-test]     %-5s %-5s %s\n' want got "kubectl auth can-i ..."
+  while read -r want args; do
+    [ -z "$want" ] && continue
+    # shellcheck disable=SC2086
+    got="$("$KUBECTL" auth can-i --as="$SA" $args 2>/dev/null)"
+    rows=$((rows + 1))
+    printf '[helm-test]     %-5s %-5s %s%s\n' "$want" "$got" "$args" "$([ "$got" = "$want" ] || echo '   <-- WRONG')"
+    [ "$got" = "$want" ] || bad=$((bad + 1))
+  done
+  [ "$bad" = 0 ] || fail "$bad of $rows can-i answers differ from the chart's intent ($title)"
+  CAN_I_ROWS=$rows
 }
-for r in "create pods" "delete pods" "watch pods" "create services" "list distributedtrainingjobs.distrain.io" \
-  "update distributedtrainingjobs.distrain.io --subresource=status" "delete distributedtrainingjobs.distrain.io" \
-  "create events.events.k8s.io" "watch configmaps" "create configmaps" "update configmaps"; do
-  can yes $r -n default
-done
-can yes create leases.coordination.k8s.io -n "$NS"
-can yes update leases.coordination.k8s.io -n "$NS"
-for r in "get secrets" "list secrets" "create deployments.apps" "update distributedtrainingjobs.distrain.io" \
-  "create distributedtrainingjobs.distrain.io" "update pods" "patch pods" "create pods --subresource=exec" "delete configmaps" \
-  "create rolebindings.rbac.authorization.k8s.io" "get nodes" "list customresourcedefinitions.apiextensions.k8s.io"; do
-  can no $r -n default
-done
-can no create leases.coordination.k8s.io -n default
-pass "the operator's ServiceAccount can do what reconciling needs and nothing more (24 can-i checks; podgroups need their CRD to resolve)"
+OTHER_NS=kube-system  # any namespace: cluster-wide RBAC reaches all of them
+can_i_table "cluster-wide install" <<ROWS
+yes get pods -n default
+yes list pods -n default
+yes watch pods -n $OTHER_NS
+yes create pods -n default
+yes delete pods -n default
+yes create services -n default
+yes delete services -n default
+yes list distributedtrainingjobs.distrain.io -n default
+yes watch distributedtrainingjobs.distrain.io -n $OTHER_NS
+yes delete distributedtrainingjobs.distrain.io -n default
+yes update distributedtrainingjobs.distrain.io --subresource=status -n default
+yes patch distributedtrainingjobs.distrain.io --subresource=status -n default
+yes update distributedtrainingjobs.distrain.io --subresource=finalizers -n default
+yes watch configmaps -n default
+yes create configmaps -n default
+yes update configmaps -n default
+yes list networkpolicies.networking.k8s.io -n default
+yes watch networkpolicies.networking.k8s.io -n default
+yes create networkpolicies.networking.k8s.io -n default
+yes update networkpolicies.networking.k8s.io -n default
+yes create events.events.k8s.io -n default
+yes patch events.events.k8s.io -n default
+yes get customresourcedefinitions.apiextensions.k8s.io/podgroups.scheduling.x-k8s.io
+yes create leases.coordination.k8s.io -n $NS
+yes update leases.coordination.k8s.io -n $NS
+no get secrets -n default
+no list secrets -n $OTHER_NS
+no create deployments.apps -n default
+no create distributedtrainingjobs.distrain.io -n default
+no update distributedtrainingjobs.distrain.io -n default
+no patch distributedtrainingjobs.distrain.io -n default
+no update pods -n default
+no patch pods -n default
+no create pods --subresource=exec -n default
+no create pods --subresource=attach -n default
+no create pods --subresource=portforward -n default
+no create pods --subresource=eviction -n default
+no delete configmaps -n default
+no patch configmaps -n default
+no delete networkpolicies.networking.k8s.io -n default
+no patch networkpolicies.networking.k8s.io -n default
+no create serviceaccounts --subresource=token -n default
+no update serviceaccounts -n default
+no create rolebindings.rbac.authorization.k8s.io -n default
+no create clusterroles.rbac.authorization.k8s.io
+no bind clusterroles.rbac.authorization.k8s.io
+no escalate roles.rbac.authorization.k8s.io -n default
+no impersonate users
+no get nodes
+no list namespaces
+no list customresourcedefinitions.apiextensions.k8s.io
+no get customresourcedefinitions.apiextensions.k8s.io/distributedtrainingjobs.distrain.io
+no create leases.coordination.k8s.io -n default
+ROWS
+pass "the operator's ServiceAccount can do what reconciling needs and nothing more ($CAN_I_ROWS can-i answers; podgroups need their CRD to resolve)"
+
+# watchNamespaces: a second release whose operator watches one namespace gets
+# its rules there only.
+REL2=dtns
+NS_WATCHED="distrain-helm-watched-$$"
+"$KUBECTL" create namespace "$NS_WATCHED" >/dev/null
+"$HELM" install "$REL2" "$CHART" -n "$NS" --set "operator.watchNamespaces={$NS_WATCHED}" --set rbac.aggregateToDefaultRoles=false \
+  --set replicaCount=1 >/tmp/helm-install2.$$ 2>&1 || { cat /tmp/helm-install2.$$; fail "helm install with watchNamespaces"; }
+SA="system:serviceaccount:$NS:$REL2-distrain"
+can_i_table "watchNamespaces={$NS_WATCHED}" <<ROWS
+yes create pods -n $NS_WATCHED
+yes watch distributedtrainingjobs.distrain.io -n $NS_WATCHED
+yes create networkpolicies.networking.k8s.io -n $NS_WATCHED
+yes update configmaps -n $NS_WATCHED
+yes get customresourcedefinitions.apiextensions.k8s.io/podgroups.scheduling.x-k8s.io
+yes update leases.coordination.k8s.io -n $NS
+no create pods -n default
+no list pods -A
+no watch distributedtrainingjobs.distrain.io -A
+no watch distributedtrainingjobs.distrain.io -n default
+no create networkpolicies.networking.k8s.io -n default
+no update configmaps -n default
+no create services -n $OTHER_NS
+no get secrets -n $NS_WATCHED
+no list customresourcedefinitions.apiextensions.k8s.io
+ROWS
+"$HELM" uninstall "$REL2" -n "$NS" --wait >/dev/null 2>&1 || fail "helm uninstall $REL2"
+pass "with watchNamespaces the operator's rules hold in the watched namespace only ($CAN_I_ROWS can-i answers)"
 
 # 5. dashboard
 "$KUBECTL" -n "$NS" get configmap "$REL-distrain-dashboard" -o jsonpath='{.data.distrain\.json}' >/tmp/helm-dash.$$.json

@@ -446,5 +446,74 @@ TEST_F(OperatorKubeTest, WorksAsAServiceAccountBoundOnlyToTheChartsRbac) {
   Kubectl("delete clusterrole " + ns() + "-operator --ignore-not-found");
 }
 
+TEST_F(OperatorKubeTest, PodsPassRestrictedPodSecurityAndANetworkPolicyIsolatesEachJob) {
+  // The namespace enforces the restricted Pod Security Standard: the API
+  // server refuses any pod of the job that does not meet it.
+  Json labels = {{"metadata",
+                  {{"labels", {{"pod-security.kubernetes.io/enforce", "restricted"},
+                               {"pod-security.kubernetes.io/enforce-version", "latest"}}}}}};
+  auto labelled = client_->Request("PATCH", kube::ResourcePath(kube::NamespacesResource(), "", ns()),
+                                   &labels, "application/merge-patch+json");
+  ASSERT_TRUE(labelled.ok() && labelled->ok());
+  const Json prometheus = {
+      {"namespaceSelector", {{"matchLabels", {{"kubernetes.io/metadata.name", "monitoring"}}}}},
+      {"podSelector", {{"matchLabels", {{"app.kubernetes.io/name", "prometheus"}}}}}};
+  StartOperator({"--network-policy-metrics-peer=" + prometheus.dump()});
+  CreateJob(MakeJob(ns(), "ps", "ParameterServer", 2, /*chief=*/true));
+  CreateJob(MakeJob(ns(), "other", "MultiWorkerMirrored", 1, /*chief=*/false));
+  ASSERT_TRUE(WaitUntil([&] { return Pods("ps").size() == 4 && Pods("other").size() == 1; }, 30))
+      << op_->process().output();
+  for (const Json& pod : Pods("ps")) {
+    EXPECT_EQ(pod["spec"]["automountServiceAccountToken"], false);
+    EXPECT_EQ(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    // No projected token volume: the ServiceAccount admission honoured it.
+    EXPECT_THAT(pod["spec"].value("volumes", Json::array()).dump(), Not(HasSubstr("kube-api-access")));
+  }
+
+  auto get_policy = [&](const std::string& name) {
+    auto r = client_->Request("GET", kube::ResourcePath({"networking.k8s.io", "v1", "networkpolicies", true},
+                                                        ns(), name));
+    return r.ok() && r->ok() ? r->body : Json();
+  };
+  const Json np = get_policy("ps-network");
+  ASSERT_TRUE(np.is_object()) << op_->process().output();
+  const Json job = GetJob("ps");
+  ASSERT_EQ(np["metadata"]["ownerReferences"].size(), 1u);
+  EXPECT_EQ(np["metadata"]["ownerReferences"][0]["uid"], job["metadata"]["uid"]);
+  EXPECT_EQ(np["spec"]["policyTypes"], Json::array({"Ingress"}));
+  // Its selector, asked of the API server, selects exactly the job's pods.
+  const Json selector = np["spec"]["podSelector"]["matchLabels"];
+  ASSERT_EQ(selector.size(), 1u);
+  auto selected = client_->Request(
+      "GET", kube::WithQuery(kube::ResourcePath(kube::PodsResource(), ns()),
+                             {.label_selector = "distrain.io/job-name=" +
+                                                selector["distrain.io/job-name"].get<std::string>()}));
+  ASSERT_TRUE(selected.ok() && selected->ok());
+  EXPECT_EQ(Names(selected->body["items"].get<std::vector<Json>>()), Names(Pods("ps")));
+  // Ingress: the job's own pods on the TF_CONFIG port; Prometheus on the metrics port.
+  const Json& ingress = np["spec"]["ingress"];
+  ASSERT_EQ(ingress.size(), 2u);
+  EXPECT_EQ(ingress[0]["from"], Json::array({{{"podSelector", np["spec"]["podSelector"]}}}));
+  EXPECT_EQ(ingress[0]["ports"], Json::parse(R"([{"port":2222,"protocol":"TCP"}])"));
+  EXPECT_EQ(ingress[1]["from"], Json::array({prometheus}));
+  EXPECT_EQ(ingress[1]["ports"], Json::parse(R"([{"port":9090,"protocol":"TCP"}])"));
+  // Written before any pod of the job.
+  const int64_t np_version = std::stoll(np["metadata"]["resourceVersion"].get<std::string>());
+  for (const Json& pod : Pods("ps")) {
+    EXPECT_LT(np_version, std::stoll(pod["metadata"]["resourceVersion"].get<std::string>()));
+  }
+  // Each job has its own; they do not select each other's pods.
+  const Json other = get_policy("other-network");
+  ASSERT_TRUE(other.is_object());
+  EXPECT_EQ(other["spec"]["podSelector"]["matchLabels"]["distrain.io/job-name"], "other");
+
+  // Owned by the job: the garbage collector removes it with the job.
+  auto deleted = client_->Request("DELETE", kube::ResourcePath(Jobs(), ns(), "ps"));
+  ASSERT_TRUE(deleted.ok() && deleted->ok());
+  EXPECT_TRUE(WaitUntil([&] { return get_policy("ps-network").is_null(); }, 60))
+      << "the garbage collector did not remove the job's NetworkPolicy";
+  EXPECT_TRUE(get_policy("other-network").is_object());
+}
+
 }  // namespace
 }  // namespace distrain::kubetest
