@@ -8,7 +8,8 @@
 # `kubectl get dtj` shows the printer columns; `kubectl describe dtj` the
 # events. Then a MultiWorkerMirrored job whose worker is killed with SIGKILL:
 # the restart shows in status.restartCount and a Restarting event, and the job
-# still succeeds. Needs root (the agent manages a block of /etc/hosts); skips
+# still succeeds. The namespace enforces the restricted Pod Security
+# Standard. Needs root (the agent manages a block of /etc/hosts); skips
 # (exit 77) otherwise. E2E_CASES="onedevice mirrored" runs a subset.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -44,6 +45,12 @@ trap cleanup EXIT
 
 start=$SECONDS
 "$KUBECTL" create namespace "$NS" >/dev/null || { echo "FAIL: cannot create namespace $NS"; exit 1; }
+# The jobs run under the restricted Pod Security Standard: the API server
+# refuses any pod the operator makes that does not meet it (the operator's
+# defaults, controller/pods.h "Pod security", are what makes them pass).
+"$KUBECTL" label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/enforce-version=latest >/dev/null ||
+  { echo "FAIL: cannot label namespace $NS restricted"; exit 1; }
 e2e_start_node "$WORK" "$NS" || exit 1
 e2e_start_operator "$WORK/operator.log" "$NS"
 
