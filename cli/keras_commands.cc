@@ -1,5 +1,6 @@
 #include "cli/keras_commands.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -72,13 +73,47 @@ int ExportCommand(const ExportOptions& options) {
 }
 
 int ImportKerasCommand(const ImportKerasOptions& options) {
-  std::ifstream in(options.json_file);
+  std::ifstream in(options.json_file, std::ios::binary);
   if (!in) return Fail(kExitUsage, "cannot read '" + options.json_file + "'");
   std::stringstream text;
   text << in.rdbuf();
-  absl::StatusOr<KerasImport> imported = ImportKerasModelJson(text.str());
+  // A .keras file is a zip (it starts with "PK"); anything else is JSON.
+  const bool archive = text.str().rfind("PK", 0) == 0;
+  if (!archive && !options.checkpoint_dir.empty()) {
+    return Fail(kExitUsage, "--checkpoint-dir needs a .keras file (JSON carries no weights)");
+  }
+  absl::StatusOr<KerasImport> imported;
+  std::optional<CheckpointState> weights;
+  if (archive) {
+    absl::StatusOr<KerasFileImport> file = ImportKerasFile(options.json_file);
+    if (!file.ok()) {
+      return Fail(kExitInvalidConfig, options.json_file + ":\n" + std::string(file.status().message()));
+    }
+    imported = std::move(file->imported);
+    weights = std::move(file->weights);
+  } else {
+    imported = ImportKerasModelJson(text.str());
+  }
   if (!imported.ok()) {
     return Fail(kExitInvalidConfig, options.json_file + ":\n" + std::string(imported.status().message()));
+  }
+  if (!options.checkpoint_dir.empty()) {
+    // Only into an empty directory: a newer checkpoint there would win on
+    // resume and the imported weights would be silently ignored.
+    CheckpointManager checkpoints(options.checkpoint_dir, /*keep=*/1 << 30);
+    if (!checkpoints.ListSteps().empty()) {
+      return Fail(kExitCheckpoint, "'" + options.checkpoint_dir +
+                                       "' already holds checkpoints; import into an empty "
+                                       "directory");
+    }
+    std::error_code ignored;
+    std::filesystem::create_directories(options.checkpoint_dir, ignored);
+    if (absl::Status s = checkpoints.Save(*weights); !s.ok()) {
+      return Fail(kExitCheckpoint, std::string(s.message()));
+    }
+    std::cerr << "wrote the Keras weights to " << checkpoints.PathForStep(0)
+              << "; distrain run JOB --checkpoint-dir " << options.checkpoint_dir
+              << " starts from them\n";
   }
   const std::string yaml = KerasImportYaml(*imported, options.json_file);
   if (options.output.empty()) {

@@ -20,10 +20,13 @@ struct ExportOptions {
 int ExportCommand(const ExportOptions& options);
 
 struct ImportKerasOptions {
-  std::string json_file;  // model.to_json() output, or a .keras file's config.json
-  std::string output;     // "": stdout
+  std::string json_file;       // model.to_json() output, a config.json, or a .keras file
+  std::string output;          // "": stdout
+  std::string checkpoint_dir;  // .keras only: write its weights here as a step-0 checkpoint
 };
-// Prints (or writes) the spec.training model block for the Keras model.
+// Prints (or writes) the spec.training model block for the Keras model; for
+// a .keras file with checkpoint_dir, also its weights, so `distrain run
+// --checkpoint-dir` starts from them.
 int ImportKerasCommand(const ImportKerasOptions& options);
 
 }  // namespace distrain

@@ -51,12 +51,15 @@ int main(int argc, char** argv) {
 
   distrain::ImportKerasOptions import_options;
   CLI::App* import_cmd = app.add_subcommand(
-      "import-keras", "Turn a Keras Sequential's model.to_json() (or a .keras file's "
-                      "config.json) into the spec.training model block");
-  import_cmd->add_option("json", import_options.json_file, "the Keras JSON")
+      "import-keras", "Turn a Keras Sequential (model.to_json(), a config.json, or a .keras "
+                      "file) into the spec.training model block");
+  import_cmd->add_option("model", import_options.json_file, "the Keras JSON or .keras file")
       ->required()
       ->check(CLI::ExistingFile);
   import_cmd->add_option("-o,--output", import_options.output, "write here (default: stdout)");
+  import_cmd->add_option("--checkpoint-dir", import_options.checkpoint_dir,
+                         "a .keras file's weights become a step-0 checkpoint in this (empty) "
+                         "directory; `distrain run --checkpoint-dir` then starts from them");
 
   try {
     app.parse(argc, argv);

@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -273,6 +276,95 @@ print("SHAPES", [list(l.output.shape[1:]) for l in model.layers])
   ASSERT_NE(s, std::string::npos);
   EXPECT_EQ(r["output_shapes"].dump(),
             nlohmann::json::parse(written.substr(s + 7, written.find('\n', s) - s - 7)).dump());
+  std::filesystem::remove_all(dir);
+}
+
+// A model trained in Keras comes in with its weights: distrain predicts what
+// Keras predicts, and a job fine-tunes it from there.
+TEST(KerasInteropTest, KerasFileImportsWithItsWeightsAndFineTunes) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_file_import");
+  const std::string& d = MnistDir();
+  // 1. Keras trains a CNN with BatchNormalization for one epoch and saves it.
+  const std::string script = WriteTextFile(dir + "/train.py", R"PY(
+import sys
+import numpy as np
+import keras
+d, out = sys.argv[1], sys.argv[2]
+def idx(name, offset, shape):
+    return np.fromfile(f"{d}/{name}", dtype=np.uint8)[offset:].reshape(shape)
+x = idx("train-images-idx3-ubyte", 16, (-1, 28, 28, 1)).astype("float32") / 255
+y = idx("train-labels-idx1-ubyte", 8, (-1,))
+keras.utils.set_random_seed(1)
+model = keras.Sequential([
+    keras.Input(shape=(28, 28, 1)),
+    keras.layers.Conv2D(16, 3, activation="relu"),
+    keras.layers.BatchNormalization(),
+    keras.layers.MaxPooling2D(),
+    keras.layers.Flatten(),
+    keras.layers.Dense(10, activation="softmax"),
+])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.fit(x, y, batch_size=64, epochs=1, verbose=0)
+model.save(out + "/keras-trained.keras")
+t = idx("t10k-images-idx3-ubyte", 16, (-1, 28, 28, 1))[:64].astype("float32") / 255
+model.predict(t, verbose=0).astype("float32").tofile(out + "/keras-predictions.f32")
+t.tofile(out + "/x.f32")
+)PY");
+  Subprocess train({python, script, d, dir}, {{"TF_CPP_MIN_LOG_LEVEL", "3"}, {"CUDA_VISIBLE_DEVICES", ""}});
+  auto rc = train.Wait(300);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << train.output();
+
+  // 2. The weights as distrain reads them predict what Keras predicted.
+  auto file = ImportKerasFile(dir + "/keras-trained.keras");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto model = Model::Create(file->imported.model, file->imported.input_shape, 10, 0);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto optimizer = Optimizer::Create(OptimizerConfig{});
+  ASSERT_TRUE(optimizer.ok());
+  absl::Status restored = RestoreVariableState(file->weights, **model, **optimizer);
+  ASSERT_TRUE(restored.ok()) << restored;
+  std::ifstream xs(dir + "/x.f32", std::ios::binary);
+  std::vector<float> x(64 * 784);
+  xs.read(reinterpret_cast<char*>(x.data()), x.size() * sizeof(float));
+  const Tensor& ours = (*model)->Predict(Tensor({64, 784}, x));
+  std::ifstream ps(dir + "/keras-predictions.f32", std::ios::binary);
+  std::vector<float> theirs(64 * 10);
+  ps.read(reinterpret_cast<char*>(theirs.data()), theirs.size() * sizeof(float));
+  float max_diff = 0;
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(ours.data()[i] - theirs[i]));
+  }
+  std::cout << "imported weights: max |keras - distrain| = " << max_diff << "\n";
+  EXPECT_LE(max_diff, 1e-5);
+
+  // 3. The command writes them as a checkpoint; a job resumes from it.
+  Subprocess import({DistrainBinary(), "import-keras", dir + "/keras-trained.keras",
+                     "--checkpoint-dir", dir + "/ckpt", "-o", dir + "/block.yaml"});
+  rc = import.Wait(60);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << import.output();
+  std::ifstream block_in(dir + "/block.yaml");
+  std::string block;
+  for (std::string line; std::getline(block_in, line);) {
+    if (line.rfind("optimizer:", 0) == 0) continue;  // JobYaml sets its own
+    block += "    " + line + "\n";
+  }
+  // The example job with the imported block and the test digits to evaluate on.
+  std::string job_text = JobYaml("OneDevice", "    Worker: {replicas: 1}\n", block,
+                                 dir + "/tuned.keras");
+  const size_t classes_at = job_text.find("      numClasses: 10\n");
+  job_text.insert(classes_at, absl::StrCat("      evalFiles: [", d, "/t10k-images-idx3-ubyte]\n",
+                                           "      evalLabelFiles: [", d,
+                                           "/t10k-labels-idx1-ubyte]\n"));
+  const std::string out = RunJob(WriteTextFile(dir + "/job.yaml", job_text), dir);
+  EXPECT_NE(out.find("resumed from checkpoint step 0"), std::string::npos) << out;
+  // Training starts from Keras' weights: after 10 steps the loss is that of a
+  // trained model (from scratch this model is still above 1.0 there).
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("step 10/30 loss ([0-9.]+)"))) << out;
+  EXPECT_LT(std::stod(m[1]), 0.6) << out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
+  EXPECT_GT(std::stod(m[1]), 0.8) << out;
   std::filesystem::remove_all(dir);
 }
 

@@ -137,6 +137,68 @@ absl::StatusOr<std::string> Hdf5Image::Bytes() {
   return bytes;
 }
 
+absl::StatusOr<Hdf5Image> Hdf5Image::OpenBytes(const std::string& bytes) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  if (fapl < 0) return Hdf5Error("create file access properties");
+  HidCloser fapl_closer(fapl, H5Pclose);
+  if (H5Pset_fapl_core(fapl, 1 << 20, /*backing_store=*/0) < 0 ||
+      H5Pset_file_image(fapl, const_cast<char*>(bytes.data()), bytes.size()) < 0) {
+    return Hdf5Error("hand the weights file to the in-memory driver");
+  }
+  const hid_t file = H5Fopen("model.weights.h5", H5F_ACC_RDONLY, fapl);
+  if (file < 0) {
+    return absl::InvalidArgumentError(
+        "model.weights.h5 is not an HDF5 file (the .keras archive is damaged)");
+  }
+  return Hdf5Image(file);
+}
+
+bool Hdf5Image::Exists(const std::string& path) const {
+  // H5Lexists needs every parent to exist; walk down.
+  std::string prefix;
+  for (absl::string_view part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    absl::StrAppend(&prefix, "/", part);
+    if (H5Lexists(file_, prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<float>>> Hdf5Image::ReadFloats(
+    const std::string& path) const {
+  if (!Exists(path)) {
+    return absl::NotFoundError(absl::StrCat("model.weights.h5 has no dataset ", path));
+  }
+  const hid_t set = H5Dopen2(file_, path.c_str(), H5P_DEFAULT);
+  if (set < 0) return absl::InvalidArgumentError(absl::StrCat(path, " is not a dataset"));
+  HidCloser set_closer(set, H5Dclose);
+  const hid_t type = H5Dget_type(set);
+  HidCloser type_closer(type, H5Tclose);
+  if (H5Tget_class(type) != H5T_FLOAT) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " does not hold floats"));
+  }
+  const hid_t space = H5Dget_space(set);
+  HidCloser space_closer(space, H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  if (rank < 0 || rank > 8) return absl::InvalidArgumentError(absl::StrCat(path, ": bad rank"));
+  std::vector<hsize_t> dims(rank);
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  std::vector<int64_t> shape(dims.begin(), dims.end());
+  int64_t elements = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && elements > (int64_t{1} << 34) / d)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": too large"));
+    }
+    elements *= d;
+  }
+  std::vector<float> values(static_cast<size_t>(elements));
+  if (elements > 0 &&
+      H5Dread(set, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0) {
+    return Hdf5Error(absl::StrCat("read ", path));
+  }
+  return std::make_pair(std::move(shape), std::move(values));
+}
+
 absl::StatusOr<std::string> StoredZip(
     const std::vector<std::pair<std::string, std::string>>& entries) {
   constexpr uint64_t kLimit = 0xffffffffull;
@@ -210,6 +272,86 @@ absl::StatusOr<std::string> StoredZip(
   PutLe32(&out, central_offset);
   PutLe16(&out, 0);  // comment length
   return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ReadZip(const std::string& zip,
+                                                           const std::string& description) {
+  auto le = [&](size_t at, int bytes) {
+    uint32_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(zip[at + i]);
+    return v;
+  };
+  auto damaged = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", description, "' is not a readable zip archive (", what,
+                     "); a .keras file is a zip of config.json, metadata.json and "
+                     "model.weights.h5"));
+  };
+  // 1. The end-of-central-directory record: the last 22 bytes, unless the
+  //    archive has a comment (at most 64 KiB) after it.
+  if (zip.size() < 22) return damaged("too short");
+  size_t eocd = std::string::npos;
+  for (size_t at = zip.size() - 22;; --at) {
+    if (le(at, 4) == 0x06054b50) {
+      eocd = at;
+      break;
+    }
+    if (at == 0 || zip.size() - at > 22 + 0xffff) break;
+  }
+  if (eocd == std::string::npos) return damaged("no end-of-central-directory record");
+  const uint32_t count = le(eocd + 10, 2);
+  const uint32_t dir_size = le(eocd + 12, 4);
+  const uint32_t dir_offset = le(eocd + 16, 4);
+  if (uint64_t{dir_offset} + dir_size > eocd) return damaged("central directory out of range");
+  // 2. Each central record names an entry and where its local header is.
+  std::map<std::string, std::string> entries;
+  size_t at = dir_offset;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (at + 46 > eocd || le(at, 4) != 0x02014b50) return damaged("bad central record");
+    const uint32_t method = le(at + 10, 2);
+    const uint32_t crc = le(at + 16, 4);
+    const uint32_t packed = le(at + 20, 4);
+    const uint32_t size = le(at + 24, 4);
+    const uint32_t name_len = le(at + 28, 2);
+    const uint32_t extra_len = le(at + 30, 2);
+    const uint32_t comment_len = le(at + 32, 2);
+    const uint32_t local = le(at + 42, 4);
+    if (at + 46 + name_len > eocd) return damaged("bad central record");
+    const std::string name = zip.substr(at + 46, name_len);
+    at += 46 + name_len + extra_len + comment_len;
+    // 3. The local header has its own name and extra lengths.
+    if (uint64_t{local} + 30 > zip.size() || le(local, 4) != 0x04034b50) {
+      return damaged(absl::StrCat("bad local header for ", name));
+    }
+    const uint64_t data_at = uint64_t{local} + 30 + le(local + 26, 2) + le(local + 28, 2);
+    if (data_at + packed > zip.size()) return damaged(absl::StrCat(name, " is truncated"));
+    std::string data;
+    if (method == 0) {
+      if (packed != size) return damaged(absl::StrCat(name, ": stored sizes differ"));
+      data = zip.substr(data_at, packed);
+    } else if (method == 8) {
+      if (size > (1u << 31)) return damaged(absl::StrCat(name, " is too large"));
+      data.resize(size);
+      z_stream zs{};
+      if (inflateInit2(&zs, -MAX_WBITS) != Z_OK) return Hdf5Error("start zlib");
+      zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(zip.data() + data_at));
+      zs.avail_in = packed;
+      zs.next_out = reinterpret_cast<Bytef*>(data.data());
+      zs.avail_out = size;
+      const int rc = inflate(&zs, Z_FINISH);
+      const bool complete = rc == Z_STREAM_END && zs.total_out == size;
+      inflateEnd(&zs);
+      if (!complete) return damaged(absl::StrCat(name, " does not inflate to its size"));
+    } else {
+      return damaged(absl::StrCat(name, " uses compression method ", method,
+                                  " (only stored and deflated are read)"));
+    }
+    if (crc32(0, reinterpret_cast<const Bytef*>(data.data()), data.size()) != crc) {
+      return damaged(absl::StrCat(name, " fails its CRC-32"));
+    }
+    entries[name] = std::move(data);
+  }
+  return entries;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {

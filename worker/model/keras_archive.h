@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,14 @@ class Hdf5Image {
   // The finished file's bytes; the image stays usable.
   absl::StatusOr<std::string> Bytes();
 
+  // Reading a file handed over as bytes (a .keras file's model.weights.h5).
+  static absl::StatusOr<Hdf5Image> OpenBytes(const std::string& bytes);
+  bool Exists(const std::string& path) const;
+  // A float dataset's shape ({} for a scalar) and values; an error naming the
+  // path when it is missing or not a float array.
+  absl::StatusOr<std::pair<std::vector<int64_t>, std::vector<float>>> ReadFloats(
+      const std::string& path) const;
+
  private:
   explicit Hdf5Image(hid_t file) : file_(file) {}
   hid_t file_ = -1;
@@ -48,6 +57,12 @@ class Hdf5Image {
 // .keras files; no zip64, so every entry and the whole archive stay < 4 GiB
 // (an error otherwise).
 absl::StatusOr<std::string> StoredZip(const std::vector<std::pair<std::string, std::string>>& entries);
+
+// The entries of a zip archive (stored or deflated, no zip64), by name, read
+// through its central directory with every offset and size checked against
+// the archive and every CRC-32 verified. `description` names it in errors.
+absl::StatusOr<std::map<std::string, std::string>> ReadZip(const std::string& bytes,
+                                                           const std::string& description);
 
 // Writes `bytes` to "<path>.tmp-<pid>", fsyncs, renames over `path`: a reader
 // sees the old file or the whole new one.

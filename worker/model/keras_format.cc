@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -895,6 +896,80 @@ absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text) {
       out.num_parameters = (*model)->num_parameters();
     }
   }
+  return out;
+}
+
+absl::StatusOr<KerasFileImport> ImportKerasFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  absl::StatusOr<std::map<std::string, std::string>> entries = ReadZip(bytes, path);
+  if (!entries.ok()) return entries.status();
+  for (const char* name : {"config.json", "model.weights.h5"}) {
+    if (!entries->count(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path, "' has no ", name, "; it is not a Keras 3 .keras file"));
+    }
+  }
+  KerasFileImport out;
+  absl::StatusOr<KerasImport> imported = ImportKerasModelJson((*entries)["config.json"]);
+  if (!imported.ok()) return imported.status();
+  out.imported = *std::move(imported);
+  const KerasImport& model = out.imported;
+  if (model.input_shape.empty()) {
+    return absl::InvalidArgumentError(
+        "the model records no input shape; build it with keras.Input(shape=...) first");
+  }
+  // The model distrain builds from the import, for the variables' shapes.
+  absl::StatusOr<std::vector<std::vector<int64_t>>> shapes =
+      InferLayerShapes(model.model.layers, model.input_shape);
+  if (!shapes.ok()) return shapes.status();
+  const std::vector<int64_t>& output = shapes->back();
+  const int num_classes = output.size() == 1 && output[0] >= 2 ? static_cast<int>(output[0]) : 2;
+  ModelConfig probe = model.model;
+  if (output.size() == 1 && output[0] == 1) probe.loss.kind = LossKind::kBinaryCrossentropy;
+  absl::StatusOr<std::unique_ptr<Model>> built =
+      Model::Create(probe, model.input_shape, num_classes, /*seed=*/0);
+  if (!built.ok()) return built.status();
+  std::map<std::string, const Parameter*> variables;
+  for (Parameter* p : (*built)->parameters()) variables[p->name] = p;
+  for (Parameter* p : (*built)->state_variables()) variables[p->name] = p;
+
+  absl::StatusOr<Hdf5Image> h5 = Hdf5Image::OpenBytes((*entries)["model.weights.h5"]);
+  if (!h5.ok()) return h5.status();
+  CheckpointState& state = out.weights;
+  state.step = 0;
+  std::map<std::string, int> used_keys;  // Keras' addressing, as ExportKerasModel writes it
+  for (const LayerConfig& layer : model.model.layers) {
+    if (layer.kind == LayerKind::kInput) continue;
+    std::string key = LayerKindSnakeName(layer.kind);
+    if (auto [it, inserted] = used_keys.try_emplace(key, 0); !inserted) {
+      key = absl::StrCat(key, "_", ++it->second);
+    }
+    const LayerVariables vars = VariablesOf(layer);
+    for (size_t v = 0; v < vars.names.size(); ++v) {
+      const std::string h5_path = absl::StrCat("/layers/", key, "/vars/", v);
+      auto read = h5->ReadFloats(h5_path);
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer '", layer.name, "': ", read.status().message(),
+            " (its variable ", vars.names[v], "); was the model saved before it was built?"));
+      }
+      const Parameter* ours = variables.at(vars.names[v]);
+      if (read->first != ours->value.shape()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer '", layer.name, "': ", h5_path, " has shape [", absl::StrJoin(read->first, ", "),
+            "] but distrain builds ", vars.names[v], " as ", ours->value.ShapeString()));
+      }
+      state.tensors[CheckpointVariable(vars.names[v])] =
+          Tensor(read->first, std::move(read->second));
+    }
+  }
+  state.metadata[kIterationsKey] = "0";
+  state.metadata[kCheckpointNumClassesKey] = absl::StrCat(num_classes);
+  state.metadata[kCheckpointExampleShapeKey] = absl::StrJoin(model.input_shape, ",");
+  state.metadata["model"] = (*built)->Summary();
+  state.metadata["imported_from"] = path;
   return out;
 }
 

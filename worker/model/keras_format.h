@@ -69,6 +69,17 @@ struct KerasImport {
 };
 absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text);
 
+// A .keras file: its config.json imported as above, and its weights as a
+// step-0 checkpoint of that model (variables only, optimizer iterations 0,
+// so it restores into any spec.training.optimizer and training starts from
+// Keras' weights: fine-tuning). The weights are matched by Keras' own
+// addresses and checked against the shapes distrain builds.
+struct KerasFileImport {
+  KerasImport imported;
+  CheckpointState weights;
+};
+absl::StatusOr<KerasFileImport> ImportKerasFile(const std::string& path);
+
 // The imported blocks as YAML to paste under spec.training (model: and, when
 // present, optimizer:), headed by a comment with the source and the
 // parameter count.

@@ -295,5 +295,81 @@ TEST_F(KerasExportTest, CheckpointMetadataIsEnoughToExport) {
   EXPECT_THAT(missing.status().message(), HasSubstr("--job"));
 }
 
+// A one-entry zip whose entry is deflated, as `zip` or Python's zipfile with
+// ZIP_DEFLATED write it (Keras itself stores).
+std::string DeflatedZip(const std::string& name, const std::string& data) {
+  z_stream zs{};
+  EXPECT_EQ(deflateInit2(&zs, 6, Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string packed(deflateBound(&zs, data.size()) + 16, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  zs.avail_in = data.size();
+  zs.next_out = reinterpret_cast<Bytef*>(packed.data());
+  zs.avail_out = packed.size();
+  EXPECT_EQ(deflate(&zs, Z_FINISH), Z_STREAM_END);
+  packed.resize(zs.total_out);
+  deflateEnd(&zs);
+  auto put = [](std::string* out, uint32_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  const uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(data.data()), data.size());
+  std::string zip, central;
+  for (std::string* out : {&zip, &central}) {
+    const bool local = out == &zip;
+    put(out, local ? 0x04034b50 : 0x02014b50, 4);
+    if (!local) put(out, 20, 2);
+    put(out, 20, 2);
+    put(out, 0, 2);
+    put(out, 8, 2);  // deflated
+    put(out, 0, 4);  // time, date
+    put(out, crc, 4);
+    put(out, packed.size(), 4);
+    put(out, data.size(), 4);
+    put(out, name.size(), 2);
+    put(out, 0, 2);
+    if (!local) {
+      put(out, 0, 2 + 2 + 2);
+      put(out, 0, 4);
+      put(out, 0, 4);  // the local header's offset
+    }
+    *out += name;
+    if (local) *out += packed;
+  }
+  const uint32_t central_at = zip.size();
+  zip += central;
+  put(&zip, 0x06054b50, 4);
+  put(&zip, 0, 4);
+  put(&zip, 1, 2);
+  put(&zip, 1, 2);
+  put(&zip, central.size(), 4);
+  put(&zip, central_at, 4);
+  put(&zip, 0, 2);
+  return zip;
+}
+
+TEST(KerasArchiveTest, ZipReaderReadsStoredAndDeflatedAndRejectsDamage) {
+  const std::string big(100000, 'k');
+  auto stored = StoredZip({{"config.json", "{}"}, {"model.weights.h5", big}});
+  ASSERT_TRUE(stored.ok());
+  auto entries = ReadZip(*stored, "m.keras");
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  EXPECT_EQ((*entries)["config.json"], "{}");
+  EXPECT_EQ((*entries)["model.weights.h5"], big);
+
+  auto deflated = ReadZip(DeflatedZip("config.json", big), "d.keras");
+  ASSERT_TRUE(deflated.ok()) << deflated.status();
+  EXPECT_EQ((*deflated)["config.json"], big);
+
+  std::string flipped = *stored;
+  flipped[100] ^= 0x20;  // inside config.json's or the weights' bytes
+  auto bad_crc = ReadZip(flipped, "m.keras");
+  ASSERT_FALSE(bad_crc.ok());
+  EXPECT_THAT(bad_crc.status().message(), AllOf(HasSubstr("m.keras"), HasSubstr("CRC")));
+  for (size_t cut : {size_t{0}, size_t{10}, stored->size() / 2, stored->size() - 1}) {
+    auto truncated = ReadZip(stored->substr(0, cut), "m.keras");
+    ASSERT_FALSE(truncated.ok()) << cut;
+    EXPECT_THAT(truncated.status().message(), HasSubstr("not a readable zip"));
+  }
+}
+
 }  // namespace
 }  // namespace distrain
