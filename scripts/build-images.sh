@@ -39,7 +39,11 @@ RUNTIME_PACKAGES=(
   libgfortran5 libgomp1 libgrpc++1.51 libgrpc29 libopenblas0-pthread libprotobuf32
   libquadmath0 libre2-9 libspdlog1.10 libssl3 libstdc++6 libyaml-cpp0.7
   ocl-icd-libopencl1  # libdnnl2 links the OpenCL loader; the CPU path never opens a device
-  libhdf5-103-1  # the weights file of an exported .keras model
+  libhdf5-103-1  # the weights file of an exported .keras model, and what it links:
+  libaec0 libcom-err2 libcurl4 libffi8 libgmp10 libgnutls30 libgssapi-krb5-2 libhogweed6
+  libidn2-0 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0 libldap-2.5-0 libnettle8
+  libnghttp2-14 libp11-kit0 libpsl5 librtmp1 libsasl2-2 libssh2-1 libsz2 libtasn1-6
+  libunistring2 libzstd1
   zlib1g
 )
 SUITE=bookworm
