@@ -148,9 +148,13 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& tf_config_json
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(tf_config_json);
-  } catch (const nlohmann::json::parse_error& e) {
-    return absl::InvalidArgumentError(absl::StrCat(kRoot, ": invalid JSON at byte ", e.byte, ": ",
-                                                   StripJsonExceptionPrefix(e.what())));
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number too large for a double ("1e400") is out_of_range.
+    const auto* parse_error = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+    return absl::InvalidArgumentError(
+        absl::StrCat(kRoot, ": invalid JSON",
+                     parse_error ? absl::StrCat(" at byte ", parse_error->byte) : "", ": ",
+                     StripJsonExceptionPrefix(e.what())));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1034,7 +1034,7 @@ std::optional<LayerConfig> DecodeLayer(const Json& entry, const std::string& pat
   for (const auto& [key, value] : args.items()) {
     const std::string arg_path = JoinYamlPath(class_path, key);
     auto arg = std::find_if(allowed.begin(), allowed.end(),
-                            [&](LayerArg a) { return key == LayerArgName(a); });
+                            [&key = key](LayerArg a) { return key == LayerArgName(a); });
     if (arg == allowed.end()) {
       issues->Add(arg_path, UnknownLayerArgMessage(*kind, key));
       suggested.insert(SuggestedLayerArg(*kind, key));

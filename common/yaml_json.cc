@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #pragma GCC diagnostic ignored "-Wdangling-pointer"
 #endif
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace distrain {
@@ -151,7 +153,9 @@ absl::Status Convert(const YAML::Node& node, const std::string& path, YamlJson* 
     case YAML::NodeType::Map: {
       *value = Json::object();
       for (auto it = node.begin(); it != node.end(); ++it) {
-        const YAML::Node& key = it->first;
+        // A copy (a Node is a handle): it->first is a member of the proxy
+        // the iterator's operator-> returns, gone at the end of this statement.
+        const YAML::Node key = it->first;
         if (!key.IsScalar()) {
           return absl::InvalidArgumentError(absl::StrCat(
               At(key.Mark()), ": mapping keys must be plain strings, not lists or mappings"));
@@ -174,6 +178,39 @@ absl::Status Convert(const YAML::Node& node, const std::string& path, YamlJson* 
   return absl::InternalError("unknown YAML node type");
 }
 
+// Receives a document's parse events and ignores them: only how many
+// documents the parser reports matters (StuckParser).
+class IgnoreEvents : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// yaml-cpp 0.7 (Debian 12) reports a document without consuming anything
+// when a "," stands outside a [...] or {...} list (", a"), so LoadAll loops
+// for ever (found by tests/fuzz/job_yaml_fuzz, corpus regression-stray-comma).
+// Every real document consumes at least one byte: more documents than bytes
+// means the parser is stuck. May throw YAML::Exception, like LoadAll.
+bool StuckParser(const std::string& yaml_text) {
+  std::istringstream in(yaml_text);
+  YAML::Parser parser(in);
+  IgnoreEvents ignore;
+  for (size_t documents = 0; documents <= yaml_text.size() + 1; ++documents) {
+    if (!parser.HandleNextDocument(ignore)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string JoinYamlPath(const std::string& parent, const std::string& key) {
@@ -187,6 +224,11 @@ std::string JoinYamlPath(const std::string& parent, size_t index) {
 absl::StatusOr<YamlJson> YamlToJson(const std::string& yaml_text) {
   std::vector<YAML::Node> documents;
   try {
+    if (StuckParser(yaml_text)) {
+      return absl::InvalidArgumentError(
+          "YAML syntax error: a ',' outside a [...] or {...} list (or another token the parser "
+          "cannot place); check the line where a list or mapping begins");
+    }
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(

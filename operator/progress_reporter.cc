@@ -83,8 +83,11 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
 
 Json MergeProgress(const Json& current, const ScrapedProgress& scraped) {
   Json progress = current.is_object() ? current : Json::object();
-  if (scraped.step) progress["step"] = static_cast<int64_t>(*scraped.step);
-  if (scraped.total_steps && *scraped.total_steps > 0) {
+  // A page can say anything: a count beyond int64 is dropped (converting it
+  // would be undefined behaviour), like a value that does not parse.
+  const auto fits = [](double v) { return v > -0x1p63 && v < 0x1p63; };
+  if (scraped.step && fits(*scraped.step)) progress["step"] = static_cast<int64_t>(*scraped.step);
+  if (scraped.total_steps && *scraped.total_steps > 0 && fits(*scraped.total_steps)) {
     progress["totalSteps"] = static_cast<int64_t>(*scraped.total_steps);
   }
   // Rounded so that noise in the last digits does not cause a write per round.

@@ -93,6 +93,43 @@ std::string RingKey(const std::string& prefix, int rank) {
 
 }  // namespace
 
+absl::StatusOr<int> ParseRingHello(std::string_view bytes, uint64_t group_id, int to_rank,
+                                   int size) {
+  Hello h;
+  if (bytes.size() != sizeof(h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring hello: ", bytes.size(), " bytes, not ", sizeof(h)));
+  }
+  std::memcpy(&h, bytes.data(), sizeof(h));  // the bytes need not be aligned
+  if (h.magic != kHelloMagic || h.version != kProtocolVersion) {
+    return absl::InvalidArgumentError("ring hello: not a hello of this protocol version");
+  }
+  if (h.group_id != group_id || h.to_rank != to_rank || h.size != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring hello: for group ", h.group_id, " rank ", h.to_rank, " of ", h.size,
+        ", this is group ", group_id, " rank ", to_rank, " of ", size));
+  }
+  if (h.from_rank < 0 || h.from_rank >= size || h.from_rank == to_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring hello: from rank ", h.from_rank, " of a group of ", size));
+  }
+  return h.from_rank;
+}
+
+absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer) {
+  Ack a;
+  if (bytes.size() != sizeof(a)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring ack: ", bytes.size(), " bytes, not ", sizeof(a)));
+  }
+  std::memcpy(&a, bytes.data(), sizeof(a));
+  if (a.magic != kAckMagic || a.rank != peer || a.group_id != group_id) {
+    return absl::InvalidArgumentError(absl::StrCat("ring ack: not rank ", peer, "'s for group ",
+                                                   group_id));
+  }
+  return absl::OkStatus();
+}
+
 // ---- ByteVector ------------------------------------------------------------
 
 void RingCollective::ByteVector::Clear() {
@@ -293,14 +330,15 @@ absl::Status RingCollective::Setup(Store& store) {
       }
       p.received += static_cast<size_t>(got);
       if (p.received < sizeof(Hello)) continue;
-      const Hello& h = p.hello;
-      auto expected = std::find(missing.begin(), missing.end(), h.from_rank);
-      if (h.magic != kHelloMagic || h.version != kProtocolVersion || h.group_id != group_id ||
-          h.to_rank != rank_ || h.size != size_ || expected == missing.end()) {
+      absl::StatusOr<int> from = ParseRingHello(
+          std::string_view(reinterpret_cast<const char*>(&p.hello), sizeof(Hello)), group_id,
+          rank_, size_);
+      auto expected = from.ok() ? std::find(missing.begin(), missing.end(), *from) : missing.end();
+      if (expected == missing.end()) {
         p.fd.Close();  // a stray or stale connection, not a peer we expect
         continue;
       }
-      const int peer = h.from_rank;
+      const int peer = *from;
       missing.erase(expected);
       tcp::Fd fd = std::move(p.fd);
       if (absl::Status s = tcp::ConfigureStream(fd.get(), options_.socket_buffer_bytes); !s.ok()) {
@@ -339,7 +377,9 @@ absl::Status RingCollective::Setup(Store& store) {
       return absl::Status(s.code(), absl::StrCat("waiting for ", names_[peer],
                                                  " to accept the connection: ", s.message()));
     }
-    if (ack.magic != kAckMagic || ack.rank != peer || ack.group_id != group_id) {
+    if (!ParseRingAck(std::string_view(reinterpret_cast<const char*>(&ack), sizeof(ack)),
+                      group_id, peer)
+             .ok()) {
       return absl::UnavailableError(absl::StrCat(
           names_[peer], " answered the hello with a bad acknowledgement (another program on "
                         "that port?)"));

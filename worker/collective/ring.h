@@ -117,6 +117,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -127,6 +128,19 @@
 #include "worker/collective/tcp_socket.h"
 
 namespace distrain {
+
+// The handshake messages of Setup steps 4 and 5 as they arrive from the
+// network (free functions so that tests/fuzz/ring_handshake_fuzz.cc can feed
+// them any bytes; RingCollective::Setup uses exactly these).
+// A hello (32 bytes) for this rank: the sender's rank when it is of this
+// protocol version, for `group_id`, addressed to `to_rank` of a group of
+// `size`, from a rank in [0, size) other than `to_rank`; else InvalidArgument
+// saying what differs (a stray or stale connection, which Setup closes).
+absl::StatusOr<int> ParseRingHello(std::string_view bytes, uint64_t group_id, int to_rank,
+                                   int size);
+// An ack (16 bytes) from the peer this rank dialled: OK when it is from
+// `peer` for `group_id`, else InvalidArgument.
+absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer);
 
 struct RingOptions {
   // Store keys are "<key_prefix>/ring/<rank>"; include the membership

@@ -706,6 +706,10 @@ absl::Status CoordinationService::WaitForAllToLeave(absl::Duration timeout) {
   return impl_->WaitForAllToLeave(timeout);
 }
 
+std::shared_ptr<grpc::Channel> CoordinationService::InProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
 void CoordinationService::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;

@@ -78,6 +78,7 @@
 #include "worker/coordination/grpc_keepalive.h"
 
 namespace grpc {
+class Channel;
 class Server;
 }  // namespace grpc
 
@@ -142,6 +143,10 @@ class CoordinationService {
   // Step 8: wakes blocked handlers, ends watch streams, stops the server.
   // Idempotent; returns within about a second.
   void Shutdown();
+
+  // A channel to this service inside the process, without a socket: for
+  // tests that drive its handlers directly (tests/fuzz/coordination_fuzz.cc).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
  private:
   class Impl;

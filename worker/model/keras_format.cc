@@ -808,9 +808,9 @@ bool ReadLoss(const Json& compile, LossConfig* loss, ImportIssues* issues) {
   return true;
 }
 
-}  // namespace
-
-absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text) {
+// ImportKerasModelJson without the guard: a field read without a type check
+// first throws nlohmann's type_error.
+absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
   Json root = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded() || !root.is_object()) {
     return absl::InvalidArgumentError(
@@ -897,6 +897,20 @@ absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text) {
     }
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<KerasImport> ImportKerasModelJson(const std::string& json_text) {
+  // The JSON comes from a user's file: a field of an unexpected type (a null
+  // "name", a string "nesterov") is an error about the file, never an abort.
+  try {
+    return ImportOrThrow(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "not a Keras model JSON distrain can read: a field has an unexpected type (", e.what(),
+        ")"));
+  }
 }
 
 absl::StatusOr<KerasFileImport> ImportKerasFile(const std::string& path) {

@@ -26,8 +26,6 @@
 
 namespace distrain {
 
-namespace v1 = ::distrain::v1;
-
 namespace {
 
 class Timer {

@@ -32,8 +32,6 @@ namespace distrain {
 static_assert(std::endian::native == std::endian::little,
               "ps tensors travel as raw host floats, which must be little-endian");
 
-namespace v1 = ::distrain::v1;
-
 namespace {
 
 constexpr char kVariablePrefix[] = "variables/";

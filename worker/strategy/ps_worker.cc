@@ -27,8 +27,6 @@
 
 namespace distrain {
 
-namespace v1 = ::distrain::v1;
-
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point since) {

@@ -385,5 +385,17 @@ TEST(ClusterSpecTest, CreateAppliesTheSameRules) {
       HasSubstr("TF_CONFIG.cluster.Worker: unknown task type"));
 }
 
+// Found by tests/fuzz/tf_config_fuzz (corpus regression-number-overflow*): a
+// number beyond a double is nlohmann's out_of_range, not a parse_error, and
+// escaped Parse, so the worker aborted instead of naming TF_CONFIG.
+TEST(ClusterSpecTest, ANumberTooLargeForADoubleIsAnErrorNotACrash) {
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(
+      R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1e400}})");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("TF_CONFIG: invalid JSON"));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("number overflow"));
+}
+
 }  // namespace
 }  // namespace distrain

@@ -111,5 +111,19 @@ TEST(YamlJsonTest, BadExplicitTagIsAnError) {
               HasSubstr("line 1, column 4: \"abc\" is not a valid int"));
 }
 
+// Found by tests/fuzz/job_yaml_fuzz (corpus regression-stray-comma):
+// yaml-cpp's LoadAll never returned on a stray ',' at block level.
+TEST(YamlJsonTest, AStrayCommaIsASyntaxErrorNotAHang) {
+  for (const char* yaml : {",", ", a", ", dataset shaped like MNIST (784 features, 10 classes)"}) {
+    absl::StatusOr<YamlJson> result = YamlToJson(yaml);
+    ASSERT_FALSE(result.ok()) << yaml;
+    EXPECT_THAT(std::string(result.status().message()), HasSubstr("','")) << yaml;
+  }
+  EXPECT_FALSE(YamlToJson("spec:\n  strategy: OneDevice\n, dataset (784, 10)\n").ok());
+  // Commas inside flow lists and in scalars are still fine; so are several "---".
+  EXPECT_TRUE(YamlToJson("a: [1, 2]\nb: x, y\n").ok());
+  EXPECT_TRUE(YamlToJson("---\na: 1\n---\n").ok());
+}
+
 }  // namespace
 }  // namespace distrain

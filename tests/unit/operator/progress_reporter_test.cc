@@ -48,5 +48,17 @@ TEST(ProgressReporterTest, RoundingKeepsUnchangedProgressEqualSoNothingIsWritten
   EXPECT_EQ(MergeProgress(nullptr, a), MergeProgress(nullptr, b));
 }
 
+// Found by tests/fuzz/prometheus_text_fuzz (corpus regression-step-beyond-int64):
+// converting a count beyond int64 was undefined behaviour.
+TEST(ProgressReporterTest, CountsBeyondInt64AreLeftOut) {
+  ScrapedProgress p =
+      ParseProgressMetrics("distrain_steps_total 1e30\ndistrain_total_steps 1e19\n");
+  ASSERT_TRUE(p.step.has_value() && p.total_steps.has_value());
+  nlohmann::json current = {{"totalSteps", 400}, {"step", 10}};
+  nlohmann::json merged = MergeProgress(current, p);
+  EXPECT_EQ(merged["step"], 10);
+  EXPECT_EQ(merged["totalSteps"], 400);
+}
+
 }  // namespace
 }  // namespace distrain

@@ -371,5 +371,18 @@ TEST(KerasArchiveTest, ZipReaderReadsStoredAndDeflatedAndRejectsDamage) {
   }
 }
 
+// Found by tests/fuzz/keras_json_fuzz (corpus regression-null-layer-name): a
+// field of another JSON type than expected threw nlohmann's type_error out of
+// the importer, which aborted `distrain import-keras`.
+TEST(KerasImportTest, AFieldOfTheWrongJsonTypeIsAnErrorNotACrash) {
+  for (const char* json : {
+           R"({"class_name": "Sequential", "config": {"layers": [{"class_name": "Dense", "config": {"name": null, "units": 3}}]}})",
+           R"({"class_name": "Sequential", "config": {"layers": [{"class_name": 7}]}})",
+           R"({"class_name": ["Sequential"], "config": {"layers": []}})"}) {
+    absl::StatusOr<KerasImport> imported = ImportKerasModelJson(json);
+    EXPECT_FALSE(imported.ok()) << json;
+  }
+}
+
 }  // namespace
 }  // namespace distrain
