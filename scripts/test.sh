@@ -19,3 +19,8 @@ cd "$BUILD_DIR"
 # small machines so their timing assertions stay meaningful.
 ctest --output-on-failure --timeout 300 -j "${DISTRAIN_TEST_JOBS:-2}" -LE serial
 ctest --output-on-failure --timeout 900 -L serial
+# Fuzz tier: every parser of outside input under libFuzzer with ASan + UBSan
+# (a clang build in build-fuzz/, cached by ccache), each target 15 s over its
+# corpus in tests/fuzz/corpus/; any crash fails the run.
+cd - > /dev/null
+DISTRAIN_FUZZ_SECONDS="${DISTRAIN_FUZZ_SECONDS:-15}" scripts/fuzz.sh
