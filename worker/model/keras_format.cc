@@ -99,6 +99,19 @@ Json Initializer(const char* class_name) {
   return Serialized("keras.initializers", class_name, std::move(config));
 }
 
+// What Conv2D and Dense share: the bias switch and Keras' default
+// initialisers (what distrain's initializers.h follows), no regularizers or
+// constraints.
+void AddKernelArguments(const LayerConfig& layer, Json* c) {
+  (*c)["use_bias"] = layer.use_bias;
+  (*c)["kernel_initializer"] = Initializer("GlorotUniform");
+  (*c)["bias_initializer"] = Initializer("Zeros");
+  for (const char* key :
+       {"kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint"}) {
+    (*c)[key] = nullptr;
+  }
+}
+
 // One layer's config as Keras' get_config() writes it, restricted to keys
 // every Keras 3 release accepts (from_config rejects unknown keywords).
 Json KerasLayerConfig(const LayerConfig& layer) {
@@ -121,14 +134,8 @@ Json KerasLayerConfig(const LayerConfig& layer) {
       c["dilation_rate"] = Json::array({1, 1});
       c["groups"] = 1;
       c["activation"] = ActivationName(layer.activation);
-      c["use_bias"] = layer.use_bias;
-      c["kernel_initializer"] = Initializer("GlorotUniform");
-      c["bias_initializer"] = Initializer("Zeros");
-      c["kernel_regularizer"] = nullptr;
-      c["bias_regularizer"] = nullptr;
+      AddKernelArguments(layer, &c);
       c["activity_regularizer"] = nullptr;
-      c["kernel_constraint"] = nullptr;
-      c["bias_constraint"] = nullptr;
       break;
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
@@ -147,13 +154,7 @@ Json KerasLayerConfig(const LayerConfig& layer) {
     case LayerKind::kDense:
       c["units"] = layer.units;
       c["activation"] = ActivationName(layer.activation);
-      c["use_bias"] = layer.use_bias;
-      c["kernel_initializer"] = Initializer("GlorotUniform");
-      c["bias_initializer"] = Initializer("Zeros");
-      c["kernel_regularizer"] = nullptr;
-      c["bias_regularizer"] = nullptr;
-      c["kernel_constraint"] = nullptr;
-      c["bias_constraint"] = nullptr;
+      AddKernelArguments(layer, &c);
       break;
     case LayerKind::kDropout:
       c["rate"] = layer.rate;
