@@ -42,14 +42,8 @@ if ! command -v clang++ > /dev/null; then
 fi
 # The same compiler cache as scripts/build.sh (clang's outputs are keyed
 # apart from gcc's by the compiler and the flags).
-LAUNCHER=()
-if command -v ccache > /dev/null; then
-  export CCACHE_DIR="${CCACHE_DIR:-${DISTRAIN_CACHE:-$HOME/.cache/distrain}/ccache}"
-  export CCACHE_BASEDIR="$PWD"
-  export CCACHE_NOHASHDIR=1
-  export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-4G}"
-  LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+. scripts/ccache_env.sh
+LAUNCHER=("${CCACHE_LAUNCHER[@]}")
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   # No CUDA (the targets are host code; nvcc would not take the sanitizer
   # flags), no tests or benchmarks: only the fuzz targets and their libraries.
