@@ -45,6 +45,13 @@ KUBECONFIG="$(scripts/control-plane.sh kubeconfig)"
 KUBECTL="$(scripts/control-plane.sh bindir)/kubectl"
 HELM="$(scripts/control-plane.sh helmbin)"
 "$KUBECTL" apply --server-side --force-conflicts -f crds/ >/dev/null
+# Right after the apply the CRD may have no status.conditions yet, and kubectl
+# wait then fails at once instead of waiting: retry, then report.
+for _ in $(seq 1 30); do
+  "$KUBECTL" wait --for=condition=Established --timeout=60s crd/distributedtrainingjobs.distrain.io \
+    >/dev/null 2>&1 && break
+  sleep 1
+done
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/distributedtrainingjobs.distrain.io >/dev/null
 
 # shellcheck source=tests/e2e/e2e_lib.sh

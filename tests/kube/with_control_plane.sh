@@ -22,6 +22,16 @@ KUBECONFIG="$("$CP" kubeconfig)"
 DISTRAIN_KUBE_BINDIR="$("$CP" bindir)"
 "$DISTRAIN_KUBE_BINDIR/kubectl" apply --server-side --force-conflicts -f "$ROOT/crds/" >/dev/null ||
   { echo "[with-control-plane] applying crds/ failed" >&2; exit 1; }
-"$DISTRAIN_KUBE_BINDIR/kubectl" wait --for=condition=Established --timeout=60s \
-  crd/distributedtrainingjobs.distrain.io >/dev/null || exit 1
+# Right after the apply the CRD may have no status.conditions yet, and kubectl
+# wait then fails at once ("accessor error") instead of waiting: retry.
+established=0
+for _ in $(seq 1 30); do
+  if "$DISTRAIN_KUBE_BINDIR/kubectl" wait --for=condition=Established --timeout=60s \
+      crd/distributedtrainingjobs.distrain.io >/dev/null 2>&1; then
+    established=1
+    break
+  fi
+  sleep 1
+done
+[ "$established" = 1 ] || { echo "[with-control-plane] the CRD was not Established" >&2; exit 1; }
 "$@"
