@@ -25,9 +25,8 @@
 #include "distrain/v1/coordination.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/client_unary_call.h"
-#include "google/protobuf/stubs/logging.h"
-#include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/grpc_raw.h"
 #include "worker/coordination/coordination_service.h"
 
 namespace {
@@ -38,11 +37,6 @@ constexpr const char* kMethods[] = {
     "/distrain.v1.Coordination/Barrier",     "/distrain.v1.Coordination/Leave",
     "/distrain.v1.Coordination/Ping"};
 
-grpc::ByteBuffer Bytes(std::string_view bytes) {
-  grpc::Slice slice(bytes.data(), bytes.size());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 void Call(const std::shared_ptr<grpc::Channel>& channel, int op, const std::string& request) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
@@ -51,7 +45,7 @@ void Call(const std::shared_ptr<grpc::Channel>& channel, int op, const std::stri
                                            grpc::internal::RpcMethod::SERVER_STREAMING, channel);
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method,
-                                                                     &ctx, Bytes(request)));
+                                                                     &ctx, distrain::fuzz::RawBytes(request)));
     grpc::ByteBuffer update;
     for (int i = 0; i < 4 && reader->Read(&update); ++i) {
     }
@@ -59,18 +53,13 @@ void Call(const std::shared_ptr<grpc::Channel>& channel, int op, const std::stri
     (void)reader->Finish();
     return;
   }
-  const grpc::internal::RpcMethod method(kMethods[op], grpc::internal::RpcMethod::NORMAL_RPC,
-                                         channel);
-  grpc::ByteBuffer response;
-  (void)grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      channel.get(), method, &ctx, Bytes(request), &response);
+  distrain::fuzz::RawUnaryCall(channel, kMethods[op], &ctx, request);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  spdlog::set_level(spdlog::level::off);  // handlers log every refused request
-  google::protobuf::SetLogHandler(nullptr);  // and protobuf every string that is not UTF-8
+  distrain::fuzz::SilenceServiceLogs();
   return 0;
 }
 

@@ -26,10 +26,9 @@
 
 #include "distrain/v1/parameter_server.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "google/protobuf/stubs/logging.h"
-#include "spdlog/spdlog.h"
 #include "grpcpp/impl/client_unary_call.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/grpc_raw.h"
 #include "tests/fuzz/ps_messages.h"
 #include "worker/ps/ps_service.h"
 
@@ -113,11 +112,6 @@ void InitializeShared() {
   (void)done;
 }
 
-grpc::ByteBuffer Bytes(std::string_view bytes) {
-  grpc::Slice slice(bytes.data(), bytes.size());
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 void Upload(const char* path, distrain::fuzz::FuzzInput& in) {
   Server& s = Shared();
   const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::CLIENT_STREAMING,
@@ -129,7 +123,7 @@ void Upload(const char* path, distrain::fuzz::FuzzInput& in) {
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(s.channel.get(), method, &ctx,
                                                                    &response));
   for (int i = 0; !in.empty() && i < 64; ++i) {
-    if (!writer->Write(Bytes(in.Message()))) break;  // the ps answered early
+    if (!writer->Write(distrain::fuzz::RawBytes(in.Message()))) break;  // the ps answered early
   }
   writer->WritesDone();
   (void)writer->Finish();
@@ -143,7 +137,7 @@ void Pull(distrain::fuzz::FuzzInput& in) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(s.channel.get(), method, &ctx,
-                                                                   Bytes(in.Message())));
+                                                                   distrain::fuzz::RawBytes(in.Message())));
   grpc::ByteBuffer message;
   distrain::ps_wire::Frame frame;
   while (reader->Read(&message)) {
@@ -154,19 +148,15 @@ void Pull(distrain::fuzz::FuzzInput& in) {
 
 void Unary(const char* path, std::string_view bytes) {
   Server& s = Shared();
-  const grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::NORMAL_RPC, s.channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::ByteBuffer response;
-  (void)grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-      s.channel.get(), method, &ctx, Bytes(bytes), &response);
+  distrain::fuzz::RawUnaryCall(s.channel, path, &ctx, bytes);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  spdlog::set_level(spdlog::level::off);  // handlers log every refused request
-  google::protobuf::SetLogHandler(nullptr);  // and protobuf every string that is not UTF-8
+  distrain::fuzz::SilenceServiceLogs();
   return 0;
 }
 

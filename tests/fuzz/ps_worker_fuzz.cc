@@ -19,9 +19,8 @@
 #include "common/job_config.h"
 #include "distrain/v1/ps_worker.pb.h"
 #include "grpcpp/server_context.h"
-#include "google/protobuf/stubs/logging.h"
-#include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_input.h"
+#include "tests/fuzz/grpc_raw.h"
 #include "worker/strategy/ps_worker.h"
 
 namespace {
@@ -86,8 +85,7 @@ bool Parse(std::string_view bytes, Request* request) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  spdlog::set_level(spdlog::level::off);  // handlers log every refused request
-  google::protobuf::SetLogHandler(nullptr);  // and protobuf every string that is not UTF-8
+  distrain::fuzz::SilenceServiceLogs();
   return 0;
 }
 
