@@ -27,6 +27,8 @@
 #include "distrain/v1/ps_worker.pb.h"
 #include "tests/fuzz/fuzz_input.h"
 #include "tests/fuzz/ps_messages.h"
+#include "tests/fuzz/ring_seed_key.h"
+#include "worker/collective/ring.h"
 #include "worker/data/tfrecord.h"
 #include "zlib.h"
 
@@ -152,33 +154,23 @@ void CoordinationSeeds() {
 }
 
 void RingSeeds() {
-  // Hello {magic, version 2, group id, from, to, size, 0} and ack {magic,
-  // rank, group id}, little-endian, for ring_handshake_fuzz.cc's group id.
-  constexpr uint64_t kGroupId = 0x5a17c0ffee5eed01ull;
-  auto put = [](std::string* out, const void* p, size_t n) {
-    out->append(static_cast<const char*>(p), n);
-  };
+  // Hellos and acks as RingCollective sends them, signed with the fuzz
+  // target's key and nonces (tests/fuzz/ring_seed_key.h), and a store value.
+  using namespace distrain::fuzz;
   for (int size : {2, 3, 8}) {
-    const int selector = size == 2 ? 0 : size == 3 ? 1 : 2;  // data[0] % 3
-    std::string hello(1, static_cast<char>(selector));        // this rank 0
-    const uint32_t magic = 0x47525444, version = 2;
-    const int32_t from = size - 1, to = 0, reserved = 0;
-    put(&hello, &magic, 4);
-    put(&hello, &version, 4);
-    put(&hello, &kGroupId, 8);
-    put(&hello, &from, 4);
-    put(&hello, &to, 4);
-    put(&hello, &size, 4);
-    put(&hello, &reserved, 4);
-    Write("ring_handshake", "hello_" + std::to_string(size), hello);
-    std::string ack(1, static_cast<char>(selector));
-    const uint32_t ack_magic = 0x41525444;
-    const int32_t rank = 1;
-    put(&ack, &ack_magic, 4);
-    put(&ack, &rank, 4);
-    put(&ack, &kGroupId, 8);
-    Write("ring_handshake", "ack_" + std::to_string(size), ack);
+    const int selector = size == 2 ? 0 : size == 3 ? 1 : 2;  // data[0] % 3: this rank 0
+    const std::string hello =
+        distrain::MakeRingHello(kRingSeedGroupId, size - 1, 0, size, kRingSeedKey,
+                                kRingSeedDiallerNonce, kRingSeedAcceptorNonce);
+    Write("ring_handshake", "hello_" + std::to_string(size),
+          std::string(1, static_cast<char>(selector)) + hello);
+    const std::string ack = distrain::MakeRingAck(kRingSeedGroupId, 1, kRingSeedKey,
+                                                  kRingSeedDiallerNonce, kRingSeedAcceptorNonce);
+    Write("ring_handshake", "ack_" + std::to_string(size),
+          std::string(1, static_cast<char>(selector)) + ack);
   }
+  Write("ring_handshake", "address",
+        std::string(1, '\0') + "10.0.0.5:4000 000102030405060708090a0b0c0d0e0f");
 }
 
 void JobSeeds() {

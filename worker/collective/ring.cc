@@ -15,6 +15,13 @@
 #include <cstring>
 #include <utility>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
 #include "worker/collective/reduce_kernel.h"
@@ -25,7 +32,8 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x47525444;   // "DTRG"
 constexpr uint32_t kAckMagic = 0x41525444;     // "DTRA"
 constexpr uint32_t kHeaderMagic = 0x48435244;  // "DRCH"
-constexpr uint32_t kProtocolVersion = 2;  // 2: all-reduce slices interleave steps
+// 2: all-reduce slices interleave steps; 3: HMAC handshake.
+constexpr uint32_t kProtocolVersion = 3;
 constexpr int kMaxIov = 16;
 constexpr int64_t kHeaderBytes = 24;
 // All-reduce vectors above this size get their results with non-temporal
@@ -41,15 +49,36 @@ struct Hello {
   int32_t to_rank;
   int32_t size;
   int32_t reserved;
+  uint8_t nonce[kRingNonceBytes];  // the dialler's, fresh per connection
+  uint8_t mac[32];  // HMAC(key, "distrain ring hello" | bytes before mac | acceptor's nonce)
 };
-static_assert(sizeof(Hello) == 32);
+static_assert(sizeof(Hello) == kRingHelloBytes);
 
 struct Ack {
   uint32_t magic;
   int32_t rank;
   uint64_t group_id;
+  uint8_t mac[32];  // HMAC(key, "distrain ring ack" | bytes before mac | hello nonce | own nonce)
 };
-static_assert(sizeof(Ack) == 16);
+static_assert(sizeof(Ack) == kRingAckBytes);
+
+// HMAC-SHA256 of `label` followed by `parts`, keyed with the job's ring key.
+void RingMac(std::string_view key, std::string_view label,
+             std::initializer_list<std::string_view> parts, uint8_t out[32]) {
+  std::string message(label);
+  for (std::string_view part : parts) message.append(part);
+  unsigned int n = 32;
+  // An empty key (plaintext opt-out) still gives a well-defined MAC: the
+  // handshake then only tells stale connections from current ones.
+  static const unsigned char kNoKey = 0;
+  const void* key_bytes = key.empty() ? static_cast<const void*>(&kNoKey) : key.data();
+  HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &n);
+}
+
+std::string_view Bytes(const void* p, size_t n) {
+  return std::string_view(static_cast<const char*>(p), n);
+}
 
 uint64_t Fnv1a(const std::string& text, int size) {
   uint64_t h = 1469598103934665603ull;
@@ -93,8 +122,48 @@ std::string RingKey(const std::string& prefix, int rank) {
 
 }  // namespace
 
+uint64_t RingGroupId(const std::string& key_prefix, int size) { return Fnv1a(key_prefix, size); }
+
+std::string NewRingNonce() {
+  std::string nonce(kRingNonceBytes, '\0');
+  // RAND_bytes only fails when the OS has no entropy to give; the nonce is
+  // then the clock, which still differs between handshakes.
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), kRingNonceBytes) != 1) {
+    const int64_t now = absl::GetCurrentTimeNanos();
+    std::memcpy(nonce.data(), &now, sizeof(now));
+  }
+  return nonce;
+}
+
+std::string MakeRingHello(uint64_t group_id, int from_rank, int to_rank, int size,
+                          std::string_view key, std::string_view nonce,
+                          std::string_view acceptor_nonce) {
+  Hello h{};
+  h.magic = kHelloMagic;
+  h.version = kProtocolVersion;
+  h.group_id = group_id;
+  h.from_rank = from_rank;
+  h.to_rank = to_rank;
+  h.size = size;
+  std::memcpy(h.nonce, nonce.data(), std::min<size_t>(nonce.size(), kRingNonceBytes));
+  RingMac(key, "distrain ring hello", {Bytes(&h, offsetof(Hello, mac)), acceptor_nonce}, h.mac);
+  return std::string(Bytes(&h, sizeof(h)));
+}
+
+std::string MakeRingAck(uint64_t group_id, int rank, std::string_view key,
+                        std::string_view hello_nonce, std::string_view own_nonce) {
+  Ack a{};
+  a.magic = kAckMagic;
+  a.rank = rank;
+  a.group_id = group_id;
+  RingMac(key, "distrain ring ack", {Bytes(&a, offsetof(Ack, mac)), hello_nonce, own_nonce},
+          a.mac);
+  return std::string(Bytes(&a, sizeof(a)));
+}
+
 absl::StatusOr<int> ParseRingHello(std::string_view bytes, uint64_t group_id, int to_rank,
-                                   int size) {
+                                   int size, std::string_view key, std::string_view own_nonce,
+                                   std::string* hello_nonce) {
   Hello h;
   if (bytes.size() != sizeof(h)) {
     return absl::InvalidArgumentError(
@@ -113,10 +182,20 @@ absl::StatusOr<int> ParseRingHello(std::string_view bytes, uint64_t group_id, in
     return absl::InvalidArgumentError(
         absl::StrCat("ring hello: from rank ", h.from_rank, " of a group of ", size));
   }
+  uint8_t expected[32];
+  RingMac(key, "distrain ring hello", {Bytes(&h, offsetof(Hello, mac)), own_nonce}, expected);
+  if (CRYPTO_memcmp(expected, h.mac, sizeof(expected)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "ring hello from rank ", h.from_rank,
+        ": its MAC is wrong (not this job's key, or a replay of an earlier handshake)"));
+  }
+  if (hello_nonce != nullptr) hello_nonce->assign(Bytes(h.nonce, sizeof(h.nonce)));
   return h.from_rank;
 }
 
-absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer) {
+absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer,
+                          std::string_view key, std::string_view hello_nonce,
+                          std::string_view peer_nonce) {
   Ack a;
   if (bytes.size() != sizeof(a)) {
     return absl::InvalidArgumentError(
@@ -127,7 +206,29 @@ absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer) {
     return absl::InvalidArgumentError(absl::StrCat("ring ack: not rank ", peer, "'s for group ",
                                                    group_id));
   }
+  uint8_t expected[32];
+  RingMac(key, "distrain ring ack", {Bytes(&a, offsetof(Ack, mac)), hello_nonce, peer_nonce},
+          expected);
+  if (CRYPTO_memcmp(expected, a.mac, sizeof(expected)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "ring ack from rank ", peer, ": its MAC is wrong (not this job's key, or a replay)"));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<RingAddress> ParseRingAddress(std::string_view value) {
+  const size_t space = value.rfind(' ');
+  const std::string_view hex =
+      space == std::string_view::npos ? std::string_view() : value.substr(space + 1);
+  if (hex.size() != 2 * kRingNonceBytes ||
+      !std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring address \"", absl::string_view(value.data(), value.size()), "\" is not \"<host:port> <", 2 * kRingNonceBytes,
+        " hex digits>\" (a peer of another distrain version?)"));
+  }
+  absl::StatusOr<tcp::HostPort> address = tcp::ParseHostPort(absl::string_view(value.data(), space));
+  if (!address.ok()) return address.status();
+  return RingAddress{*std::move(address), absl::HexStringToBytes(absl::string_view(hex.data(), hex.size()))};
 }
 
 // ---- ByteVector ------------------------------------------------------------
@@ -208,7 +309,7 @@ absl::StatusOr<std::unique_ptr<RingCollective>> RingCollective::Create(Store& st
 absl::Status RingCollective::Setup(Store& store) {
   const absl::Time deadline = absl::Now() + options_.setup_timeout;
   const uint64_t group_id =
-      options_.group_id != 0 ? options_.group_id : Fnv1a(options_.key_prefix, size_);
+      options_.group_id != 0 ? options_.group_id : RingGroupId(options_.key_prefix, size_);
   const int right = (rank_ + 1) % size_;
   const int left = Mod(rank_ - 1, size_);
   const std::string self = names_[rank_];
@@ -230,12 +331,18 @@ absl::Status RingCollective::Setup(Store& store) {
       options_.advertised_host.empty() ? options_.bind_host : options_.advertised_host;
   const std::string my_address = tcp::FormatHostPort(advertised, port);
   names_[rank_] = absl::StrCat(self, " (", my_address, ")");
-  if (absl::Status s = store.Set(RingKey(options_.key_prefix, rank_), my_address); !s.ok()) {
+  const std::string mac_key = options_.security != nullptr ? options_.security->ring_key() : "";
+  const std::string my_nonce = NewRingNonce();
+  if (absl::Status s = store.Set(RingKey(options_.key_prefix, rank_),
+                                 absl::StrCat(my_address, " ", absl::BytesToHexString(my_nonce)));
+      !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(self, " could not publish its ring address: ",
                                                s.message()));
   }
 
   std::vector<bool> named(size_, false);
+  std::vector<std::string> peer_nonce(size_);   // what each peer's listener expects
+  std::vector<std::string> hello_nonce(size_);  // what we sent in each hello
   auto lookup = [&](int peer) -> absl::StatusOr<tcp::HostPort> {
     const std::string key = RingKey(options_.key_prefix, peer);
     absl::StatusOr<std::string> value =
@@ -251,14 +358,19 @@ absl::Status RingCollective::Setup(Store& store) {
                           absl::StrCat("reading the ring address of ", names_[peer],
                                        " (store key '", key, "'): ", value.status().message()));
     }
-    absl::StatusOr<tcp::HostPort> address = tcp::ParseHostPort(*value);
+    absl::StatusOr<RingAddress> address = ParseRingAddress(*value);
     if (!address.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("store key '", key, "' of ", names_[peer],
                                                      ": ", address.status().message()));
     }
-    if (!named[peer]) names_[peer] = absl::StrCat(names_[peer], " (", *value, ")");
+    if (!named[peer]) {
+      names_[peer] = absl::StrCat(
+          names_[peer], " (", tcp::FormatHostPort(address->address.host, address->address.port),
+          ")");
+    }
     named[peer] = true;
-    return address;
+    peer_nonce[peer] = address->nonce;
+    return address->address;
   };
 
   // 3. Connect to the right neighbour (and, for the mesh, to the higher
@@ -278,8 +390,11 @@ absl::Status RingCollective::Setup(Store& store) {
     absl::StatusOr<tcp::Fd> fd = tcp::Connect(*address, options_.socket_buffer_bytes, deadline,
                                               abort_fd_.get(), names_[peer]);
     if (!fd.ok()) return fd.status();
-    Hello hello{kHelloMagic, kProtocolVersion, group_id, rank_, peer, size_, 0};
-    if (absl::Status s = tcp::SendAll(fd->get(), &hello, sizeof(hello), deadline, -1, names_[peer]);
+    hello_nonce[peer] = NewRingNonce();
+    const std::string hello =
+        MakeRingHello(group_id, rank_, peer, size_, mac_key, hello_nonce[peer], peer_nonce[peer]);
+    if (absl::Status s =
+            tcp::SendAll(fd->get(), hello.data(), hello.size(), deadline, -1, names_[peer]);
         !s.ok()) {
       return s;
     }
@@ -330,9 +445,9 @@ absl::Status RingCollective::Setup(Store& store) {
       }
       p.received += static_cast<size_t>(got);
       if (p.received < sizeof(Hello)) continue;
-      absl::StatusOr<int> from = ParseRingHello(
-          std::string_view(reinterpret_cast<const char*>(&p.hello), sizeof(Hello)), group_id,
-          rank_, size_);
+      std::string their_nonce;
+      absl::StatusOr<int> from = ParseRingHello(Bytes(&p.hello, sizeof(Hello)), group_id, rank_,
+                                                size_, mac_key, my_nonce, &their_nonce);
       auto expected = from.ok() ? std::find(missing.begin(), missing.end(), *from) : missing.end();
       if (expected == missing.end()) {
         p.fd.Close();  // a stray or stale connection, not a peer we expect
@@ -344,8 +459,9 @@ absl::Status RingCollective::Setup(Store& store) {
       if (absl::Status s = tcp::ConfigureStream(fd.get(), options_.socket_buffer_bytes); !s.ok()) {
         return s;
       }
-      Ack ack{kAckMagic, rank_, group_id};
-      if (absl::Status s = tcp::SendAll(fd.get(), &ack, sizeof(ack), deadline, -1, names_[peer]);
+      const std::string ack = MakeRingAck(group_id, rank_, mac_key, their_nonce, my_nonce);
+      if (absl::Status s =
+              tcp::SendAll(fd.get(), ack.data(), ack.size(), deadline, -1, names_[peer]);
           !s.ok()) {
         return s;
       }
@@ -377,12 +493,14 @@ absl::Status RingCollective::Setup(Store& store) {
       return absl::Status(s.code(), absl::StrCat("waiting for ", names_[peer],
                                                  " to accept the connection: ", s.message()));
     }
-    if (!ParseRingAck(std::string_view(reinterpret_cast<const char*>(&ack), sizeof(ack)),
-                      group_id, peer)
-             .ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          names_[peer], " answered the hello with a bad acknowledgement (another program on "
-                        "that port?)"));
+    if (absl::Status s = ParseRingAck(Bytes(&ack, sizeof(ack)), group_id, peer, mac_key,
+                                      hello_nonce[peer], peer_nonce[peer]);
+        !s.ok()) {
+      return absl::Status(
+          s.code() == absl::StatusCode::kPermissionDenied ? s.code()
+                                                          : absl::StatusCode::kUnavailable,
+          absl::StrCat(names_[peer], " answered the hello with a bad acknowledgement (",
+                       s.message(), "; another program on that port?)"));
     }
   }
   // The mesh reuses the ring links for neighbours: in their idle direction

@@ -22,20 +22,31 @@
 // poll(). gRPC stays the control plane (the coordination service, which is
 // also the Store that bootstraps these sockets).
 //
-// Setup protocol (Create):
-//   1. Listen on options.bind_host, ephemeral port.
-//   2. Publish "<key_prefix>/ring/<rank>" = "<advertised_host>:<port>".
+// Setup protocol (Create). Every connection is authenticated by an HMAC-
+// SHA256 challenge-response keyed with the job's ring key (the raw sockets
+// carry no TLS; docs/security.md): the challenge is the acceptor's nonce,
+// published through the Store (which is itself mutual TLS), the response
+// the dialler's MAC over its hello and that nonce; the ack answers with a
+// MAC over the dialler's fresh nonce. A stranger without the key cannot
+// produce either; a hello recorded from an earlier setup carries a MAC over
+// an older nonce and is refused; another job's key gives another MAC.
+//   1. Listen on options.bind_host, ephemeral port; draw a nonce.
+//   2. Publish "<key_prefix>/ring/<rank>" = "<advertised_host>:<port> <nonce
+//      hex>".
 //   3. Read the right neighbour's ((rank+1) % size) address from the Store,
 //      connect (retrying names that do not resolve yet and refused
 //      connections until the setup deadline) and send a hello
-//      {magic, version, group id, from rank, to rank, size}. With the mesh
+//      {magic, version, group id, from rank, to rank, size, own fresh nonce,
+//      MAC over all that and the neighbour's published nonce}. With the mesh
 //      (size <= mesh_max_ranks) also dial every non-adjacent higher rank.
 //   4. Read the other peers' addresses (for messages), then accept until the
 //      left neighbour (and, with the mesh, every non-adjacent lower rank) has
-//      said hello with our group id; anything else (a stray client, a stale
-//      rank of an earlier generation) is closed. Answer each with an ack
-//      {magic, rank, group id}.
-//   5. Wait for the acks of everyone we dialled. Ring data flows rightwards:
+//      said hello with our group id and a MAC that verifies under our nonce;
+//      anything else (a stray client, a stale rank of an earlier generation,
+//      a wrong MAC) is closed. Answer each with an ack {magic, rank, group
+//      id, MAC over that, the hello's nonce and ours}.
+//   5. Wait for the acks of everyone we dialled and verify their MACs. Ring
+//      data flows rightwards:
 //      we send on the socket we dialled to the right neighbour and receive on
 //      the one the left neighbour dialled. The mesh reuses those two sockets
 //      in their idle direction for the neighbours.
@@ -126,21 +137,54 @@
 #include "worker/collective/collective.h"
 #include "worker/collective/store.h"
 #include "worker/collective/tcp_socket.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 
-// The handshake messages of Setup steps 4 and 5 as they arrive from the
-// network (free functions so that tests/fuzz/ring_handshake_fuzz.cc can feed
-// them any bytes; RingCollective::Setup uses exactly these).
-// A hello (32 bytes) for this rank: the sender's rank when it is of this
-// protocol version, for `group_id`, addressed to `to_rank` of a group of
-// `size`, from a rank in [0, size) other than `to_rank`; else InvalidArgument
-// saying what differs (a stray or stale connection, which Setup closes).
+// The connection handshake of Setup steps 2-5, as free functions so that
+// tests/fuzz/ring_handshake_fuzz.cc and the hostile-client tests can feed
+// them any bytes; RingCollective::Setup uses exactly these.
+inline constexpr size_t kRingNonceBytes = 16;
+inline constexpr size_t kRingHelloBytes = 80;
+inline constexpr size_t kRingAckBytes = 48;
+// 16 random bytes.
+std::string NewRingNonce();
+// The group id of RingOptions::group_id 0: a hash of the key prefix (which
+// holds the membership generation) and the size. Not a secret.
+uint64_t RingGroupId(const std::string& key_prefix, int size);
+// The hello `from_rank` sends when it dials `to_rank`, whose listener
+// published `acceptor_nonce`; `nonce` is the dialler's own, fresh per
+// connection.
+std::string MakeRingHello(uint64_t group_id, int from_rank, int to_rank, int size,
+                          std::string_view key, std::string_view nonce,
+                          std::string_view acceptor_nonce);
+// The acceptor's answer to a hello carrying `hello_nonce`.
+std::string MakeRingAck(uint64_t group_id, int rank, std::string_view key,
+                        std::string_view hello_nonce, std::string_view own_nonce);
+// A hello as it arrives at `to_rank` (whose listener published `own_nonce`):
+// the sender's rank when it is of this protocol version, for `group_id`,
+// addressed to `to_rank` of a group of `size`, from a rank in [0, size)
+// other than `to_rank`, and its MAC verifies under `key` and `own_nonce`;
+// the dialler's nonce goes to *hello_nonce (may be null). InvalidArgument
+// saying what differs, PermissionDenied for a wrong MAC (another job's key,
+// a forged hello, or a replay from an earlier setup, whose acceptor nonce
+// differs).
 absl::StatusOr<int> ParseRingHello(std::string_view bytes, uint64_t group_id, int to_rank,
-                                   int size);
-// An ack (16 bytes) from the peer this rank dialled: OK when it is from
-// `peer` for `group_id`, else InvalidArgument.
-absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer);
+                                   int size, std::string_view key, std::string_view own_nonce,
+                                   std::string* hello_nonce);
+// The ack from `peer` that this rank dialled with a hello carrying
+// `hello_nonce`: OK when it is `peer`'s for `group_id` and its MAC verifies
+// (so `peer` holds the key and answered this very hello).
+absl::Status ParseRingAck(std::string_view bytes, uint64_t group_id, int peer,
+                          std::string_view key, std::string_view hello_nonce,
+                          std::string_view peer_nonce);
+// A rank's store value, "<host:port> <32 hex digits>": where it listens and
+// the nonce its listener expects in every hello of this setup.
+struct RingAddress {
+  tcp::HostPort address;
+  std::string nonce;  // kRingNonceBytes raw bytes
+};
+absl::StatusOr<RingAddress> ParseRingAddress(std::string_view value);
 
 struct RingOptions {
   // Store keys are "<key_prefix>/ring/<rank>"; include the membership
@@ -155,6 +199,9 @@ struct RingOptions {
   std::vector<std::string> peer_names;
   // Identifies the group in the hello; 0 = a hash of key_prefix and size.
   uint64_t group_id = 0;
+  // The job's ring key (TransportSecurity::ring_key) authenticates every
+  // connection; null: plaintext opt-out, the MACs keyed with the empty key.
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
   // Deadline for the whole of Create (peers that start late are waited for).
   absl::Duration setup_timeout = absl::Seconds(60);
   // All-reduce slice (rounded down to whole floats; at least 64 bytes) and

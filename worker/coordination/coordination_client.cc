@@ -90,7 +90,9 @@ absl::Status CoordinationClient::Connect(absl::Time deadline) {
     // own resolver backoff; a local subchannel pool keeps attempts independent.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetMaxReceiveMessageSize(-1);  // values up to the server's limit
-    auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> credentials =
+        ChannelCredentialsFor(options_.security.get(), coordinator_, &args);
+    auto channel = grpc::CreateCustomChannel(address_, credentials, args);
     auto stub = std::shared_ptr<v1::Coordination::Stub>(v1::Coordination::NewStub(channel));
 
     const absl::Time now = absl::Now();

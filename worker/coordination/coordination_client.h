@@ -40,6 +40,7 @@
 #include "distrain/v1/coordination.grpc.pb.h"
 #include "worker/collective/store.h"
 #include "worker/coordination/grpc_keepalive.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 
@@ -67,6 +68,9 @@ struct CoordinationClientOptions {
   // Names tasks in messages, e.g. "worker:2 (10.0.0.5:2222)"; default
   // TaskId::ToString.
   std::function<std::string(const TaskId&)> describe;
+  // Mutual TLS as this task towards the coordinator (which must present the
+  // coordinator's certificate); null: plaintext.
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
 };
 
 class CoordinationClient : public Store {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,6 +15,7 @@
 #include "distrain/v1/coordination.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/coordination/task_ref.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 namespace {
@@ -54,6 +56,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
                     v1::JoinResponse* resp) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "JoinRequest.task");
     if (!idx.ok()) return ToGrpc(idx.status());
+    if (grpc::Status s = CheckCallerIs(security(), *ctx, "Join", ids_[*idx]); !s.ok()) return s;
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "JoinRequest.incarnation"); !s.ok()) {
       return ToGrpc(s);
@@ -155,6 +158,10 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
                                grpc::ServerWriter<v1::MembershipUpdate>* writer) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "WatchRequest.task");
     if (!idx.ok()) return ToGrpc(idx.status());
+    if (grpc::Status s = CheckCallerIs(security(), *ctx, "WatchMembership", ids_[*idx]);
+        !s.ok()) {
+      return s;
+    }
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "WatchRequest.incarnation"); !s.ok()) {
       return ToGrpc(s);
@@ -244,6 +251,8 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   grpc::Status KeyValueSet(grpc::ServerContext* ctx, const v1::KeyValueSetRequest* req,
                            v1::KeyValueSetResponse*) override {
     if (absl::Status s = CheckName(req->key(), "KeyValueSetRequest.key"); !s.ok()) return ToGrpc(s);
+    if (grpc::Status s = CheckMember(*ctx, "KeyValueSet"); !s.ok()) return s;
+    const std::optional<TaskId> writer = CallerTask(*ctx);
     if (static_cast<int64_t>(req->value().size()) > options_.max_value_bytes) {
       return Error(grpc::StatusCode::INVALID_ARGUMENT,
                    absl::StrCat("KeyValueSetRequest.value of key ", Quote(req->key()), " is ",
@@ -253,6 +262,15 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return ShuttingDown();
     const auto it = store_.find(req->key());
+    // A key belongs to the task that set it first: another member cannot
+    // redirect a ring address or rewrite the chief's manifest.
+    if (const auto owner = owners_.find(req->key());
+        writer.has_value() && owner != owners_.end() && !(owner->second == *writer)) {
+      return Error(grpc::StatusCode::PERMISSION_DENIED,
+                   absl::StrCat("KeyValueSet: key ", Quote(req->key()), " was set by ",
+                                owner->second.ToString(), "; ", writer->ToString(),
+                                " may not overwrite it"));
+    }
     if (it == store_.end() && static_cast<int64_t>(store_.size()) >= options_.max_keys) {
       return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
                    absl::StrCat("KeyValueSetRequest.key ", Quote(req->key()),
@@ -272,6 +290,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     }
     store_bytes_ += new_bytes - old_bytes;
     store_[req->key()] = req->value();
+    if (writer.has_value()) owners_.emplace(req->key(), *writer);
     cv_.SignalAll();
     return grpc::Status::OK;
   }
@@ -279,6 +298,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   grpc::Status KeyValueGet(grpc::ServerContext* ctx, const v1::KeyValueGetRequest* req,
                            v1::KeyValueGetResponse* resp) override {
     if (absl::Status s = CheckName(req->key(), "KeyValueGetRequest.key"); !s.ok()) return ToGrpc(s);
+    if (grpc::Status s = CheckMember(*ctx, "KeyValueGet"); !s.ok()) return s;
     const absl::StatusOr<absl::Time> deadline =
         Deadline(ctx, req->timeout_ms(), "KeyValueGetRequest.timeout_ms", false);
     if (!deadline.ok()) return ToGrpc(deadline.status());
@@ -310,6 +330,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     if (absl::Status s = CheckName(req->name(), "BarrierRequest.name"); !s.ok()) return ToGrpc(s);
     const absl::StatusOr<int> idx = FindTask(req->task(), "BarrierRequest.task");
     if (!idx.ok()) return ToGrpc(idx.status());
+    if (grpc::Status s = CheckCallerIs(security(), *ctx, "Barrier", ids_[*idx]); !s.ok()) return s;
     const absl::StatusOr<absl::Time> deadline =
         Deadline(ctx, req->timeout_ms(), "BarrierRequest.timeout_ms", false);
     if (!deadline.ok()) return ToGrpc(deadline.status());
@@ -373,10 +394,11 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     return Error(grpc::StatusCode::CANCELLED, absl::StrCat("barrier ", barrier, " cancelled"));
   }
 
-  grpc::Status Leave(grpc::ServerContext*, const v1::LeaveRequest* req,
+  grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "LeaveRequest.task");
     if (!idx.ok()) return ToGrpc(idx.status());
+    if (grpc::Status s = CheckCallerIs(security(), *ctx, "Leave", ids_[*idx]); !s.ok()) return s;
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "LeaveRequest.incarnation"); !s.ok()) {
       return ToGrpc(s);
@@ -407,6 +429,17 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     for (auto& [unused, b] : barriers_) TryCompleteBarrierLocked(b);
     cv_.SignalAll();
     return grpc::Status::OK;
+  }
+
+  const TransportSecurity* security() const { return options_.security.get(); }
+
+  // The key-value store is for the members (not the evaluator, which holds
+  // a certificate of the job but never joins).
+  grpc::Status CheckMember(const grpc::ServerContext& ctx, std::string_view method) const {
+    return CheckCaller(
+        security(), ctx, method,
+        [&](const TaskId& caller) { return std::find(ids_.begin(), ids_.end(), caller) != ids_.end(); },
+        "only the job's members");
   }
 
   grpc::Status Ping(grpc::ServerContext*, const v1::PingRequest*, v1::PingResponse* resp) override {
@@ -643,6 +676,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_watch_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, std::string> store_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TaskId> owners_ ABSL_GUARDED_BY(mu_);  // with TLS only
   int64_t store_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   int64_t max_waiters_ = 0;  // options_.max_waiters resolved; set in the constructor
@@ -672,7 +706,7 @@ absl::StatusOr<std::unique_ptr<CoordinationService>> CoordinationService::Start(
   auto impl = std::make_unique<Impl>(std::move(members), options);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen_address, ServerCredentialsFor(options.security.get()), &port);
   builder.RegisterService(impl.get());
   ApplyKeepalive(options.keepalive, &builder);
   // gRPC sets SO_REUSEPORT by default, which would let a second process bind

@@ -76,6 +76,7 @@
 #include "absl/time/time.h"
 #include "common/cluster_spec.h"
 #include "worker/coordination/grpc_keepalive.h"
+#include "worker/security/transport_security.h"
 
 namespace grpc {
 class Channel;
@@ -116,6 +117,11 @@ struct CoordinationServiceOptions {
   // gRPC thread). 0: 4 per task of the cluster + 16.
   int64_t max_waiters = 0;
   KeepaliveOptions keepalive;
+  // Mutual TLS with the job's certificates; null: plaintext. With TLS,
+  // Join / WatchMembership / Barrier / Leave are accepted only from the
+  // task they name, the key-value store only from members, and a key only
+  // from the task that first set it (PERMISSION_DENIED otherwise).
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
 };
 
 class CoordinationService {

@@ -179,7 +179,8 @@ PsClient::PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClie
       plan_(std::move(plan)),
       options_(std::move(options)),
       threads_(std::make_unique<ReusableThreads>()) {
-  for (const std::string& address : addresses_) {
+  for (size_t ps = 0; ps < addresses_.size(); ++ps) {
+    const std::string& address = addresses_[ps];
     grpc::ChannelArguments args;
     // Reconnect and re-resolve quickly: a ps pod's DNS name may appear a few
     // seconds after the worker starts, and gRPC's defaults (20 s connect
@@ -195,8 +196,9 @@ PsClient::PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClie
     // retried by gRPC anyway (failures go to the coordinator).
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
     for (const auto& [name, value] : PsTransportArgs()) args.SetInt(name, value);
-    std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(
+        options_.security.get(), TaskId{"ps", static_cast<int>(ps)}, &args);
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(address, credentials, args);
     stubs_.push_back(v1::ParameterServer::NewStub(channel));
     raw_.push_back(std::make_unique<RawMethods>(std::move(channel)));
   }

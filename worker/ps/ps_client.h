@@ -31,6 +31,9 @@ struct PsClientOptions {
   // Optional; the client records distrain_ps_rpc_seconds{method} and
   // distrain_ps_bytes_total{direction,shard} with side="client".
   prometheus::Registry* registry = nullptr;
+  // Mutual TLS as this task; ps i must present ps:i's certificate. Null:
+  // plaintext.
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
 };
 
 // Version of every shard of a variable: name -> version per shard index.

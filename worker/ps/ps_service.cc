@@ -378,6 +378,7 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
                                         const v1::CreateVariablesRequest* request,
                                         v1::CreateVariablesResponse* response) {
   RpcTimer timer(metrics_.get(), "CreateVariables");
+  if (grpc::Status s = CheckCoordinator(*ctx, "CreateVariables"); !s.ok()) return s;
   const PsLimits& limits = options_.limits;
   if (request->shards_size() > limits.max_shards) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
@@ -736,6 +737,7 @@ absl::Status PsService::ReadUpload(const char* method, grpc::ServerContext* ctx,
 
 grpc::Status PsService::InitializeRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Initialize");
+  if (grpc::Status s = CheckCoordinator(*ctx, "Initialize"); !s.ok()) return s;
   Upload upload;
   if (absl::Status s = ReadUpload("Initialize", ctx, stream, upload); !s.ok()) return ToGrpc(s);
   v1::InitializeResponse answer;
@@ -764,6 +766,7 @@ grpc::Status PsService::InitializeRaw(grpc::ServerContext* ctx, RawStream* strea
 
 grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Pull");
+  if (grpc::Status s = CheckTrainer(*ctx, "Pull"); !s.ok()) return s;
   v1::PullRequest request_message;
   {
     grpc::ByteBuffer buffer;
@@ -909,6 +912,7 @@ grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
 
 grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Push");
+  if (grpc::Status s = CheckTrainer(*ctx, "Push"); !s.ok()) return s;
   Upload upload;
   if (absl::Status s = ReadUpload("Push", ctx, stream, upload); !s.ok()) return ToGrpc(s);
   v1::PushResponse answer;
@@ -1052,6 +1056,7 @@ grpc::Status PsService::NoCheckpointDir(const char* method) const {
 grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* request,
                              v1::SaveResponse* response) {
   RpcTimer timer(metrics_.get(), "Save");
+  if (grpc::Status s = CheckCoordinator(*ctx, "Save"); !s.ok()) return s;
   if (options_.checkpoint_dir.empty()) return NoCheckpointDir("Save");
   if (request->step() < 0 || (options_.max_step >= 0 && request->step() > options_.max_step)) {
     return grpc::Status(
@@ -1112,6 +1117,7 @@ grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* re
 grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreRequest* request,
                                 v1::RestoreResponse* response) {
   RpcTimer timer(metrics_.get(), "Restore");
+  if (grpc::Status s = CheckCoordinator(*ctx, "Restore"); !s.ok()) return s;
   if (options_.checkpoint_dir.empty()) return NoCheckpointDir("Restore");
   if (request->has_step() && request->step() < 0) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
@@ -1212,6 +1218,23 @@ grpc::Status PsService::Health(grpc::ServerContext* ctx, const v1::HealthRequest
 }
 
 // ---------------------------------------------------------------------------
+// Role checks (with TLS; plaintext has no identities).
+
+grpc::Status PsService::CheckCoordinator(const grpc::ServerContext& ctx,
+                                         std::string_view method) const {
+  return CheckCaller(
+      options_.security.get(), ctx, method,
+      [](const TaskId& caller) { return caller.type == "chief"; }, "only the chief");
+}
+
+grpc::Status PsService::CheckTrainer(const grpc::ServerContext& ctx,
+                                     std::string_view method) const {
+  return CheckCaller(
+      options_.security.get(), ctx, method,
+      [](const TaskId& caller) { return caller.type == "chief" || caller.type == "worker"; },
+      "only the chief and the workers");
+}
+
 // PsServer
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const std::string& address,
@@ -1221,7 +1244,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(const std::string& add
   std::unique_ptr<PsServer> server(new PsServer());
   server->service_ = std::move(*service);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(address, ServerCredentialsFor(server->service_->options().security.get()),
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   for (const auto& [name, value] : PsTransportArgs()) builder.AddChannelArgument(name, value);
   // gRPC refuses a larger message (RESOURCE_EXHAUSTED) before a handler sees it.

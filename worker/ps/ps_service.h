@@ -27,6 +27,7 @@
 #include "worker/model/optimizer.h"
 #include "worker/ps/partitioner.h"
 #include "worker/tensor/tensor.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 
@@ -96,6 +97,11 @@ struct PsServiceOptions {
   // prunes them); < 0: unbounded.
   int64_t max_step = -1;
   PsLimits limits;
+  // Mutual TLS with the job's certificates; null: plaintext. With TLS,
+  // CreateVariables, Initialize, Save and Restore are the chief's alone,
+  // Pull and Push the chief's and the workers' (PERMISSION_DENIED naming
+  // the caller otherwise).
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
   // Optional. Families (all with label side="server"):
   //   distrain_ps_rpc_seconds{method}          histogram  handler wall time
   //   distrain_ps_bytes_total{direction,shard} counter    direction=pushed|pulled,
@@ -193,6 +199,8 @@ class PsService final : public distrain::v1::ParameterServer::Service {
   // shard's own buffer, a pushed gradient is copied once (its staging)
   // instead of through protobuf `bytes` fields. Clients of the generated
   // stubs see the same protocol.
+  grpc::Status CheckCoordinator(const grpc::ServerContext& ctx, std::string_view method) const;
+  grpc::Status CheckTrainer(const grpc::ServerContext& ctx, std::string_view method) const;
   grpc::Status InitializeRaw(grpc::ServerContext* ctx, RawStream* stream);
   grpc::Status PullRaw(grpc::ServerContext* ctx, RawStream* stream);
   grpc::Status PushRaw(grpc::ServerContext* ctx, RawStream* stream);

@@ -116,6 +116,13 @@ PsWorkerService::PsWorkerService(PsWorkerOptions options)
 
 PsWorkerService::~PsWorkerService() = default;
 
+grpc::Status PsWorkerService::CheckChief(const grpc::ServerContext& ctx,
+                                         std::string_view method) const {
+  return CheckCaller(
+      options_.security.get(), ctx, method,
+      [](const TaskId& caller) { return caller.type == "chief"; }, "only the chief");
+}
+
 absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   if (request.worker_index() != worker_index_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -164,6 +171,7 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   client_options.rpc_timeout = options_.ps_rpc_timeout;
   client_options.connect_timeout = options_.ps_connect_timeout;
   client_options.registry = options_.registry;
+  client_options.security = options_.security;
   auto ps = PsClient::Create(options_.cluster.addresses("ps"), *plan, client_options);
   if (!ps.ok()) return ps.status();
   if (absl::Status s = (*ps)->WaitForReady(); !s.ok()) return s;
@@ -239,8 +247,9 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   return absl::OkStatus();
 }
 
-grpc::Status PsWorkerService::Prepare(grpc::ServerContext*, const v1::PrepareRequest* request,
+grpc::Status PsWorkerService::Prepare(grpc::ServerContext* ctx, const v1::PrepareRequest* request,
                                       v1::PrepareResponse* response) {
+  if (grpc::Status s = CheckChief(*ctx, "Prepare"); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::Status s = PrepareLocked(*request);
   if (!s.ok()) {
@@ -252,8 +261,9 @@ grpc::Status PsWorkerService::Prepare(grpc::ServerContext*, const v1::PrepareReq
   return grpc::Status::OK;
 }
 
-grpc::Status PsWorkerService::RunStep(grpc::ServerContext*, const v1::RunStepRequest* request,
+grpc::Status PsWorkerService::RunStep(grpc::ServerContext* ctx, const v1::RunStepRequest* request,
                                       v1::RunStepResponse* response) {
+  if (grpc::Status s = CheckChief(*ctx, "RunStep"); !s.ok()) return s;
   // Closures run on gRPC's threads: give this one the process's share of
   // the cores for its ops, as the main thread has.
   ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
@@ -449,8 +459,9 @@ absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepConte
   }
 }
 
-grpc::Status PsWorkerService::Finish(grpc::ServerContext*, const v1::FinishRequest*,
+grpc::Status PsWorkerService::Finish(grpc::ServerContext* ctx, const v1::FinishRequest*,
                                      v1::FinishResponse*) {
+  if (grpc::Status s = CheckChief(*ctx, "Finish"); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   const double n = static_cast<double>(std::max<int64_t>(1, steps_run_));
   spdlog::info("worker:{}: the coordinator says the job is done after {} closure(s) here "
@@ -466,7 +477,7 @@ grpc::Status PsWorkerService::Finish(grpc::ServerContext*, const v1::FinishReque
 
 GrpcWorkerTransport::GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options)
     : addresses_(std::move(worker_addresses)), options_(std::move(options)) {
-  for (const std::string& address : addresses_) {
+  for (size_t worker = 0; worker < addresses_.size(); ++worker) {
     grpc::ChannelArguments args;
     // A restarted worker is back within a second or two; gRPC's default
     // reconnect backoff (1 s growing to 120 s) would delay its re-admission.
@@ -475,8 +486,10 @@ GrpcWorkerTransport::GrpcWorkerTransport(std::vector<std::string> worker_address
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs_.push_back(v1::PsWorker::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(
+        options_.security.get(), TaskId{"worker", static_cast<int>(worker)}, &args);
+    stubs_.push_back(
+        v1::PsWorker::NewStub(grpc::CreateCustomChannel(addresses_[worker], credentials, args)));
   }
 }
 
@@ -605,7 +618,7 @@ std::unique_ptr<grpc::Server> StartPsWorkerServer(const std::string& address,
                                                   PsWorkerService& service, int* port) {
   grpc::ServerBuilder builder;
   *port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(address, ServerCredentialsFor(service.options().security.get()), port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(service.options().limits.max_message_bytes, INT32_MAX)));

@@ -29,6 +29,7 @@
 #include "worker/data/batcher.h"
 #include "worker/model/model.h"
 #include "worker/ps/ps_client.h"
+#include "worker/security/transport_security.h"
 #include "worker/strategy/cluster_coordinator.h"
 #include "worker/strategy/parameter_server.h"
 
@@ -63,6 +64,9 @@ struct PsWorkerOptions {
   absl::Duration ps_connect_timeout = absl::Seconds(20);
   prometheus::Registry* registry = nullptr;  // optional: ps client metrics
   PsWorkerLimits limits;
+  // Mutual TLS: the service answers only the chief's certificate, and the
+  // worker's ps client dials as this task. Null: plaintext.
+  std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
 };
 
 // gRPC PsWorker service of one worker task.
@@ -111,6 +115,7 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   const PsWorkerOptions& options() const { return options_; }
 
  private:
+  grpc::Status CheckChief(const grpc::ServerContext& ctx, std::string_view method) const;
   absl::Status PrepareLocked(const distrain::v1::PrepareRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One closure on `batch`; errors are the ps's. Unbounded staleness: each
@@ -179,6 +184,9 @@ class GrpcWorkerTransport : public WorkerTransport {
     std::string plan_fingerprint;
     absl::Duration step_timeout = absl::Seconds(60);      // one RunStep
     absl::Duration prepare_timeout = absl::Seconds(30);   // one Prepare
+    // Mutual TLS as the chief; worker i must present worker:i's
+    // certificate. Null: plaintext.
+    std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
   };
   GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options);
   ~GrpcWorkerTransport() override;

@@ -1,11 +1,13 @@
-// ParseRingHello / ParseRingAck (worker/collective/ring.h): the handshake
-// bytes a ring port accepts from the network; the fuzz target
-// tests/fuzz/ring_handshake_fuzz.cc feeds them anything, these pin the rules.
+// The ring's connection handshake (worker/collective/ring.h): what a ring
+// port accepts from the network. Only a peer of this group that holds the
+// job's key and answers this setup's nonce gets in; the fuzz target
+// tests/fuzz/ring_handshake_fuzz.cc feeds the parsers anything.
 
 #include <cstdint>
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/collective/ring.h"
 
@@ -13,60 +15,91 @@ namespace distrain {
 namespace {
 
 constexpr uint64_t kGroup = 0x1234567890abcdefull;
+const std::string kKey(32, 'k');
 
-std::string Hello(uint32_t magic, uint32_t version, uint64_t group, int32_t from, int32_t to,
-                  int32_t size) {
-  std::string out(32, '\0');
-  const int32_t reserved = 0;
-  char* p = out.data();
-  std::memcpy(p, &magic, 4);
-  std::memcpy(p + 4, &version, 4);
-  std::memcpy(p + 8, &group, 8);
-  std::memcpy(p + 16, &from, 4);
-  std::memcpy(p + 20, &to, 4);
-  std::memcpy(p + 24, &size, 4);
-  std::memcpy(p + 28, &reserved, 4);
-  return out;
-}
+class RingHandshakeTest : public ::testing::Test {
+ protected:
+  const std::string acceptor_nonce_ = NewRingNonce();
+  const std::string dialler_nonce_ = NewRingNonce();
+  std::string Hello(int from, int to, int size, uint64_t group = kGroup) {
+    return MakeRingHello(group, from, to, size, kKey, dialler_nonce_, acceptor_nonce_);
+  }
+  absl::StatusOr<int> Parse(const std::string& bytes, int to, int size) {
+    return ParseRingHello(bytes, kGroup, to, size, kKey, acceptor_nonce_, nullptr);
+  }
+};
 
-std::string Ack(uint32_t magic, int32_t rank, uint64_t group) {
-  std::string out(16, '\0');
-  std::memcpy(out.data(), &magic, 4);
-  std::memcpy(out.data() + 4, &rank, 4);
-  std::memcpy(out.data() + 8, &group, 8);
-  return out;
-}
-
-constexpr uint32_t kHello = 0x47525444, kAck = 0x41525444, kVersion = 2;
-
-TEST(RingHandshakeTest, AcceptsTheHelloOfAPeerOfThisGroup) {
-  absl::StatusOr<int> from = ParseRingHello(Hello(kHello, kVersion, kGroup, 2, 0, 3), kGroup, 0, 3);
+TEST_F(RingHandshakeTest, AcceptsTheHelloOfAPeerOfThisGroupAndReturnsItsNonce) {
+  std::string nonce;
+  absl::StatusOr<int> from =
+      ParseRingHello(Hello(2, 0, 3), kGroup, 0, 3, kKey, acceptor_nonce_, &nonce);
   ASSERT_TRUE(from.ok()) << from.status();
   EXPECT_EQ(*from, 2);
+  EXPECT_EQ(nonce, dialler_nonce_);
 }
 
-TEST(RingHandshakeTest, RefusesStrayStaleAndMalformedHellos) {
-  EXPECT_FALSE(ParseRingHello(Hello(kAck, kVersion, kGroup, 1, 0, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, 1, kGroup, 1, 0, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup + 1, 1, 0, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup, 1, 1, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup, 1, 0, 3), kGroup, 0, 2).ok());
-  // Ranks outside the group, and the receiver itself.
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup, -1, 0, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup, 2, 0, 2), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(Hello(kHello, kVersion, kGroup, 0, 0, 2), kGroup, 0, 2).ok());
-  // Short and long messages.
-  const std::string hello = Hello(kHello, kVersion, kGroup, 1, 0, 2);
-  EXPECT_FALSE(ParseRingHello(hello.substr(0, 31), kGroup, 0, 2).ok());
-  EXPECT_FALSE(ParseRingHello(hello + "x", kGroup, 0, 2).ok());
+TEST_F(RingHandshakeTest, RefusesStrayStaleAndMalformedHellos) {
+  EXPECT_FALSE(Parse(Hello(1, 0, 2, kGroup + 1), 0, 2).ok());  // another group
+  EXPECT_FALSE(Parse(Hello(1, 1, 2), 0, 2).ok());              // for another rank
+  EXPECT_FALSE(Parse(Hello(1, 0, 3), 0, 2).ok());              // another size
+  EXPECT_FALSE(Parse(Hello(-1, 0, 2), 0, 2).ok());             // ranks outside the group
+  EXPECT_FALSE(Parse(Hello(2, 0, 2), 0, 2).ok());
+  EXPECT_FALSE(Parse(Hello(0, 0, 2), 0, 2).ok());  // the receiver itself
+  const std::string hello = Hello(1, 0, 2);
+  EXPECT_FALSE(Parse(hello.substr(0, kRingHelloBytes - 1), 0, 2).ok());
+  EXPECT_FALSE(Parse(hello + "x", 0, 2).ok());
+  std::string wrong_magic = hello;
+  wrong_magic[0] ^= 1;
+  EXPECT_FALSE(Parse(wrong_magic, 0, 2).ok());
 }
 
-TEST(RingHandshakeTest, AcceptsOnlyTheDialledPeersAck) {
-  EXPECT_TRUE(ParseRingAck(Ack(kAck, 1, kGroup), kGroup, 1).ok());
-  EXPECT_FALSE(ParseRingAck(Ack(kAck, 2, kGroup), kGroup, 1).ok());
-  EXPECT_FALSE(ParseRingAck(Ack(kAck, 1, kGroup + 1), kGroup, 1).ok());
-  EXPECT_FALSE(ParseRingAck(Ack(kHello, 1, kGroup), kGroup, 1).ok());
-  EXPECT_FALSE(ParseRingAck(Ack(kAck, 1, kGroup).substr(0, 15), kGroup, 1).ok());
+TEST_F(RingHandshakeTest, RefusesAnotherJobsKeyATamperedFieldAndAReplay) {
+  // Another job's key.
+  const std::string foreign =
+      MakeRingHello(kGroup, 1, 0, 2, std::string(32, 'x'), dialler_nonce_, acceptor_nonce_);
+  EXPECT_EQ(Parse(foreign, 0, 2).status().code(), absl::StatusCode::kPermissionDenied);
+  // A real hello with its sender changed: the MAC covers every field.
+  std::string tampered = Hello(1, 0, 3);
+  const int32_t two = 2;
+  std::memcpy(tampered.data() + 16, &two, 4);
+  EXPECT_EQ(Parse(tampered, 0, 3).status().code(), absl::StatusCode::kPermissionDenied);
+  // A hello recorded in an earlier setup (the acceptor published another
+  // nonce then) does not open this one.
+  const std::string recorded =
+      MakeRingHello(kGroup, 1, 0, 2, kKey, dialler_nonce_, NewRingNonce());
+  absl::Status replay = Parse(recorded, 0, 2).status();
+  EXPECT_EQ(replay.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(replay.message().find("replay"), std::string::npos) << replay;
+}
+
+TEST_F(RingHandshakeTest, AcceptsOnlyTheDialledPeersAnswerToThisHello) {
+  const std::string ack = MakeRingAck(kGroup, 1, kKey, dialler_nonce_, acceptor_nonce_);
+  EXPECT_TRUE(ParseRingAck(ack, kGroup, 1, kKey, dialler_nonce_, acceptor_nonce_).ok());
+  EXPECT_FALSE(ParseRingAck(ack, kGroup, 2, kKey, dialler_nonce_, acceptor_nonce_).ok());
+  EXPECT_FALSE(ParseRingAck(ack, kGroup + 1, 1, kKey, dialler_nonce_, acceptor_nonce_).ok());
+  EXPECT_FALSE(ParseRingAck(ack.substr(0, kRingAckBytes - 1), kGroup, 1, kKey, dialler_nonce_,
+                            acceptor_nonce_)
+                   .ok());
+  // An ack recorded for another hello, or made with another key.
+  EXPECT_EQ(ParseRingAck(ack, kGroup, 1, kKey, NewRingNonce(), acceptor_nonce_).code(),
+            absl::StatusCode::kPermissionDenied);
+  const std::string foreign =
+      MakeRingAck(kGroup, 1, std::string(32, 'x'), dialler_nonce_, acceptor_nonce_);
+  EXPECT_EQ(ParseRingAck(foreign, kGroup, 1, kKey, dialler_nonce_, acceptor_nonce_).code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(RingAddressTest, CarriesTheListenersNonce) {
+  const std::string nonce = NewRingNonce();
+  std::string hex;
+  for (unsigned char c : nonce) hex += absl::StrCat(absl::Hex(c, absl::kZeroPad2));
+  absl::StatusOr<RingAddress> a = ParseRingAddress("10.0.0.5:4000 " + hex);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->address.port, 4000);
+  EXPECT_EQ(a->nonce, nonce);
+  EXPECT_FALSE(ParseRingAddress("10.0.0.5:4000").ok());
+  EXPECT_FALSE(ParseRingAddress("10.0.0.5:4000 " + hex.substr(1)).ok());
+  EXPECT_FALSE(ParseRingAddress("10.0.0.5:4000 " + std::string(32, 'z')).ok());
 }
 
 }  // namespace

@@ -468,26 +468,49 @@ TEST(RingCollectiveTest, MismatchedCollectivesFailInsteadOfReducingGarbage) {
   }
 }
 
-TEST(RingCollectiveTest, StrayConnectionsDoNotTakeTheLeftNeighboursPlace) {
+std::shared_ptr<const TransportSecurity> RingKeyOnly(char fill) {
+  LoadedCredentials creds;
+  creds.task = TaskId{"worker", 0};
+  creds.ring_key = std::string(32, fill);
+  return std::make_shared<TransportSecurity>(std::move(creds));
+}
+
+// A stranger that reaches a ring port before the real left neighbour: one
+// connection that says nothing, one with another job's key, one replaying a
+// hello made for an earlier setup (its MAC covers that setup's nonce). None
+// takes the neighbour's place; the ring forms with the real peer and every
+// impostor is closed.
+TEST(RingCollectiveTest, StrayForgedAndReplayedHellosDoNotTakeTheLeftNeighboursPlace) {
   RingOptions options = Options(2);
+  options.security = RingKeyOnly('k');
   InMemoryStore store;
   absl::StatusOr<std::unique_ptr<RingCollective>> rank0;
   std::thread t0([&] { rank0 = RingCollective::Create(store, 0, 2, options); });
-  // Before worker:1 exists, connect to worker:0's published port twice: once
-  // silently, once with a hello from another group.
-  absl::StatusOr<std::string> address = store.Get("test/ring/0", absl::Seconds(10));
-  ASSERT_TRUE(address.ok()) << address.status();
-  auto host_port = tcp::ParseHostPort(*address);
-  ASSERT_TRUE(host_port.ok());
-  auto silent = tcp::Connect(*host_port, 0, absl::Now() + absl::Seconds(5), -1, "rank 0");
-  auto impostor = tcp::Connect(*host_port, 0, absl::Now() + absl::Seconds(5), -1, "rank 0");
-  ASSERT_TRUE(silent.ok() && impostor.ok());
-  char hello[32] = {};
-  const uint32_t magic = 0x47525444;
-  std::memcpy(hello, &magic, 4);
-  ASSERT_TRUE(tcp::SendAll(impostor->get(), hello, sizeof(hello), absl::Now() + absl::Seconds(5),
-                           -1, "rank 0")
-                  .ok());
+  absl::StatusOr<std::string> value = store.Get("test/ring/0", absl::Seconds(10));
+  ASSERT_TRUE(value.ok()) << value.status();
+  absl::StatusOr<RingAddress> published = ParseRingAddress(*value);
+  ASSERT_TRUE(published.ok()) << published.status();
+  auto connect = [&] {
+    return tcp::Connect(published->address, 0, absl::Now() + absl::Seconds(5), -1, "rank 0");
+  };
+  auto silent = connect();
+  auto foreign = connect();
+  auto replay = connect();
+  ASSERT_TRUE(silent.ok() && foreign.ok() && replay.ok());
+  // Both carry the real group id, so only the MAC can refuse them.
+  const std::string other_key(32, 'x');
+  const std::string real_key(32, 'k');
+  const std::string stale_nonce = NewRingNonce();
+  const uint64_t group_id = RingGroupId(options.key_prefix, 2);
+  const std::string forged =
+      MakeRingHello(group_id, 1, 0, 2, other_key, NewRingNonce(), published->nonce);
+  const std::string replayed =
+      MakeRingHello(group_id, 1, 0, 2, real_key, NewRingNonce(), stale_nonce);
+  for (auto [fd, bytes] : {std::pair{foreign->get(), &forged}, std::pair{replay->get(), &replayed}}) {
+    ASSERT_TRUE(
+        tcp::SendAll(fd, bytes->data(), bytes->size(), absl::Now() + absl::Seconds(5), -1, "rank 0")
+            .ok());
+  }
   absl::StatusOr<std::unique_ptr<RingCollective>> rank1 =
       RingCollective::Create(store, 1, 2, options);
   t0.join();
@@ -497,11 +520,30 @@ TEST(RingCollectiveTest, StrayConnectionsDoNotTakeTheLeftNeighboursPlace) {
   ring.push_back(std::move(*rank0));
   ring.push_back(std::move(*rank1));
   CheckAllReduce(ring, 1000, ReduceOp::kSum);
-  // The impostor was closed: reading it ends with EOF.
-  char byte;
-  absl::Status eof = tcp::RecvAll(impostor->get(), &byte, 1, absl::Now() + absl::Seconds(5), -1,
-                                  "rank 0");
-  EXPECT_EQ(eof.code(), absl::StatusCode::kUnavailable) << eof;
+  // The impostors that spoke were closed without an ack: reading ends with EOF.
+  for (int fd : {foreign->get(), replay->get()}) {
+    char byte;
+    absl::Status eof =
+        tcp::RecvAll(fd, &byte, 1, absl::Now() + absl::Seconds(5), -1, "rank 0");
+    EXPECT_EQ(eof.code(), absl::StatusCode::kUnavailable) << eof;
+  }
+}
+
+// Two ranks of different jobs (different ring keys) never form a ring: the
+// acceptor refuses the hello, the dialler never gets its ack.
+TEST(RingCollectiveTest, RanksWithDifferentJobKeysDoNotConnect) {
+  RingOptions a = Options(2);
+  a.security = RingKeyOnly('a');
+  a.setup_timeout = absl::Seconds(2);
+  RingOptions b = a;
+  b.security = RingKeyOnly('b');
+  InMemoryStore store;
+  absl::StatusOr<std::unique_ptr<RingCollective>> rank0;
+  std::thread t0([&] { rank0 = RingCollective::Create(store, 0, 2, a); });
+  absl::StatusOr<std::unique_ptr<RingCollective>> rank1 = RingCollective::Create(store, 1, 2, b);
+  t0.join();
+  EXPECT_FALSE(rank0.ok());
+  EXPECT_FALSE(rank1.ok());
 }
 
 TEST(RingCollectiveTest, StatsCountBytesOnTheWire) {
