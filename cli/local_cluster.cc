@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/job_identity.h"
 #include "common/cluster_spec.h"
 #include "common/exit_codes.h"
 
@@ -108,6 +110,29 @@ absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& conf
     r.env["OPENBLAS_NUM_THREADS"] = absl::StrCat(blas_threads);
   }
   return replicas;
+}
+
+absl::Status WriteLocalCredentials(const JobConfig& config, const std::string& work_dir,
+                                   std::vector<LocalReplica>* replicas) {
+  if (config.transport == TransportMode::kPlaintext || replicas->size() < 2) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<JobAuthority> authority =
+      NewJobAuthority(absl::StrCat(config.namespace_, "/", config.name));
+  if (!authority.ok()) return authority.status();
+  const std::string root = absl::StrCat(work_dir, "/identity");
+  if (::mkdir(root.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("cannot create ", root, ": ", std::strerror(errno)));
+  }
+  for (LocalReplica& r : *replicas) {
+    absl::StatusOr<TaskCredentials> creds =
+        IssueTaskCredentials(*authority, TaskId{ReplicaTaskType(r.type), r.index});
+    if (!creds.ok()) return creds.status();
+    const std::string dir = absl::StrCat(root, "/", r.label);
+    if (absl::Status s = WriteCredentialsDir(dir, *authority, *creds); !s.ok()) return s;
+    r.env["DISTRAIN_CREDENTIALS_DIR"] = dir;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace distrain

@@ -33,6 +33,14 @@ struct LocalClusterOptions {
 absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,
                                                            const LocalClusterOptions& options);
 
+// Gives every replica what the operator's "<job>-identity" Secret gives its
+// pod (docs/security.md): a fresh CA for this run, a certificate per task and
+// the ring key, written to <work_dir>/identity/<label>/ (0700 directory, 0600
+// files), and DISTRAIN_CREDENTIALS_DIR pointing there. Nothing for
+// spec.security.transport: Plaintext, or a job of one process.
+absl::Status WriteLocalCredentials(const JobConfig& config, const std::string& work_dir,
+                                   std::vector<LocalReplica>* replicas);
+
 // The replica whose success means the job's success under the Default policy:
 // the chief, or worker 0 when there is no chief.
 bool IsCoordinator(const JobConfig& config, const LocalReplica& replica);

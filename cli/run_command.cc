@@ -232,6 +232,10 @@ int RunJob(const RunOptions& options) {
     std::cerr << "distrain run: " << replicas.status().message() << "\n";
     return kExitInternal;
   }
+  if (absl::Status s = WriteLocalCredentials(*config, work_dir, &*replicas); !s.ok()) {
+    std::cerr << "distrain run: job credentials: " << s.message() << "\n";
+    return kExitInternal;
+  }
 
   const std::string binary = FindWorkerBinary(options.worker_binary);
   Console console(options.progress);

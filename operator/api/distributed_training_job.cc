@@ -315,7 +315,7 @@ nlohmann::json SpecToJson(const DistributedTrainingJob& job) {
     replica_specs[ReplicaTypeName(type)] = std::move(r);
   }
   spec["replicaSpecs"] = std::move(replica_specs);
-  for (const char* key : {"successPolicy", "runPolicy", "training", "elasticPolicy"}) {
+  for (const char* key : {"successPolicy", "runPolicy", "training", "elasticPolicy", "security"}) {
     if (flat.contains(key)) spec[key] = flat[key];
   }
   return spec;

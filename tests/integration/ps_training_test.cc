@@ -63,7 +63,7 @@ std::string JobYaml(int workers, int64_t steps, const std::string& extra_trainin
 class PsCluster {
  public:
   PsCluster(const std::string& job, const std::string& dir, int workers)
-      : job_(job), dir_(dir), workers_(workers) {
+      : job_(job), dir_(dir), workers_(workers), credentials_(dir) {
     std::vector<int> ports = testing::FreeLoopbackPorts(workers + 3 + 1);
     auto address = [&](int i) { return "\"127.0.0.1:" + std::to_string(ports[i]) + "\""; };
     std::string worker_list, ps_list;
@@ -85,8 +85,10 @@ class PsCluster {
     if (type == "chief") {
       argv.insert(argv.end(), {"--metrics-port", std::to_string(chief_metrics_port)});
     }
-    return std::make_unique<Subprocess>(argv,
-                                        std::map<std::string, std::string>{{"OPENBLAS_NUM_THREADS", "1"}});
+    return std::make_unique<Subprocess>(
+        argv, std::map<std::string, std::string>{
+                  {"OPENBLAS_NUM_THREADS", "1"},
+                  {"DISTRAIN_CREDENTIALS_DIR", credentials_.DirFor(type, index)}});
   }
 
   void StartAll() {
@@ -115,6 +117,7 @@ class PsCluster {
   std::string dir_;
   int workers_;
   std::string cluster_;
+  testing::TestJobCredentials credentials_;
 };
 
 double MetricValue(const std::string& metrics, const std::string& name) {

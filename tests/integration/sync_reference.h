@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tests/integration/job_credentials.h"
 #include "tests/integration/loopback_http.h"
 #include "tests/integration/subprocess.h"
 #include "worker/checkpoint/checkpoint.h"
@@ -114,9 +115,10 @@ struct SyncCluster {
   std::vector<int> metrics_ports;
   std::vector<std::unique_ptr<Subprocess>> processes;
   int64_t steps;  // of the job: one checksum line each
+  TestJobCredentials credentials;
 
   SyncCluster(const std::string& job, const std::string& dir, int workers, int64_t steps)
-      : steps(steps) {
+      : steps(steps), credentials(dir) {
     const int n = workers + 1;
     std::vector<int> ports = testing::FreeLoopbackPorts(2 * n);
     std::string worker_list;
@@ -142,6 +144,7 @@ struct SyncCluster {
                                    std::to_string(metrics_ports[i])},
           std::map<std::string, std::string>{
               {"OPENBLAS_NUM_THREADS", "1"},
+              {"DISTRAIN_CREDENTIALS_DIR", credentials.DirFor(type, index)},
               {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}}));
     }
   }
