@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -1216,6 +1217,77 @@ void FinishModel(const Json* model, const std::string& display, JobConfig* confi
 
 const std::vector<FieldSpec>& SpecFields() {
   static const std::vector<FieldSpec>* const kFields = new std::vector<FieldSpec>{
+// spec.training.checkpoint.volume: a core/v1 VolumeSource with exactly one
+// source that can hold writable files. Only its shape is checked here; the
+// API server checks the source's own fields when the operator creates a pod.
+void CheckCheckpointVolume(const Json& v, const std::string& path, Issues* issues) {
+  const std::vector<std::string>& kinds = CheckpointVolumeSourceKinds();
+  if (!v.is_object() || v.size() != 1) {
+    issues->Add(path, absl::StrCat(
+                          "must be a Kubernetes volume source with exactly one source, e.g. "
+                          "{persistentVolumeClaim: {claimName: my-checkpoints}} or {nfs: {server: "
+                          "..., path: ...}}, got ",
+                          Show(v)));
+    return;
+  }
+  const std::string& kind = v.begin().key();
+  const Json& source = v.begin().value();
+  if (kind == "configMap" || kind == "secret" || kind == "downwardAPI" || kind == "projected" ||
+      kind == "image") {
+    issues->Add(JoinYamlPath(path, kind),
+                "is a read-only volume; checkpoints need a writable one such as "
+                "persistentVolumeClaim, nfs or csi");
+    return;
+  }
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end()) {
+    const std::string closest = ClosestName(kind, kinds);
+    issues->Add(JoinYamlPath(path, kind),
+                absl::StrCat("is not a Kubernetes volume source",
+                             closest.empty() ? "" : absl::StrCat(" (did you mean \"", closest, "\"?)"),
+                             "; one of ", absl::StrJoin(kinds, ", ")));
+    return;
+  }
+  if (!source.is_object()) {
+    issues->Add(JoinYamlPath(path, kind), absl::StrCat("must be a mapping, got ", Show(source)));
+    return;
+  }
+  if (kind == "persistentVolumeClaim") {
+    auto claim = source.find("claimName");
+    if (claim == source.end() || !claim->is_string() || claim->get<std::string>().empty()) {
+      issues->Add(JoinYamlPath(JoinYamlPath(path, kind), "claimName"),
+                  "must name an existing PersistentVolumeClaim of the job's namespace");
+    }
+  }
+}
+
+FieldSpec CheckpointVolumeField(std::string path) {
+  FieldSpec f;
+  f.path = std::move(path);
+  f.rule.kind = Kind::kObject;
+  f.decode = [](const Json& v, const std::string& display, JobConfig* config, Issues* issues) {
+    Issues own;
+    CheckCheckpointVolume(v, display, &own);
+    if (own.empty()) config->training.checkpoint.volume = v;
+    issues->Append(own);
+  };
+  f.get = [](const JobConfig& c) -> std::optional<Json> {
+    if (c.training.checkpoint.volume.is_null()) return std::nullopt;
+    return c.training.checkpoint.volume;
+  };
+  return f;
+}
+
+// A string field whose empty value means "unset" (the operator's default):
+// written out only when set, so no empty string reaches the CRD's enum.
+FieldSpec OmitEmpty(FieldSpec f) {
+  f.get = [get = std::move(f.get)](const JobConfig& c) -> std::optional<Json> {
+    std::optional<Json> v = get(c);
+    if (v && v->is_string() && v->get<std::string>().empty()) return std::nullopt;
+    return v;
+  };
+  return f;
+}
+
       EnumField("strategy", DISTRAIN_REF(strategy), kStrategies),
       EnumField("successPolicy", DISTRAIN_REF(success_policy), kSuccessPolicies),
       Field("runPolicy.backoffLimit", DISTRAIN_REF(run_policy.backoff_limit), Min(0)),
@@ -1292,6 +1364,14 @@ const std::vector<FieldSpec>& SpecFields() {
       EnumField("training.communication.implementation",
                 DISTRAIN_REF(training.communication.implementation), kImplementations),
       Field("training.communication.timeoutSeconds",
+      CheckpointVolumeField("training.checkpoint.volume"),
+      OmitEmpty(Field("training.checkpoint.storage.storageClassName",
+                      DISTRAIN_REF(training.checkpoint.storage.storage_class_name))),
+      OmitEmpty(Field("training.checkpoint.storage.size",
+                      DISTRAIN_REF(training.checkpoint.storage.size))),
+      OmitEmpty(Field("training.checkpoint.storage.accessMode",
+                      DISTRAIN_REF(training.checkpoint.storage.access_mode),
+                      OneOf({"ReadWriteOnce", "ReadWriteMany"}))),
             DISTRAIN_REF(training.communication.timeout_seconds), Above(0)),
       Field("training.communication.bytesPerPack",
             DISTRAIN_REF(training.communication.bytes_per_pack), Min(1)),
@@ -2193,6 +2273,20 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     case DatasetType::kIdx:
       if (d.train_files.empty()) {
         issues.Add(ds + "trainFiles", "required for dataset type idx; list the IDX image files");
+  // The job's checkpoint storage (operator/controller/checkpoint_volume.h).
+  const CheckpointConfig& ckpt = config.training.checkpoint;
+  if (!ckpt.volume.is_null()) CheckCheckpointVolume(ckpt.volume, "spec.training.checkpoint.volume", &issues);
+  if (!ckpt.storage.size.empty() && !IsStorageQuantity(ckpt.storage.size)) {
+    issues.Add("spec.training.checkpoint.storage.size",
+               absl::StrCat("must be a Kubernetes storage quantity such as 10Gi or 500Mi, got \"",
+                            ckpt.storage.size, "\""));
+  }
+  if (!ckpt.volume.is_null() && ckpt.storage != CheckpointStorageConfig{}) {
+    issues.Add("spec.training.checkpoint.storage",
+               "describes the PersistentVolumeClaim the operator provisions, but "
+               "spec.training.checkpoint.volume names the job's own storage: remove one of them");
+  }
+
       }
       if (d.train_label_files.empty()) {
         issues.Add(ds + "trainLabelFiles",
@@ -2275,6 +2369,22 @@ const std::vector<JobSpecField>& JobSpecFields() {
     auto* fields = new std::vector<JobSpecField>;
     auto add = [fields](const std::string& path, const Rule& rule,
                         std::optional<Json> default_value) {
+bool IsStorageQuantity(const std::string& s) {
+  static const std::regex kQuantity("^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$");
+  return std::regex_match(s, kQuantity);
+}
+
+const std::vector<std::string>& CheckpointVolumeSourceKinds() {
+  static const std::vector<std::string>* const kKinds = new std::vector<std::string>{
+      "persistentVolumeClaim", "ephemeral",      "emptyDir",     "hostPath",
+      "nfs",                   "csi",            "awsElasticBlockStore", "azureDisk",
+      "azureFile",             "cephfs",         "cinder",       "fc",
+      "flexVolume",            "flocker",        "gcePersistentDisk",    "glusterfs",
+      "iscsi",                 "photonPersistentDisk", "portworxVolume", "quobyte",
+      "rbd",                   "scaleIO",        "storageos",    "vsphereVolume"};
+  return *kKinds;
+}
+
       JobSpecField f;
       f.path = SpecPath(path);
       f.type = KindName(rule.kind);

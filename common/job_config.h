@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
+#include "nlohmann/json.hpp"
 
 namespace distrain {
 
@@ -126,13 +127,44 @@ struct ExportConfig {
   bool operator==(const ExportConfig&) const = default;
 };
 
+// spec.training.checkpoint.storage: the PersistentVolumeClaim the operator
+// provisions for a job's checkpoints when `volume` names no storage of the
+// job's own (operator/controller/checkpoint_volume.h). An empty field takes
+// the operator's default (its --checkpoint-storage-* flags, the chart's
+// checkpointStorage values). Read by the operator only.
+struct CheckpointStorageConfig {
+  std::string storage_class_name;  // empty: the operator's (empty there too: the cluster default)
+  std::string size;                // a Kubernetes quantity, e.g. "10Gi"
+  std::string access_mode;         // "ReadWriteOnce" | "ReadWriteMany"
+  bool operator==(const CheckpointStorageConfig&) const = default;
+};
+
 // spec.training.checkpoint
 struct CheckpointConfig {
   std::string dir;          // empty: DISTRAIN_CHECKPOINT_DIR, else no checkpoints
   int64_t every_steps = 0;  // 0: only the final (and SIGTERM) save
   int keep = 3;
+  // The job's own storage for the checkpoints on Kubernetes: a core/v1
+  // VolumeSource with exactly one source ({"persistentVolumeClaim":
+  // {"claimName": "ckpt"}}, {"nfs": {...}}, {"emptyDir": {}} to opt out of
+  // durable storage, ...), mounted at `dir` by the operator. Null: the
+  // operator provisions a PersistentVolumeClaim (`storage`). Read by the
+  // operator only; `distrain run` uses `dir` as a local directory.
+  nlohmann::json volume;
+  CheckpointStorageConfig storage;
   bool operator==(const CheckpointConfig&) const = default;
 };
+
+// The VolumeSource kinds spec.training.checkpoint.volume accepts: every
+// core/v1 VolumeSource that can hold writable files (configMap, secret,
+// downwardAPI, projected and image volumes are read-only).
+const std::vector<std::string>& CheckpointVolumeSourceKinds();
+
+// Whether `s` is a Kubernetes quantity as storage requests are written:
+// digits, an optional fraction, an optional binary (Ki..Ei) or decimal (k..E)
+// suffix ("10Gi", "500M"). The CRD's pattern for
+// spec.training.checkpoint.storage.size is the same.
+bool IsStorageQuantity(const std::string& s);
 
 // spec.training.communication (TF's CommunicationOptions)
 enum class CollectiveImplementation { kAuto, kRing, kNccl };
@@ -178,7 +210,9 @@ struct RunPolicy {
   std::optional<int64_t> backoff_limit;             // unset: no limit on restarts
   std::optional<int64_t> active_deadline_seconds;   // unset: no deadline
   std::optional<int64_t> ttl_seconds_after_finished;  // unset: keep the finished job
-  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kNone;
+  // Running by default, as TFJob: a finished job holds no pod that still runs
+  // (ps tasks, ours and TensorFlow's, never exit on their own).
+  CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;
   bool suspend = false;
   SchedulingPolicy scheduling;
   bool operator==(const RunPolicy&) const = default;

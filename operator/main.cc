@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/exit_codes.h"
+#include "common/job_config.h"
 #include "common/logging.h"
 #include "operator/manager.h"
 #include "operator/self_check.h"
@@ -99,6 +100,25 @@ int main(int argc, char** argv) {
   app.add_option("--network-policy-metrics-peer", options.network_policy_metrics_peers,
                  "a NetworkPolicyPeer as JSON admitted to the jobs' metrics port (repeatable; "
                  "default: the operator's namespace, $POD_NAMESPACE)");
+  app.add_option("--checkpoint-volumes", options.checkpoint_volumes,
+                 "provision a PersistentVolumeClaim <job>-checkpoints for every job that names no "
+                 "checkpoint storage of its own (spec.training.checkpoint.volume); false: none, "
+                 "and no RBAC on persistentvolumeclaims is needed (default: true)");
+  app.add_option("--checkpoint-storage-class", options.checkpoint_storage_class,
+                 "StorageClass of the provisioned checkpoint claims (default \"\": the cluster's "
+                 "default class); spec.training.checkpoint.storage.storageClassName overrides");
+  app.add_option("--checkpoint-storage-size", options.checkpoint_storage_size,
+                 "size of the provisioned checkpoint claims (default 1Gi); "
+                 "spec.training.checkpoint.storage.size overrides")
+      ->check([](const std::string& v) {
+        return IsStorageQuantity(v) ? std::string()
+                                    : "must be a Kubernetes storage quantity such as 10Gi or 500Mi";
+      });
+  app.add_option("--checkpoint-access-mode", options.checkpoint_access_mode,
+                 "access mode of the provisioned checkpoint claims: ReadWriteOnce (the chief, PS and "
+                 "Evaluator kept on one node) or ReadWriteMany (every pod mounts it) (default "
+                 "ReadWriteOnce)")
+      ->check(CLI::IsMember({"ReadWriteOnce", "ReadWriteMany"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_flag("--version", version, "print the version and exit");

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "operator/api/distributed_training_job.h"
+#include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/network_policy.h"
 #include "operator/controller/pods.h"
 #include "operator/controller/reconcile.h"
@@ -95,6 +96,7 @@ struct Manager::Impl {
   struct NamespaceInformers {
     std::unique_ptr<kube::Informer> jobs, pods, services, config_maps;
     std::unique_ptr<kube::Informer> network_policies;  // null with --network-policy=false
+    std::unique_ptr<kube::Informer> checkpoint_claims;  // null with --checkpoint-volumes=false
   };
   std::map<std::string, NamespaceInformers> informers;
 
@@ -182,6 +184,8 @@ kube::Informer* Manager::Impl::InformerFor(const std::string& ns, int kind) {
       return it->second.services.get();
     case 4:
       return it->second.network_policies.get();
+    case 5:
+      return it->second.checkpoint_claims.get();
     default:
       return it->second.config_maps.get();
   }
@@ -237,6 +241,21 @@ void Manager::Impl::StartInformers() {
       set.network_policies->AddHandlers({
           .on_add = enqueue,
           .on_update = [enqueue](const Json&, const Json& p) { enqueue(p); },
+          .on_delete = enqueue,
+      });
+    }
+    // The jobs' checkpoint claims (controller/checkpoint_volume.h), looked up by name.
+    if (options.checkpoint_volumes) {
+      set.checkpoint_claims = std::make_unique<kube::Informer>(
+          client.get(), kube::InformerOptions{.resource = kube::PersistentVolumeClaimsResource(),
+                                              .namespace_name = ns, .label_selector = selector,
+                                              .registry = registry});
+      auto enqueue = [this](const Json& c) {
+        if (auto key = OwnerJobKey(c)) queue->Add(*key);
+      };
+      set.checkpoint_claims->AddHandlers({
+          .on_add = enqueue,
+          .on_update = [enqueue](const Json&, const Json& c) { enqueue(c); },
           .on_delete = enqueue,
       });
     }
@@ -303,13 +322,15 @@ void Manager::Impl::StartInformers() {
     set.services->Start();
     set.config_maps->Start();
     if (set.network_policies) set.network_policies->Start();
+    if (set.checkpoint_claims) set.checkpoint_claims->Start();
   }
 }
 
 void Manager::Impl::StopInformers() {
   for (auto& [ns, set] : informers) {
     for (kube::Informer* i : {set.jobs.get(), set.pods.get(), set.services.get(),
-                              set.config_maps.get(), set.network_policies.get()}) {
+                              set.config_maps.get(), set.network_policies.get(),
+                              set.checkpoint_claims.get()}) {
       if (i != nullptr) i->Stop();
     }
   }
@@ -323,6 +344,10 @@ bool Manager::Impl::InformersSynced() const {
     }
     if (options.network_policy &&
         (set.network_policies == nullptr || !set.network_policies->HasSynced())) {
+      return false;
+    }
+    if (options.checkpoint_volumes &&
+        (set.checkpoint_claims == nullptr || !set.checkpoint_claims->HasSynced())) {
       return false;
     }
   }
@@ -458,7 +483,12 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
   if (!options.default_worker_image.empty()) {
     impl->controller_options.default_image = options.default_worker_image;
   }
-  impl->controller_options.checkpoint_root = options.checkpoint_root;
+  impl->controller_options.checkpoint_storage = {
+      .provision = options.checkpoint_volumes,
+      .storage_class = options.checkpoint_storage_class,
+      .size = options.checkpoint_storage_size,
+      .access_mode = options.checkpoint_access_mode,
+  };
   impl->controller_options.cluster_domain = options.cluster_domain;
   impl->controller_options.network_policy.enabled = options.network_policy;
   for (const std::string& peer : options.network_policy_metrics_peers) {
@@ -506,6 +536,10 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
                 if (kube::Informer* policies = m->InformerFor(ns, 4)) {
                   observed.network_policy =
                       policies->Get(ns, controller::NetworkPolicyName(name));
+                }
+                if (kube::Informer* claims = m->InformerFor(ns, 5)) {
+                  observed.checkpoint_claim =
+                      claims->Get(ns, controller::CheckpointClaimName(name));
                 }
                 if (m->pod_group_crd && job.contains("spec") &&
                     job["spec"].value("/runPolicy/scheduling/gang"_json_pointer, false)) {

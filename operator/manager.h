@@ -11,9 +11,9 @@
 //      stay live but do nothing else. Losing the lease ends Run with an error
 //      (the process exits and its Deployment restarts it: client-go's advice,
 //      since a deposed leader's caches and expectations are suspect).
-//   3. Lead: informers for DistributedTrainingJobs, their pods, Services and
-//      cluster-spec ConfigMaps and NetworkPolicies (label
-//      distrain.io/job-name), one set per
+//   3. Lead: informers for DistributedTrainingJobs, their pods, Services,
+//      cluster-spec ConfigMaps, NetworkPolicies and checkpoint
+//      PersistentVolumeClaims (label distrain.io/job-name), one set per
 //      watched namespace (or one cluster-wide). Job events enqueue the job's key; child events enqueue
 //      the owning job's key and settle expectations. /readyz turns 200 once
 //      every informer has synced.
@@ -74,8 +74,14 @@ struct ManagerOptions {
   int health_port = 8081;  // 0 = off
   // Pod defaults (controller::ControllerOptions); empty keeps its default.
   std::string default_worker_image;
-  std::string checkpoint_root;
   std::string cluster_domain;
+  // The PersistentVolumeClaim provisioned per job for its checkpoints
+  // (controller/checkpoint_volume.h); off: none, and no informer on
+  // persistentvolumeclaims (so no RBAC for them is needed).
+  bool checkpoint_volumes = true;
+  std::string checkpoint_storage_class;  // "": the cluster's default class
+  std::string checkpoint_storage_size = "1Gi";
+  std::string checkpoint_access_mode = "ReadWriteOnce";
   // The progress reporter's scrapes of the chiefs' /metrics
   // (progress_reporter.h): per-pod deadline, byte limit, connections at once.
   absl::Duration progress_scrape_timeout = absl::Seconds(2);

@@ -77,6 +77,7 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
     else if (name == "distrain_total_steps") out.total_steps = value;
     else if (name == "distrain_examples_per_second") out.examples_per_second = value;
     else if (name == "distrain_loss") out.loss = value;
+    else if (name == "distrain_eval_accuracy") out.accuracy = value;
   }
   return out;
 }
@@ -95,6 +96,10 @@ Json MergeProgress(const Json& current, const ScrapedProgress& scraped) {
     progress["examplesPerSecond"] = std::round(*scraped.examples_per_second * 10) / 10;
   }
   if (scraped.loss) progress["loss"] = std::round(*scraped.loss * 1e4) / 1e4;
+  // Only once the chief has evaluated (the gauge starts at 0 before that).
+  if (scraped.accuracy && *scraped.accuracy > 0) {
+    progress["accuracy"] = std::round(*scraped.accuracy * 1e4) / 1e4;
+  }
   return progress;
 }
 
@@ -122,8 +127,14 @@ void ProgressReporter::Stop() {
 
 ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) {
   RoundStats stats;
-  auto patch_progress = [&](const std::string& ns, const std::string& name, const Json& progress) {
+  // The job's resourceVersion as seen before the scrape is the patch's
+  // precondition: a job that finished meanwhile has had its final figures
+  // written by the reconcile (controller/final_progress.h), and a scrape
+  // from before must not overwrite them (409; the next round skips it).
+  auto patch_progress = [&](const std::string& ns, const std::string& name,
+                            const std::string& resource_version, const Json& progress) {
     Json patch = {{"status", {{"progress", progress}}}};
+    if (!resource_version.empty()) patch["metadata"] = {{"resourceVersion", resource_version}};
     auto r = client_->Request(
         "PATCH",
         kube::ResourcePath({api::kGroup, api::kVersion, api::kPlural, true}, ns, name, "status"),
@@ -136,9 +147,9 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
     }
   };
 
-  // 1. The master pods of running jobs (and step 4 for finished ones).
+  // 1. The master pods of running jobs.
   struct Scrape {
-    std::string ns, name;
+    std::string ns, name, resource_version;
     Json current;  // the job's status.progress
   };
   std::vector<Scrape> scrapes;
@@ -146,17 +157,7 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
   for (const Json& job : sources_.jobs()) {
     const std::string ns = Str(job, "/metadata/namespace");
     const std::string name = Str(job, "/metadata/name");
-    if (ConditionTrue(job, api::kConditionSucceeded)) {
-      // A job succeeds only when its chief (or every worker) finished all
-      // its steps, so the final step is known even when the job ended
-      // between two scrapes.
-      const Json current = job["status"].value("progress", Json());
-      if (current.is_object() && current.contains("totalSteps") &&
-          current.value("step", Json()) != current["totalSteps"]) {
-        patch_progress(ns, name, {{"step", current["totalSteps"]}});
-      }
-      continue;
-    }
+    // A finished job's progress is the reconcile's (step 4).
     if (!RunningConditionTrue(job)) continue;
     for (const Json& pod : sources_.pods(ns, name)) {
       const Json& labels = pod["metadata"].value("labels", Json::object());
@@ -164,8 +165,8 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
       const std::string ip = Str(pod, "/status/podIP");
       std::optional<int> port = MetricsPort(pod);
       if (Str(pod, "/status/phase") != "Running" || ip.empty() || !port) continue;
-      scrapes.push_back(
-          {ns, name, job.contains("status") ? job["status"].value("progress", Json()) : Json()});
+      scrapes.push_back({ns, name, Str(job, "/metadata/resourceVersion"),
+                         job.contains("status") ? job["status"].value("progress", Json()) : Json()});
       targets.push_back({ip, *port, "/metrics"});
     }
   }
@@ -186,7 +187,7 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
     }
     Json progress = MergeProgress(s.current, ParseProgressMetrics(r.body));
     if (progress == s.current) continue;
-    patch_progress(s.ns, s.name, progress);
+    patch_progress(s.ns, s.name, s.resource_version, progress);
   }
   return stats;
 }

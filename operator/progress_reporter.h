@@ -2,7 +2,7 @@
 #define DISTRAIN_OPERATOR_PROGRESS_REPORTER_H_
 
 // ProgressReporter: fills status.progress ({step, totalSteps,
-// examplesPerSecond, loss}) of running jobs from their chief's Prometheus
+// examplesPerSecond, loss, accuracy}) of running jobs from their chief's Prometheus
 // endpoint, so `kubectl get dtj` shows the step and the job's status says how
 // far training got (docs/architecture.md §3: "reported by the chief"). The worker never
 // talks to the API server; the operator reads the same /metrics Prometheus
@@ -21,15 +21,19 @@
 //      round lasts about one timeout however many jobs are slow (the old
 //      one-at-a-time scrape took N timeouts for N slow jobs). Read
 //      distrain_steps_total, distrain_total_steps,
-//      distrain_examples_per_second and distrain_loss from each body.
+//      distrain_examples_per_second, distrain_loss and (once the chief has
+//      evaluated) distrain_eval_accuracy from each body.
 //   3. When they differ from status.progress, merge-patch /status with the new
 //      progress only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries
-//      with this one). The patches go out after the scrapes have ended, so no
-//      API request is waited for while a scrape's deadline runs.
-//   4. A Succeeded job's progress.step is set to totalSteps: a job succeeds
-//      only when training ran every step, which a short job may do between
-//      two scrapes.
+//      with this one), with the job's resourceVersion from step 1 as a
+//      precondition, so a job that finished while its scrape was in flight
+//      keeps the final figures the reconcile wrote. The patches go out after
+//      the scrapes have ended, so no API request is waited for while a
+//      scrape's deadline runs.
+//   4. Finished jobs are not touched: the reconcile that marks a job
+//      Succeeded writes the chief's final step, loss and accuracy from its
+//      termination message (controller/final_progress.h).
 // A pod that does not answer (or answers too much) is skipped until the next
 // round; nothing is invented: fields the scrape did not see are left as they
 // were. Memory: at most max_in_flight * max_response_bytes of response
@@ -56,7 +60,7 @@ namespace distrain {
 // The distrain_* samples of one Prometheus text exposition that progress
 // uses; nullopt for those absent. Pure; exposed for tests.
 struct ScrapedProgress {
-  std::optional<double> step, total_steps, examples_per_second, loss;
+  std::optional<double> step, total_steps, examples_per_second, loss, accuracy;
 };
 ScrapedProgress ParseProgressMetrics(const std::string& exposition);
 

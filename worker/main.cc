@@ -250,3 +250,4 @@ int main(int argc, char** argv) {
   }
   return outcome.exit_code;
 }
+  env.termination_message_file = Env("DISTRAIN_TERMINATION_MESSAGE_PATH");

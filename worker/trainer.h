@@ -23,6 +23,14 @@ struct TrainerEnv {
   //    "totalSteps": 400, "loss": 0.31, "examplesPerSecond": 5120.0,
   //    "evalAccuracy": 0.97, "evalLoss": 0.08, "wallSeconds": 3.2, "message": ""}
   std::string status_file;
+  // When set (DISTRAIN_TERMINATION_MESSAGE_PATH: the pod's
+  // terminationMessagePath), the chief writes its final figures here once
+  // training succeeded, for the kubelet to keep in the pod's status and the
+  // operator to record in the job's (operator/controller/final_progress.h):
+  //   {"step": 1500, "totalSteps": 1500, "loss": 0.21,
+  //    "examplesPerSecond": 5120.3, "accuracy": 0.97}
+  // (accuracy: the final evaluation's, present when the job has eval data).
+  std::string termination_message_file;
   TrainingMetrics* metrics = nullptr;  // optional; not owned
 };
 
@@ -55,6 +63,9 @@ class Trainer {
  private:
   void WriteStatus(const std::string& state, int64_t step, double loss, double examples_per_second,
                    const TrainOutcome* final_outcome, const std::string& message);
+  // The chief's final figures to env_.termination_message_file (TrainerEnv).
+  void WriteTerminationMessage(int64_t step, double loss, double examples_per_second,
+                               const TrainOutcome& outcome);
 
   JobConfig config_;
   ClusterSpec cluster_;

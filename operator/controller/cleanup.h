@@ -6,8 +6,11 @@
 // runPolicy.cleanPodPolicy, applied on every reconcile once the job has
 // finished (idempotent: a deleted pod is terminating and is not deleted again):
 //   None     every pod is kept (logs stay readable);
-//   Running  pods still pending or running are deleted (PS servers, the
-//            evaluator, workers that outlived the chief);
+//   Running  (the default, as TFJob's) pods still pending or running are
+//            deleted (PS servers, which never exit on their own, the
+//            evaluator, which evaluates the final checkpoint on SIGTERM,
+//            workers that outlived the chief), so a finished job holds no
+//            resources;
 //   All      every pod is deleted.
 // The Service of a deleted pod is deleted with it. A job that failed because
 // it ran out of time (activeDeadlineSeconds) or restarts (backoffLimit) is

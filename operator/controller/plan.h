@@ -35,9 +35,16 @@ struct ControllerOptions {
   // ("cluster.local" gives <pod>.<ns>.svc.cluster.local). Empty: the
   // <pod>.<ns>.svc form, which every pod resolves through its DNS search path.
   std::string cluster_domain;
-  // When set, DISTRAIN_CHECKPOINT_DIR is <checkpoint_root>/<namespace>/<job>
-  // (spec.training.checkpoint.dir, when given, wins: it is what the worker uses).
-  std::string checkpoint_root;
+  // The PersistentVolumeClaim provisioned for a job's checkpoints when the
+  // job names no storage of its own (checkpoint_volume.h); the fields of
+  // spec.training.checkpoint.storage override these per job.
+  struct CheckpointStorageOptions {
+    bool provision = true;      // off: no claim; jobs keep only the storage they name
+    std::string storage_class;  // "": the cluster's default StorageClass
+    std::string size = "1Gi";
+    std::string access_mode = "ReadWriteOnce";  // or ReadWriteMany
+  };
+  CheckpointStorageOptions checkpoint_storage;
   // The scheduler of gang-scheduled pods when runPolicy.scheduling.schedulerName
   // is empty: the scheduler-plugins second scheduler's usual name.
   std::string gang_scheduler_name = "scheduler-plugins-scheduler";
@@ -65,6 +72,8 @@ struct Observed {
   std::optional<nlohmann::json> cluster_config_map;
   // The job's NetworkPolicy (network_policy.h NetworkPolicyName), if any.
   std::optional<nlohmann::json> network_policy;
+  // The job's provisioned checkpoint claim (checkpoint_volume.h), if any.
+  std::optional<nlohmann::json> checkpoint_claim;
 };
 
 // Facts about the world that are not children of the job.
@@ -104,6 +113,9 @@ struct Plan {
   // before any pod is created: no pod runs unprotected.
   std::optional<nlohmann::json> network_policy_to_create;
   std::optional<nlohmann::json> network_policy_to_update;
+  // The job's checkpoint PersistentVolumeClaim, to POST (409: there).
+  // Applied before any pod is created: the pods mount it.
+  std::optional<nlohmann::json> checkpoint_claim_to_create;
   // Complete objects, ready to POST.
   std::vector<nlohmann::json> pods_to_create;
   std::vector<nlohmann::json> services_to_create;

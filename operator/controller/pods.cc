@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "common/cluster_spec.h"
+#include "operator/controller/checkpoint_volume.h"
+#include "operator/controller/final_progress.h"
 
 namespace distrain::controller {
 namespace {
@@ -416,12 +418,13 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   SetEnv(&env, "DISTRAIN_JOB_CONFIG", {{"value", topology.job_config_json}});
   const int metrics_port = topology.metrics_ports.at(id.type);
   SetEnv(&env, "DISTRAIN_METRICS_PORT", {{"value", std::to_string(metrics_port)}});
-  std::string checkpoint_dir = config.training.checkpoint.dir;
-  if (checkpoint_dir.empty() && !options.checkpoint_root.empty()) {
-    checkpoint_dir = absl::StrCat(options.checkpoint_root, "/", job.metadata.namespace_, "/",
-                                  job.metadata.name);
-  }
+  // The checkpoint volume and where it is mounted (checkpoint_volume.h).
+  const std::string checkpoint_dir = MountCheckpointStorage(
+      ResolveCheckpointStorage(job, config, options.checkpoint_storage), config, id,
+      &pod["metadata"], &spec, main);
   if (!checkpoint_dir.empty()) SetEnv(&env, "DISTRAIN_CHECKPOINT_DIR", {{"value", checkpoint_dir}});
+  // Where the chief leaves its final figures for the kubelet (final_progress.h).
+  SetEnv(&env, kTerminationMessageEnv, {{"value", TerminationMessagePath(*main)}});
   SetEnv(&env, "POD_NAME",
          {{"valueFrom", {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", "metadata.name"}}}}}});
   SetEnv(&env, "POD_NAMESPACE",

@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/cleanup.h"
 #include "operator/controller/conditions.h"
 #include "operator/controller/elastic.h"
+#include "operator/controller/final_progress.h"
 #include "operator/controller/gang.h"
 #include "operator/controller/network_policy.h"
 #include "operator/controller/observed.h"
@@ -116,6 +118,7 @@ class Reconciler {
   void HandleFailures();
   void HandleScale();
   void CreateMissing(const ControllerOptions& options);
+  bool CreateCheckpointClaim(const ControllerOptions& options);  // false: no pods now
   void UpdateRunning();
 
   const api::DistributedTrainingJob& job_;
@@ -189,6 +192,8 @@ Plan Reconciler::Run(const Observed& observed, const ControllerOptions& options)
   if (!finished_) {
     if (std::optional<std::string> why = SucceededBecause(config, pods_)) {
       Finish(true, "JobSucceeded", *why);
+      // The master's own last figures, written with the condition (final_progress.h).
+      status().progress = FinalProgress(status().progress, observed.pods, config.training.steps);
     }
   }
   if (!finished_) HandleFailures();
@@ -340,6 +345,10 @@ void Reconciler::CreateMissing(const ControllerOptions& options) {
     }
   }
 
+  // The checkpoint claim (checkpoint_volume.h): created before any pod that
+  // mounts it; a claim of that name that is not the job's holds them back.
+  if (!CreateCheckpointClaim(options)) return;
+
   // The cluster-spec ConfigMap: the apply layer writes it before any pod,
   // which reads it when it starts (pods.h).
   const Json desired_config_map = BuildClusterConfigMap(job_, topology_);
@@ -394,6 +403,20 @@ void Reconciler::CreateMissing(const ControllerOptions& options) {
       plan_.RequeueAfter(absl::Seconds(*config.run_policy.active_deadline_seconds));
     }
   }
+}
+
+bool Reconciler::CreateCheckpointClaim(const ControllerOptions& options) {
+  const CheckpointClaimDecision claim = DecideCheckpointClaim(
+      job_, ResolveCheckpointStorage(job_, topology_.config, options.checkpoint_storage),
+      observed_->checkpoint_claim);
+  if (!claim.blocked.empty()) {
+    Set(api::kConditionCreated, false, "CheckpointClaimConflict", claim.blocked,
+        /*emit=*/true, /*record_false=*/true);
+    plan_.RequeueAfter(kForeignConfigMapRetry);
+    return false;
+  }
+  plan_.checkpoint_claim_to_create = claim.to_create;
+  return true;
 }
 
 void Reconciler::UpdateRunning() {

@@ -269,11 +269,28 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
           absl::StrCat("updating NetworkPolicy ", ns, "/", policy, ": ", Describe(r))));
     }
   }
-  // No pod without its ConfigMap (it would wait for it in the kubelet) or
-  // without its NetworkPolicy.
+  // The checkpoint claim (checkpoint_volume.h): a pod that mounts a claim
+  // that is not there would wait unschedulable, so none is created without it.
+  bool claim_in_place = true;
+  if (plan.checkpoint_claim_to_create) {
+    const std::string claim = (*plan.checkpoint_claim_to_create)["metadata"].value("name", "");
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "POST", kube::ResourcePath(kube::PersistentVolumeClaimsResource(), ns),
+        &*plan.checkpoint_claim_to_create);
+    // 409: there already (a cache that has not seen our earlier create).
+    claim_in_place = r.ok() && (r->ok() || r->conflict());
+    if (!claim_in_place) {
+      errors.Add(absl::UnavailableError(absl::StrCat(
+          "creating PersistentVolumeClaim ", ns, "/", claim, " for the job's checkpoints: ",
+          Describe(r), "; the job's pods are created once it exists")));
+    }
+  }
+  // No pod without its ConfigMap (it would wait for it in the kubelet), its
+  // NetworkPolicy or its checkpoint claim.
   errors.Add(CreateAll(key, plan.services_to_create,
-                       config_map.ok() && policy_in_place ? plan.pods_to_create
-                                                          : std::vector<Json>()));
+                       config_map.ok() && policy_in_place && claim_in_place
+                           ? plan.pods_to_create
+                           : std::vector<Json>()));
 
   // The status goes before pod deletions: a deletion is what a restart
   // counts, and once the pod is gone no later reconcile can count it again,

@@ -42,6 +42,7 @@ std::string Resource::GroupVersion() const {
 Resource PodsResource() { return {"", "v1", "pods", true}; }
 Resource ServicesResource() { return {"", "v1", "services", true}; }
 Resource ConfigMapsResource() { return {"", "v1", "configmaps", true}; }
+Resource PersistentVolumeClaimsResource() { return {"", "v1", "persistentvolumeclaims", true}; }
 Resource EventsResource() { return {"events.k8s.io", "v1", "events", true}; }
 Resource LeasesResource() { return {"coordination.k8s.io", "v1", "leases", true}; }
 Resource NamespacesResource() { return {"", "v1", "namespaces", false}; }

@@ -37,6 +37,7 @@ struct Resource {
 Resource PodsResource();
 Resource ServicesResource();
 Resource ConfigMapsResource();
+Resource PersistentVolumeClaimsResource();
 Resource EventsResource();      // events.k8s.io/v1
 Resource LeasesResource();      // coordination.k8s.io/v1
 Resource NamespacesResource();  // cluster-scoped

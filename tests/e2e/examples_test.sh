@@ -6,18 +6,27 @@
 # --for=condition=Succeeded`; status.progress filled in; the chief's final
 # accuracy line in `kubectl logs` (served by the agent's kubelet endpoint);
 # `kubectl get dtj` shows the printer columns; `kubectl describe dtj` the
-# events. Then a MultiWorkerMirrored job whose worker is killed with SIGKILL:
-# the restart shows in status.restartCount and a Restarting event, and the job
-# still succeeds. The namespace enforces the restricted Pod Security
-# Standard. Needs root (the agent manages a block of /etc/hosts); skips
-# (exit 77) otherwise. E2E_CASES="onedevice mirrored" runs a subset.
+# events; a finished job is finished: status.progress shows step N of N and
+# the chief's final loss (its termination message, not the last scrape), and
+# no pod of it is left Running (cleanPodPolicy defaults to Running: ps tasks
+# never exit); the checkpoints are on the PersistentVolumeClaim the operator
+# provisioned (served by the agent's local provisioner), kept after success;
+# the ParameterServer example's Evaluator evaluates the final checkpoint.
+# Then a MultiWorkerMirrored job whose worker is killed with SIGKILL: the
+# restart shows in status.restartCount and a Restarting event, and the job
+# still succeeds. Then one whose chief is killed with SIGKILL after a
+# checkpoint: with no volume in its spec, the restarted chief resumes from
+# that checkpoint (step > 0) on the provisioned claim. The namespace enforces
+# the restricted Pod Security Standard. Needs root (the agent manages a block
+# of /etc/hosts); skips (exit 77) otherwise. E2E_CASES="onedevice mirrored"
+# runs a subset.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: examples_test.sh BUILD_DIR}" && pwd)"
 : "${KUBECONFIG:?run through tests/kube/with_control_plane.sh}"
 KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill}"
 
 
 # shellcheck source=tests/e2e/e2e_lib.sh
@@ -80,11 +89,28 @@ check_job() {
     dump "$job"
     return
   fi
-  # status.progress.step is scraped from the running chief every 5 s, so a
-  # job this short may finish unseen; run_kill checks it on a longer job.
-  local total
+  # A finished job shows the chief's final figures (its termination message,
+  # recorded with the Succeeded condition), however short the job was.
+  local total step loss
   total="$(k get dtj "$job" -o jsonpath='{.status.progress.totalSteps}')"
+  step="$(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
+  loss="$(k get dtj "$job" -o jsonpath='{.status.progress.loss}')"
   [ "$total" = 150 ] || fail "$job: status.progress.totalSteps is '$total' (want 150)"
+  [ "$step" = 150 ] || fail "$job: status.progress.step is '$step' (want 150 of 150)"
+  [ -n "$loss" ] || fail "$job: status.progress has no final loss"
+  # No pod of it keeps running or holding resources (ps tasks never exit).
+  local running="" i
+  for i in $(seq 1 150); do
+    running="$(k get pods -l "distrain.io/job-name=$job" --field-selector=status.phase!=Succeeded,status.phase!=Failed \
+      -o jsonpath='{.items[*].metadata.name}' 2>&1)"
+    [ -z "$running" ] && break
+    sleep 0.2
+  done
+  [ -z "$running" ] || fail "$job: pods still running 30 s after it succeeded: $running"
+  # The checkpoints were on the claim the operator provisioned; it outlives the pods.
+  local claim
+  claim="$(k get pvc "$job-checkpoints" -o jsonpath='{.status.phase} {.metadata.ownerReferences[0].name}' 2>&1)"
+  [ "$claim" = "Bound $job" ] || fail "$job: PVC $job-checkpoints is '$claim' (want Bound, owned by the job)"
   local chief logs
   chief="$(chief_pod "$job")"
   logs="$(k logs "$chief" 2>&1)"
@@ -103,7 +129,13 @@ check_job() {
   describe="$(k describe dtj "$job" 2>&1)"
   grep -Eq "^Events:" <<<"$describe" && ! grep -q "^Events: *<none>" <<<"$describe" ||
     fail "$job: 'kubectl describe dtj' shows no events"
-  echo "ok: $job Succeeded (waited $((SECONDS - t0)) s after the previous check)"
+  if [ "$job" = parameter-server ]; then
+    # The Evaluator found the checkpoint directory and evaluated the last checkpoint.
+    local ev="$WORK/logs/${NS}_$job-evaluator-0.log"
+    grep -q "evaluated the final checkpoint (step 150)" "$ev" 2>/dev/null ||
+      fail "$job: the Evaluator did not evaluate the final checkpoint; its log: $(tail -n 3 "$ev" 2>&1)"
+  fi
+  echo "ok: $job Succeeded at step $step/$total, loss $loss (waited $((SECONDS - t0)) s after the previous check)"
   echo "    $(grep -E 'training complete' <<<"$logs" | tail -n 1 | sed 's/^.*training complete/training complete/')"
 }
 
@@ -168,8 +200,54 @@ run_kill() {
   echo "ok: $job Succeeded after the kill; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
 }
 
+# The chief SIGKILLed after a checkpoint (no SIGTERM, so no checkpoint of its
+# own at exit), with no volume in the spec: the restarted chief resumes from
+# the last checkpoint on the claim the operator provisioned.
+run_chief_kill() {
+  local job=mwms-chief-kill
+  e2e_example "$ROOT/examples/multi-worker-mirrored.yaml" 600 |
+    sed -e "s/^  name: multi-worker-mirrored/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 50/' -E >"$WORK/$job.yaml"
+  grep -q "volume:" "$WORK/$job.yaml" && { fail "$job: the example names a volume; this case needs none"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/logs/${NS}_$job-chief-0.log" pidfile="$WORK/pids/${NS}_$job-chief-0.pid" i saved=""
+  for i in $(seq 1 900); do
+    saved="$(grep -Eo "checkpoint step [0-9]+ written" "$log" 2>/dev/null | tail -n 1 | grep -Eo "[0-9]+")"
+    [ -n "$saved" ] && break
+    sleep 0.2
+  done
+  [ -n "$saved" ] || { fail "$job: the chief never wrote a checkpoint"; dump "$job"; return; }
+  local pid
+  pid="$(cat "$pidfile" 2>/dev/null)"
+  [ -n "$pid" ] || { fail "$job: no pid file $pidfile"; dump "$job"; return; }
+  kill -KILL "$pid"
+  echo "killed $job-chief-0 (pid $pid) after its checkpoint at step $saved"
+  local resumed=""
+  for i in $(seq 1 900); do
+    resumed="$(grep -Eo "resumed from checkpoint step [0-9]+" "$log" 2>/dev/null | grep -Eo "[0-9]+" | tail -n 1)"
+    [ -n "$resumed" ] && break
+    sleep 0.2
+  done
+  if [ -n "$resumed" ] && [ "$resumed" -ge "$saved" ] 2>/dev/null && [ "$resumed" -gt 0 ]; then
+    echo "ok: $job's restarted chief resumed from checkpoint step $resumed"
+  else
+    fail "$job: the restarted chief did not resume from a checkpoint at step >= $saved (got '${resumed}')"
+    dump "$job"
+    return
+  fi
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after the chief was killed"
+    dump "$job"
+    return
+  fi
+  local restarts
+  restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+  [ "${restarts:-0}" -ge 1 ] 2>/dev/null || fail "$job: status.restartCount is '$restarts' (want >= 1)"
+  echo "ok: $job Succeeded after the chief was killed; restartCount $restarts"
+}
+
 run_examples
 [[ " $CASES " == *" kill "* ]] && run_kill
+[[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
 
 echo "e2e examples: $failures failure(s) in $((SECONDS - start)) s"
 [ "$failures" = 0 ]

@@ -38,6 +38,26 @@
 //      gets a UTS namespace whose hostname is the pod's (spec.hostname, else
 //      its name). Setting these up needs root (CAP_SYS_ADMIN); a failure
 //      fails the pod with CreateContainerError and a message naming the step;
+//   3b'. persistentVolumeClaim volumes through a local provisioner: every
+//      claim that is Pending with no volume (of the agent's namespace, or
+//      all) gets a PersistentVolume "pvc-<claim uid>" of its own, a hostPath
+//      directory <state-dir>/volumes/pvc-<claim uid> with the claim's access
+//      modes, size and storage class, pre-bound to it (claimRef), which
+//      kube-controller-manager's persistentvolume-binder then binds; a pod
+//      mounting the claim waits (CreateContainerConfigError, retried every
+//      second) until it is Bound, then gets that directory bind-mounted, so
+//      pods that mount one claim, one after another or at once, see the same
+//      files. The PVs have reclaim policy Retain (the dev control plane has no
+//      deleter for hostPath); once a claim is deleted and its PV Released, the
+//      agent deletes the PV and the directory (what a provisioner's Delete
+//      does). Checked every second;
+//   3b''. the termination message: <state-dir>/pods/<ns>_<pod>/termination-log,
+//      emptied at each start, is bind-mounted at the main container's
+//      terminationMessagePath (default /dev/termination-log; the mount point
+//      is created on the host, like every other one), and what the process
+//      wrote there (at most 4096 bytes, the kubelet's limit) becomes
+//      state.terminated.message (policy File; FallbackToLogsOnError is not
+//      applied);
 //   3c. readinessProbe httpGet (HTTP) and tcpSocket run against the pod's
 //      address every periodSeconds with the thresholds of the spec; the pod's
 //      Ready condition follows (no probe: Ready once running). Liveness and
@@ -254,6 +274,7 @@ class NodeAgent {
     absl::Time kill_at = absl::InfiniteFuture();
     std::optional<int> exit_code;  // set by the reaper
     bool finished_reported = false;
+    std::string termination_log;  // host file bound at the terminationMessagePath
   };
 
   absl::Status RegisterNode();
@@ -276,6 +297,10 @@ class NodeAgent {
   absl::Status MaterializeVolumes(const Json& pod, const Json& container, Proc& p);
   absl::Status RequestToken(const std::string& ns, const std::string& pod, const std::string& uid, Token& token);
   void Housekeeping(std::stop_token stop);
+  // The local provisioner (3b'): PVs for Pending claims, Released ones reclaimed.
+  void ProvisionVolumes();
+  // The host directory of a Bound claim; kFailedPrecondition until it is bound.
+  absl::StatusOr<std::string> ClaimDirectory(const std::string& ns, const std::string& claim);
   bool RunProbe(const std::string& ip, const Probe& probe);
   void FailPod(const std::string& key, Proc failed, const std::string& reason, const std::string& message);
   void ReportRunning(const Proc& p);
@@ -730,6 +755,12 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
         if (!fs::exists(path)) return absl::FailedPreconditionError(absl::StrCat(what, ": hostPath ", path, " does not exist"));
         made[name] = {fs::path(path), false};
         continue;
+      } else if (v.contains("persistentVolumeClaim")) {
+        const Json& claim = v["persistentVolumeClaim"];
+        auto path = ClaimDirectory(p.ns, claim.value("claimName", ""));
+        if (!path.ok()) return absl::Status(path.status().code(), absl::StrCat(what, ": ", path.status().message()));
+        made[name] = {fs::path(*path), claim.value("readOnly", false)};
+        continue;
       } else if (v.contains("configMap") || v.contains("secret")) {
         const bool secret = v.contains("secret");
         const Json& src = secret ? v["secret"] : v["configMap"];
@@ -794,8 +825,8 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
           }
         }
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": only emptyDir, hostPath, configMap, secret and projected "
-                                                       "volumes are supported by the test node"));
+        return absl::InvalidArgumentError(absl::StrCat(what, ": only emptyDir, hostPath, persistentVolumeClaim, configMap, "
+                                                       "secret and projected volumes are supported by the test node"));
       }
       made[name] = {dir, read_only};
     }
@@ -826,7 +857,98 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
     }
     p.mounts.push_back({source.string(), mount_path, always_ro || vm.value("readOnly", false)});
   }
+  // 3b'': the termination message file, empty for this start.
+  const std::string message_path = container.value("terminationMessagePath", "/dev/termination-log");
+  if (!message_path.empty() && message_path.front() == '/') {
+    p.termination_log = (root.parent_path() / "termination-log").string();
+    std::ofstream(p.termination_log, std::ios::trunc).flush();
+    fs::create_directories(fs::path(message_path).parent_path(), ec);
+    if (!fs::exists(message_path)) std::ofstream(message_path).flush();
+    if (!fs::exists(message_path)) {
+      return absl::InternalError(absl::StrCat("terminationMessagePath: cannot create the mount point ", message_path));
+    }
+    p.mounts.push_back({p.termination_log, message_path, false});
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NodeAgent::ClaimDirectory(const std::string& ns, const std::string& claim) {
+  auto r = client_->Request("GET", kube::ResourcePath(kube::PersistentVolumeClaimsResource(), ns, claim));
+  if (!r.ok()) return r.status();
+  if (r->not_found()) return absl::FailedPreconditionError(absl::StrCat("persistentvolumeclaim ", ns, "/", claim, " not found"));
+  if (!r->ok()) return absl::UnavailableError(absl::StrCat("reading persistentvolumeclaim ", ns, "/", claim, ": ", r->message()));
+  const std::string volume = Str(r->body, "/spec/volumeName");
+  if (Str(r->body, "/status/phase") != "Bound" || volume.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("persistentvolumeclaim ", ns, "/", claim, " is not bound yet"));
+  }
+  auto pv = client_->Request("GET", kube::ResourcePath({"", "v1", "persistentvolumes", false}, "", volume));
+  if (!pv.ok()) return pv.status();
+  if (!pv->ok()) return absl::UnavailableError(absl::StrCat("reading persistentvolume ", volume, ": ", pv->message()));
+  const std::string path = Str(pv->body, "/spec/hostPath/path");
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("persistentvolume ", volume, " of claim ", ns, "/", claim,
+                                                   " is not a hostPath volume; the test node mounts only those"));
+  }
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (!fs::is_directory(path)) return absl::InternalError(absl::StrCat("persistentvolume ", volume, ": cannot create ", path));
+  return path;
+}
+
+void NodeAgent::ProvisionVolumes() {
+  constexpr char kProvisionedBy[] = "distrain.io/test-node-provisioner";
+  const kube::Resource pvs{"", "v1", "persistentvolumes", false};
+  auto claims = client_->Request("GET", kube::ResourcePath(kube::PersistentVolumeClaimsResource(), options_.namespace_name));
+  if (claims.ok() && claims->ok()) {
+    for (const Json& c : claims->body.value("items", Json::array())) {
+      if (Str(c, "/status/phase") != "Pending" || !Str(c, "/spec/volumeName").empty() ||
+          c["metadata"].contains("deletionTimestamp")) {
+        continue;
+      }
+      const std::string uid = Str(c, "/metadata/uid"), name = Str(c, "/metadata/name"), ns = Str(c, "/metadata/namespace");
+      const std::string pv_name = "pvc-" + uid;
+      const std::string dir = (fs::path(options_.state_dir) / "volumes" / pv_name).string();
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      // Writable by the pods' users whatever their uid (the agent runs them as
+      // root today; a kubelet honouring runAsUser would need this).
+      fs::permissions(dir, fs::perms::all, ec);
+      Json pv = {{"apiVersion", "v1"},
+                 {"kind", "PersistentVolume"},
+                 {"metadata", {{"name", pv_name}, {"labels", {{kProvisionedBy, options_.node_name}}}}},
+                 {"spec",
+                  {{"capacity", {{"storage", Str(c, "/spec/resources/requests/storage", "1Gi")}}},
+                   {"accessModes", c["spec"].value("accessModes", Json::array({"ReadWriteOnce"}))},
+                   {"persistentVolumeReclaimPolicy", "Retain"},
+                   {"storageClassName", Str(c, "/spec/storageClassName")},
+                   {"hostPath", {{"path", dir}, {"type", "DirectoryOrCreate"}}},
+                   {"claimRef",
+                    {{"apiVersion", "v1"}, {"kind", "PersistentVolumeClaim"}, {"namespace", ns}, {"name", name}, {"uid", uid}}}}}};
+      auto r = client_->Request("POST", kube::ResourcePath(pvs, ""), &pv);
+      if (r.ok() && r->ok()) {
+        spdlog::info("provisioned {} for claim {}/{} at {}", pv_name, ns, name, dir);
+      } else if (!(r.ok() && r->conflict())) {
+        spdlog::warn("provisioning {} for claim {}/{}: {}", pv_name, ns, name,
+                     r.ok() ? r->message() : std::string(r.status().message()));
+      }
+    }
+  }
+  // Reclaim: a Released volume of ours (its claim is gone) goes, with its files.
+  auto volumes = client_->Request(
+      "GET", kube::ResourcePath(pvs, "") + "?labelSelector=" + kProvisionedBy + "%3D" + options_.node_name);
+  if (!volumes.ok() || !volumes->ok()) return;
+  for (const Json& v : volumes->body.value("items", Json::array())) {
+    if (Str(v, "/status/phase") != "Released") continue;
+    const std::string name = Str(v, "/metadata/name"), path = Str(v, "/spec/hostPath/path");
+    Json options = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"}, {"preconditions", {{"uid", Str(v, "/metadata/uid")}}}};
+    auto r = client_->Request("DELETE", kube::ResourcePath(pvs, "", name), &options);
+    if (r.ok() && (r->ok() || r->not_found())) {
+      std::error_code ec;
+      // Only what the provisioner made: the path is under its own directory.
+      if (absl::StartsWith(path, (fs::path(options_.state_dir) / "volumes").string() + "/")) fs::remove_all(path, ec);
+      spdlog::info("reclaimed {} (its claim is gone)", name);
+    }
+  }
 }
 
 // Forks and execs p.argv. With mounts, the child first enters a mount
@@ -1048,6 +1170,13 @@ void NodeAgent::ReportRunning(const Proc& p) {
 void NodeAgent::ReportTerminated(const Proc& p, int exit_code) {
   const std::string now = Now();
   const bool ok = exit_code == 0;
+  std::string message;
+  if (!p.termination_log.empty()) {
+    std::ifstream in(p.termination_log, std::ios::binary);
+    message.resize(4096);  // the kubelet's limit per container
+    in.read(message.data(), static_cast<std::streamsize>(message.size()));
+    message.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  }
   Json status = {
       {"phase", ok ? "Succeeded" : "Failed"},
       {"podIP", p.ip},
@@ -1062,6 +1191,7 @@ void NodeAgent::ReportTerminated(const Proc& p, int exit_code) {
           {{"terminated",
             {{"exitCode", exit_code}, {"reason", ok ? "Completed" : (exit_code == 137 ? "Killed" : "Error")},
              {"startedAt", p.started_at}, {"finishedAt", now}, {"containerID", absl::StrCat("process://", p.pid)}}}}}}}}};
+  if (!message.empty()) status["containerStatuses"][0]["state"]["terminated"]["message"] = message;
   PatchStatus(p.ns, p.name, status);
 }
 
@@ -1320,6 +1450,7 @@ bool NodeAgent::RunProbe(const std::string& ip, const Probe& probe) {
 // block rewritten (Services resolve to ready pods only).
 void NodeAgent::Housekeeping(std::stop_token stop) {
   while (!stop.stop_requested()) {
+    ProvisionVolumes();
     const absl::Time now = absl::Now();
     struct Due {
       std::string key, ns, name, uid;

@@ -136,7 +136,7 @@ expect_field() {
 }
 expect_field onedevice .spec.replicaSpecs.Worker.restartPolicy ExitCode
 expect_field onedevice .spec.successPolicy Default
-expect_field onedevice .spec.runPolicy.cleanPodPolicy None
+expect_field onedevice .spec.runPolicy.cleanPodPolicy Running
 expect_field onedevice .spec.runPolicy.suspend false
 expect_field onedevice .spec.training.optimizer.epsilon 1e-07
 expect_field onedevice .spec.training.dataset.autoShardPolicy AUTO

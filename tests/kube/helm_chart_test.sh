@@ -112,7 +112,21 @@ grep -F -- '--network-policy-metrics-peer=' <<<"$out" | grep -q "kubernetes.io/m
 nonp="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set networkPolicy.enabled=false)"
 grep -q 'networkpolicies' <<<"$nonp" && fail "networkPolicy.enabled=false must grant nothing on networkpolicies"
 grep -qF -- '--network-policy=false' <<<"$nonp" || fail "networkPolicy.enabled=false not passed to the operator"
-pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy flags and RBAC follow networkPolicy.enabled"
+# Checkpoint claims: the operator is told the defaults, and gets RBAC for them only when enabled.
+for a in --checkpoint-volumes=true '--checkpoint-storage-class=' --checkpoint-storage-size=1Gi --checkpoint-access-mode=ReadWriteOnce; do
+  grep -qF -- "$a" <<<"$out" || fail "no $a in the operator's arguments"
+done
+grep -q 'persistentvolumeclaims' <<<"$out" || fail "checkpointStorage.enabled grants nothing on persistentvolumeclaims"
+rwx="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set checkpointStorage.accessMode=ReadWriteMany \
+  --set checkpointStorage.size=20Gi --set checkpointStorage.storageClassName=nfs)"
+grep -qF -- '--checkpoint-access-mode=ReadWriteMany' <<<"$rwx" && grep -qF -- '--checkpoint-storage-size=20Gi' <<<"$rwx" &&
+  grep -qF -- '--checkpoint-storage-class=nfs' <<<"$rwx" || fail "checkpointStorage values not passed to the operator"
+"$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set checkpointStorage.accessMode=ReadOnlyMany >/dev/null 2>&1 &&
+  fail "checkpointStorage.accessMode=ReadOnlyMany accepted by the values schema"
+nopvc="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set checkpointStorage.enabled=false)"
+grep -q 'persistentvolumeclaims' <<<"$nopvc" && fail "checkpointStorage.enabled=false must grant nothing on persistentvolumeclaims"
+grep -qF -- '--checkpoint-volumes=false' <<<"$nopvc" || fail "checkpointStorage.enabled=false not passed to the operator"
+pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy and checkpoint-claim flags and RBAC follow their values"
 
 if "$CP" status >/dev/null 2>&1; then
   say "reusing the running control plane"
@@ -189,13 +203,21 @@ yes list networkpolicies.networking.k8s.io -n default
 yes watch networkpolicies.networking.k8s.io -n default
 yes create networkpolicies.networking.k8s.io -n default
 yes update networkpolicies.networking.k8s.io -n default
+yes list persistentvolumeclaims -n default
+yes watch persistentvolumeclaims -n $OTHER_NS
+yes create persistentvolumeclaims -n default
 yes create events.events.k8s.io -n default
 yes patch events.events.k8s.io -n default
 yes get customresourcedefinitions.apiextensions.k8s.io/podgroups.scheduling.x-k8s.io
 yes create leases.coordination.k8s.io -n $NS
 yes update leases.coordination.k8s.io -n $NS
-no get secrets -n default
-no list secrets -n $OTHER_NS
+yes get secrets -n default
+yes create secrets -n default
+yes update secrets -n $OTHER_NS
+no list secrets -n default
+no watch secrets -n $OTHER_NS
+no delete secrets -n default
+no patch secrets -n default
 no create deployments.apps -n default
 no create distributedtrainingjobs.distrain.io -n default
 no update distributedtrainingjobs.distrain.io -n default
@@ -210,6 +232,9 @@ no delete configmaps -n default
 no patch configmaps -n default
 no delete networkpolicies.networking.k8s.io -n default
 no patch networkpolicies.networking.k8s.io -n default
+no delete persistentvolumeclaims -n default
+no update persistentvolumeclaims -n default
+no create persistentvolumes
 no create serviceaccounts --subresource=token -n default
 no update serviceaccounts -n default
 no create rolebindings.rbac.authorization.k8s.io -n default
@@ -238,6 +263,7 @@ yes create pods -n $NS_WATCHED
 yes watch distributedtrainingjobs.distrain.io -n $NS_WATCHED
 yes create networkpolicies.networking.k8s.io -n $NS_WATCHED
 yes update configmaps -n $NS_WATCHED
+yes create persistentvolumeclaims -n $NS_WATCHED
 yes get customresourcedefinitions.apiextensions.k8s.io/podgroups.scheduling.x-k8s.io
 yes update leases.coordination.k8s.io -n $NS
 no create pods -n default
@@ -246,8 +272,11 @@ no watch distributedtrainingjobs.distrain.io -A
 no watch distributedtrainingjobs.distrain.io -n default
 no create networkpolicies.networking.k8s.io -n default
 no update configmaps -n default
+no create persistentvolumeclaims -n default
 no create services -n $OTHER_NS
-no get secrets -n $NS_WATCHED
+yes create secrets -n $NS_WATCHED
+no get secrets -n default
+no list secrets -n $NS_WATCHED
 no list customresourcedefinitions.apiextensions.k8s.io
 ROWS
 "$HELM" uninstall "$REL2" -n "$NS" --wait >/dev/null 2>&1 || fail "helm uninstall $REL2"

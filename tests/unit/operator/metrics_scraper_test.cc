@@ -204,7 +204,7 @@ TEST(MetricsScraperTest, AResponseOfExactlyTheLimitFitsAndOneByteMoreDoesNot) {
 // The reporter's view: jobs "normal-0", "normal-1", "stream", "silent-<i>",
 // each Running with a master pod at 127.0.0.1:<its server's port>.
 Json RunningJob(const std::string& name) {
-  return {{"metadata", {{"namespace", "ns"}, {"name", name}}},
+  return {{"metadata", {{"namespace", "ns"}, {"name", name}, {"resourceVersion", "rv-" + name}}},
           {"status", {{"conditions", {{{"type", "Running"}, {"status", "True"}}}}}}};
 }
 Json MasterPod(int port) {
@@ -232,6 +232,9 @@ TEST(ProgressReporterTest, AChiefThatStreamsForeverOrNeverAnswersCostsOnlyItsOwn
   client.SetFallback([&](const kube::testing::ScriptedClient::Call& call) {
     EXPECT_EQ(call.method, "PATCH");
     const std::string job = call.path.substr(call.path.rfind("/distributedtrainingjobs/") + 25);
+    // The job as seen before the scrape is the patch's precondition: a job
+    // that finished meanwhile keeps its final figures (final_progress.h).
+    EXPECT_EQ(call.body["metadata"]["resourceVersion"], "rv-" + job.substr(0, job.find('/')));
     std::lock_guard<std::mutex> lock(mu);
     patched_steps[job.substr(0, job.find('/'))].push_back(
         call.body["status"]["progress"].value("step", int64_t{-1}));

@@ -1,6 +1,7 @@
 #include "operator/progress_reporter.h"
 
 #include "gtest/gtest.h"
+#include "tests/unit/operator/kube/scripted_client.h"
 
 namespace distrain {
 namespace {
@@ -21,6 +22,38 @@ TEST(ProgressReporterTest, ReadsTheChiefsTrainingMetricsFromPrometheusText) {
   EXPECT_EQ(*p.total_steps, 400);
   EXPECT_DOUBLE_EQ(*p.examples_per_second, 5123.46);
   EXPECT_DOUBLE_EQ(*p.loss, 0.312345678);
+}
+
+TEST(ProgressReporterTest, AccuracyIsTheChiefsEvaluationOnceItHasOne) {
+  ScrapedProgress none = ParseProgressMetrics("distrain_steps_total 5\ndistrain_eval_accuracy 0\n");
+  EXPECT_FALSE(MergeProgress(nullptr, none).contains("accuracy"));  // not evaluated yet
+  ScrapedProgress p = ParseProgressMetrics("distrain_eval_accuracy 0.912345\n");
+  EXPECT_DOUBLE_EQ(MergeProgress(nullptr, p)["accuracy"].get<double>(), 0.9123);
+}
+
+TEST(ProgressReporterTest, FinishedJobsAreLeftToTheReconcile) {
+  // A Succeeded job: nothing scraped, nothing patched (its final figures are
+  // the reconcile's, controller/final_progress.h).
+  kube::testing::ScriptedClient client;  // no request expected
+  ProgressReporter reporter(
+      &client,
+      {.jobs =
+           [] {
+             return std::vector<nlohmann::json>{
+                 {{"metadata", {{"namespace", "ns"}, {"name", "done"}}},
+                  {"status",
+                   {{"conditions", {{{"type", "Succeeded"}, {"status", "True"}},
+                                    {{"type", "Running"}, {"status", "True"}}}},
+                    {"progress", {{"step", 713}, {"totalSteps", 1500}}}}}}};
+           },
+       .pods = [](const std::string&, const std::string&) {
+         ADD_FAILURE() << "a finished job's pods were listed";
+         return std::vector<nlohmann::json>{};
+       }});
+  ProgressReporter::RoundStats stats = reporter.ReportOnce();
+  EXPECT_EQ(stats.scraped, 0);
+  EXPECT_EQ(stats.patched, 0);
+  client.ExpectAllConsumed();
 }
 
 TEST(ProgressReporterTest, MissingOrMalformedSamplesAreLeftOutNotInvented) {

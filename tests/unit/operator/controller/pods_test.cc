@@ -10,6 +10,7 @@
 
 #include "common/cluster_spec.h"
 #include "common/job_config.h"
+#include "operator/controller/checkpoint_volume.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/operator/controller/world.h"
@@ -405,16 +406,15 @@ TEST(BuildPodTest, TpuWorkersGetTheTpuEnvironment) {
 TEST(BuildPodTest, OptionsShapeHostsAndCheckpointDir) {
   World w{MakeJob(kMwms)};
   w.options.cluster_domain = "cluster.local";
-  w.options.checkpoint_root = "/ckpt";
   Json pod = w.Step().pods_to_create.at(0);
   absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(TfConfig(pod, w));
   ASSERT_TRUE(spec.ok());
   EXPECT_EQ(spec->addresses("chief")[0], "mnist-chief-0.team-a.svc.cluster.local:2222");
-  EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), "/ckpt/team-a/mnist");
+  // Checkpoints on the provisioned claim by default (checkpoint_volume_test.cc).
+  EXPECT_EQ(EnvValue(pod, "DISTRAIN_CHECKPOINT_DIR"), kDefaultCheckpointDir);
 
   World own{MakeJob(kMwms)};
   own.job.spec.training.checkpoint.dir = "/data/ckpt";
-  own.options.checkpoint_root = "/ckpt";
   EXPECT_EQ(EnvValue(own.Step().pods_to_create.at(0), "DISTRAIN_CHECKPOINT_DIR"), "/data/ckpt");
 }
 
@@ -562,8 +562,9 @@ TEST(ClusterConfigMapTest, AnEarlierJobsConfigMapHoldsThePodsBack) {
   EXPECT_FALSE(plan.config_map_to_create.has_value());
   EXPECT_FALSE(plan.config_map_to_update.has_value());
   EXPECT_TRUE(plan.requeue_after.has_value());
-  // Collected: created afresh, then the pods.
+  // Collected (with the old job's checkpoint claim): created afresh, then the pods.
   w.config_map.reset();
+  w.checkpoint_claim.reset();
   plan = w.Step();
   ASSERT_TRUE(plan.config_map_to_create.has_value());
   EXPECT_EQ((*plan.config_map_to_create)["metadata"]["ownerReferences"][0]["uid"], "uid-mnist-2");

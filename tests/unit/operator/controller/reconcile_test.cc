@@ -152,7 +152,9 @@ TEST_P(MwmsFailureTest, RestartsTheWholeGenerationOrFails) {
     EXPECT_THAT(EventReasons(plan), Contains("Restarting"));
     EXPECT_FALSE(w.job.status.IsTrue(api::kConditionFailed));
   } else {
-    EXPECT_THAT(plan.pods_to_delete, IsEmpty());  // cleanPodPolicy None
+    // cleanPodPolicy Running (the default): the pods still running go.
+    EXPECT_THAT(Names(plan.pods_to_delete), UnorderedElementsAre("mnist-chief-0", "mnist-worker-0"));
+    for (const Deletion& d : plan.pods_to_delete) EXPECT_EQ(d.reason, "CleanPodPolicy");
     EXPECT_TRUE(w.job.status.IsTrue(api::kConditionFailed));
     EXPECT_EQ(Cond(w, api::kConditionFailed)->reason, "WorkerFailed");
     EXPECT_THAT(Cond(w, api::kConditionFailed)->message, HasSubstr("mnist-worker-1"));

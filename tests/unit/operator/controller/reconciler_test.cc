@@ -46,13 +46,14 @@ struct Fixture {
   kube::FakeClock clock{testing::T0()};
   kube::Expectations expectations{&clock};
   ScriptedClient client;
-  // Without the NetworkPolicy, so that each test scripts only the requests
-  // its subject makes; the NetworkPolicy tests turn it on.
+  // Without the NetworkPolicy and the checkpoint claim, so that each test
+  // scripts only the requests its subject makes; their tests turn them on.
   ControllerOptions options = [] {
     ControllerOptions o;
     o.network_policy.enabled = false;
     return o;
   }();
+    o.checkpoint_storage.provision = false;
 
   explicit Fixture(const std::string& spec = kSpec) {
     api::DistributedTrainingJob parsed = MakeJob(spec);
@@ -195,6 +196,53 @@ TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {
   Fixture f;
   World w(MakeJob(kSpec));
   w.Step();
+constexpr char kClaims[] = "/api/v1/namespaces/team-a/persistentvolumeclaims";
+
+TEST(JobReconcilerTest, TheCheckpointClaimIsCreatedBeforeAnyPodThatMountsIt) {
+  Fixture f;
+  f.options.checkpoint_storage.provision = true;
+  f.client.Expect("POST", kConfigMaps, Created());
+  // A 409 means it is there already (a cache that has not seen it yet).
+  f.client.Expect("POST", kClaims, ScriptedClient::Status(409, "AlreadyExists", "exists"));
+  f.client.SetFallback(Echo());
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const auto calls = f.client.calls();
+  ASSERT_EQ(calls.size(), 9u);
+  EXPECT_EQ(calls[1].body["metadata"]["name"], "mnist-checkpoints");
+  EXPECT_EQ(calls[1].body["metadata"]["ownerReferences"][0]["uid"], "uid-mnist");
+  int pods = 0;
+  for (size_t i = 2; i < calls.size(); ++i) {
+    if (calls[i].path != kPods) continue;
+    ++pods;
+    const Json& volumes = calls[i].body["spec"]["volumes"];
+    const bool chief = calls[i].body["metadata"]["name"] == "mnist-chief-0";
+    // ReadWriteOnce by default: the chief mounts it, the other workers do not.
+    EXPECT_EQ(volumes.is_array() && !volumes.empty(), chief) << calls[i].body["metadata"]["name"];
+  }
+  EXPECT_EQ(pods, 3);
+}
+
+TEST(JobReconcilerTest, AFailedCheckpointClaimCreateCreatesNoPods) {
+  Fixture f;
+  f.options.checkpoint_storage.provision = true;
+  f.client.Expect("POST", kConfigMaps, Created());
+  f.client.Expect("POST", kClaims,
+                  ScriptedClient::Status(403, "Forbidden", "persistentvolumeclaims is forbidden"));
+  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  JobReconciler r = f.Make();
+  auto result = r.Reconcile(kKey);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("PersistentVolumeClaim team-a/mnist-checkpoints"));
+  f.client.ExpectAllConsumed();  // in particular, no pod POST
+  EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
+}
+
   w.SetAll("Running");
   w.Step();
   w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;

@@ -64,6 +64,7 @@ struct World {
   std::optional<Json> pod_group;
   std::optional<Json> config_map;  // the job's cluster-spec ConfigMap
   std::optional<Json> network_policy;  // the job's NetworkPolicy
+  std::optional<Json> checkpoint_claim;  // the job's provisioned checkpoint PVC
   Facts facts{T0(), true};
   ControllerOptions options;
   int next_uid = 0;
@@ -75,6 +76,7 @@ struct World {
     o.pod_group = pod_group;
     o.cluster_config_map = config_map;
     o.network_policy = network_policy;
+    o.checkpoint_claim = checkpoint_claim;
     return o;
   }
 
@@ -106,6 +108,19 @@ struct World {
       (*network_policy)["metadata"]["uid"] = absl::StrCat("np-uid-", next_uid++);
     }
     if (plan.network_policy_to_update) network_policy = *plan.network_policy_to_update;
+    if (plan.checkpoint_claim_to_create) {
+      EXPECT_FALSE(checkpoint_claim.has_value()) << "checkpoint claim created twice";
+      checkpoint_claim = *plan.checkpoint_claim_to_create;
+      (*checkpoint_claim)["metadata"]["uid"] = absl::StrCat("pvc-uid-", next_uid++);
+    }
+    for (const Json& pod : plan.pods_to_create) {
+      for (const Json& v : pod["spec"].value("volumes", Json::array())) {
+        if (v.contains("persistentVolumeClaim") && v.value("name", "") == "distrain-checkpoints" &&
+            options.checkpoint_storage.provision && job.spec.training.checkpoint.volume.is_null()) {
+          EXPECT_TRUE(checkpoint_claim.has_value()) << "pods created before their checkpoint claim";
+        }
+      }
+    }
     if (!plan.pods_to_create.empty()) {
       EXPECT_TRUE(config_map.has_value()) << "pods created before their ConfigMap";
       if (options.network_policy.enabled) {
