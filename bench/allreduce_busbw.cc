@@ -46,6 +46,7 @@
 #include "common/cluster_spec.h"
 #include "worker/collective/ring.h"
 #include "worker/coordination/rendezvous.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 namespace {
@@ -172,6 +173,18 @@ int Run(const Flags& flags) {
   std::vector<TaskId> members;
   for (int r = 0; r < cluster->num_training_tasks(); ++r) members.push_back(cluster->TaskForTrainingRank(r));
 
+  // As the worker does: mutual TLS for the coordination service and the
+  // ring's HMAC handshake when DISTRAIN_CREDENTIALS_DIR names this task's
+  // credentials; plaintext otherwise. Set before any options are made (they
+  // read the process's credentials when constructed).
+  if (const char* dir = std::getenv("DISTRAIN_CREDENTIALS_DIR"); dir != nullptr && *dir) {
+    absl::StatusOr<LoadedCredentials> loaded = LoadCredentialsDir(dir);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "allreduce_busbw: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    SetProcessTransportSecurity(std::make_shared<const TransportSecurity>(*std::move(loaded)));
+  }
   RendezvousOptions rv_options;
   rv_options.join_timeout = absl::Seconds(flags.timeout_seconds);
   absl::StatusOr<std::unique_ptr<Rendezvous>> rendezvous =

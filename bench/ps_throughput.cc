@@ -27,6 +27,9 @@
 //          where S runs from the start of the first timed operation to the
 //          end of the last, so operations cut by the window edges bias nothing.
 //     The driver sums ops_per_second and bytes_per_second over the workers.
+//   Both roles take --credentials-dir DIR (a directory `distrain credentials`
+//   wrote: ps-0 for the ps, worker-I for workers) to run mutual TLS, as a
+//   job does by default; without it, plaintext.
 // Exit codes: 0 done, 1 a ps call failed (the message names it), 2 bad flags.
 
 #include <algorithm>
@@ -48,6 +51,7 @@
 #include "worker/ps/partitioner.h"
 #include "worker/ps/ps_client.h"
 #include "worker/ps/ps_service.h"
+#include "worker/security/transport_security.h"
 
 namespace distrain {
 namespace {
@@ -67,7 +71,16 @@ struct Flags {
   std::string variable = "shared";
   std::string optimizer = "sgd";
   int64_t chunk_bytes = 1 << 20;
+  std::string credentials_dir;  // mutual TLS with these (distrain credentials); empty: plaintext
 };
+
+// The process's job credentials, or null (plaintext) without --credentials-dir.
+absl::StatusOr<std::shared_ptr<const TransportSecurity>> Security(const Flags& flags) {
+  if (flags.credentials_dir.empty()) return std::shared_ptr<const TransportSecurity>();
+  absl::StatusOr<LoadedCredentials> loaded = LoadCredentialsDir(flags.credentials_dir);
+  if (!loaded.ok()) return loaded.status();
+  return std::make_shared<const TransportSecurity>(*std::move(loaded));
+}
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -85,6 +98,9 @@ int RunPs(const Flags& flags) {
   options.optimizer.type = flags.optimizer == "adam" ? OptimizerType::kAdam : OptimizerType::kSgd;
   options.optimizer.learning_rate = 1e-6f;  // values stay bounded however long it runs
   options.chunk_bytes = flags.chunk_bytes;
+  auto security = Security(flags);
+  if (!security.ok()) return Fail(security.status());
+  options.security = *security;
   auto server = PsServer::Start(absl::StrCat("127.0.0.1:", flags.port), options);
   if (!server.ok()) return Fail(server.status());
   std::signal(SIGTERM, OnSignal);
@@ -109,6 +125,9 @@ int RunWorker(const Flags& flags) {
   PsClientOptions options;
   options.chunk_bytes = flags.chunk_bytes;
   options.rpc_timeout = absl::Seconds(120);
+  auto security = Security(flags);
+  if (!security.ok()) return Fail(security.status());
+  options.security = *security;
   auto client = PsClient::Create({flags.ps}, *plan, options);
   if (!client.ok()) return Fail(client.status());
   PsClient& ps = **client;
@@ -190,6 +209,9 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", flags.optimizer, "ps: the optimizer applying pushes")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
+  app.add_option("--credentials-dir", flags.credentials_dir,
+                 "mutual TLS with this task's credentials (`distrain credentials`: ps:0 for the "
+                 "ps, worker:I for workers); default plaintext");
   app.add_option("--chunk-bytes", flags.chunk_bytes, "streamed chunk payload (both sides)")
       ->capture_default_str();
   try {

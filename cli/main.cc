@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "cli/credentials_command.h"
 #include "cli/keras_commands.h"
 #include "cli/run_command.h"
 #include "common/exit_codes.h"
@@ -61,6 +62,17 @@ int main(int argc, char** argv) {
                          "a .keras file's weights become a step-0 checkpoint in this (empty) "
                          "directory; `distrain run --checkpoint-dir` then starts from them");
 
+  distrain::CredentialsOptions credentials_options;
+  CLI::App* credentials_cmd = app.add_subcommand(
+      "credentials", "Write a new job's credentials (CA, a certificate per task, ring key) as "
+                     "one directory per task, for workers started by hand: pass "
+                     "<output>/<type>-<index> to each as DISTRAIN_CREDENTIALS_DIR");
+  credentials_cmd->add_option("tasks", credentials_options.tasks, "tasks, e.g. chief:0 worker:0 worker:1")
+      ->required();
+  credentials_cmd->add_option("-o,--output", credentials_options.output, "parent directory")
+      ->required();
+  credentials_cmd->add_option("--job", credentials_options.job, "job name for the CA's subject");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -73,5 +85,6 @@ int main(int argc, char** argv) {
   }
   if (*export_cmd) return distrain::ExportCommand(export_options);
   if (*import_cmd) return distrain::ImportKerasCommand(import_options);
+  if (*credentials_cmd) return distrain::CredentialsCommand(credentials_options);
   return distrain::kExitUsage;
 }

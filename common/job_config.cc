@@ -116,6 +116,10 @@ constexpr EnumName<SuccessPolicy> kSuccessPolicies[] = {
     {"Default", SuccessPolicy::kDefault},
     {"AllWorkers", SuccessPolicy::kAllWorkers},
 };
+constexpr EnumName<TransportMode> kTransportModes[] = {
+    {"MutualTLS", TransportMode::kMutualTls},
+    {"Plaintext", TransportMode::kPlaintext},
+};
 
 template <typename E, size_t N>
 std::vector<std::string> Names(const EnumName<E> (&table)[N]) {
@@ -1213,10 +1217,6 @@ void FinishModel(const Json* model, const std::string& display, JobConfig* confi
   AssignLayerNames(&m.layers);
 }
 
-#define DISTRAIN_REF(member) [](auto& c) -> auto& { return c.member; }
-
-const std::vector<FieldSpec>& SpecFields() {
-  static const std::vector<FieldSpec>* const kFields = new std::vector<FieldSpec>{
 // spec.training.checkpoint.volume: a core/v1 VolumeSource with exactly one
 // source that can hold writable files. Only its shape is checked here; the
 // API server checks the source's own fields when the operator creates a pod.
@@ -1288,8 +1288,13 @@ FieldSpec OmitEmpty(FieldSpec f) {
   return f;
 }
 
+#define DISTRAIN_REF(member) [](auto& c) -> auto& { return c.member; }
+
+const std::vector<FieldSpec>& SpecFields() {
+  static const std::vector<FieldSpec>* const kFields = new std::vector<FieldSpec>{
       EnumField("strategy", DISTRAIN_REF(strategy), kStrategies),
       EnumField("successPolicy", DISTRAIN_REF(success_policy), kSuccessPolicies),
+      EnumField("security.transport", DISTRAIN_REF(transport), kTransportModes),
       Field("runPolicy.backoffLimit", DISTRAIN_REF(run_policy.backoff_limit), Min(0)),
       Field("runPolicy.activeDeadlineSeconds", DISTRAIN_REF(run_policy.active_deadline_seconds),
             Min(1)),
@@ -1359,11 +1364,6 @@ FieldSpec OmitEmpty(FieldSpec f) {
       Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps),
             Min(0)),
       Field("training.checkpoint.keep", DISTRAIN_REF(training.checkpoint.keep), Min(1)),
-      Field("training.export.path", DISTRAIN_REF(training.export_model.path)),
-
-      EnumField("training.communication.implementation",
-                DISTRAIN_REF(training.communication.implementation), kImplementations),
-      Field("training.communication.timeoutSeconds",
       CheckpointVolumeField("training.checkpoint.volume"),
       OmitEmpty(Field("training.checkpoint.storage.storageClassName",
                       DISTRAIN_REF(training.checkpoint.storage.storage_class_name))),
@@ -1372,6 +1372,11 @@ FieldSpec OmitEmpty(FieldSpec f) {
       OmitEmpty(Field("training.checkpoint.storage.accessMode",
                       DISTRAIN_REF(training.checkpoint.storage.access_mode),
                       OneOf({"ReadWriteOnce", "ReadWriteMany"}))),
+      Field("training.export.path", DISTRAIN_REF(training.export_model.path)),
+
+      EnumField("training.communication.implementation",
+                DISTRAIN_REF(training.communication.implementation), kImplementations),
+      Field("training.communication.timeoutSeconds",
             DISTRAIN_REF(training.communication.timeout_seconds), Above(0)),
       Field("training.communication.bytesPerPack",
             DISTRAIN_REF(training.communication.bytes_per_pack), Min(1)),
@@ -2268,11 +2273,6 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   // Files per dataset type.
   const DatasetConfig& d = t.dataset;
-  const std::string ds = "spec.training.dataset.";
-  switch (d.type) {
-    case DatasetType::kIdx:
-      if (d.train_files.empty()) {
-        issues.Add(ds + "trainFiles", "required for dataset type idx; list the IDX image files");
   // The job's checkpoint storage (operator/controller/checkpoint_volume.h).
   const CheckpointConfig& ckpt = config.training.checkpoint;
   if (!ckpt.volume.is_null()) CheckCheckpointVolume(ckpt.volume, "spec.training.checkpoint.volume", &issues);
@@ -2287,6 +2287,11 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
                "spec.training.checkpoint.volume names the job's own storage: remove one of them");
   }
 
+  const std::string ds = "spec.training.dataset.";
+  switch (d.type) {
+    case DatasetType::kIdx:
+      if (d.train_files.empty()) {
+        issues.Add(ds + "trainFiles", "required for dataset type idx; list the IDX image files");
       }
       if (d.train_label_files.empty()) {
         issues.Add(ds + "trainLabelFiles",
@@ -2364,11 +2369,6 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   return issues.ToStatus(nullptr);
 }
 
-const std::vector<JobSpecField>& JobSpecFields() {
-  static const std::vector<JobSpecField>* const kFields = [] {
-    auto* fields = new std::vector<JobSpecField>;
-    auto add = [fields](const std::string& path, const Rule& rule,
-                        std::optional<Json> default_value) {
 bool IsStorageQuantity(const std::string& s) {
   static const std::regex kQuantity("^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$");
   return std::regex_match(s, kQuantity);
@@ -2385,6 +2385,11 @@ const std::vector<std::string>& CheckpointVolumeSourceKinds() {
   return *kKinds;
 }
 
+const std::vector<JobSpecField>& JobSpecFields() {
+  static const std::vector<JobSpecField>* const kFields = [] {
+    auto* fields = new std::vector<JobSpecField>;
+    auto add = [fields](const std::string& path, const Rule& rule,
+                        std::optional<Json> default_value) {
       JobSpecField f;
       f.path = SpecPath(path);
       f.type = KindName(rule.kind);

@@ -222,6 +222,14 @@ struct RunPolicy {
 // no chief; kAllWorkers: every worker succeeds.
 enum class SuccessPolicy { kDefault, kAllWorkers };
 
+// spec.security.transport: how the job's processes authenticate each other
+// (docs/security.md). MutualTLS (the default): the operator (or `distrain
+// run`) gives every task a certificate of a per-job CA and the job's ring
+// key; gRPC is mutual TLS, the ring's handshake an HMAC challenge-response.
+// Plaintext: the explicit opt-out, no credentials, anything that reaches a
+// pod can join the job.
+enum class TransportMode { kMutualTls, kPlaintext };
+
 // spec.elasticPolicy: bounds on spec.replicaSpecs.Worker.replicas.
 struct ElasticPolicy {
   int min_replicas = 1;
@@ -238,6 +246,7 @@ struct JobConfig {
   RunPolicy run_policy;                         // spec.runPolicy
   SuccessPolicy success_policy = SuccessPolicy::kDefault;  // spec.successPolicy
   std::optional<ElasticPolicy> elastic_policy;  // spec.elasticPolicy
+  TransportMode transport = TransportMode::kMutualTls;  // spec.security.transport
   bool operator==(const JobConfig&) const = default;
 
   int replicas_of(ReplicaType type) const {

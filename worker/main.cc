@@ -6,6 +6,9 @@
 //   DISTRAIN_METRICS_PORT   Prometheus /metrics and /healthz (absent: no server)
 //   DISTRAIN_CHECKPOINT_DIR where checkpoints go (spec.training.checkpoint.dir wins)
 //   DISTRAIN_STATUS_FILE    progress JSON for `distrain run` (optional)
+//   DISTRAIN_CREDENTIALS_DIR this task's job credentials (default
+//                           /var/run/distrain/identity; docs/security.md)
+//   DISTRAIN_TERMINATION_MESSAGE_PATH  the chief's final figures for the pod status
 //   POD_NAME, POD_NAMESPACE for log lines
 // Exit codes: common/exit_codes.h (0 done, 1-127 permanent, 128+ retryable).
 #include <unistd.h>
@@ -19,12 +22,14 @@
 #include "absl/strings/numbers.h"
 #include "common/cluster_spec.h"
 #include "common/exit_codes.h"
+#include "common/job_identity.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/net.h"
 #include "spdlog/spdlog.h"
 #include "worker/evaluator.h"
+#include "worker/security/transport_security.h"
 #include "worker/strategy/ps_worker.h"
 #include "worker/strategy/strategy.h"
 #include "worker/tensor/cpu_math.h"
@@ -35,6 +40,17 @@
 #endif
 
 namespace {
+
+// Whether this task talks to other processes of the job: any task but the
+// evaluator (which only reads checkpoints) in a cluster of more than one.
+bool NeedsJobTraffic(const distrain::ClusterSpec& cluster) {
+  if (cluster.task().type == "evaluator") return false;
+  int tasks = 0;
+  for (const auto& [type, addresses] : cluster.jobs()) {
+    if (type != "evaluator") tasks += static_cast<int>(addresses.size());
+  }
+  return tasks > 1;
+}
 
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
@@ -152,6 +168,39 @@ int main(int argc, char** argv) {
                config->namespace_, config->name, cluster->task().ToString(),
                StrategyName(config->strategy));
 
+  // 2b. Job credentials: every server and client of the strategies picks
+  // them up (worker/security/transport_security.h). A lone process opens no
+  // job ports and needs none; the evaluator only reads checkpoints.
+  if (config->transport == distrain::TransportMode::kMutualTls &&
+      NeedsJobTraffic(*cluster)) {
+    std::string dir = Env("DISTRAIN_CREDENTIALS_DIR");
+    if (dir.empty()) dir = distrain::kDefaultCredentialsDir;
+    absl::StatusOr<distrain::LoadedCredentials> credentials = distrain::LoadCredentialsDir(dir);
+    if (!credentials.ok()) {
+      spdlog::error(
+          "{}. Job traffic is mutual TLS by default (spec.security.transport: MutualTLS): the "
+          "operator mounts each pod's credentials and `distrain run` writes them; set "
+          "DISTRAIN_CREDENTIALS_DIR to where they are, or opt out with "
+          "spec.security.transport: Plaintext",
+          credentials.status().message());
+      return kExitInvalidConfig;
+    }
+    if (!(credentials->task == cluster->task())) {
+      spdlog::error("the credentials in {} are {}'s, but TF_CONFIG says this is {}; every pod "
+                    "must get its own task's certificate",
+                    dir, credentials->task.ToString(), cluster->task().ToString());
+      return kExitInvalidConfig;
+    }
+    distrain::SetProcessTransportSecurity(
+        std::make_shared<const distrain::TransportSecurity>(*std::move(credentials)));
+    spdlog::info("job traffic: mutual TLS as {} (credentials from {})", cluster->task().ToString(),
+                 dir);
+  } else if (config->transport == distrain::TransportMode::kPlaintext &&
+             NeedsJobTraffic(*cluster)) {
+    spdlog::warn("job traffic is PLAINTEXT (spec.security.transport: Plaintext): anything that "
+                 "reaches this pod's ports can join, push to or stop the job");
+  }
+
   // 3. Strategy (refuses TPU and strategies this build lacks).
   auto strategy = CreateStrategy(*config);
   if (!strategy.ok()) {
@@ -237,6 +286,7 @@ int main(int argc, char** argv) {
   TrainerEnv env;
   env.checkpoint_dir = checkpoint_dir;
   env.status_file = Env("DISTRAIN_STATUS_FILE");
+  env.termination_message_file = Env("DISTRAIN_TERMINATION_MESSAGE_PATH");
   env.metrics = &metrics;
   Trainer trainer(*config, *cluster, env, std::move(*strategy));
   TrainOutcome outcome = trainer.Run(g_stop);
@@ -250,4 +300,3 @@ int main(int argc, char** argv) {
   }
   return outcome.exit_code;
 }
-  env.termination_message_file = Env("DISTRAIN_TERMINATION_MESSAGE_PATH");

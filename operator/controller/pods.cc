@@ -10,6 +10,7 @@
 #include "common/cluster_spec.h"
 #include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/final_progress.h"
+#include "operator/controller/job_identity_secret.h"
 
 namespace distrain::controller {
 namespace {
@@ -423,6 +424,8 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
       ResolveCheckpointStorage(job, config, options.checkpoint_storage), config, id,
       &pod["metadata"], &spec, main);
   if (!checkpoint_dir.empty()) SetEnv(&env, "DISTRAIN_CHECKPOINT_DIR", {{"value", checkpoint_dir}});
+  // This task's credentials of the job (job_identity_secret.h).
+  MountJobIdentity(job, config, id, &spec, main, &env);
   // Where the chief leaves its final figures for the kubelet (final_progress.h).
   SetEnv(&env, kTerminationMessageEnv, {{"value", TerminationMessagePath(*main)}});
   SetEnv(&env, "POD_NAME",

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "operator/controller/gang.h"
+#include "operator/controller/job_identity_secret.h"
 #include "operator/controller/reconcile.h"
 #include "operator/kube/paths.h"
 
@@ -285,10 +286,18 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
           Describe(r), "; the job's pods are created once it exists")));
     }
   }
+  // The job's identity Secret (job_identity_secret.h) holds a certificate
+  // for every pod about to be created before any of them is.
+  bool identity_in_place = true;
+  if (!plan.pods_to_create.empty()) {
+    absl::Status s = EnsureJobIdentity(*client_, *job, plan.pods_to_create);
+    identity_in_place = s.ok();
+    errors.Add(std::move(s));
+  }
   // No pod without its ConfigMap (it would wait for it in the kubelet), its
-  // NetworkPolicy or its checkpoint claim.
+  // NetworkPolicy, its checkpoint claim or its credentials.
   errors.Add(CreateAll(key, plan.services_to_create,
-                       config_map.ok() && policy_in_place && claim_in_place
+                       config_map.ok() && policy_in_place && claim_in_place && identity_in_place
                            ? plan.pods_to_create
                            : std::vector<Json>()));
 

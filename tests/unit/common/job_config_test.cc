@@ -599,8 +599,9 @@ TEST(JobConfigJsonTest, HasTheContractShape) {
   std::vector<std::string> keys;
   for (const auto& [key, value] : j.items()) keys.push_back(key);
   EXPECT_EQ(keys, (std::vector<std::string>{"name", "namespace", "strategy", "replicas",
-                                            "restartPolicies", "successPolicy", "runPolicy",
-                                            "training"}));
+                                            "restartPolicies", "successPolicy", "security",
+                                            "runPolicy", "training"}));
+  EXPECT_EQ(j["security"]["transport"], "MutualTLS");  // secure unless the job opts out
   EXPECT_EQ(j["name"], "test-job");
   EXPECT_EQ(j["strategy"], "ParameterServer");
   EXPECT_EQ(j["replicas"].dump(), R"({"Chief":1,"Worker":2,"PS":2})");
@@ -1157,6 +1158,21 @@ TEST(ValidateJobConfigNameTest, LongestReplicaNameMustFitADnsLabel) {
   EXPECT_THAT(std::string(evaluator.message()), HasSubstr("-evaluator-0\" has 66 characters"));
   EXPECT_THAT(std::string(validate(doc("3d-unet", "  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n")).message()),
               HasSubstr("metadata.name: must start with a letter"));
+}
+
+TEST(JobConfigTest, TransportIsMutualTlsUnlessTheJobOptsOutAndOtherValuesAreRefused) {
+  auto secure = ParseJobYaml(JobYaml("strategy: OneDevice\nreplicaSpecs:\n  Worker: {replicas: 1}\n"));
+  ASSERT_TRUE(secure.ok()) << secure.status();
+  EXPECT_EQ(secure->transport, TransportMode::kMutualTls);
+  auto plain = ParseJobYaml(JobYaml(
+      "strategy: OneDevice\nsecurity: {transport: Plaintext}\nreplicaSpecs:\n  Worker: {replicas: 1}\n"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->transport, TransportMode::kPlaintext);
+  auto bad = ParseJobYaml(JobYaml(
+      "strategy: OneDevice\nsecurity: {transport: TLS}\nreplicaSpecs:\n  Worker: {replicas: 1}\n"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("spec.security.transport"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace

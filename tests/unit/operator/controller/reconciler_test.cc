@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "common/job_identity.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "operator/kube/clock.h"
@@ -51,13 +53,15 @@ struct Fixture {
   ControllerOptions options = [] {
     ControllerOptions o;
     o.network_policy.enabled = false;
+    o.checkpoint_storage.provision = false;
     return o;
   }();
-    o.checkpoint_storage.provision = false;
 
   explicit Fixture(const std::string& spec = kSpec) {
     api::DistributedTrainingJob parsed = MakeJob(spec);
     parsed.metadata.resource_version = "7";
+    // Without the identity Secret too (its tests below turn it back on).
+    parsed.spec.transport = TransportMode::kPlaintext;
     job = api::ToJson(parsed);
     job.erase("status");
   }
@@ -192,10 +196,6 @@ TEST(JobReconcilerTest, AFailedNetworkPolicyCreateCreatesNoPods) {
   EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
 }
 
-TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {
-  Fixture f;
-  World w(MakeJob(kSpec));
-  w.Step();
 constexpr char kClaims[] = "/api/v1/namespaces/team-a/persistentvolumeclaims";
 
 TEST(JobReconcilerTest, TheCheckpointClaimIsCreatedBeforeAnyPodThatMountsIt) {
@@ -243,11 +243,16 @@ TEST(JobReconcilerTest, AFailedCheckpointClaimCreateCreatesNoPods) {
   EXPECT_TRUE(f.expectations.SatisfiedExpectations(kKey));
 }
 
+TEST(JobReconcilerTest, AScaleUpdatesTheConfigMapFromTheCachedVersion) {
+  Fixture f;
+  World w(MakeJob(kSpec));
+  w.Step();
   w.SetAll("Running");
   w.Step();
   w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;
   f.job = api::ToJson(w.job);
   f.job["metadata"]["resourceVersion"] = "9";
+  f.job["spec"]["security"]["transport"] = "Plaintext";
   f.observed = w.Observe();
   f.client.Expect("PUT", std::string(kConfigMaps) + "/mnist-cluster-spec",
                   [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(200, c.body); });
@@ -284,6 +289,7 @@ TEST(JobReconcilerTest, AScaledGangPutsTheNewMinMemberOnItsPodGroup) {
   w.job.spec.replicas[ReplicaType::kWorker].replicas = 3;
   f.job = api::ToJson(w.job);
   f.job["metadata"]["resourceVersion"] = "9";
+  f.job["spec"]["security"]["transport"] = "Plaintext";
   f.observed = w.Observe();
   f.client.Expect("PUT", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/team-a/podgroups/mnist",
                   [](const ScriptedClient::Call& c) { return ScriptedClient::Reply(200, c.body); });
@@ -453,6 +459,128 @@ TEST(JobReconcilerTest, ExpiredTtlDeletesTheJob) {
   ASSERT_TRUE(r.Reconcile(kKey).ok());
   f.client.ExpectAllConsumed();
   EXPECT_EQ(f.client.calls()[0].body["preconditions"]["uid"], "uid-mnist");
+}
+
+// ---- The job's identity Secret (job_identity_secret.h) ----------------------
+
+constexpr char kSecrets[] = "/api/v1/namespaces/team-a/secrets";
+constexpr char kIdentitySecret[] = "/api/v1/namespaces/team-a/secrets/mnist-identity";
+
+std::string Decoded(const Json& data, const std::string& key) {
+  std::string raw;
+  EXPECT_TRUE(data.contains(key)) << key;
+  if (data.contains(key)) EXPECT_TRUE(absl::Base64Unescape(data[key].get<std::string>(), &raw));
+  return raw;
+}
+
+TEST(JobIdentitySecretTest, ANewJobGetsACertificatePerPodBeforeAnyPodAndEachPodMountsOnlyItsOwn) {
+  Fixture f;
+  f.job["spec"]["security"]["transport"] = "MutualTLS";
+  f.client.Expect("POST", kConfigMaps, Created());
+  f.client.Expect("GET", kIdentitySecret, ScriptedClient::Status(404, "NotFound", "not found"));
+  f.client.Expect("POST", kSecrets, Created());
+  f.client.SetFallback(Echo());
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const auto calls = f.client.calls();
+  const Json& secret = calls[2].body;
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], "uid-mnist");
+  const Json& data = secret["data"];
+  const std::string ca = Decoded(data, "ca.crt");
+  const std::string ring = Decoded(data, "ring.key");
+  for (const char* task : {"chief-0", "worker-0", "worker-1"}) {
+    const std::string type = std::string(task).substr(0, std::string(task).find('-'));
+    const int index = std::string(task).back() - '0';
+    auto loaded = CheckCredentials(
+        ca, TaskCredentials{Decoded(data, std::string(task) + ".crt"),
+                            Decoded(data, std::string(task) + ".key")},
+        ring);
+    ASSERT_TRUE(loaded.ok()) << task << ": " << loaded.status();
+    EXPECT_EQ(loaded->task, (TaskId{type, index}));
+  }
+  int pods = 0;
+  for (size_t i = 3; i < calls.size(); ++i) {
+    if (calls[i].path != kPods) continue;
+    ++pods;
+    const Json& pod = calls[i].body;
+    const std::string name = pod["metadata"]["name"];
+    const std::string task = name.substr(std::string("mnist-").size());
+    Json volume;
+    for (const Json& v : pod["spec"]["volumes"]) {
+      if (v["name"] == "distrain-identity") volume = v;
+    }
+    ASSERT_TRUE(volume.is_object()) << name;
+    std::vector<std::string> keys;
+    for (const Json& item : volume["secret"]["items"]) keys.push_back(item["key"]);
+    // Never the CA's key, never another task's.
+    EXPECT_THAT(keys, ::testing::UnorderedElementsAre("ca.crt", "ring.key", task + ".crt",
+                                                      task + ".key"))
+        << name;
+    bool env = false;
+    for (const Json& e : pod["spec"]["containers"][0]["env"]) {
+      env = env || (e["name"] == "DISTRAIN_CREDENTIALS_DIR" &&
+                    e["value"] == "/var/run/distrain/identity");
+    }
+    EXPECT_TRUE(env) << name;
+  }
+  EXPECT_EQ(pods, 3);
+}
+
+TEST(JobIdentitySecretTest, AScaleUpAddsCertificatesFromTheSameCaAndKeepsTheOthers) {
+  Fixture f;
+  f.job["spec"]["security"]["transport"] = "MutualTLS";
+  auto authority = NewJobAuthority("team-a/mnist");
+  ASSERT_TRUE(authority.ok());
+  auto chief = IssueTaskCredentials(*authority, TaskId{"chief", 0});
+  ASSERT_TRUE(chief.ok());
+  Json existing = {{"apiVersion", "v1"},
+                   {"kind", "Secret"},
+                   {"metadata", {{"name", "mnist-identity"}, {"resourceVersion", "3"}}},
+                   {"data",
+                    {{"ca.crt", absl::Base64Escape(authority->ca_cert_pem)},
+                     {"ca.key", absl::Base64Escape(authority->ca_key_pem)},
+                     {"ring.key", absl::Base64Escape(authority->ring_key_hex)},
+                     {"chief-0.crt", absl::Base64Escape(chief->cert_pem)},
+                     {"chief-0.key", absl::Base64Escape(chief->key_pem)}}}};
+  f.client.Expect("POST", kConfigMaps, Created());
+  f.client.Expect("GET", kIdentitySecret, ScriptedClient::Reply(200, existing));
+  f.client.Expect("PUT", kIdentitySecret, Echo());
+  f.client.SetFallback(Echo());
+  JobReconciler r = f.Make();
+  ASSERT_TRUE(r.Reconcile(kKey).ok());
+  f.client.ExpectAllConsumed();
+  const auto calls = f.client.calls();
+  ASSERT_GE(calls.size(), 3u);
+  ASSERT_EQ(calls[2].method, "PUT");
+  const Json& put = calls[2].body;
+  EXPECT_EQ(put["metadata"]["resourceVersion"], "3");  // optimistic concurrency
+  EXPECT_EQ(Decoded(put["data"], "chief-0.crt"), chief->cert_pem);  // kept, not reissued
+  auto worker = CheckCredentials(
+      authority->ca_cert_pem,
+      TaskCredentials{Decoded(put["data"], "worker-1.crt"), Decoded(put["data"], "worker-1.key")},
+      authority->ring_key_hex);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->task, (TaskId{"worker", 1}));
+}
+
+TEST(JobIdentitySecretTest, AFailedSecretCreateCreatesNoPods) {
+  Fixture f;
+  f.job["spec"]["security"]["transport"] = "MutualTLS";
+  f.client.Expect("POST", kConfigMaps, Created());
+  f.client.Expect("GET", kIdentitySecret, ScriptedClient::Status(404, "NotFound", "not found"));
+  f.client.Expect("POST", kSecrets,
+                  ScriptedClient::Status(403, "Forbidden", "secrets is forbidden"));
+  for (int i = 0; i < 3; ++i) f.client.Expect("POST", kServices, Created());
+  f.client.Expect("PUT", kStatus, [](const ScriptedClient::Call& c) {
+    return ScriptedClient::Reply(200, c.body);
+  });
+  JobReconciler r = f.Make();
+  auto result = r.Reconcile(kKey);
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("creating Secret team-a/mnist-identity"));
+  f.client.ExpectAllConsumed();  // in particular, no pod POST
 }
 
 }  // namespace
