@@ -64,6 +64,19 @@ def tf_configs(n):
                         "environment": "cloud"}) for i in range(n)]
 
 
+def job_credentials(tasks, root):
+    """A fresh job's credentials (`distrain credentials`: a CA, a certificate
+    per task, the ring key) under root/<type>-<index>/, for the
+    DISTRAIN_CREDENTIALS_DIR of workers the benchmarks start themselves: jobs
+    run mutual TLS by default, and the benchmarks measure the default."""
+    tool = os.path.join(BUILD, "cli", "distrain")
+    if not os.path.exists(tool):
+        fail(f"{tool} is missing: build it (scripts/build.sh)")
+    subprocess.run([tool, "credentials", "--job", "bench", "-o", root] +
+                   [f"{t}:{i}" for t, i in tasks], check=True, stdout=subprocess.DEVNULL)
+    return root
+
+
 def run_group(name, commands, timeout, all_outputs=False):
     """Runs [(argv, env)] together; returns rank 0's output (every process's
     output, in order, with all_outputs). Kills the rest and fails loudly when

@@ -133,11 +133,18 @@ int RunWorker(const Flags& flags) {
   PsClient& ps = **client;
   // 1.
   if (absl::Status s = ps.WaitForReady(); !s.ok()) return Fail(s);
-  if (absl::Status s = ps.CreateVariables(); !s.ok()) return Fail(s);
   Tensor value({elements}, 0.5f);
   Tensor grad({elements}, 1e-3f);
   const TensorRef initial[] = {{name, &value}};
-  if (auto r = ps.Initialize(initial); !r.ok()) return Fail(r.status());
+  // With credentials the ps lets only the chief declare and initialise (as
+  // in a job): the driver gives worker 0 the chief's certificate, and the
+  // others find the variable there by --start-at. Without, every worker
+  // declares (idempotent; the first initialisation wins).
+  const bool declares = *security == nullptr || (*security)->self().type == "chief";
+  if (declares) {
+    if (absl::Status s = ps.CreateVariables(); !s.ok()) return Fail(s);
+    if (auto r = ps.Initialize(initial); !r.ok()) return Fail(r.status());
+  }
   const MutableTensorRef pull_into[] = {{name, &value}};
   const TensorRef push[] = {{name, &grad}};
   double pull_seconds = 0;  // of the last op

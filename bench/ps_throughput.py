@@ -81,12 +81,18 @@ def loopback(streams):
     return results("loopback", out)[0]["bytes_per_second"]
 
 
-def ps_run(workers, size, args):
-    """Aggregate {ops_per_second, bytes_per_second, median_op_s} of one ps + W workers."""
+def ps_run(workers, size, args, credentials_root=None):
+    """Aggregate {ops_per_second, bytes_per_second, median_op_s} of one ps + W workers.
+    credentials_root: a `distrain credentials` directory (ps-0, chief-0, worker-<i>) for
+    mutual TLS, as jobs run by default; None: plaintext."""
     tool = binary("ps_throughput")
     port = free_ports(1)[0]
+
+    def creds(task):
+        return ["--credentials-dir", os.path.join(credentials_root, task)] if credentials_root else []
+
     ps = subprocess.Popen([tool, "--role", "ps", "--port", str(port), "--optimizer", args.optimizer,
-                           "--chunk-bytes", str(args.chunk_bytes)],
+                           "--chunk-bytes", str(args.chunk_bytes)] + creds("ps-0"),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         line = ps.stdout.readline()
@@ -99,7 +105,8 @@ def ps_run(workers, size, args):
                     "--tensor-bytes", str(size), "--start-at", f"{start_at:.6f}",
                     "--warmup", str(args.warmup), "--seconds", str(args.seconds),
                     "--variable", args.variable, "--chunk-bytes", str(args.chunk_bytes)]
-            cmds.append((argv, None))
+            # Worker 0 declares the variable, which the ps allows the chief only.
+            cmds.append((argv + creds("chief-0" if w == 0 else f"worker-{w}"), None))
         outs = run_group(f"ps W={workers} {human_size(size)}", cmds,
                          args.seconds + args.warmup + 120, all_outputs=True)
     finally:

@@ -55,7 +55,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, fail, free_ports, run_group  # noqa: E402
+from benchlib import BUILD, PEERS_PY, ROOT, fail, free_ports, job_credentials, run_group  # noqa: E402
 
 WORKERS = 2
 PS = 2
@@ -65,6 +65,7 @@ kind: DistributedTrainingJob
 metadata: {{name: bench-ps}}
 spec:
   strategy: ParameterServer
+  security: {{transport: {transport}}}
   replicaSpecs:
     Chief: {{replicas: 1}}
     Worker: {{replicas: {workers}}}
@@ -85,7 +86,9 @@ def blas_threads():
     return max(1, (os.cpu_count() or 1) // WORKERS)
 
 
-def distrain_rate(args, batch):
+def distrain_rate(args, batch, transport="MutualTLS"):
+    """Closures per second; transport MutualTLS (the default of every job) or
+    Plaintext (bench/security_cost.py compares the two)."""
     binary = os.path.join(BUILD, "worker", "distrain-worker")
     if not os.path.exists(binary):
         fail(f"{binary} is missing: build it (scripts/build.sh)")
@@ -101,7 +104,8 @@ def distrain_rate(args, batch):
             # Progress lines every `warmup` steps: the one at step `warmup`
             # starts the clock, the one at the last step stops it.
             f.write(JOB.format(workers=WORKERS, ps=PS, batch=batch, steps=total,
-                               log_every=args.warmup))
+                               log_every=args.warmup, transport=transport))
+        creds = job_credentials(tasks, os.path.join(tmp, "identity")) if transport == "MutualTLS" else None
         cmds = []
         for task_type, index in tasks:
             env = {k: v for k, v in os.environ.items()
@@ -109,6 +113,8 @@ def distrain_rate(args, batch):
             env.update(TF_CONFIG=json.dumps({"cluster": cluster,
                                              "task": {"type": task_type, "index": index}}),
                        OPENBLAS_NUM_THREADS=str(blas_threads() if task_type == "worker" else 1))
+            if creds:
+                env["DISTRAIN_CREDENTIALS_DIR"] = os.path.join(creds, f"{task_type}-{index}")
             cmds.append(([binary, "--config", job], env))
         # ps tasks serve until stopped: run the chief and workers as the
         # group, the ps tasks beside it.

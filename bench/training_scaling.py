@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, fail, run_group, tf_configs  # noqa: E402
+from benchlib import BUILD, PEERS_PY, ROOT, fail, job_credentials, run_group, tf_configs  # noqa: E402
 
 GLOBAL_BATCH = 256
 
@@ -75,10 +75,12 @@ def distrain_rate(workers, args):
             # starts the clock, the one at the last step stops it.
             f.write(JOB.format(workers=workers, batch=GLOBAL_BATCH, steps=total, log_every=args.warmup))
         cmds = []
-        for cfg in tf_configs(workers):
+        creds = job_credentials([("worker", i) for i in range(workers)], os.path.join(tmp, "identity"))
+        for i, cfg in enumerate(tf_configs(workers)):
             env = {k: v for k, v in os.environ.items()
                    if k not in ("DISTRAIN_JOB_CONFIG", "DISTRAIN_CHECKPOINT_DIR", "DISTRAIN_METRICS_PORT")}
-            env.update(TF_CONFIG=cfg, OPENBLAS_NUM_THREADS=str(threads_per_process(workers)))
+            env.update(TF_CONFIG=cfg, OPENBLAS_NUM_THREADS=str(threads_per_process(workers)),
+                       DISTRAIN_CREDENTIALS_DIR=os.path.join(creds, f"worker-{i}"))
             cmds.append(([binary, "--config", job], env))
         out = run_group(f"distrain, {workers} worker(s)", cmds, args.timeout)
     stamps = {}
