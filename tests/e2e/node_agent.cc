@@ -744,6 +744,7 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
       const fs::path dir = root / name;
       fs::create_directories(dir, ec);
       bool read_only = true;  // configMap, secret and projected volumes are read-only on a kubelet
+      fs::path elsewhere;     // hostPath and persistentVolumeClaim: a directory of their own
       const std::string what = absl::StrCat("volume ", name);
       if (v.contains("emptyDir")) {
         read_only = false;
@@ -753,14 +754,13 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
         const std::string type = v["hostPath"].value("type", "");
         if (type == "DirectoryOrCreate") fs::create_directories(path, ec);
         if (!fs::exists(path)) return absl::FailedPreconditionError(absl::StrCat(what, ": hostPath ", path, " does not exist"));
-        made[name] = {fs::path(path), false};
-        continue;
+        elsewhere = path;
       } else if (v.contains("persistentVolumeClaim")) {
         const Json& claim = v["persistentVolumeClaim"];
         auto path = ClaimDirectory(p.ns, claim.value("claimName", ""));
         if (!path.ok()) return absl::Status(path.status().code(), absl::StrCat(what, ": ", path.status().message()));
-        made[name] = {fs::path(*path), claim.value("readOnly", false)};
-        continue;
+        elsewhere = *path;
+        read_only = claim.value("readOnly", false);
       } else if (v.contains("configMap") || v.contains("secret")) {
         const bool secret = v.contains("secret");
         const Json& src = secret ? v["secret"] : v["configMap"];
@@ -828,7 +828,9 @@ absl::Status NodeAgent::MaterializeVolumes(const Json& pod, const Json& containe
         return absl::InvalidArgumentError(absl::StrCat(what, ": only emptyDir, hostPath, persistentVolumeClaim, configMap, "
                                                        "secret and projected volumes are supported by the test node"));
       }
-      made[name] = {dir, read_only};
+      // (hostPath and claims were `continue`d past the mount below before
+      // 3b', so a process never saw them.)
+      made[name] = {elsewhere.empty() ? dir : elsewhere, read_only};
     }
     const auto& [dir, always_ro] = made[name];
     fs::path source = dir;
