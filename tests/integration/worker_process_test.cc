@@ -52,6 +52,45 @@ TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   EXPECT_EQ(*rc, 143) << worker.output();
 }
 
+// The chief's final figures for the kubelet's termination message
+// (operator/controller/final_progress.h), written only once training succeeded.
+TEST(WorkerProcessTest, TheChiefLeavesItsFinalFiguresInTheTerminationMessage) {
+  std::ifstream in(SourceDir() + "/examples/onedevice.yaml");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const std::string text =
+      std::regex_replace(std::regex_replace(buf.str(), std::regex(R"(\n(\s+)steps: \d+)"), "\n$1steps: 60"),
+                         std::regex(R"(\n(\s+)numExamples: \d+)"), "\n$1numExamples: 4000");
+  const std::string job = ::testing::TempDir() + "/final_job_" + std::to_string(::getpid()) + ".yaml";
+  std::ofstream(job) << text;
+  const std::string message = ::testing::TempDir() + "/termination-log-" + std::to_string(::getpid());
+  std::remove(message.c_str());
+  Subprocess worker({WorkerBinary(), "--config", job},
+                    {{"DISTRAIN_TERMINATION_MESSAGE_PATH", message},
+                     {"TF_CONFIG", R"({"cluster":{"worker":["localhost:2222"]},"task":{"type":"worker","index":0}})"}});
+  auto rc = worker.Wait(120);
+  ASSERT_TRUE(rc.has_value());
+  ASSERT_EQ(*rc, 0) << worker.output();
+  std::ifstream m(message);
+  std::stringstream written_buf;
+  written_buf << m.rdbuf();
+  const std::string written = written_buf.str();
+  // {"step":60,"totalSteps":60,"loss":...,"examplesPerSecond":...,"accuracy":...}
+  EXPECT_TRUE(std::regex_search(written, std::regex(R"re("step":60\b)re"))) << written;
+  EXPECT_TRUE(std::regex_search(written, std::regex(R"re("totalSteps":60\b)re"))) << written;
+  std::smatch loss, accuracy, line;
+  ASSERT_TRUE(std::regex_search(written, loss, std::regex(R"re("loss":([0-9.e+-]+))re"))) << written;
+  ASSERT_TRUE(std::regex_search(written, accuracy, std::regex(R"re("accuracy":([0-9.e+-]+))re")))
+      << written;
+  // The same figures the chief's last log line reports.
+  const std::string output = worker.output();
+  ASSERT_TRUE(std::regex_search(output, line,
+                                std::regex(R"(training complete: steps 60 loss ([0-9.]+) eval_loss [0-9.]+ eval_accuracy ([0-9.]+))")))
+      << worker.output();
+  EXPECT_NEAR(std::stod(loss[1]), std::stod(line[1]), 1e-4);
+  EXPECT_NEAR(std::stod(accuracy[1]), std::stod(line[2]), 1e-4);
+}
+
 TEST(WorkerProcessTest, InvalidTfConfigExitsWithConfigCodeAndNamesTheField) {
   Subprocess worker({WorkerBinary(), "--config", SourceDir() + "/examples/onedevice.yaml"},
                     {{"TF_CONFIG", R"({"cluster":{"worker":["a:1"]},"task":{"type":"worker","index":5}})"}});
