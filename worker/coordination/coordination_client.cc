@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/coordination/task_ref.h"
+#include "worker/coordination/grpc_support.h"
 
 namespace distrain {
 namespace {
@@ -85,10 +86,11 @@ absl::Status CoordinationClient::Connect(absl::Time deadline) {
   std::string last_error = "no attempt made (the deadline had already passed)";
   while (true) {
     grpc::ChannelArguments args;
-    ApplyKeepalive(options_.keepalive, &args);
     // A fresh channel per attempt re-resolves DNS now instead of after gRPC's
-    // own resolver backoff; a local subchannel pool keeps attempts independent.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // own resolver backoff; a subchannel pool of its own keeps attempts
+    // independent. Keepalive then widens the reconnect backoff to 2 s.
+    ApplyJobChannelArgs(&args);
+    ApplyKeepalive(options_.keepalive, &args);
     args.SetMaxReceiveMessageSize(-1);  // values up to the server's limit
     std::shared_ptr<grpc::ChannelCredentials> credentials =
         ChannelCredentialsFor(options_.security.get(), coordinator_, &args);

@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "worker/coordination/task_ref.h"
 #include "worker/security/transport_security.h"
+#include "worker/coordination/grpc_support.h"
 
 namespace distrain {
 namespace {
@@ -55,22 +56,22 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
                     v1::JoinResponse* resp) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "JoinRequest.task");
-    if (!idx.ok()) return ToGrpc(idx.status());
+    if (!idx.ok()) return ToGrpcStatus(idx.status());
     if (grpc::Status s = CheckCallerIs(security(), *ctx, "Join", ids_[*idx]); !s.ok()) return s;
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "JoinRequest.incarnation"); !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     const absl::StatusOr<absl::Time> deadline =
         Deadline(ctx, req->timeout_ms(), "JoinRequest.timeout_ms",
                  /*zero_means_call_deadline=*/true);
-    if (!deadline.ok()) return ToGrpc(deadline.status());
+    if (!deadline.ok()) return ToGrpcStatus(deadline.status());
     const std::string name = ids_[*idx].ToString();
     const absl::Time start = absl::Now();
 
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return ShuttingDown();
-    if (absl::Status s = CheckWaitersLocked("Join"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = CheckWaitersLocked("Join"); !s.ok()) return ToGrpcStatus(s);
     TaskState& t = tasks_[*idx];
     if (t.incarnation == inc) {
       switch (t.phase) {
@@ -157,14 +158,14 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   grpc::Status WatchMembership(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                                grpc::ServerWriter<v1::MembershipUpdate>* writer) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "WatchRequest.task");
-    if (!idx.ok()) return ToGrpc(idx.status());
+    if (!idx.ok()) return ToGrpcStatus(idx.status());
     if (grpc::Status s = CheckCallerIs(security(), *ctx, "WatchMembership", ids_[*idx]);
         !s.ok()) {
       return s;
     }
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "WatchRequest.incarnation"); !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     const std::string name = ids_[*idx].ToString();
 
@@ -250,7 +251,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
 
   grpc::Status KeyValueSet(grpc::ServerContext* ctx, const v1::KeyValueSetRequest* req,
                            v1::KeyValueSetResponse*) override {
-    if (absl::Status s = CheckName(req->key(), "KeyValueSetRequest.key"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = CheckName(req->key(), "KeyValueSetRequest.key"); !s.ok()) return ToGrpcStatus(s);
     if (grpc::Status s = CheckMember(*ctx, "KeyValueSet"); !s.ok()) return s;
     const std::optional<TaskId> writer = CallerTask(*ctx);
     if (static_cast<int64_t>(req->value().size()) > options_.max_value_bytes) {
@@ -297,16 +298,16 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
 
   grpc::Status KeyValueGet(grpc::ServerContext* ctx, const v1::KeyValueGetRequest* req,
                            v1::KeyValueGetResponse* resp) override {
-    if (absl::Status s = CheckName(req->key(), "KeyValueGetRequest.key"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = CheckName(req->key(), "KeyValueGetRequest.key"); !s.ok()) return ToGrpcStatus(s);
     if (grpc::Status s = CheckMember(*ctx, "KeyValueGet"); !s.ok()) return s;
     const absl::StatusOr<absl::Time> deadline =
         Deadline(ctx, req->timeout_ms(), "KeyValueGetRequest.timeout_ms", false);
-    if (!deadline.ok()) return ToGrpc(deadline.status());
+    if (!deadline.ok()) return ToGrpcStatus(deadline.status());
     const absl::Time start = absl::Now();
     absl::MutexLock lock(&mu_);
     const auto present = [&] { return store_.find(req->key()) != store_.end(); };
     if (!present()) {
-      if (absl::Status s = CheckWaitersLocked("KeyValueGet"); !s.ok()) return ToGrpc(s);
+      if (absl::Status s = CheckWaitersLocked("KeyValueGet"); !s.ok()) return ToGrpcStatus(s);
     }
     const WaitResult r = CountedWaitLocked(ctx, *deadline, present);
     switch (r) {
@@ -327,13 +328,13 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
 
   grpc::Status Barrier(grpc::ServerContext* ctx, const v1::BarrierRequest* req,
                        v1::BarrierResponse*) override {
-    if (absl::Status s = CheckName(req->name(), "BarrierRequest.name"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = CheckName(req->name(), "BarrierRequest.name"); !s.ok()) return ToGrpcStatus(s);
     const absl::StatusOr<int> idx = FindTask(req->task(), "BarrierRequest.task");
-    if (!idx.ok()) return ToGrpc(idx.status());
+    if (!idx.ok()) return ToGrpcStatus(idx.status());
     if (grpc::Status s = CheckCallerIs(security(), *ctx, "Barrier", ids_[*idx]); !s.ok()) return s;
     const absl::StatusOr<absl::Time> deadline =
         Deadline(ctx, req->timeout_ms(), "BarrierRequest.timeout_ms", false);
-    if (!deadline.ok()) return ToGrpc(deadline.status());
+    if (!deadline.ok()) return ToGrpcStatus(deadline.status());
     const absl::Time start = absl::Now();
     const std::string name = ids_[*idx].ToString();
     const std::string barrier = Quote(req->name());
@@ -356,7 +357,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       }
     }
     // Checked before arriving, so a refused call leaves the counts alone.
-    if (absl::Status s = CheckWaitersLocked("Barrier"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = CheckWaitersLocked("Barrier"); !s.ok()) return ToGrpcStatus(s);
     if (it == barriers_.end()) {
       it = barriers_.emplace(req->name(), BarrierState{std::vector<int64_t>(tasks_.size(), 0), 0})
                .first;
@@ -397,11 +398,11 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
   grpc::Status Leave(grpc::ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
     const absl::StatusOr<int> idx = FindTask(req->task(), "LeaveRequest.task");
-    if (!idx.ok()) return ToGrpc(idx.status());
+    if (!idx.ok()) return ToGrpcStatus(idx.status());
     if (grpc::Status s = CheckCallerIs(security(), *ctx, "Leave", ids_[*idx]); !s.ok()) return s;
     const std::string& inc = req->incarnation();
     if (absl::Status s = CheckIncarnation(inc, "LeaveRequest.incarnation"); !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     const std::string name = ids_[*idx].ToString();
     absl::MutexLock lock(&mu_);
@@ -556,9 +557,6 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     return now + std::max(wait, absl::ZeroDuration());
   }
 
-  static grpc::Status ToGrpc(const absl::Status& s) {
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-  }
   static grpc::Status ShuttingDown() {
     return Error(grpc::StatusCode::UNAVAILABLE, "the coordination service is shutting down");
   }

@@ -23,6 +23,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "worker/ps/ps_wire.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/coordination/grpc_support.h"
 
 namespace distrain {
 
@@ -182,15 +183,9 @@ PsClient::PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClie
   for (size_t ps = 0; ps < addresses_.size(); ++ps) {
     const std::string& address = addresses_[ps];
     grpc::ChannelArguments args;
-    // Reconnect and re-resolve quickly: a ps pod's DNS name may appear a few
-    // seconds after the worker starts, and gRPC's defaults (20 s connect
-    // backoff floor, 30 s between resolutions) would stretch that to minutes.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-    // One connection per ps per client, not shared with other clients of
-    // the same process (tests run several).
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A ps pod's DNS name may appear a few seconds after the worker starts;
+    // one connection per ps per client (tests run several in a process).
+    ApplyJobChannelArgs(&args);
     // Pushes send the caller's gradient memory without copying it; a retry
     // buffer would keep references to it beyond the call. Nothing here is
     // retried by gRPC anyway (failures go to the coordinator).

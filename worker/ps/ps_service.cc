@@ -26,6 +26,7 @@
 #include "worker/ps/partitioner.h"
 #include "worker/ps/ps_wire.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/coordination/grpc_support.h"
 
 namespace distrain {
 
@@ -40,11 +41,6 @@ constexpr char kShardPrefix[] = "shard/";
 // Accounted per shard header in a Pull message, so a pull of very many tiny
 // shards still splits into messages below the receive limit.
 constexpr int64_t kHeaderOverheadBytes = 64;
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 // The single answer of a client-streaming method served raw.
 grpc::Status WriteAnswer(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
@@ -396,13 +392,13 @@ grpc::Status PsService::CreateVariables(grpc::ServerContext* ctx,
     }
     if (absl::Status s = CheckName(absl::StrCat(field, ".variable"), spec.variable(), limits);
         !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     const std::string what =
         absl::StrCat(field, " (", RefString(spec.variable(), spec.shard()), ")");
     std::vector<int64_t> full(spec.full_shape().begin(), spec.full_shape().end());
     absl::StatusOr<int64_t> n = CheckShape(absl::StrCat(what, ".full_shape"), full, limits);
-    if (!n.ok()) return ToGrpc(n.status());
+    if (!n.ok()) return ToGrpcStatus(n.status());
     const int64_t rows = full.empty() ? 1 : full[0];
     if (spec.num_shards() > limits.max_shards_per_variable) {
       return grpc::Status(grpc::INVALID_ARGUMENT,
@@ -739,7 +735,7 @@ grpc::Status PsService::InitializeRaw(grpc::ServerContext* ctx, RawStream* strea
   RpcTimer timer(metrics_.get(), "Initialize");
   if (grpc::Status s = CheckCoordinator(*ctx, "Initialize"); !s.ok()) return s;
   Upload upload;
-  if (absl::Status s = ReadUpload("Initialize", ctx, stream, upload); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = ReadUpload("Initialize", ctx, stream, upload); !s.ok()) return ToGrpcStatus(s);
   v1::InitializeResponse answer;
   v1::InitializeResponse* response = &answer;
   for (Upload::Item& item : upload.items) {
@@ -798,7 +794,7 @@ grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
     const std::string& name = request->variables(i);
     if (absl::Status s = CheckName(absl::StrCat("Pull: variables[", i, "]"), name, limits);
         !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     std::vector<Shard*> shards = ShardsOfVariable(name);
     if (shards.empty()) {
@@ -817,7 +813,7 @@ grpc::Status PsService::PullRaw(grpc::ServerContext* ctx, RawStream* stream) {
     if (absl::Status s =
             CheckName(absl::StrCat("Pull: shards[", i, "].variable"), ref.variable(), limits);
         !s.ok()) {
-      return ToGrpc(s);
+      return ToGrpcStatus(s);
     }
     Shard* s = FindShard(ref.variable(), ref.shard());
     if (s == nullptr) {
@@ -914,7 +910,7 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
   RpcTimer timer(metrics_.get(), "Push");
   if (grpc::Status s = CheckTrainer(*ctx, "Push"); !s.ok()) return s;
   Upload upload;
-  if (absl::Status s = ReadUpload("Push", ctx, stream, upload); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = ReadUpload("Push", ctx, stream, upload); !s.ok()) return ToGrpcStatus(s);
   v1::PushResponse answer;
   v1::PushResponse* response = &answer;
 
@@ -1108,7 +1104,7 @@ grpc::Status PsService::Save(grpc::ServerContext* ctx, const v1::SaveRequest* re
                         absl::StrCat("Save: cannot create ", dir, ": ", ec.message()));
   }
   CheckpointManager manager(dir, request->keep() > 0 ? request->keep() : options_.checkpoint_keep);
-  if (absl::Status s = manager.Save(state); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = manager.Save(state); !s.ok()) return ToGrpcStatus(s);
   response->set_path(manager.PathForStep(state.step));
   response->set_shards(static_cast<int32_t>(shards.size()));
   return grpc::Status::OK;
@@ -1127,7 +1123,7 @@ grpc::Status PsService::Restore(grpc::ServerContext* ctx, const v1::RestoreReque
   absl::StatusOr<PsCheckpoint> ckpt =
       LoadPsCheckpoint(options_.checkpoint_dir,
                        request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
-  if (!ckpt.ok()) return ToGrpc(ckpt.status());
+  if (!ckpt.ok()) return ToGrpcStatus(ckpt.status());
 
   // Build every shard's new state first; commit only when all are valid.
   struct Staged {

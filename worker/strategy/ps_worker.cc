@@ -24,6 +24,7 @@
 #include "worker/ps/ps_service.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
+#include "worker/coordination/grpc_support.h"
 
 namespace distrain {
 
@@ -31,16 +32,6 @@ namespace {
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
 std::string NewIncarnation() {
@@ -254,7 +245,7 @@ grpc::Status PsWorkerService::Prepare(grpc::ServerContext* ctx, const v1::Prepar
   absl::Status s = PrepareLocked(*request);
   if (!s.ok()) {
     spdlog::warn("worker:{} Prepare: {}", worker_index_, s.message());
-    return ToGrpc(s);
+    return ToGrpcStatus(s);
   }
   response->set_worker_index(worker_index_);
   response->set_incarnation(incarnation_);
@@ -479,13 +470,8 @@ GrpcWorkerTransport::GrpcWorkerTransport(std::vector<std::string> worker_address
     : addresses_(std::move(worker_addresses)), options_(std::move(options)) {
   for (size_t worker = 0; worker < addresses_.size(); ++worker) {
     grpc::ChannelArguments args;
-    // A restarted worker is back within a second or two; gRPC's default
-    // reconnect backoff (1 s growing to 120 s) would delay its re-admission.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 500);
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A restarted worker is back within a second or two: re-admit it then.
+    ApplyJobChannelArgs(&args);
     std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(
         options_.security.get(), TaskId{"worker", static_cast<int>(worker)}, &args);
     stubs_.push_back(
@@ -531,7 +517,7 @@ absl::StatusOr<std::string> GrpcWorkerTransport::Prepare(int worker) {
   v1::PrepareResponse response;
   grpc::Status s = stubs_[worker]->Prepare(&ctx, request, &response);
   Untrack(&ctx);
-  if (!s.ok()) return FromGrpc(s);
+  if (!s.ok()) return FromGrpcStatus(s);
   return response.incarnation();
 }
 
@@ -553,7 +539,7 @@ ClosureOutcome GrpcWorkerTransport::RunStep(int worker, int64_t closure_id, int 
   Untrack(&ctx);
   if (!s.ok()) {
     outcome.kind = ClosureOutcome::Kind::kWorkerLost;
-    outcome.status = FromGrpc(s);
+    outcome.status = FromGrpcStatus(s);
     return outcome;
   }
   if (!response.ps_error().empty()) {
