@@ -63,6 +63,7 @@ std::optional<int> MetricsPort(const Json& pod) {
 
 ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   ScrapedProgress out;
+  std::optional<double> job_rate;
   std::istringstream lines(exposition);
   std::string line;
   while (std::getline(lines, line)) {
@@ -75,10 +76,14 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
     if (!absl::SimpleAtod(line.substr(space + 1), &value) || !std::isfinite(value)) continue;
     if (name == "distrain_steps_total") out.step = value;
     else if (name == "distrain_total_steps") out.total_steps = value;
+    else if (name == "distrain_job_examples_per_second") job_rate = value;
     else if (name == "distrain_examples_per_second") out.examples_per_second = value;
     else if (name == "distrain_loss") out.loss = value;
     else if (name == "distrain_eval_accuracy") out.accuracy = value;
   }
+  // The job's rate when the chief says it (a MultiWorkerMirrored chief's own
+  // rate is 1/W of it); its own rate from older workers and other images.
+  if (job_rate) out.examples_per_second = job_rate;
   return out;
 }
 

@@ -21,8 +21,10 @@
 //      round lasts about one timeout however many jobs are slow (the old
 //      one-at-a-time scrape took N timeouts for N slow jobs). Read
 //      distrain_steps_total, distrain_total_steps,
-//      distrain_examples_per_second, distrain_loss and (once the chief has
-//      evaluated) distrain_eval_accuracy from each body.
+//      distrain_job_examples_per_second (else distrain_examples_per_second,
+//      which a MultiWorkerMirrored chief reports for its own 1/W share),
+//      distrain_loss and (once the chief has evaluated)
+//      distrain_eval_accuracy from each body.
 //   3. When they differ from status.progress, merge-patch /status with the new
 //      progress only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries

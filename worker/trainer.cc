@@ -408,7 +408,11 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       window_start = now;
       window_examples = 0;
       window_steps = 0;
-      if (env_.metrics) env_.metrics->examples_per_second.Set(examples_per_second);
+      if (env_.metrics) {
+        env_.metrics->examples_per_second.Set(examples_per_second);
+        env_.metrics->job_examples_per_second.Set(examples_per_second *
+                                                  strategy_->num_input_shards());
+      }
       const double accuracy = out->job_accuracy.value_or(
           out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0);
       spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,

@@ -38,6 +38,13 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
                               .Help("Training throughput of this process over the last log interval")
                               .Register(registry)
                               .Add({})),
+      job_examples_per_second(
+          prometheus::BuildGauge()
+              .Name("distrain_job_examples_per_second")
+              .Help("Training throughput of the whole job over the last log interval, as this "
+                    "process sees it (what the operator reports as examplesPerSecond)")
+              .Register(registry)
+              .Add({})),
       total_steps(prometheus::BuildGauge()
                       .Name("distrain_total_steps")
                       .Help("Number of steps the job trains for")

@@ -17,7 +17,11 @@ namespace distrain {
 //   distrain_examples_total              counter   examples consumed by this process
 //   distrain_step_duration_seconds       histogram wall time per step
 //   distrain_loss                        gauge     loss of the latest step
-//   distrain_examples_per_second         gauge     throughput over the last log interval
+//   distrain_examples_per_second         gauge     this process's throughput over the last
+//                                                  log interval (sum over pods: the job's)
+//   distrain_job_examples_per_second     gauge     the whole job's throughput as this process
+//                                                  sees it (its rate x the input shards its
+//                                                  step stands for: MultiWorkerMirrored's W)
 //   distrain_total_steps                 gauge     steps the job asked for
 //   distrain_eval_accuracy / _eval_loss  gauge     latest evaluation
 //   distrain_checkpoint_duration_seconds histogram time to write a checkpoint
@@ -34,6 +38,7 @@ struct TrainingMetrics {
   prometheus::Histogram& step_duration;
   prometheus::Gauge& loss;
   prometheus::Gauge& examples_per_second;
+  prometheus::Gauge& job_examples_per_second;
   prometheus::Gauge& total_steps;
   prometheus::Gauge& eval_accuracy;
   prometheus::Gauge& eval_loss;

@@ -24,6 +24,18 @@ TEST(ProgressReporterTest, ReadsTheChiefsTrainingMetricsFromPrometheusText) {
   EXPECT_DOUBLE_EQ(*p.loss, 0.312345678);
 }
 
+TEST(ProgressReporterTest, ExamplesPerSecondIsTheJobsRateWhenTheChiefGivesIt) {
+  // A MultiWorkerMirrored chief of 4 workers: its own rate is a quarter of
+  // the job's, which status.progress must show.
+  ScrapedProgress p = ParseProgressMetrics(
+      "distrain_examples_per_second 1000\ndistrain_job_examples_per_second 4000\n");
+  ASSERT_TRUE(p.examples_per_second);
+  EXPECT_DOUBLE_EQ(*p.examples_per_second, 4000);
+  ScrapedProgress reversed = ParseProgressMetrics(
+      "distrain_job_examples_per_second 4000\ndistrain_examples_per_second 1000\n");
+  EXPECT_DOUBLE_EQ(*reversed.examples_per_second, 4000);
+}
+
 TEST(ProgressReporterTest, AccuracyIsTheChiefsEvaluationOnceItHasOne) {
   ScrapedProgress none = ParseProgressMetrics("distrain_steps_total 5\ndistrain_eval_accuracy 0\n");
   EXPECT_FALSE(MergeProgress(nullptr, none).contains("accuracy"));  // not evaluated yet
