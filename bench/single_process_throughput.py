@@ -9,13 +9,15 @@ process's (wait4's ru_maxrss).
 
   bench/single_process_throughput.py [--steps 200] [--warmup 40] [--repeats 2]
 
-Prints each figure, the ratio distrain/TF, and exits 0 (not a pass/fail test).
+Prints each figure, the ratio distrain/TF, and exits 0 (not a pass/fail test);
+appends one JSON line to bench/records/single_process_throughput.jsonl (machine,
+load before and after, every round) unless --no-record.
 """
 import argparse
+import datetime
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import cpu_info, uptime  # noqa: E402
+
 PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
                         "peers-venv", "bin", "python")
 
@@ -65,12 +70,16 @@ def distrain_examples_per_second(steps, warmup):
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         out, rss, _ = run_measured([worker, "--config", job], env)
-    rates = [float(m) for m in re.findall(r"step \d+/\d+ .*examples/s (\d+)", out)]
-    if len(rates) < 2:
-        sys.exit(f"could not read examples/s from distrain-worker output:\n{out}")
-    measured = rates[1:]
-    # Each interval has `warmup` steps; the mean of interval rates is the rate over them all.
-    return statistics.mean(measured), rss
+    # Examples over time, end to end from the progress line at step `warmup`
+    # to the one at the last step, as the TensorFlow peer is timed (a mean of
+    # per-interval rates would lean towards the fast intervals).
+    stamps = {}
+    for m in re.finditer(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z\s+\S+\s+step (\d+)/(\d+) ", out, re.M):
+        stamps[int(m.group(2))] = datetime.datetime.fromisoformat(m.group(1)).timestamp()
+    total = steps + warmup
+    if warmup not in stamps or total not in stamps:
+        sys.exit(f"no progress lines for steps {warmup} and {total} in distrain-worker's output:\n{out}")
+    return steps * 256 / (stamps[total] - stamps[warmup]), rss
 
 
 def tf_examples_per_second(steps, warmup):
@@ -88,7 +97,9 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=2, help="alternate the two this many times; best of each")
+    ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
+    load_before = uptime()
     d_rates, d_rss, t_rates, t_rss = [], [], [], []
     for i in range(args.repeats):
         r, rss = distrain_examples_per_second(args.steps, args.warmup)
@@ -107,6 +118,19 @@ def main():
     print(f"{'distrain':12}{d:12.0f}{max(d_rss):14.0f}")
     print(f"{'tf-keras':12}{t:12.0f}{max(t_rss):14.0f}")
     print(f"ratio distrain/tf-keras: {d / t:.2f}x examples/s, {max(d_rss) / max(t_rss):.2f}x RSS")
+    load_after = uptime()
+    print(f"uptime: {load_after}")
+    if not args.no_record:
+        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(ROOT, "bench", "records", "single_process_throughput.jsonl"), "a") as f:
+            f.write(json.dumps({
+                "benchmark": "single_process_throughput",
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "commit": commit, "machine": cpu_info(), "steps": args.steps, "warmup": args.warmup,
+                "distrain_examples_per_s": d_rates, "tf_examples_per_s": t_rates,
+                "distrain_rss_mib": d_rss, "tf_rss_mib": t_rss, "distrain_over_tf": d / t,
+                "uptime_before": load_before, "uptime_after": load_after}) + "\n")
 
 
 if __name__ == "__main__":
