@@ -49,7 +49,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, fail, run_group, tf_configs  # noqa: E402
+from benchlib import BUILD, PEERS_PY, ROOT, append_record, fail, run_group, tf_configs, uptime  # noqa: E402
 
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -206,7 +206,9 @@ def main():
     ap.add_argument("--target-seconds", type=float, default=0.5, help="timed iterations fill about this")
     ap.add_argument("--timeout", type=float, default=120, help="per-operation timeout inside each side (s)")
     ap.add_argument("--side-timeout", type=float, default=900, help="one side's run for one N (s)")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     args = ap.parse_args()
+    uptime_before = uptime()
 
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else \
         (QUICK_SIZES if args.quick else DEFAULT_SIZES)
@@ -291,6 +293,19 @@ def main():
                   f"(distrain/mpi time {d / m:.2f}x)")
     print(f"  wall time {time.time() - started:.0f} s; load {load:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end")
+    if not args.no_record:
+        figures = []
+        for n in ranks:
+            for size in sizes:
+                row = {"ranks": n, "bytes": size, "l_agg_bytes_per_s": ceilings[n],
+                       "l_ring_bytes_per_s": limits[n]["ring"][0]}
+                for side in sides:
+                    t = table[(n, side)][size]["median_s"]
+                    row[f"{side}_median_s"] = t
+                    row[f"{side}_busbw"] = busbw(n, size, t)
+                figures.append(row)
+        append_record("allreduce_busbw", figures, uptime_before,
+                      {"sides": sides, "distrain_args": args.distrain_args})
 
 
 if __name__ == "__main__":

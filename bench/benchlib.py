@@ -2,6 +2,7 @@
 workers, running a group of processes that must all succeed (the first failure
 kills the rest and stops the benchmark loudly), and the machine facts every
 record carries (`uptime`, `cpu_info`)."""
+import datetime
 import json
 import os
 import signal
@@ -39,6 +40,27 @@ def cpu_info():
                 family = int(value)
     isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
     return {"model": model, "isa": isa, "cores": os.cpu_count(), "tsc_mhz": mhz, "family": family}
+
+
+def append_record(benchmark, figures, uptime_before, extra=None):
+    """Appends one JSON line to bench/records/<benchmark>.jsonl: the time, the
+    commit (with "+dirty" for uncommitted changes), the machine, the load
+    before and after, and `figures` (every number the run printed that a
+    document may quote). Returns the record's path."""
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    record = {"benchmark": benchmark,
+              "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit + ("+dirty" if dirty else ""), "machine": cpu_info(),
+              "uptime_before": uptime_before, "uptime_after": uptime(), "figures": figures}
+    record.update(extra or {})
+    path = os.path.join(ROOT, "bench", "records", f"{benchmark}.jsonl")
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"recorded in {os.path.relpath(path, ROOT)}")
+    return path
 
 
 def fail(message):

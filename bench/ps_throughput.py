@@ -39,7 +39,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, fail, free_ports, run_group  # noqa: E402
+from benchlib import BUILD, append_record, fail, free_ports, run_group, uptime  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -137,7 +137,9 @@ def main():
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"],
                     help="what the ps applies to each push")
     ap.add_argument("--chunk-bytes", type=int, default=1 << 20, help="streamed chunk payload")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     args = ap.parse_args()
+    uptime_before = uptime()
     workers = [int(w) for w in args.workers.split(",")]
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     if any(w < 1 for w in workers):
@@ -177,6 +179,11 @@ def main():
                   f"{t(r['median_pull_s']):>10} {t(r['median_push_s']):>10} "
                   f"{limits[w] / 1e9:>14.2f} {r['bytes_per_second'] / limits[w]:>9.1%}")
     print(f"\ntotal {time.time() - started:.0f} s")
+    if not args.no_record:
+        append_record("ps_throughput", [
+            {"workers": w, "bytes": size, **table[(w, size)], "loopback_bytes_per_s": limits[w]}
+            for w in workers for size in sizes], uptime_before,
+            {"variable": args.variable, "optimizer": args.optimizer, "transport": "Plaintext"})
 
 
 if __name__ == "__main__":

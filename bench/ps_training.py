@@ -55,7 +55,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, fail, free_ports, job_credentials, run_group  # noqa: E402
+from benchlib import (BUILD, PEERS_PY, ROOT, append_record, fail, free_ports,  # noqa: E402
+                      job_credentials, run_group, uptime)
 
 WORKERS = 2
 PS = 2
@@ -189,11 +190,13 @@ def main():
     ap.add_argument("--timeout", type=float, default=900, help="one side's run (s)")
     ap.add_argument("--cpu", action="store_true",
                     help="also measure each side's CPU time per closure (two more runs per side)")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     args = ap.parse_args()
     if args.warmup < 1 or args.steps < 1 or args.steps % args.warmup:
         fail("--steps must be a positive multiple of --warmup")
 
     batches = [int(b) for b in args.batch.split(",")]
+    uptime_before = uptime()
     started = time.time()
     load = os.getloadavg()[0]
     results = {}
@@ -201,7 +204,10 @@ def main():
     for batch in batches:
         d_rates, t_rates = [], []
         for i in range(args.repeats):
-            d_rates.append(distrain_rate(args, batch))
+            # Plaintext like TensorFlow's insecure gRPC: the same work on both
+            # sides. Jobs run mutual TLS by default; bench/security_cost.py
+            # measures what that costs.
+            d_rates.append(distrain_rate(args, batch, "Plaintext"))
             print(f"  batch {batch}, round {i + 1}: distrain {d_rates[-1]:7.2f} steps/s", flush=True)
             t_rates.append(tf_rate(args, batch))
             print(f"  batch {batch}, round {i + 1}: tf       {t_rates[-1]:7.2f} steps/s", flush=True)
@@ -227,6 +233,13 @@ def main():
             d, t = cpu[batch]
             print(f"{batch:>6} | {d * 1000:23.1f} | {t * 1000:17.1f} | {t / d:10.2f}x")
     print(f"wall time {time.time() - started:.0f} s; load {load:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    if not args.no_record:
+        append_record("ps_training", [
+            {"batch": b, "distrain_steps_per_s": results[b][0], "tf_steps_per_s": results[b][1],
+             "distrain_over_tf": results[b][0] / results[b][1],
+             **({"distrain_cpu_s_per_closure": cpu[b][0], "tf_cpu_s_per_closure": cpu[b][1]} if b in cpu else {})}
+            for b in batches], uptime_before, {"repeats": args.repeats, "steps": args.steps,
+                                               "distrain_transport": "Plaintext"})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, fail, job_credentials, run_group, tf_configs  # noqa: E402
+from benchlib import (BUILD, PEERS_PY, ROOT, append_record, fail, job_credentials,  # noqa: E402
+                      run_group, tf_configs, uptime)
 
 GLOBAL_BATCH = 256
 
@@ -117,7 +118,9 @@ def main():
                     help="budget: TensorFlow gets the same threads per process as distrain; "
                          "default: TensorFlow's own choice")
     ap.add_argument("--timeout", type=float, default=600, help="one side's run for one worker count (s)")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     args = ap.parse_args()
+    uptime_before = uptime()
     workers = [int(w) for w in args.workers.split(",")]
     if any(w < 1 or GLOBAL_BATCH % w for w in workers):
         fail(f"--workers: each count must divide the global batch {GLOBAL_BATCH}")
@@ -151,6 +154,11 @@ def main():
     print("ratios distrain/tf: " + ", ".join(f"{w} worker(s) {results[w][0] / results[w][1]:.2f}x"
                                              for w in workers))
     print(f"wall time {time.time() - started:.0f} s; load {load:.2f} at start, {os.getloadavg()[0]:.2f} at end")
+    if not args.no_record:
+        append_record("training_scaling", [
+            {"workers": w, "distrain_examples_per_s": results[w][0], "tf_examples_per_s": results[w][1],
+             "distrain_over_tf": results[w][0] / results[w][1]} for w in workers], uptime_before,
+            {"repeats": args.repeats, "steps": args.steps, "tf_threads": args.tf_threads})
 
 
 if __name__ == "__main__":
