@@ -29,21 +29,18 @@ Appends one JSON line to bench/records/security_cost.jsonl (machine, load
 before and after, every figure and ratio) unless --no-record.
 """
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, cpu_info, fail, job_credentials, run_group, tf_configs, uptime  # noqa: E402
+from benchlib import append_record, cpu_info, fail, job_credentials, run_group, tf_configs, uptime  # noqa: E402
 import ps_throughput  # noqa: E402
 import ps_training  # noqa: E402
 
-RECORDS = os.path.join(ROOT, "bench", "records", "security_cost.jsonl")
 KIB, MIB = 1 << 10, 1 << 20
 
 
@@ -152,15 +149,7 @@ def main():
     load_after = uptime()
     print(f"uptime: {load_after}")
     if not args.no_record:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
-        with open(RECORDS, "a") as f:
-            f.write(json.dumps({"benchmark": "security_cost",
-                                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                "commit": commit, "machine": cpu_info(), "rounds": args.rounds,
-                                "figures": figures, "uptime_before": load_before,
-                                "uptime_after": load_after}) + "\n")
-        print(f"recorded in {os.path.relpath(RECORDS, ROOT)}")
+        append_record("security_cost", figures, load_before, {"rounds": args.rounds})
 
 
 if __name__ == "__main__":

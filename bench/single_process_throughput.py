@@ -26,7 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import cpu_info, uptime  # noqa: E402
+from benchlib import append_record, uptime  # noqa: E402
 
 PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
                         "peers-venv", "bin", "python")
@@ -118,20 +118,9 @@ def main():
     print(f"{'distrain':12}{d:12.0f}{max(d_rss):14.0f}")
     print(f"{'tf-keras':12}{t:12.0f}{max(t_rss):14.0f}")
     print(f"ratio distrain/tf-keras: {d / t:.2f}x examples/s, {max(d_rss) / max(t_rss):.2f}x RSS")
-    load_after = uptime()
-    print(f"uptime: {load_after}")
+    print(f"uptime: {uptime()}")
     if not args.no_record:
-        commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
-        with open(os.path.join(ROOT, "bench", "records", "single_process_throughput.jsonl"), "a") as f:
-            f.write(json.dumps({
-                "benchmark": "single_process_throughput",
-                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "commit": commit, "machine": cpu_info(), "steps": args.steps, "warmup": args.warmup,
-                "distrain_examples_per_s": d_rates, "tf_examples_per_s": t_rates,
-                "distrain_rss_mib": d_rss, "tf_rss_mib": t_rss, "distrain_over_tf": d / t,
-                "uptime_before": load_before, "uptime_after": load_after}) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+        append_record("single_process_throughput",
+                      {"distrain_examples_per_s": d_rates, "tf_examples_per_s": t_rates,
+                       "distrain_rss_mib": d_rss, "tf_rss_mib": t_rss, "distrain_over_tf": d / t},
+                      load_before, {"steps": args.steps, "warmup": args.warmup})
