@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
 
 #include "common/cluster_spec.h"
+#include "common/job_identity.h"
 
 namespace distrain {
 namespace {
@@ -109,6 +111,35 @@ INSTANTIATE_TEST_SUITE_P(
         RestartCase{"MultiWorkerMirroredWorkerFailsTheJob", StrategyKind::kMultiWorkerMirrored,
                     ReplicaType::kWorker, RestartPolicy::kOnFailure, std::nullopt, 137, 0, false}),
     [](const ::testing::TestParamInfo<RestartCase>& info) { return info.param.name; });
+
+TEST(LocalClusterTest, EveryReplicaGetsItsOwnTasksCredentialsUnlessTheJobOptsOut) {
+  JobConfig c;
+  c.name = "mwms";
+  c.strategy = StrategyKind::kMultiWorkerMirrored;
+  c.replicas[ReplicaType::kChief].replicas = 1;
+  c.replicas[ReplicaType::kWorker].replicas = 2;
+  const std::string work = ::testing::TempDir() + "/local_cluster_credentials";
+  std::filesystem::remove_all(work);
+  std::filesystem::create_directories(work);
+  auto plan = PlanLocalCluster(c, {work, work + "/ckpt", 2});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(WriteLocalCredentials(c, work, &*plan).ok());
+  std::string ca;
+  for (const LocalReplica& r : *plan) {
+    ASSERT_TRUE(r.env.count("DISTRAIN_CREDENTIALS_DIR")) << r.label;
+    auto loaded = LoadCredentialsDir(r.env.at("DISTRAIN_CREDENTIALS_DIR"));
+    ASSERT_TRUE(loaded.ok()) << r.label << ": " << loaded.status();
+    EXPECT_EQ(loaded->task, (TaskId{ReplicaTaskType(r.type), r.index}));
+    if (ca.empty()) ca = loaded->ca_cert_pem;
+    EXPECT_EQ(loaded->ca_cert_pem, ca) << "one CA for the whole run";
+  }
+  c.transport = TransportMode::kPlaintext;
+  auto plain = PlanLocalCluster(c, {work, work + "/ckpt", 2});
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE(WriteLocalCredentials(c, work, &*plain).ok());
+  for (const LocalReplica& r : *plain) EXPECT_FALSE(r.env.count("DISTRAIN_CREDENTIALS_DIR"));
+  std::filesystem::remove_all(work);
+}
 
 }  // namespace
 }  // namespace distrain
