@@ -113,9 +113,11 @@ nonp="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS"
 grep -q 'networkpolicies' <<<"$nonp" && fail "networkPolicy.enabled=false must grant nothing on networkpolicies"
 grep -qF -- '--network-policy=false' <<<"$nonp" || fail "networkPolicy.enabled=false not passed to the operator"
 # Checkpoint claims: the operator is told the defaults, and gets RBAC for them only when enabled.
-for a in --checkpoint-volumes=true '--checkpoint-storage-class=' --checkpoint-storage-size=1Gi --checkpoint-access-mode=ReadWriteOnce; do
+for a in --checkpoint-volumes=true --checkpoint-storage-size=1Gi --checkpoint-access-mode=ReadWriteOnce; do
   grep -qF -- "$a" <<<"$out" || fail "no $a in the operator's arguments"
 done
+# No class: the flag is left out (the cluster's default class), not passed empty.
+grep -qF -- '--checkpoint-storage-class' <<<"$out" && fail "--checkpoint-storage-class passed without a class"
 grep -q 'persistentvolumeclaims' <<<"$out" || fail "checkpointStorage.enabled grants nothing on persistentvolumeclaims"
 rwx="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set checkpointStorage.accessMode=ReadWriteMany \
   --set checkpointStorage.size=20Gi --set checkpointStorage.storageClassName=nfs)"
