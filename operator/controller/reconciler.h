@@ -19,10 +19,13 @@
 //   4. The PodGroup, then the cluster-spec ConfigMap (POST, or PUT with the
 //      cached resourceVersion), then the job's NetworkPolicy (POST, 409 meaning
 //      it is there; or PUT), then its checkpoint PersistentVolumeClaim (POST,
-//      409 meaning it is there), then Services and pods are POSTed. No pod is
-//      POSTed while the NetworkPolicy or the claim could not be created: no pod
-//      runs unprotected (a failed update leaves the old policy in force), and
-//      none waits unschedulable for a missing claim. The
+//      409 meaning it is there), then, when pods are to be created, the job's
+//      identity Secret holds a certificate for each of them
+//      (job_identity_secret.h: GET, then POST or PUT), then Services and pods
+//      are POSTed. No pod is POSTed while the NetworkPolicy, the claim or the
+//      Secret could not be written: no pod runs unprotected (a failed update
+//      leaves the old policy in force), none waits unschedulable for a
+//      missing claim or in ContainerCreating for a missing certificate. The
 //      ConfigMap has its own expectation (ConfigMapExpectationsKey): set
 //      before the write, lowered by the ConfigMap informer's add/update (or
 //      here when the write fails), so a reconcile on a cache that has not
