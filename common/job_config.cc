@@ -1298,6 +1298,8 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("runPolicy.backoffLimit", DISTRAIN_REF(run_policy.backoff_limit), Min(0)),
       Field("runPolicy.activeDeadlineSeconds", DISTRAIN_REF(run_policy.active_deadline_seconds),
             Min(1)),
+      Field("runPolicy.progressDeadlineSeconds",
+            DISTRAIN_REF(run_policy.progress_deadline_seconds), Min(1)),
       Field("runPolicy.ttlSecondsAfterFinished",
             DISTRAIN_REF(run_policy.ttl_seconds_after_finished), Min(0)),
       EnumField("runPolicy.cleanPodPolicy", DISTRAIN_REF(run_policy.clean_pod_policy),

@@ -209,6 +209,11 @@ struct SchedulingPolicy {
 struct RunPolicy {
   std::optional<int64_t> backoff_limit;             // unset: no limit on restarts
   std::optional<int64_t> active_deadline_seconds;   // unset: no deadline
+  // How long a training process may go without completing a step before it
+  // counts as stalled (/healthz fails, the operator sets Stalled and restarts
+  // per restartPolicy); unset: derived from the step time
+  // (common/progress_deadline.h).
+  std::optional<int64_t> progress_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;  // unset: keep the finished job
   // Running by default, as TFJob: a finished job holds no pod that still runs
   // (ps tasks, ours and TensorFlow's, never exit on their own).

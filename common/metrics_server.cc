@@ -12,9 +12,35 @@ using web::http::methods;
 using web::http::status_codes;
 using web::http::experimental::listener::http_listener;
 
+namespace {
+
+MetricsServer::Check FromBool(std::function<bool()> f, const char* what) {
+  if (!f) return nullptr;
+  return [f = std::move(f), what]() {
+    return f() ? absl::OkStatus() : absl::UnavailableError(what);
+  };
+}
+
+// A reason on one line: probes and `kubectl describe` show the body's start.
+std::string OneLine(absl::string_view message) {
+  std::string out(message.substr(0, message.find('\n')));
+  if (out.empty()) out = "unhealthy";
+  return out + "\n";
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
     std::function<bool()> healthy, std::function<bool()> ready) {
+  return StartWithChecks(host, port, std::move(registry), FromBool(std::move(healthy), "unhealthy"),
+                         FromBool(std::move(ready), "not ready"));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::StartWithChecks(
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    Check healthy, Check ready) {
+  if (!healthy) healthy = [] { return absl::OkStatus(); };
   if (port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics port: must be in 1..65535, got ", port,
@@ -36,12 +62,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
         request.reply(status_codes::OK, serializer.Serialize(self->registry_->Collect()),
                       "text/plain; version=0.0.4; charset=utf-8");
       } else if (path == "/healthz" || path == "/readyz") {
-        const bool ok = path == "/healthz" ? self->healthy_() : self->ready_();
-        if (ok) {
+        const absl::Status s = path == "/healthz" ? self->healthy_() : self->ready_();
+        if (s.ok()) {
           request.reply(status_codes::OK, "ok\n", "text/plain");
         } else {
-          request.reply(status_codes::ServiceUnavailable,
-                        path == "/healthz" ? "unhealthy\n" : "not ready\n", "text/plain");
+          request.reply(status_codes::ServiceUnavailable, OneLine(s.message()), "text/plain");
         }
       } else {
         request.reply(status_codes::NotFound, "try /metrics or /healthz\n", "text/plain");

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "prometheus/registry.h"
 
@@ -18,8 +19,9 @@ namespace distrain {
 // HTTP endpoint for Prometheus and probes, on one port (DISTRAIN_METRICS_PORT
 // in workers, :8080 in the operator):
 //   GET /metrics  Prometheus text format 0.0.4 of the registry;
-//   GET /healthz  200 "ok" while `healthy()` returns true, else 503;
-//   GET /readyz   200 "ok" while `ready()` returns true (default: healthy()), else 503.
+//   GET /healthz  200 "ok" while `healthy()` is OK, else 503 with its message
+//                 (one line: why, for `kubectl describe pod`'s probe events);
+//   GET /readyz   200 "ok" while `ready()` is OK (default: healthy()), else 503.
 // prometheus-cpp provides the metric types and the text serializer; the
 // listener is cpprestsdk's (prometheus-cpp's own exposer cannot serve
 // /healthz beside /metrics).
@@ -32,6 +34,11 @@ class MetricsServer {
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
       std::function<bool()> healthy = [] { return true; }, std::function<bool()> ready = nullptr);
+  // The same with checks that say why not ("" readiness: the health check).
+  using Check = std::function<absl::Status()>;
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> StartWithChecks(
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+      Check healthy, Check ready = nullptr);
   ~MetricsServer();  // stops listening; in-flight requests finish first
 
   int port() const { return port_; }
@@ -40,8 +47,8 @@ class MetricsServer {
   MetricsServer() = default;
   std::unique_ptr<web::http::experimental::listener::http_listener> listener_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::function<bool()> healthy_;
-  std::function<bool()> ready_;
+  Check healthy_;
+  Check ready_;
   int port_ = 0;
 };
 

@@ -3,7 +3,8 @@
 // Reads the pod contract (docs/architecture.md §5) from the environment:
 //   TF_CONFIG               cluster spec + this task (absent: a lone worker)
 //   DISTRAIN_JOB_CONFIG     spec.training + strategy as JSON (or --config job.yaml)
-//   DISTRAIN_METRICS_PORT   Prometheus /metrics and /healthz (absent: no server)
+//   DISTRAIN_METRICS_PORT   Prometheus /metrics and /healthz (absent: no server);
+//                           /healthz fails once training stalls (progress_watchdog.h)
 //   DISTRAIN_CHECKPOINT_DIR where checkpoints go (spec.training.checkpoint.dir wins)
 //   DISTRAIN_STATUS_FILE    progress JSON for `distrain run` (optional)
 //   DISTRAIN_CREDENTIALS_DIR this task's job credentials (default
@@ -29,6 +30,7 @@
 #include "common/net.h"
 #include "spdlog/spdlog.h"
 #include "worker/evaluator.h"
+#include "worker/progress_watchdog.h"
 #include "worker/security/transport_security.h"
 #include "worker/strategy/ps_worker.h"
 #include "worker/strategy/strategy.h"
@@ -222,8 +224,18 @@ int main(int argc, char** argv) {
       return kExitInvalidConfig;
     }
   }
+  // /healthz: whether training makes progress (worker/progress_watchdog.h).
+  // Only the processes that run the Trainer take steps; the evaluator and
+  // ParameterServer's ps and worker tasks answer OK while they serve.
+  const bool trains = cluster->task().type != "evaluator" &&
+                      !(config->strategy == StrategyKind::kParameterServer &&
+                        (cluster->task().type == "ps" || cluster->task().type == "worker"));
+  auto watchdog = std::make_shared<ProgressWatchdog>(config->run_policy.progress_deadline_seconds);
   if (metrics_port > 0) {
-    auto server = MetricsServer::Start(ListenHost(), metrics_port, registry);
+    MetricsServer::Check healthy = [watchdog, trains] {
+      return trains ? watchdog->Check() : absl::OkStatus();
+    };
+    auto server = MetricsServer::StartWithChecks(ListenHost(), metrics_port, registry, healthy);
     if (!server.ok()) {
       spdlog::error("{}", server.status().message());
       return kExitInvalidConfig;
@@ -288,6 +300,8 @@ int main(int argc, char** argv) {
   env.status_file = Env("DISTRAIN_STATUS_FILE");
   env.termination_message_file = Env("DISTRAIN_TERMINATION_MESSAGE_PATH");
   env.metrics = &metrics;
+  env.watchdog = watchdog.get();
+  watchdog->AttachGauge(&metrics.progress_deadline);
   Trainer trainer(*config, *cluster, env, std::move(*strategy));
   TrainOutcome outcome = trainer.Run(g_stop);
   if (outcome.exit_code == kExitTerminated && g_signal.load() == SIGINT) {

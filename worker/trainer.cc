@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -195,6 +196,18 @@ void Trainer::WriteTerminationMessage(int64_t step, double loss, double examples
 TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   start_seconds_ = NowSeconds();
   const TrainingConfig& tc = config_.training;
+  // Whatever ends the run, the process is about to exit with a code that
+  // says how it went: /healthz must not call it stalled meanwhile.
+  absl::Cleanup done = [this] {
+    if (env_.watchdog != nullptr) env_.watchdog->Done();
+  };
+  // Brackets a checkpoint write or an evaluation (ProgressWatchdog rule step 3).
+  auto long_phase = [this](const std::string& what) {
+    if (env_.watchdog != nullptr) env_.watchdog->BeginLongPhase(what);
+    return absl::Cleanup([this] {
+      if (env_.watchdog != nullptr) env_.watchdog->EndLongPhase();
+    });
+  };
   auto fail = [&](int code, absl::Status s) {
     WriteStatus("Failed", 0, 0, 0, nullptr, std::string(s.message()));
     return Fail(code, std::move(s));
@@ -299,6 +312,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   // The final save keeps its state in *kept (when not null) for the export.
   auto save = [&](int64_t step, std::optional<CheckpointState>* kept = nullptr) -> absl::Status {
     if (!chief || checkpoints == nullptr) return absl::OkStatus();
+    auto phase = long_phase("writing a checkpoint");
     const double t0 = NowSeconds();
     auto state = capture(step);
     if (!state.ok()) return state.status();
@@ -400,6 +414,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       env_.metrics->step_duration.Observe(dt);
       env_.metrics->loss.Set(out->loss);
     }
+    if (env_.watchdog != nullptr) env_.watchdog->StepCompleted(step, dt);
     const bool log_now = tc.log_every_steps > 0 && (step % tc.log_every_steps == 0 || step == tc.steps);
     if (log_now) {
       const double now = NowSeconds();
@@ -431,6 +446,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
     if (chief && eval_data != nullptr && tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 &&
         step < tc.steps) {
+      auto phase = long_phase("evaluating");
       EvalSummary ev = EvaluateModel(*strategy_->primary_model(), *eval_data);
       if (env_.metrics) {
         env_.metrics->eval_accuracy.Set(ev.accuracy);
@@ -439,8 +455,18 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       spdlog::info("eval at step {}: loss {:.4f} accuracy {:.4f}", step, ev.loss, ev.accuracy);
       write_eval_events(step, ev);
     }
-    if (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0 && step < tc.steps) {
+    const bool checkpoint_now =
+        tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0 && step < tc.steps;
+    if (checkpoint_now) {
       if (absl::Status s = save(step); !s.ok()) return fail(save_exit_code(s), s);
+    }
+    // The other processes of a synchronous job wait for the chief's
+    // checkpoint or evaluation inside their next step (rule step 3).
+    const bool chief_may_evaluate =
+        tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 && step < tc.steps;
+    if (!chief && env_.watchdog != nullptr && (checkpoint_now || chief_may_evaluate)) {
+      env_.watchdog->ExpectLongStep(checkpoint_now ? "the chief writes a checkpoint"
+                                                   : "the chief evaluates");
     }
   }
 
@@ -448,6 +474,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   outcome.steps_done = step;
   outcome.final_loss = last_loss;
   if (chief && eval_data != nullptr) {
+    auto phase = long_phase("the final evaluation");
     EvalSummary ev = EvaluateModel(*strategy_->primary_model(), *eval_data);
     outcome.eval_accuracy = ev.accuracy;
     outcome.eval_loss = ev.loss;

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "common/cluster_spec.h"
 #include "common/job_config.h"
+#include "worker/progress_watchdog.h"
 #include "worker/strategy/strategy.h"
 #include "worker/training_metrics.h"
 
@@ -32,6 +33,9 @@ struct TrainerEnv {
   // (accuracy: the final evaluation's, present when the job has eval data).
   std::string termination_message_file;
   TrainingMetrics* metrics = nullptr;  // optional; not owned
+  // Told of every step, checkpoint write and evaluation; what /healthz
+  // answers from (worker/progress_watchdog.h). Optional; not owned.
+  ProgressWatchdog* watchdog = nullptr;
 };
 
 struct TrainOutcome {

@@ -64,6 +64,13 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
                               .Name("distrain_checkpoint_duration_seconds")
                               .Help("Time to write one checkpoint")
                               .Register(registry)
-                              .Add({}, ExponentialBuckets(0.001, 2, 16))) {}
+                              .Add({}, ExponentialBuckets(0.001, 2, 16))),
+      progress_deadline(prometheus::BuildGauge()
+                            .Name("distrain_progress_deadline_seconds")
+                            .Help("Seconds this process may go without completing a step before "
+                                  "its /healthz fails (spec.runPolicy.progressDeadlineSeconds, "
+                                  "else derived from the median step time)")
+                            .Register(registry)
+                            .Add({})) {}
 
 }  // namespace distrain

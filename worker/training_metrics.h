@@ -25,6 +25,10 @@ namespace distrain {
 //   distrain_total_steps                 gauge     steps the job asked for
 //   distrain_eval_accuracy / _eval_loss  gauge     latest evaluation
 //   distrain_checkpoint_duration_seconds histogram time to write a checkpoint
+//   distrain_progress_deadline_seconds   gauge     the progress deadline this process applies
+//                                                  (common/progress_deadline.h); the
+//                                                  operator judges Stalled against the
+//                                                  master's when the spec sets none
 // Owns nothing but references into `registry`; prometheus-cpp metrics are
 // thread-safe.
 struct TrainingMetrics {
@@ -43,6 +47,7 @@ struct TrainingMetrics {
   prometheus::Gauge& eval_accuracy;
   prometheus::Gauge& eval_loss;
   prometheus::Histogram& checkpoint_duration;
+  prometheus::Gauge& progress_deadline;
 };
 
 }  // namespace distrain

@@ -111,6 +111,7 @@ spec:
   runPolicy:
     backoffLimit: 4
     activeDeadlineSeconds: 3600
+    progressDeadlineSeconds: 300
     ttlSecondsAfterFinished: 600
     cleanPodPolicy: All
     suspend: true
@@ -163,6 +164,7 @@ TEST(JobConfigTest, ParsesEveryField) {
   EXPECT_EQ(c.success_policy, SuccessPolicy::kAllWorkers);
   EXPECT_EQ(c.run_policy.backoff_limit, 4);
   EXPECT_EQ(c.run_policy.active_deadline_seconds, 3600);
+  EXPECT_EQ(c.run_policy.progress_deadline_seconds, 300);
   EXPECT_EQ(c.run_policy.ttl_seconds_after_finished, 600);
   EXPECT_EQ(c.run_policy.clean_pod_policy, CleanPodPolicy::kAll);
   EXPECT_TRUE(c.run_policy.suspend);
@@ -385,6 +387,10 @@ std::vector<BadDocCase> BadDocs() {
        "spec.runPolicy.backoffLimit: must be a non-negative integer, got -1"},
       {"ZeroDeadline", JobYaml("runPolicy: {activeDeadlineSeconds: 0}"),
        "spec.runPolicy.activeDeadlineSeconds: must be a positive integer, got 0"},
+      {"ZeroProgressDeadline", JobYaml("runPolicy: {progressDeadlineSeconds: 0}"),
+       "spec.runPolicy.progressDeadlineSeconds: must be a positive integer, got 0"},
+      {"ProgressDeadlineNotANumber", JobYaml("runPolicy: {progressDeadlineSeconds: 5m}"),
+       "spec.runPolicy.progressDeadlineSeconds: must be"},
       {"BadCleanPodPolicy", JobYaml("runPolicy: {cleanPodPolicy: Some}"),
        "spec.runPolicy.cleanPodPolicy: must be one of \"None\", \"Running\", \"All\", got "
        "\"Some\""},
