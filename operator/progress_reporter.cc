@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "operator/api/distributed_training_job.h"
+#include "operator/controller/stall.h"
 #include "operator/kube/paths.h"
 #include "spdlog/spdlog.h"
 
@@ -80,6 +81,7 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
     else if (name == "distrain_examples_per_second") out.examples_per_second = value;
     else if (name == "distrain_loss") out.loss = value;
     else if (name == "distrain_eval_accuracy") out.accuracy = value;
+    else if (name == "distrain_progress_deadline_seconds") out.progress_deadline = value;
   }
   // The job's rate when the chief says it (a MultiWorkerMirrored chief's own
   // rate is 1/W of it); its own rate from older workers and other images.
@@ -87,12 +89,25 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   return out;
 }
 
-Json MergeProgress(const Json& current, const ScrapedProgress& scraped) {
+Json MergeProgress(const Json& current, const ScrapedProgress& scraped, absl::Time now) {
   Json progress = current.is_object() ? current : Json::object();
   // A page can say anything: a count beyond int64 is dropped (converting it
   // would be undefined behaviour), like a value that does not parse.
   const auto fits = [](double v) { return v > -0x1p63 && v < 0x1p63; };
-  if (scraped.step && fits(*scraped.step)) progress["step"] = static_cast<int64_t>(*scraped.step);
+  if (scraped.step && fits(*scraped.step)) {
+    const int64_t step = static_cast<int64_t>(*scraped.step);
+    const Json& before = progress.value("step", Json());
+    if (step > 0 && !(before.is_number_integer() && before.get<int64_t>() == step)) {
+      progress[controller::kProgressLastStepTime] = api::FormatKubeTime(now);
+    }
+    progress["step"] = step;
+  }
+  // Whole seconds, at least 1 (the CRD's integer; a deadline of 0 means none was set).
+  if (scraped.progress_deadline && *scraped.progress_deadline >= 1 &&
+      fits(*scraped.progress_deadline)) {
+    progress[controller::kProgressDeadlineSeconds] =
+        static_cast<int64_t>(std::ceil(*scraped.progress_deadline));
+  }
   if (scraped.total_steps && *scraped.total_steps > 0 && fits(*scraped.total_steps)) {
     progress["totalSteps"] = static_cast<int64_t>(*scraped.total_steps);
   }

@@ -23,9 +23,12 @@
 //      distrain_steps_total, distrain_total_steps,
 //      distrain_job_examples_per_second (else distrain_examples_per_second,
 //      which a MultiWorkerMirrored chief reports for its own 1/W share),
-//      distrain_loss and (once the chief has evaluated)
-//      distrain_eval_accuracy from each body.
-//   3. When they differ from status.progress, merge-patch /status with the new
+//      distrain_loss, (once the chief has evaluated) distrain_eval_accuracy
+//      and distrain_progress_deadline_seconds from each body.
+//   3. When the step moved, progress.lastStepTime = now: the clock of the
+//      Stalled condition (controller/stall.h), which the reconcile judges; a
+//      master that answers no scrape (hung, stopped) leaves it where it was.
+//      When they differ from status.progress, merge-patch /status with the new
 //      progress only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries
 //      with this one), with the job's resourceVersion from step 1 as a
@@ -63,11 +66,17 @@ namespace distrain {
 // uses; nullopt for those absent. Pure; exposed for tests.
 struct ScrapedProgress {
   std::optional<double> step, total_steps, examples_per_second, loss, accuracy;
+  std::optional<double> progress_deadline;  // distrain_progress_deadline_seconds
 };
 ScrapedProgress ParseProgressMetrics(const std::string& exposition);
 
-// {"step": ..., ...} merged over `current` (a job's status.progress).
-nlohmann::json MergeProgress(const nlohmann::json& current, const ScrapedProgress& scraped);
+// {"step": ..., ...} merged over `current` (a job's status.progress). When
+// the step moved (a counter above 0 that differs from current's step: a
+// restarted process counts from 0 again, and 0 means it has completed none),
+// lastStepTime becomes `now`; progressDeadlineSeconds is the scraped deadline
+// (controller/stall.h reads both).
+nlohmann::json MergeProgress(const nlohmann::json& current, const ScrapedProgress& scraped,
+                             absl::Time now = absl::Now());
 
 struct ProgressReporterOptions {
   absl::Duration interval = absl::Seconds(5);

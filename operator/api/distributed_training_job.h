@@ -51,6 +51,10 @@ inline constexpr char kConditionRestarting[] = "Restarting";
 inline constexpr char kConditionSucceeded[] = "Succeeded";
 inline constexpr char kConditionFailed[] = "Failed";
 inline constexpr char kConditionSuspended[] = "Suspended";
+// True while the master's step counter has not moved within the progress
+// deadline (controller/stall.h); it does not change status.state: a stalled
+// job is still Running (or Restarting, once the stall restarted it).
+inline constexpr char kConditionStalled[] = "Stalled";
 
 // metav1.Time: RFC 3339 in UTC with second precision ("2026-01-02T03:04:05Z").
 std::string FormatKubeTime(absl::Time t);

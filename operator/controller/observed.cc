@@ -82,8 +82,21 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
   if (pod.contains("status") && pod["status"].is_object()) {
     p.phase = pod["status"].value("phase", "");
     p.reason = pod["status"].value("reason", "");
+    const Json& start = pod["status"].value("startTime", Json());
+    if (start.is_string()) {
+      if (auto t = api::ParseKubeTime(start.get<std::string>(), "status.startTime"); t.ok()) {
+        p.started = *t;
+      }
+    }
   }
   if (const Json* cs = MainContainerStatus(pod)) {
+    const Json::json_pointer running_since("/state/running/startedAt");
+    if (cs->contains(running_since) && cs->at(running_since).is_string()) {
+      if (auto t = api::ParseKubeTime(cs->at(running_since).get<std::string>(), "startedAt");
+          t.ok()) {
+        p.started = *t;
+      }
+    }
     for (const char* state : {"state", "lastState"}) {
       if (!cs->contains(state) || !(*cs)[state].is_object()) continue;
       const Json& s = (*cs)[state];

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "operator/controller/plan.h"
 #include "operator/controller/pods.h"
@@ -29,6 +30,10 @@ struct ObservedPod {
   // pod's status.reason ("Evicted"); may be empty.
   std::string reason;
   std::string cluster_hash;  // annotation kClusterHashAnnotation; "" when absent
+  // When its process started: the main container's state.running.startedAt,
+  // else the pod's status.startTime; nullopt before either is known. The
+  // stall clock of a new pod starts here (stall.h).
+  std::optional<absl::Time> started;
 
   bool active() const { return !terminating && phase != "Succeeded" && phase != "Failed"; }
   bool succeeded() const { return !terminating && phase == "Succeeded"; }

@@ -11,6 +11,7 @@
 #include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/final_progress.h"
 #include "operator/controller/job_identity_secret.h"
+#include "operator/controller/probes.h"
 
 namespace distrain::controller {
 namespace {
@@ -463,6 +464,8 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   // Ports.
   if (!NamedPort(main, kLegacyPortName)) EnsurePort(main, kPortName, topology.ports.at(id.type));
   EnsurePort(main, kMetricsPortName, metrics_port);
+  // Startup, liveness and readiness on /healthz (probes.h).
+  AddHealthProbes(main, metrics_port, options);
 
   // Devices.
   int default_gpus = 0;

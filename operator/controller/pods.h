@@ -33,6 +33,9 @@
 //   TPU_WORKER_ID, TPU_WORKER_HOSTNAMES on TPU workers (see BuildPod);
 // and container ports named "distrain" and "metrics". These override entries
 // of the same name in the template: the contract is the operator's.
+// It also gets startup, liveness and readiness probes on /healthz at the
+// metrics port when it runs distrain-worker (probes.h: timings, and why a
+// template's own probes win).
 // Why a ConfigMap: every pod lists every host, so inlining the cluster made a
 // job's pod specs O(N^2) bytes (25 KB per pod at 500 workers), which the
 // operator, the API server and etcd all serialise, store and watch. The

@@ -18,6 +18,7 @@
 #include "operator/controller/observed.h"
 #include "operator/controller/pods.h"
 #include "operator/controller/restart.h"
+#include "operator/controller/stall.h"
 #include "operator/controller/success.h"
 
 namespace distrain::controller {
@@ -100,6 +101,7 @@ class Reconciler {
     Set(succeeded ? api::kConditionSucceeded : api::kConditionFailed, true, reason, message);
     Set(api::kConditionRunning, false, reason, message, /*emit=*/false);
     Set(api::kConditionRestarting, false, reason, message, /*emit=*/false);
+    Set(api::kConditionStalled, false, reason, message, /*emit=*/false);
     status().completion_time = facts_.now;
     finished_ = true;
   }
@@ -207,7 +209,31 @@ Plan Reconciler::Run(const Observed& observed, const ControllerOptions& options)
 
 void Reconciler::HandleFailures() {
   const JobConfig& config = topology_.config;
-  RestartDecision d = DecideRestarts(config, pods_);
+  // A master whose step has not moved within the progress deadline is
+  // restarted like a pod that failed without its container exiting
+  // (stall.h step 4): `judged` is the observed pods with that one Failed.
+  std::vector<ObservedPod> judged = pods_;
+  const StallDecision stall = DecideStall(config, status(), pods_, facts_.now);
+  if (stall.stalled != nullptr) {
+    for (ObservedPod& p : judged) {
+      if (p.name != stall.stalled->name) continue;
+      p.phase = "Failed";
+      p.exit_code.reset();
+      p.reason = "Stalled";
+    }
+    if (SetCondition(&status(), api::kConditionStalled, true, kReasonStalled, stall.message,
+                     job_.metadata.generation, facts_.now)) {
+      plan_.events.push_back({"Warning", kReasonStalled, stall.message, stall.stalled->name});
+    }
+  } else {
+    if (stall.resumed) {
+      Set(api::kConditionStalled, false, kReasonResumed,
+          absl::StrCat("the step counter moves again (last step at ",
+                       status().progress.value(kProgressLastStepTime, std::string()), ")"));
+    }
+    if (stall.check_at) plan_.RequeueAfter(*stall.check_at - facts_.now);
+  }
+  RestartDecision d = DecideRestarts(config, judged);
   if (!d.fatal.empty()) {
     const ObservedPod& pod = *d.fatal.front();
     const RestartPolicy policy = config.replicas.at(pod.id.type).restart_policy;

@@ -3,7 +3,7 @@
 
 // One reconcile of a DistributedTrainingJob, as a pure function of the job,
 // its observed children, the facts and the options (plan.h). The policies
-// live one per file: pods.h (desired pods and Services, TF_CONFIG), restart.h,
+// live one per file: pods.h (desired pods and Services, TF_CONFIG), restart.h, stall.h,
 // success.h, cleanup.h (cleanPodPolicy, TTL), elastic.h, gang.h,
 // conditions.h; this file orders them:
 //
@@ -20,6 +20,10 @@
 //   7. Failures (restart.h): a permanent one fails the job; restarts past
 //      backoffLimit fail it (BackoffLimitExceeded); otherwise the pods to
 //      restart are deleted, Restarting True, restartCount counted.
+//      A running master whose step has not moved within the progress
+//      deadline (stall.h) counts as a pod that failed without exiting: Stalled
+//      True, a Warning event naming it, then the same rules; Stalled clears
+//      once the step moves again.
 //   8. Membership changes (elastic.h).
 //   9. Gang scheduling (gang.h): the PodGroup, or Created False when its CRD
 //      is missing.

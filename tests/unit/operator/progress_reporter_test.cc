@@ -1,5 +1,7 @@
 #include "operator/progress_reporter.h"
 
+#include "operator/api/distributed_training_job.h"
+
 #include "gtest/gtest.h"
 #include "tests/unit/operator/kube/scripted_client.h"
 
@@ -90,7 +92,41 @@ TEST(ProgressReporterTest, RoundingKeepsUnchangedProgressEqualSoNothingIsWritten
   b.loss = 0.1234561;
   a.examples_per_second = 100.01;
   b.examples_per_second = 100.02;
-  EXPECT_EQ(MergeProgress(nullptr, a), MergeProgress(nullptr, b));
+  const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  EXPECT_EQ(MergeProgress(nullptr, a, now), MergeProgress(nullptr, b, now));
+}
+
+// The clock of the Stalled condition (controller/stall.h).
+TEST(ProgressReporterTest, LastStepTimeMovesOnlyWhenTheStepDoes) {
+  const absl::Time t0 = absl::FromUnixSeconds(1'800'000'000);
+  const absl::Time t1 = t0 + absl::Seconds(5);
+  const nlohmann::json current = {{"step", 10}, {"lastStepTime", api::FormatKubeTime(t0)}};
+  EXPECT_EQ(MergeProgress(current, ParseProgressMetrics("distrain_steps_total 10\n"), t1),
+            current)
+      << "the same step: nothing to write, the clock runs on";
+  nlohmann::json moved = MergeProgress(current, ParseProgressMetrics("distrain_steps_total 11\n"), t1);
+  EXPECT_EQ(moved["step"], 11);
+  EXPECT_EQ(moved["lastStepTime"], api::FormatKubeTime(t1));
+  // A restarted process that has completed no step yet: step 0 is shown,
+  // but it has not moved.
+  nlohmann::json restarted =
+      MergeProgress(current, ParseProgressMetrics("distrain_steps_total 0\n"), t1);
+  EXPECT_EQ(restarted["step"], 0);
+  EXPECT_EQ(restarted["lastStepTime"], api::FormatKubeTime(t0));
+  EXPECT_EQ(MergeProgress(restarted, ParseProgressMetrics("distrain_steps_total 1\n"), t1)
+                ["lastStepTime"],
+            api::FormatKubeTime(t1));
+}
+
+TEST(ProgressReporterTest, TheMastersProgressDeadlineIsCopiedInWholeSeconds) {
+  const absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  EXPECT_EQ(MergeProgress(nullptr, ParseProgressMetrics("distrain_progress_deadline_seconds 90.2\n"),
+                          now)["progressDeadlineSeconds"],
+            91);
+  // 0: a process that sets none (an older worker, another image's gauge).
+  EXPECT_FALSE(MergeProgress(nullptr, ParseProgressMetrics("distrain_progress_deadline_seconds 0\n"),
+                             now)
+                   .contains("progressDeadlineSeconds"));
 }
 
 // Found by tests/fuzz/prometheus_text_fuzz (corpus regression-step-beyond-int64):
