@@ -55,7 +55,7 @@ StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
   if (moved_since_start) {
     if (std::optional<int64_t> reported = ReportedDeadline(status.progress)) {
       allowance = absl::Seconds(*reported);
-      source = "the progress deadline the pod reports (distrain_progress_deadline_seconds)";
+      source = "the deadline the pod reports as distrain_progress_deadline_seconds";
     } else {
       allowance = ProgressDeadline(spec_seconds, std::nullopt);
       source = spec_seconds ? "spec.runPolicy.progressDeadlineSeconds" : "the default deadline";

@@ -16,7 +16,12 @@
 # restart shows in status.restartCount and a Restarting event, and the job
 # still succeeds. Then one whose chief is killed with SIGKILL after a
 # checkpoint: with no volume in its spec, the restarted chief resumes from
-# that checkpoint (step > 0) on the provisioned claim. The namespace enforces
+# that checkpoint (step > 0) on the provisioned claim. Then a OneDevice job
+# whose worker is SIGSTOPped: the operator sees its step counter stand still,
+# sets Stalled within runPolicy.progressDeadlineSeconds (+ the scrape slack),
+# names the pod in an event, restarts it, and the job succeeds with Stalled
+# cleared. (The agent runs no liveness probes: the operator's restart is what
+# ends the stall here; docs/architecture.md §6b "Stalls".) The namespace enforces
 # the restricted Pod Security Standard. Needs root (the agent manages a block
 # of /etc/hosts); skips (exit 77) otherwise. E2E_CASES="onedevice mirrored"
 # runs a subset.
@@ -26,7 +31,7 @@ BUILD="$(cd "${1:?usage: examples_test.sh BUILD_DIR}" && pwd)"
 : "${KUBECONFIG:?run through tests/kube/with_control_plane.sh}"
 KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall}"
 
 
 # shellcheck source=tests/e2e/e2e_lib.sh
@@ -142,7 +147,7 @@ check_job() {
 run_examples() {
   local c jobs=()
   for c in $CASES; do
-    [ "$c" = kill ] || [ "$c" = chief-kill ] && continue
+    [ "$c" = kill ] || [ "$c" = chief-kill ] || [ "$c" = stall ] && continue
     e2e_example "$ROOT/examples/$c.yaml" 150 >"$WORK/$c.yaml"
     k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
     jobs+=("$c")
@@ -245,9 +250,80 @@ run_chief_kill() {
   echo "ok: $job Succeeded after the chief was killed; restartCount $restarts"
 }
 
+# A OneDevice worker SIGSTOPped mid-training: a process that hangs outside any
+# collective never exits, so only its progress shows it. Deadline 10 s; the
+# operator's judgement adds 10 s for its 5 s scrapes (controller/stall.h), so
+# Stalled must come within 40 s of the stop. The pod's grace period is short
+# because a stopped process cannot act on its SIGTERM: the agent's SIGKILL
+# after the grace period is what ends it, as a kubelet's would.
+run_stall() {
+  local job=onedevice-stall deadline=10
+  e2e_example "$ROOT/examples/onedevice.yaml" 20000 |
+    sed -E -e "s/^  name: onedevice/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
+      -e "s/^(      replicas: 1)\$/\1\n      template: {spec: {terminationGracePeriodSeconds: 2}}/" \
+      -e "s/^(  training:)\$/  runPolicy: {progressDeadlineSeconds: $deadline}\n\1/" >"$WORK/$job.yaml"
+  grep -q "progressDeadlineSeconds: $deadline" "$WORK/$job.yaml" &&
+    grep -q "terminationGracePeriodSeconds: 2" "$WORK/$job.yaml" ||
+    { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/logs/${NS}_$job-worker-0.log" pidfile="$WORK/pids/${NS}_$job-worker-0.pid" i
+  # Stop it once the operator has seen it step (lastStepTime set), so the
+  # stall is judged against the deadline, not the start-up allowance.
+  local seen=""
+  for i in $(seq 1 600); do
+    seen="$(k get dtj "$job" -o jsonpath='{.status.progress.lastStepTime}' 2>/dev/null)"
+    [ -n "$seen" ] && break
+    sleep 0.2
+  done
+  [ -n "$seen" ] || { fail "$job: status.progress.lastStepTime never set while it trained"; dump "$job"; return; }
+  local pid uid
+  pid="$(cat "$pidfile" 2>/dev/null)"
+  uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
+  [ -n "$pid" ] || { fail "$job: no pid file $pidfile"; dump "$job"; return; }
+  kill -STOP "$pid"
+  local stopped_at=$SECONDS
+  echo "stopped $job-worker-0 (pid $pid) after: $(grep -E 'step [0-9]+/20000' "$log" | tail -n 1 | sed 's/^.*step/step/')"
+  local stalled=""
+  for i in $(seq 1 250); do
+    stalled="$(k get dtj "$job" -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')"
+    [ "$stalled" = True ] && break
+    sleep 0.2
+  done
+  if [ "$stalled" = True ] && [ $((SECONDS - stopped_at)) -le 40 ]; then
+    echo "ok: $job Stalled $((SECONDS - stopped_at)) s after the stop: $(k get dtj "$job" -o jsonpath='{.status.conditions[?(@.type=="Stalled")].message}')"
+  else
+    fail "$job: Stalled is '$stalled' $((SECONDS - stopped_at)) s after the stop (want True within 40 s)"
+    kill -CONT "$pid" 2>/dev/null
+    dump "$job"
+    return
+  fi
+  k describe dtj "$job" | grep -Eq "ProgressDeadlineExceeded.*pod $job-worker-0" ||
+    fail "$job: no ProgressDeadlineExceeded event naming pod $job-worker-0"
+  # The pod is replaced: a new uid under the same name.
+  local new_uid=""
+  for i in $(seq 1 300); do
+    new_uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}' 2>/dev/null)"
+    [ -n "$new_uid" ] && [ "$new_uid" != "$uid" ] && break
+    sleep 0.2
+  done
+  [ -n "$new_uid" ] && [ "$new_uid" != "$uid" ] || fail "$job: pod $job-worker-0 was not replaced"
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after the stall"
+    dump "$job"
+    return
+  fi
+  local restarts still
+  restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+  still="$(k get dtj "$job" -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')"
+  [ "${restarts:-0}" -ge 1 ] 2>/dev/null || fail "$job: status.restartCount is '$restarts' (want >= 1)"
+  [ "$still" = False ] || fail "$job: Stalled is '$still' after success (want False)"
+  echo "ok: $job Succeeded after the stall; restartCount $restarts, Stalled $still"
+}
+
 run_examples
 [[ " $CASES " == *" kill "* ]] && run_kill
 [[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
+[[ " $CASES " == *" stall "* ]] && run_stall
 
 echo "e2e examples: $failures failure(s) in $((SECONDS - start)) s"
 [ "$failures" = 0 ]
