@@ -66,6 +66,32 @@ TEST(TrainerTest, OneDeviceExampleReaches95PercentWithinItsStepBudget) {
   EXPECT_GE(*out.eval_accuracy, 0.95);
 }
 
+// A run that has ended, however it ended, is never called stalled by the
+// watchdog behind /healthz (progress_watchdog.h): the process is about to
+// exit with a code that says how it went.
+TEST(TrainerTest, TheWatchdogIsDoneWhenTheRunEndsHoweverItEnds) {
+  for (bool stop : {false, true}) {
+    absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+    ProgressWatchdog watchdog(/*explicit_deadline_seconds=*/std::nullopt, [&now] { return now; });
+    TrainerEnv env;
+    env.watchdog = &watchdog;
+    JobConfig config = SmallJob(30);
+    config.training.checkpoint.every_steps = 10;
+    env.checkpoint_dir = TempDir(stop ? "watchdog_stop" : "watchdog");
+    Trainer trainer(config, LoneWorker(), env, std::make_unique<OneDeviceStrategy>());
+    std::atomic<bool> stop_flag{stop};
+    TrainOutcome out = trainer.Run(stop_flag);
+    ASSERT_EQ(out.exit_code, stop ? kExitTerminated : kExitOk) << out.status;
+    now += absl::Hours(1);
+    EXPECT_TRUE(watchdog.Check().ok()) << watchdog.Check();
+  }
+  // Without the end of the run, the same hour is a stall.
+  absl::Time now = absl::FromUnixSeconds(1'800'000'000);
+  ProgressWatchdog idle(std::nullopt, [&now] { return now; });
+  now += absl::Hours(1);
+  EXPECT_FALSE(idle.Check().ok());
+}
+
 // Resume must be exact: same data order from the resumed step and the same
 // optimizer slots, so an interrupted job ends where an uninterrupted one does.
 TEST(TrainerTest, ResumedRunEndsBitIdenticalToUninterruptedRun) {
