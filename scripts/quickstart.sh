@@ -83,9 +83,18 @@ echo "helm release $REL installed in $NS; operator pod $leader leads (node agent
 echo "applying $JOB_FILE to namespace $NS"
 "$KUBECTL" -n "$NS" apply -f "$JOB_FILE"
 
-# Follow: print the job's row whenever it changes, until Succeeded or Failed.
+# Follow: print the job's row whenever it changes, until Succeeded or Failed,
+# or until the deadline (a job that never starts must not hang the command).
 last="" state=""
+deadline=$((SECONDS + ${DISTRAIN_QUICKSTART_TIMEOUT:-600}))
 while :; do
+  if [ $SECONDS -ge $deadline ]; then
+    echo "quickstart --kube: $JOB neither Succeeded nor Failed within ${DISTRAIN_QUICKSTART_TIMEOUT:-600} s" \
+      "(DISTRAIN_QUICKSTART_TIMEOUT); its events and the operator's last log lines:" >&2
+    "$KUBECTL" -n "$NS" describe dtj "$JOB" 2>&1 | tail -15 >&2 || true
+    "$KUBECTL" -n "$NS" logs "$leader" --tail=10 2>&1 >&2 || true
+    exit 1
+  fi
   row="$("$KUBECTL" -n "$NS" get dtj "$JOB" --no-headers 2>/dev/null || true)"
   [ "$row" != "$last" ] && [ -n "$row" ] && echo "$row" && last="$row"
   state="$("$KUBECTL" -n "$NS" get dtj "$JOB" \

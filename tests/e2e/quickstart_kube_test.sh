@@ -15,7 +15,8 @@ fi
 out="$(mktemp /tmp/distrain-quickstart-kube.XXXXXX)"
 trap 'rm -f "$out"' EXIT
 start=$SECONDS
-DISTRAIN_BUILD_DIR="$BUILD" "$ROOT/scripts/quickstart.sh" --kube --no-build >"$out" 2>&1
+DISTRAIN_QUICKSTART_TIMEOUT="${DISTRAIN_QUICKSTART_TIMEOUT:-300}" DISTRAIN_BUILD_DIR="$BUILD" \
+  "$ROOT/scripts/quickstart.sh" --kube --no-build >"$out" 2>&1
 rc=$?
 failures=0
 expect() {  # expect REGEX WHAT
