@@ -103,6 +103,8 @@ struct Manager::Impl {
   std::atomic<bool> leading{false};
   std::atomic<bool> synced{false};
   std::atomic<bool> pod_group_crd{false};
+  // When this process became leader and began scraping progress (unix ns).
+  std::atomic<int64_t> leading_since_ns{0};
   std::atomic<bool> lost_lease{false};
 
   // Metrics.
@@ -409,6 +411,7 @@ absl::Status Manager::Impl::Lead(std::stop_token stop) {
   spdlog::info("leading: starting informers for {}",
                options.namespaces.empty() ? std::string("all namespaces")
                                           : absl::StrJoin(options.namespaces, ", "));
+  leading_since_ns = absl::ToUnixNanos(absl::Now());
   leading = true;
   CheckPodGroupCrd();
   StartInformers();
@@ -549,6 +552,11 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
                 return observed;
               },
           .pod_group_crd_installed = [m] { return m->pod_group_crd.load(); },
+          .progress_watch_start =
+              [m] {
+                const int64_t ns = m->leading_since_ns.load();
+                return ns == 0 ? absl::Now() : absl::FromUnixNanos(ns);
+              },
           .record_event =
               [m](const Json& job, const controller::Event& e) {
                 m->recorder->Event(job,

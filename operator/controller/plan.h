@@ -81,6 +81,10 @@ struct Facts {
   absl::Time now;
   // Whether podgroups.scheduling.x-k8s.io is served (scheduler-plugins installed).
   bool pod_group_crd_installed = false;
+  // Since when this operator has been scraping progress (it became leader):
+  // no stall is judged over time nobody watched (stall.h step 2), e.g. a
+  // lastStepTime left from before an operator restart or failover.
+  absl::Time progress_watch_start = absl::InfinitePast();
 };
 
 // A child to delete: name, and uid as a delete precondition so that a pod

@@ -213,7 +213,8 @@ void Reconciler::HandleFailures() {
   // restarted like a pod that failed without its container exiting
   // (stall.h step 4): `judged` is the observed pods with that one Failed.
   std::vector<ObservedPod> judged = pods_;
-  const StallDecision stall = DecideStall(config, status(), pods_, facts_.now);
+  const StallDecision stall =
+      DecideStall(config, status(), pods_, facts_.now, facts_.progress_watch_start);
   if (stall.stalled != nullptr) {
     for (ObservedPod& p : judged) {
       if (p.name != stall.stalled->name) continue;

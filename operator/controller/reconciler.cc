@@ -67,7 +67,11 @@ JobReconciler::JobReconciler(kube::Client* client, kube::Expectations* expectati
       expectations_(expectations),
       hooks_(std::move(hooks)),
       options_(std::move(options)),
-      clock_(clock) {}
+      clock_(clock) {
+  if (!hooks_.progress_watch_start) {
+    hooks_.progress_watch_start = [made = clock_->Now()] { return made; };
+  }
+}
 
 absl::Status JobReconciler::CreateAll(const std::string& key, const std::vector<Json>& services,
                                       const std::vector<Json>& pods) {
@@ -207,7 +211,8 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
   const std::string ns = metadata.value("namespace", "default");
   const std::string name = metadata.value("name", "");
   const Observed observed = hooks_.observe(*job);
-  const Facts facts{clock_->Now(), hooks_.pod_group_crd_installed()};
+  const Facts facts{clock_->Now(), hooks_.pod_group_crd_installed(),
+                    hooks_.progress_watch_start()};
   Plan plan = ReconcileObject(*job, observed, facts, options_);
 
   if (plan.delete_job) {

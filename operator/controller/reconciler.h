@@ -86,6 +86,9 @@ struct ReconcilerHooks {
   std::function<Observed(const nlohmann::json& job)> observe;
   // Whether podgroups.scheduling.x-k8s.io is served (discovery).
   std::function<bool()> pod_group_crd_installed = [] { return false; };
+  // Since when progress has been scraped (Facts::progress_watch_start); the
+  // manager: when it became leader. Unset: when the reconciler was made.
+  std::function<absl::Time()> progress_watch_start;
   // Records an events.k8s.io/v1 event about the job (kube::EventRecorder).
   std::function<void(const nlohmann::json& job, const Event& event)> record_event =
       [](const nlohmann::json&, const Event&) {};
@@ -118,7 +121,7 @@ class JobReconciler {
 
   kube::Client* const client_;
   kube::Expectations* const expectations_;
-  const ReconcilerHooks hooks_;
+  ReconcilerHooks hooks_;  // set once, in the constructor
   const ControllerOptions options_;
   const kube::Clock* const clock_;
 };

@@ -32,7 +32,8 @@ std::string Secs(absl::Duration d) { return absl::StrFormat("%.0f s", absl::ToDo
 }  // namespace
 
 StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
-                          const std::vector<ObservedPod>& pods, absl::Time now) {
+                          const std::vector<ObservedPod>& pods, absl::Time now,
+                          absl::Time watch_start) {
   StallDecision d;
   const std::optional<absl::Time> last_step = LastStepTime(status.progress);
   // Step 5.
@@ -49,7 +50,8 @@ StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
   // Steps 2-3.
   const std::optional<int64_t>& spec_seconds = config.run_policy.progress_deadline_seconds;
   const bool moved_since_start = last_step && *last_step > *master->started;
-  const absl::Time since = moved_since_start ? *last_step : *master->started;
+  const absl::Time seen = moved_since_start ? *last_step : *master->started;
+  const absl::Time since = std::max(seen, watch_start);
   absl::Duration allowance;
   std::string source;
   if (moved_since_start) {
@@ -75,7 +77,10 @@ StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
   d.message = absl::StrCat(
       "pod ", master->name, " (", ReplicaTypeName(master->id.type), " ", master->id.index,
       ", whose step counter is the job's) ",
-      moved_since_start
+      since > seen
+          ? absl::StrCat("completed no step in the ", Secs(now - since),
+                         " since this operator began watching at ", api::FormatKubeTime(since))
+      : moved_since_start
           ? absl::StrCat("completed no step for ", Secs(now - since), " since step ",
                          status.progress.value("step", Json(0)).dump(), " at ",
                          api::FormatKubeTime(since))

@@ -17,7 +17,10 @@
 //   1. Only a master pod (the chief, or Worker 0) that is Running, not being
 //      deleted, and whose start is known is judged: a pod still starting, or
 //      being replaced, is not stalled, and a restart clears nothing by itself.
-//   2. The clock starts at since = max(lastStepTime, the pod's start).
+//   2. The clock starts at since = max(lastStepTime, the pod's start, the
+//      time this operator began watching progress): time nobody watched is
+//      not held against the pod (a lastStepTime left from before an operator
+//      restart, or a pod start recorded by a node whose clock is behind).
 //   3. When the step moved after the pod started, the allowance is the
 //      master's reported deadline (else spec.runPolicy.progressDeadlineSeconds,
 //      else 60 s); before that, the pod is starting up and the allowance is
@@ -75,7 +78,8 @@ struct StallDecision {
 };
 
 StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
-                          const std::vector<ObservedPod>& pods, absl::Time now);
+                          const std::vector<ObservedPod>& pods, absl::Time now,
+                          absl::Time watch_start = absl::InfinitePast());
 
 }  // namespace distrain::controller
 

@@ -149,6 +149,25 @@ TEST(StallTest, WithoutASpecDeadlineTheMastersReportedDeadlineApplies) {
   EXPECT_THAT(Cond(w, api::kConditionStalled)->message, HasSubstr("past 90 s"));
 }
 
+// After an operator restart (or a failover) the lastStepTime in the status
+// is as old as the outage: the new leader holds only the time it watched
+// against the pod. Equally a pod start recorded by a node whose clock is
+// behind.
+TEST(StallTest, TimeNobodyWatchedIsNotHeldAgainstThePod) {
+  World w = Training(OneDevice("ExitCode", "{progressDeadlineSeconds: 30}"));
+  w.facts.progress_watch_start = T0() + absl::Hours(3);
+  w.facts.now = T0() + absl::Hours(3) + absl::Seconds(5);
+  Plan plan = w.Step();
+  EXPECT_THAT(plan.pods_to_delete, IsEmpty());
+  EXPECT_EQ(Cond(w, api::kConditionStalled), nullptr);
+  // Still no step after the deadline (and the scrape slack) of watching.
+  w.facts.now = T0() + absl::Hours(3) + absl::Seconds(41);
+  plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete), ElementsAre("mnist-worker-0"));
+  EXPECT_THAT(Cond(w, api::kConditionStalled)->message,
+              HasSubstr("in the 41 s since this operator began watching"));
+}
+
 TEST(StallTest, RestartPolicyNeverFailsTheJobInstead) {
   World w = Training(OneDevice("Never", "{progressDeadlineSeconds: 30}"));
   w.facts.now = T0() + absl::Seconds(141);
