@@ -173,14 +173,15 @@ void Trainer::WriteStatus(const std::string& state, int64_t step, double loss,
   std::rename(tmp.c_str(), env_.status_file.c_str());
 }
 
-void Trainer::WriteTerminationMessage(int64_t step, double loss, double examples_per_second,
-                                      const TrainOutcome& outcome) {
+void Trainer::WriteTerminationMessage(int64_t step, bool ran_steps, double loss,
+                                      double examples_per_second, const TrainOutcome& outcome) {
   if (env_.termination_message_file.empty() || !strategy_->is_chief()) return;
-  nlohmann::json j = {{"step", step},
-                      {"totalSteps", config_.training.steps},
-                      {"loss", loss},
-                      // Job-wide, as in the status file.
-                      {"examplesPerSecond", examples_per_second * strategy_->num_input_shards()}};
+  nlohmann::json j = {{"step", step}, {"totalSteps", config_.training.steps}};
+  if (ran_steps) {
+    j["loss"] = loss;
+    // Job-wide, as in the status file.
+    j["examplesPerSecond"] = examples_per_second * strategy_->num_input_shards();
+  }
   if (outcome.eval_accuracy) j["accuracy"] = *outcome.eval_accuracy;
   // The kubelet reads at most 4096 bytes; this is about 100.
   std::ofstream out(env_.termination_message_file, std::ios::trunc);
@@ -513,7 +514,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
                  outcome.wall_seconds);
   }
   WriteStatus("Succeeded", step, last_loss, examples_per_second, &outcome, "");
-  WriteTerminationMessage(step, last_loss, examples_per_second, outcome);
+  WriteTerminationMessage(step, step > start_step, last_loss, examples_per_second, outcome);
   return outcome;
 }
 

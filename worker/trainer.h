@@ -68,7 +68,9 @@ class Trainer {
   void WriteStatus(const std::string& state, int64_t step, double loss, double examples_per_second,
                    const TrainOutcome* final_outcome, const std::string& message);
   // The chief's final figures to env_.termination_message_file (TrainerEnv).
-  void WriteTerminationMessage(int64_t step, double loss, double examples_per_second,
+  // `ran_steps`: whether this process ran any step (one that resumed at the
+  // final step has no loss or rate of its own, and must not report 0).
+  void WriteTerminationMessage(int64_t step, bool ran_steps, double loss, double examples_per_second,
                                const TrainOutcome& outcome);
 
   JobConfig config_;

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -89,6 +90,24 @@ TEST(WorkerProcessTest, TheChiefLeavesItsFinalFiguresInTheTerminationMessage) {
       << worker.output();
   EXPECT_NEAR(std::stod(loss[1]), std::stod(line[1]), 1e-4);
   EXPECT_NEAR(std::stod(accuracy[1]), std::stod(line[2]), 1e-4);
+
+  // Run again on a checkpoint of the final step: no step runs, so the
+  // message has no loss or rate of its own (0 would overwrite the real ones).
+  const std::string ckpt = ::testing::TempDir() + "/final_ckpt_" + std::to_string(::getpid());
+  for (int run = 0; run < 2; ++run) {
+    std::remove(message.c_str());
+    Subprocess again({WorkerBinary(), "--config", job, "--checkpoint-dir", ckpt},
+                     {{"DISTRAIN_TERMINATION_MESSAGE_PATH", message},
+                      {"TF_CONFIG", R"({"cluster":{"worker":["localhost:2222"]},"task":{"type":"worker","index":0}})"}});
+    auto again_rc = again.Wait(120);
+    ASSERT_TRUE(again_rc.has_value() && *again_rc == 0) << again.output();
+  }
+  std::ifstream resumed_in(message);
+  std::stringstream resumed;
+  resumed << resumed_in.rdbuf();
+  EXPECT_TRUE(std::regex_search(resumed.str(), std::regex(R"re("step":60\b)re"))) << resumed.str();
+  EXPECT_EQ(resumed.str().find("\"loss\""), std::string::npos) << resumed.str();
+  std::filesystem::remove_all(ckpt);
 }
 
 TEST(WorkerProcessTest, InvalidTfConfigExitsWithConfigCodeAndNamesTheField) {
