@@ -20,8 +20,9 @@
 # whose worker is SIGSTOPped: the operator sees its step counter stand still,
 # sets Stalled within runPolicy.progressDeadlineSeconds (+ the scrape slack),
 # names the pod in an event, restarts it, and the job succeeds with Stalled
-# cleared. (The agent runs no liveness probes: the operator's restart is what
-# ends the stall here; docs/architecture.md §6b "Stalls".) The namespace enforces
+# cleared (docs/architecture.md §6b "Stalls"). The agent runs the startup and
+# liveness probes the operator gives every worker, so every case also shows
+# they never kill a healthy job while it starts. The namespace enforces
 # the restricted Pod Security Standard. Needs root (the agent manages a block
 # of /etc/hosts); skips (exit 77) otherwise. E2E_CASES="onedevice mirrored"
 # runs a subset.
@@ -255,12 +256,15 @@ run_chief_kill() {
 # operator's judgement adds 10 s for its 5 s scrapes (controller/stall.h), so
 # Stalled must come within 40 s of the stop. The pod's grace period is short
 # because a stopped process cannot act on its SIGTERM: the agent's SIGKILL
-# after the grace period is what ends it, as a kubelet's would.
+# after the grace period is what ends it, as a kubelet's would. The template's
+# own livenessProbe (tcpSocket, which a stopped process's listening socket
+# still accepts) replaces the operator's /healthz one, so the kubelet's kill
+# (about 30 s) cannot race the operator's Stalled restart (about 20 s).
 run_stall() {
   local job=onedevice-stall deadline=10
   e2e_example "$ROOT/examples/onedevice.yaml" 20000 |
     sed -E -e "s/^  name: onedevice/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
-      -e "s/^(      replicas: 1)\$/\1\n      template: {spec: {terminationGracePeriodSeconds: 2}}/" \
+      -e "s/^(      replicas: 1)\$/\1\n      template: {spec: {terminationGracePeriodSeconds: 2, containers: [{name: distrain, command: [distrain-worker], livenessProbe: {tcpSocket: {port: metrics}}}]}}/" \
       -e "s/^(  training:)\$/  runPolicy: {progressDeadlineSeconds: $deadline}\n\1/" >"$WORK/$job.yaml"
   grep -q "progressDeadlineSeconds: $deadline" "$WORK/$job.yaml" &&
     grep -q "terminationGracePeriodSeconds: 2" "$WORK/$job.yaml" ||

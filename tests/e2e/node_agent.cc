@@ -58,11 +58,16 @@
 //      wrote there (at most 4096 bytes, the kubelet's limit) becomes
 //      state.terminated.message (policy File; FallbackToLogsOnError is not
 //      applied);
-//   3c. readinessProbe httpGet (HTTP) and tcpSocket run against the pod's
-//      address every periodSeconds with the thresholds of the spec; the pod's
-//      Ready condition follows (no probe: Ready once running). Liveness and
-//      startup probes are not run; neither is runAsUser applied (pods run as
-//      the agent's user, root);
+//   3c. readiness, startup and liveness probes (httpGet over HTTP and
+//      tcpSocket) run against the pod's address every periodSeconds with the
+//      thresholds of the spec, as a kubelet runs them: the pod's Ready
+//      condition follows readiness (no probe: Ready once running); liveness
+//      waits until a startupProbe has succeeded; a startup or liveness probe
+//      that fails failureThreshold times in a row kills the container
+//      (SIGTERM to its process group, SIGKILL after the pod's
+//      terminationGracePeriodSeconds), which then ends as its restartPolicy
+//      says (the operator's pods: Never, so the pod fails). runAsUser is not
+//      applied (pods run as the agent's user, root);
 //   4. gives every pod an address of its own, 127.0.<a>.<b> (all of 127/8 is
 //      loopback), as status.podIP — the distrain worker binds its servers to
 //      $POD_IP, so every pod can listen on port 2222;
@@ -247,7 +252,7 @@ class NodeAgent {
     int mode = 0644;
     absl::Time refresh_at = absl::InfiniteFuture();
   };
-  // A readinessProbe (httpGet or tcpSocket) and its running tally.
+  // A probe (httpGet or tcpSocket) and its running tally.
   struct Probe {
     bool http = true;
     std::string path = "/";
@@ -265,6 +270,10 @@ class NodeAgent {
     std::vector<Mount> mounts;
     std::vector<Token> tokens;
     std::optional<Probe> readiness;
+    std::optional<Probe> startup, liveness;  // a failure past the threshold kills it
+    bool started = true;  // false until a startupProbe succeeds; liveness waits for it
+    bool killed_by_probe = false;  // SIGTERMed for a failed probe; SIGKILL at kill_at
+    int64_t grace_seconds = 30;    // the pod's terminationGracePeriodSeconds
     bool ready = true;  // false until a readinessProbe succeeds
     bool report_readiness = false;  // `ready` changed; the sync thread reports it
     std::string restart_policy;
@@ -1095,8 +1104,10 @@ absl::Status NodeAgent::Start(const Json& pod) {
   }
   p.env["POD_IP"] = p.env.count("POD_IP") ? p.env["POD_IP"] : p.ip;
   if (absl::Status st = MaterializeVolumes(pod, *container, p); !st.ok()) return st;
-  if (container->contains("readinessProbe")) {
-    const Json& rp = (*container)["readinessProbe"];
+  // The container's probe of `kind`, when the agent can run it.
+  auto parse_probe = [&](const char* kind) -> std::optional<Probe> {
+    if (!container->contains(kind)) return std::nullopt;
+    const Json& rp = (*container)[kind];
     Probe probe;
     const Json* action = rp.contains("httpGet") ? &rp["httpGet"] : rp.contains("tcpSocket") ? &rp["tcpSocket"] : nullptr;
     if (action != nullptr && action->value("scheme", "HTTP") == "HTTP") {
@@ -1112,13 +1123,17 @@ absl::Status NodeAgent::Start(const Json& pod) {
       probe.success_threshold = rp.value("successThreshold", 1);
       probe.failure_threshold = rp.value("failureThreshold", 3);
       probe.next = absl::Now() + absl::Seconds(rp.value("initialDelaySeconds", 0));
-      if (probe.port > 0) {
-        p.readiness = probe;
-        p.ready = false;
-      }
+      if (probe.port > 0) return probe;
     }
-    if (!p.readiness) spdlog::warn("{}: readinessProbe not supported by the test node (exec/https); treated as ready", key);
-  }
+    spdlog::warn("{}: {} not supported by the test node (exec/https); not run", key, kind);
+    return std::nullopt;
+  };
+  p.readiness = parse_probe("readinessProbe");
+  p.ready = !p.readiness;
+  p.startup = parse_probe("startupProbe");
+  p.started = !p.startup;
+  p.liveness = parse_probe("livenessProbe");
+  p.grace_seconds = pod.value(Json::json_pointer("/spec/terminationGracePeriodSeconds"), int64_t{30});
   p.started_at = Now();
   // A new pod (not a restart in place) starts a new log, as on a kubelet: a
   // pod recreated under the same name does not show its predecessor's lines.
@@ -1385,9 +1400,12 @@ void NodeAgent::Sync(const std::string& key) {
       proc->exit_code.reset();
       proc->started_at = Now();
       proc->ready = !proc->readiness;
-      if (proc->readiness) {
-        proc->readiness->successes = proc->readiness->failures = 0;
-        proc->readiness->next = absl::Now();
+      proc->started = !proc->startup;
+      proc->killed_by_probe = false;
+      for (std::optional<Probe>* pr : {&proc->readiness, &proc->startup, &proc->liveness}) {
+        if (!*pr) continue;
+        (*pr)->successes = (*pr)->failures = 0;
+        (*pr)->next = absl::Now();
       }
       auto pid = Spawn(*proc);
       if (!pid.ok()) {
@@ -1419,7 +1437,7 @@ void NodeAgent::Sync(const std::string& key) {
   }
 }
 
-// A readiness probe against the pod's own address: an HTTP GET answered 200-399
+// A probe against the pod's own address: an HTTP GET answered 200-399
 // (httpGet) or an accepted connection (tcpSocket), within the probe's timeout.
 bool NodeAgent::RunProbe(const std::string& ip, const Probe& probe) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1447,9 +1465,10 @@ bool NodeAgent::RunProbe(const std::string& ip, const Probe& probe) {
   return ok;
 }
 
-// Once a second: refreshes projected tokens that are due and runs readiness
-// probes; a pod whose readiness flips gets its status patched and the hosts
-// block rewritten (Services resolve to ready pods only).
+// Once a second: refreshes projected tokens that are due and runs the
+// probes (step 3c); a pod whose readiness flips gets its status patched and
+// the hosts block rewritten (Services resolve to ready pods only); a
+// container whose startup or liveness probe fails too often is killed.
 void NodeAgent::Housekeeping(std::stop_token stop) {
   while (!stop.stop_requested()) {
     ProvisionVolumes();
@@ -1460,7 +1479,14 @@ void NodeAgent::Housekeeping(std::stop_token stop) {
       size_t index;
     };
     std::vector<Due> tokens;
-    std::vector<std::pair<std::string, std::pair<std::string, Probe>>> probes;  // key -> (ip, probe)
+    enum class Kind { kReadiness, kStartup, kLiveness };
+    struct DueProbe {
+      std::string key;
+      Kind kind;
+      std::string ip;
+      Probe probe;
+    };
+    std::vector<DueProbe> probes;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [key, p] : procs_) {
@@ -1468,9 +1494,16 @@ void NodeAgent::Housekeeping(std::stop_token stop) {
         for (size_t i = 0; i < p.tokens.size(); ++i) {
           if (p.tokens[i].refresh_at <= now) tokens.push_back({key, p.ns, p.name, p.uid, p.tokens[i], i});
         }
+        if (p.killed_by_probe) continue;
         if (p.readiness && p.readiness->next <= now) {
           p.readiness->next = now + p.readiness->period;
-          probes.push_back({key, {p.ip, *p.readiness}});
+          probes.push_back({key, Kind::kReadiness, p.ip, *p.readiness});
+        }
+        // Liveness only once started, as a kubelet does.
+        std::optional<Probe>& life = p.started ? p.liveness : p.startup;
+        if (life && life->next <= now) {
+          life->next = now + life->period;
+          probes.push_back({key, p.started ? Kind::kLiveness : Kind::kStartup, p.ip, *life});
         }
       }
     }
@@ -1488,8 +1521,33 @@ void NodeAgent::Housekeeping(std::stop_token stop) {
         it->second.tokens[d.index].refresh_at = d.token.refresh_at;
       }
     }
-    for (const auto& [key, ip_probe] : probes) {
-      const bool ok = RunProbe(ip_probe.first, ip_probe.second);
+    for (const DueProbe& due : probes) {
+      const std::string& key = due.key;
+      const bool ok = RunProbe(due.ip, due.probe);
+      if (due.kind != Kind::kReadiness) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = procs_.find(key);
+        if (it == procs_.end() || it->second.exit_code || it->second.killed_by_probe) continue;
+        Proc& p = it->second;
+        std::optional<Probe>& pr = due.kind == Kind::kStartup ? p.startup : p.liveness;
+        if (!pr) continue;
+        if (ok) {
+          pr->failures = 0;
+          if (due.kind == Kind::kStartup && ++pr->successes >= pr->success_threshold) {
+            p.started = true;
+            if (p.liveness) p.liveness->next = absl::Now();
+          }
+        } else if (++pr->failures >= pr->failure_threshold) {
+          // What a kubelet does: kill the container; its restartPolicy decides the rest.
+          spdlog::warn("{}: {} probe failed {} times in a row: killing it (SIGTERM, SIGKILL after {} s)",
+                       key, due.kind == Kind::kStartup ? "startup" : "liveness", pr->failures,
+                       p.grace_seconds);
+          p.killed_by_probe = true;
+          p.kill_at = absl::Now() + absl::Seconds(p.grace_seconds);
+          kill(-p.pid, SIGTERM);
+        }
+        continue;
+      }
       bool changed = false;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -1530,7 +1588,9 @@ void NodeAgent::Reaper(std::stop_token stop) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (auto& [key, p] : procs_) {
-          if (p.terminating && !p.exit_code && absl::Now() >= p.kill_at) to_kill.push_back(p.pid);
+          if ((p.terminating || p.killed_by_probe) && !p.exit_code && absl::Now() >= p.kill_at) {
+            to_kill.push_back(p.pid);
+          }
         }
       }
       for (pid_t k : to_kill) kill(-k, SIGKILL);
