@@ -62,14 +62,10 @@ const distrain::PsWorkerOptions& Options() {
         {"worker", 0});
     if (!cluster.ok()) abort();
     o->cluster = *cluster;
-    // Known, not fixed yet (reported with issue 16's fuzzing): within the
-    // default max_features (16 M), Prepare's Model::Create allocates
-    // num_features x the first layer's units floats before the plan
-    // fingerprint is checked: 6.5 GB for 12.8 M features and this job's
-    // Dense(128) (corpus regression-prepare-allocates-before-fingerprint).
-    // Until the worker bounds the model's parameters before building it,
-    // this bound keeps the fuzzer exploring the rest.
-    o->limits.max_features = 1 << 16;
+    // The default limits: Prepare builds the model only for the shape of
+    // this worker's own examples (64 features here), so the dimensions a
+    // request names cannot make it allocate (the old regression
+    // regression-prepare-allocates-before-fingerprint asked for 6.5 GB).
     o->ps_connect_timeout = absl::Milliseconds(50);
     o->ps_rpc_timeout = absl::Milliseconds(50);
     return o;

@@ -147,6 +147,16 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
     return s;
   }
   const TrainingConfig& tc = options_.config.training;
+  // This worker's own data first: the model is built only for the shape its
+  // examples have, so a request's dimensions (within the limits above, still
+  // gigabytes of parameters) never allocate anything this job cannot train.
+  auto input = OpenTrainingInput(tc.dataset, tc.seed, worker_index_, num_workers_);
+  if (!input.ok()) return input.status();
+  if (input->dataset->example_shape() != example_shape) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this worker's examples have shape [", absl::StrJoin(input->dataset->example_shape(), ", "),
+        "] but the chief's model takes [", absl::StrJoin(example_shape, ", "), "]"));
+  }
   auto model = Model::Create(tc.model, example_shape, request.num_classes(), tc.seed);
   if (!model.ok()) return model.status();
   const int num_ps = options_.cluster.num_tasks("ps");
@@ -167,13 +177,6 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
   if (!ps.ok()) return ps.status();
   if (absl::Status s = (*ps)->WaitForReady(); !s.ok()) return s;
 
-  auto input = OpenTrainingInput(tc.dataset, tc.seed, worker_index_, num_workers_);
-  if (!input.ok()) return input.status();
-  if (input->dataset->example_shape() != example_shape) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "this worker's examples have shape [", absl::StrJoin(input->dataset->example_shape(), ", "),
-        "] but the chief's model takes [", absl::StrJoin(example_shape, ", "), "]"));
-  }
   std::shared_ptr<const Dataset> data = std::move(input->dataset);
   std::unique_ptr<BatchSource> batches = std::make_unique<ShardedBatcher>(
       data, input->effective_policy, worker_index_, num_workers_, tc.global_batch_size, tc.seed,
