@@ -21,7 +21,10 @@
 //      time this operator began watching progress): time nobody watched is
 //      not held against the pod (a lastStepTime left from before an operator
 //      restart, or a pod start recorded by a node whose clock is behind).
-//   3. When the step moved after the pod started, the allowance is the
+//   3. When the step moved after the pod started (lastStepTime later than
+//      its start; both are whole seconds, and the same second counts as not
+//      yet: it may be the previous pod's step, and the longer allowance is
+//      the one that cannot call a healthy pod stalled), the allowance is the
 //      master's reported deadline (else spec.runPolicy.progressDeadlineSeconds,
 //      else 60 s); before that, the pod is starting up and the allowance is
 //      LongPhaseAllowance of the spec's deadline (else 60 s): at least 10 min.

@@ -271,15 +271,19 @@ run_stall() {
     { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
   k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
   local log="$WORK/logs/${NS}_$job-worker-0.log" pidfile="$WORK/pids/${NS}_$job-worker-0.pid" i
-  # Stop it once the operator has seen it step (lastStepTime set), so the
-  # stall is judged against the deadline, not the start-up allowance.
-  local seen=""
+  # Stop it once the operator has seen it step after it started (lastStepTime
+  # later than the container's startedAt; both have whole seconds, and within
+  # the same second the operator reads the start-up allowance, not the
+  # deadline), so the stall is judged against the deadline.
+  local seen="" started=""
   for i in $(seq 1 600); do
     seen="$(k get dtj "$job" -o jsonpath='{.status.progress.lastStepTime}' 2>/dev/null)"
-    [ -n "$seen" ] && break
+    started="$(k get pod "$job-worker-0" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)"
+    [ -n "$seen" ] && [ -n "$started" ] && [[ "$seen" > "$started" ]] && break
     sleep 0.2
   done
-  [ -n "$seen" ] || { fail "$job: status.progress.lastStepTime never set while it trained"; dump "$job"; return; }
+  [ -n "$seen" ] && [[ "$seen" > "$started" ]] ||
+    { fail "$job: status.progress.lastStepTime ('$seen') never passed the start ('$started') while it trained"; dump "$job"; return; }
   local pid uid
   pid="$(cat "$pidfile" 2>/dev/null)"
   uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
