@@ -471,7 +471,10 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     }
   }
 
-  // 5. Final evaluation and checkpoint.
+  // 5. Final evaluation and checkpoint. The other processes of a synchronous
+  //    job wait for the chief's in Shutdown, so all of them get the long
+  //    allowance until the run ends (ProgressWatchdog rule step 3).
+  if (env_.watchdog != nullptr) env_.watchdog->BeginLongPhase("the final evaluation and checkpoint");
   outcome.steps_done = step;
   outcome.final_loss = last_loss;
   if (chief && eval_data != nullptr) {
