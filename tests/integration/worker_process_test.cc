@@ -40,12 +40,20 @@ TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   EXPECT_NE(health.find("200 OK"), std::string::npos) << health;
   std::string metrics = testing::HttpGet(port, "/metrics");
   for (const char* name : {"distrain_steps_total", "distrain_examples_total", "distrain_loss",
-                           "distrain_step_duration_seconds_bucket", "distrain_total_steps"}) {
+                           "distrain_step_duration_seconds_bucket", "distrain_total_steps",
+                           "distrain_progress_deadline_seconds"}) {
     EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing:\n" << metrics;
   }
   std::smatch m;
   ASSERT_TRUE(std::regex_search(metrics, m, std::regex(R"(\ndistrain_steps_total ([0-9.e+]+))"))) << metrics;
   EXPECT_GT(std::stod(m[1]), 0) << "steps counter never moved";
+  // The watchdog behind /healthz has timed its steps: millisecond steps give
+  // the 60 s floor of the default deadline (common/progress_deadline.h), not
+  // the 600 s start-up allowance.
+  ASSERT_TRUE(std::regex_search(metrics, m,
+                                std::regex(R"(\ndistrain_progress_deadline_seconds ([0-9.e+]+))")))
+      << metrics;
+  EXPECT_EQ(std::stod(m[1]), 60) << metrics;
   EXPECT_NE(testing::HttpGet(port, "/nope").find("404"), std::string::npos);
   worker.Signal(SIGTERM);
   auto rc = worker.Wait(60);
