@@ -79,6 +79,15 @@ absl::StatusOr<std::string> CertPem(X509* cert) {
   return std::string(data, static_cast<size_t>(n));
 }
 
+// A certificate and its key as PEM text.
+absl::StatusOr<TaskCredentials> Pems(X509* cert, EVP_PKEY* key) {
+  absl::StatusOr<std::string> cert_pem = CertPem(cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  absl::StatusOr<std::string> key_pem = KeyPem(key);
+  if (!key_pem.ok()) return key_pem.status();
+  return TaskCredentials{*std::move(cert_pem), *std::move(key_pem)};
+}
+
 absl::StatusOr<CertPtr> ParseCert(const std::string& pem, const std::string& what) {
   BioPtr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
   CertPtr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
@@ -218,13 +227,11 @@ absl::StatusOr<JobAuthority> NewJobAuthority(const std::string& job_name,
                 {NID_key_usage, "critical,keyCertSign,cRLSign"},
                 {NID_subject_key_identifier, "hash"}});
   if (!cert.ok()) return cert.status();
+  absl::StatusOr<TaskCredentials> pems = Pems(cert->get(), key->get());
+  if (!pems.ok()) return pems.status();
   JobAuthority authority;
-  absl::StatusOr<std::string> cert_pem = CertPem(cert->get());
-  absl::StatusOr<std::string> key_pem = KeyPem(key->get());
-  if (!cert_pem.ok()) return cert_pem.status();
-  if (!key_pem.ok()) return key_pem.status();
-  authority.ca_cert_pem = *std::move(cert_pem);
-  authority.ca_key_pem = *std::move(key_pem);
+  authority.ca_cert_pem = std::move(pems->cert_pem);
+  authority.ca_key_pem = std::move(pems->key_pem);
   unsigned char ring_key[32];
   if (RAND_bytes(ring_key, sizeof(ring_key)) != 1) return Fail("drawing the ring key");
   authority.ring_key_hex =
@@ -249,14 +256,7 @@ absl::StatusOr<TaskCredentials> IssueTaskCredentials(const JobAuthority& authori
                 {NID_subject_alt_name, absl::StrCat("DNS:", TaskServerName(task))},
                 {NID_authority_key_identifier, "keyid"}});
   if (!cert.ok()) return cert.status();
-  TaskCredentials out;
-  absl::StatusOr<std::string> cert_pem = CertPem(cert->get());
-  absl::StatusOr<std::string> key_pem = KeyPem(key->get());
-  if (!cert_pem.ok()) return cert_pem.status();
-  if (!key_pem.ok()) return key_pem.status();
-  out.cert_pem = *std::move(cert_pem);
-  out.key_pem = *std::move(key_pem);
-  return out;
+  return Pems(cert->get(), key->get());
 }
 
 absl::StatusOr<LoadedCredentials> CheckCredentials(const std::string& ca_cert_pem,
