@@ -65,6 +65,7 @@ std::optional<int> MetricsPort(const Json& pod) {
 ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   ScrapedProgress out;
   std::optional<double> job_rate;
+  std::optional<double> job_step;
   std::istringstream lines(exposition);
   std::string line;
   while (std::getline(lines, line)) {
@@ -75,7 +76,8 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
     const std::string name = line.substr(0, space);
     double value = 0;
     if (!absl::SimpleAtod(line.substr(space + 1), &value) || !std::isfinite(value)) continue;
-    if (name == "distrain_steps_total") out.step = value;
+    if (name == "distrain_step") job_step = value;
+    else if (name == "distrain_steps_total") out.step = value;
     else if (name == "distrain_total_steps") out.total_steps = value;
     else if (name == "distrain_job_examples_per_second") job_rate = value;
     else if (name == "distrain_examples_per_second") out.examples_per_second = value;
@@ -86,6 +88,9 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   // The job's rate when the chief says it (a MultiWorkerMirrored chief's own
   // rate is 1/W of it); its own rate from older workers and other images.
   if (job_rate) out.examples_per_second = job_rate;
+  // The job's step when the chief says it: its own step counter restarts at
+  // 0 when a process resumes from a checkpoint.
+  if (job_step) out.step = job_step;
   return out;
 }
 

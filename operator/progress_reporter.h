@@ -20,7 +20,8 @@
 //      end, answers slowly or never costs only its own job's update, and a
 //      round lasts about one timeout however many jobs are slow (the old
 //      one-at-a-time scrape took N timeouts for N slow jobs). Read
-//      distrain_steps_total, distrain_total_steps,
+//      distrain_step (else distrain_steps_total, which restarts at 0 when a
+//      process resumes), distrain_total_steps,
 //      distrain_job_examples_per_second (else distrain_examples_per_second,
 //      which a MultiWorkerMirrored chief reports for its own 1/W share),
 //      distrain_loss, (once the chief has evaluated) distrain_eval_accuracy

@@ -281,6 +281,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   } else {
     start_step = *synced;
   }
+  if (env_.metrics) env_.metrics->step.Set(static_cast<double>(start_step));
   TensorBoardRuns tensorboard;
   if (chief) {
     tensorboard = OpenTensorBoardRuns(config_, env_.checkpoint_dir, eval_data != nullptr,
@@ -411,6 +412,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     ++window_steps;
     if (env_.metrics) {
       env_.metrics->steps.Increment();
+      env_.metrics->step.Set(static_cast<double>(step));
       env_.metrics->examples.Increment(static_cast<double>(out->examples));
       env_.metrics->step_duration.Observe(dt);
       env_.metrics->loss.Set(out->loss);

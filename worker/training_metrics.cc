@@ -18,6 +18,12 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
                 .Help("Training steps completed by this process")
                 .Register(registry)
                 .Add({})),
+      step(prometheus::BuildGauge()
+               .Name("distrain_step")
+               .Help("The job's step this process is at: the step it resumed from plus the steps "
+                     "it ran")
+               .Register(registry)
+               .Add({})),
       examples(prometheus::BuildCounter()
                    .Name("distrain_examples_total")
                    .Help("Training examples consumed by this process")

@@ -13,7 +13,10 @@ namespace distrain {
 // The worker's Prometheus metrics (served by MetricsServer on
 // DISTRAIN_METRICS_PORT). Names are stable API: the operator, the Grafana
 // dashboard and alerts read them.
-//   distrain_steps_total                 counter   training steps completed
+//   distrain_steps_total                 counter   training steps completed by this process
+//   distrain_step                        gauge     the job's step this process is at: the
+//                                                  step it resumed from plus the steps it ran
+//                                                  (what status.progress.step shows)
 //   distrain_examples_total              counter   examples consumed by this process
 //   distrain_step_duration_seconds       histogram wall time per step
 //   distrain_loss                        gauge     loss of the latest step
@@ -38,6 +41,7 @@ struct TrainingMetrics {
   // (Strategy::AttachMetrics).
   prometheus::Registry& registry;
   prometheus::Counter& steps;
+  prometheus::Gauge& step;
   prometheus::Counter& examples;
   prometheus::Histogram& step_duration;
   prometheus::Gauge& loss;

@@ -47,6 +47,12 @@ TEST(WorkerProcessTest, ServesPrometheusMetricsAndHealthWhileTraining) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(metrics, m, std::regex(R"(\ndistrain_steps_total ([0-9.e+]+))"))) << metrics;
   EXPECT_GT(std::stod(m[1]), 0) << "steps counter never moved";
+  // A fresh run: the job's step is the steps this process ran (a resumed one
+  // adds the checkpoint's step).
+  const double ran = std::stod(m[1]);
+  std::smatch at;
+  ASSERT_TRUE(std::regex_search(metrics, at, std::regex(R"(\ndistrain_step ([0-9.e+]+))"))) << metrics;
+  EXPECT_NEAR(std::stod(at[1]), ran, 1) << metrics;
   // The watchdog behind /healthz has timed its steps: millisecond steps give
   // the 60 s floor of the default deadline (common/progress_deadline.h), not
   // the 600 s start-up allowance.

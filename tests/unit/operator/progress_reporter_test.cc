@@ -38,6 +38,16 @@ TEST(ProgressReporterTest, ExamplesPerSecondIsTheJobsRateWhenTheChiefGivesIt) {
   EXPECT_DOUBLE_EQ(*reversed.examples_per_second, 4000);
 }
 
+TEST(ProgressReporterTest, StepIsTheJobsStepWhenTheChiefGivesIt) {
+  // A chief that resumed from step 500 and ran 20 more: its own counter says
+  // 20, the job is at step 520.
+  ScrapedProgress p = ParseProgressMetrics("distrain_steps_total 20\ndistrain_step 520\n");
+  ASSERT_TRUE(p.step);
+  EXPECT_DOUBLE_EQ(*p.step, 520);
+  ScrapedProgress old = ParseProgressMetrics("distrain_steps_total 20\n");  // an older worker
+  EXPECT_DOUBLE_EQ(*old.step, 20);
+}
+
 TEST(ProgressReporterTest, AccuracyIsTheChiefsEvaluationOnceItHasOne) {
   ScrapedProgress none = ParseProgressMetrics("distrain_steps_total 5\ndistrain_eval_accuracy 0\n");
   EXPECT_FALSE(MergeProgress(nullptr, none).contains("accuracy"));  // not evaluated yet
