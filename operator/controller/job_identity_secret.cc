@@ -52,6 +52,21 @@ absl::Status AddCertificates(const JobAuthority& authority,
   return absl::OkStatus();
 }
 
+// The API server refuses a Secret whose data exceed 1 MiB. A task's pair is
+// about 950 bytes, so a job of more than about 1,100 tasks does not fit;
+// say so instead of failing every reconcile with the API server's 422.
+absl::Status CheckSecretSize(const std::map<std::string, std::string>& data, size_t tasks,
+                             const std::string& name) {
+  constexpr size_t kMaxSecretBytes = 1 << 20;
+  size_t bytes = 0;
+  for (const auto& [k, v] : data) bytes += v.size();
+  if (bytes <= kMaxSecretBytes) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the identity Secret ", name, " would hold ", bytes, " bytes for ", tasks,
+      " task certificates, over a Secret's limit of ", kMaxSecretBytes,
+      " bytes (about 1,100 tasks); set spec.security.transport: Plaintext for a job this large"));
+}
+
 Json EncodeData(const std::map<std::string, std::string>& data) {
   Json out = Json::object();
   for (const auto& [k, v] : data) out[k] = absl::Base64Escape(v);
@@ -117,6 +132,7 @@ absl::Status EnsureJobIdentity(kube::Client& client, const Json& job_object,
                                                {kRingKeyKey, authority->ring_key_hex}};
     bool changed = false;
     if (absl::Status s = AddCertificates(*authority, tasks, &data, &changed); !s.ok()) return s;
+    if (absl::Status s = CheckSecretSize(data, tasks.size(), name); !s.ok()) return s;
     Json secret = {{"apiVersion", "v1"},
                    {"kind", "Secret"},
                    {"type", "Opaque"},
@@ -166,6 +182,7 @@ absl::Status EnsureJobIdentity(kube::Client& client, const Json& job_object,
   bool changed = false;
   if (absl::Status s = AddCertificates(authority, tasks, &data, &changed); !s.ok()) return s;
   if (!changed) return absl::OkStatus();
+  if (absl::Status s = CheckSecretSize(data, data.size() / 2, name); !s.ok()) return s;
   Json secret = got->body;
   secret["data"] = EncodeData(data);
   absl::StatusOr<kube::ApiResponse> r =

@@ -12,6 +12,7 @@
 #include "common/job_identity.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "operator/controller/job_identity_secret.h"
 #include "operator/kube/clock.h"
 #include "operator/kube/expectations.h"
 #include "tests/unit/operator/controller/world.h"
@@ -20,6 +21,7 @@
 namespace distrain::controller {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -581,6 +583,24 @@ TEST(JobIdentitySecretTest, AFailedSecretCreateCreatesNoPods) {
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr("creating Secret team-a/mnist-identity"));
   f.client.ExpectAllConsumed();  // in particular, no pod POST
+}
+
+TEST(JobIdentitySecretTest, AJobTooLargeForOneSecretIsRefusedWithTheFixNotSentToTheApiServer) {
+  Fixture f;
+  f.job["spec"]["security"]["transport"] = "MutualTLS";
+  std::vector<Json> pods;
+  for (int i = 0; i < 1200; ++i) {
+    pods.push_back({{"metadata",
+                     {{"labels",
+                       {{api::kLabelReplicaType, "worker"},
+                        {api::kLabelReplicaIndex, std::to_string(i)}}}}}});
+  }
+  f.client.Expect("GET", kIdentitySecret, ScriptedClient::Status(404, "NotFound", "not found"));
+  absl::Status s = EnsureJobIdentity(f.client, f.job, pods);
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("1200 task certificates"), HasSubstr("transport: Plaintext")));
+  f.client.ExpectAllConsumed();  // no POST
 }
 
 }  // namespace
