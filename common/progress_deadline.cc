@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
+
 namespace distrain {
 
 absl::Duration ProgressDeadline(std::optional<int64_t> explicit_seconds,
@@ -19,6 +21,10 @@ absl::Duration ProgressDeadline(std::optional<int64_t> explicit_seconds,
 
 absl::Duration LongPhaseAllowance(absl::Duration deadline) {
   return std::max(deadline, kLongPhaseAllowance);
+}
+
+std::string FormatDeadlineSeconds(absl::Duration d) {
+  return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d));
 }
 
 }  // namespace distrain

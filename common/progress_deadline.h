@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/time/time.h"
 
@@ -45,6 +46,10 @@ absl::Duration ProgressDeadline(std::optional<int64_t> explicit_seconds,
 
 // Rule step 3: the allowance of start-up, checkpoint writes and evaluations.
 absl::Duration LongPhaseAllowance(absl::Duration deadline);
+
+// "31 s": how stall messages (worker /healthz, the operator's Stalled
+// condition) write a duration, whole seconds.
+std::string FormatDeadlineSeconds(absl::Duration d);
 
 }  // namespace distrain
 

@@ -8,13 +8,6 @@
 #include "common/progress_deadline.h"
 
 namespace distrain {
-namespace {
-
-std::string Secs(absl::Duration d) {
-  return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d));
-}
-
-}  // namespace
 
 ProgressWatchdog::ProgressWatchdog(std::optional<int64_t> explicit_deadline_seconds,
                                    std::function<absl::Time()> now)
@@ -125,18 +118,18 @@ absl::Status ProgressWatchdog::Check() const {
   if (elapsed < allowance) return absl::OkStatus();
   std::string what;
   if (!started_) {
-    what = absl::StrCat("start-up has lasted ", Secs(elapsed), " without a completed step");
+    what = absl::StrCat("start-up has lasted ", FormatDeadlineSeconds(elapsed), " without a completed step");
   } else if (!long_phase_.empty()) {
-    what = absl::StrCat(long_phase_, " after step ", last_step_, " has lasted ", Secs(elapsed));
+    what = absl::StrCat(long_phase_, " after step ", last_step_, " has lasted ", FormatDeadlineSeconds(elapsed));
   } else {
-    what = absl::StrCat("no step completed for ", Secs(elapsed), " since step ", last_step_,
+    what = absl::StrCat("no step completed for ", FormatDeadlineSeconds(elapsed), " since step ", last_step_,
                         long_step_.empty() ? "" : absl::StrCat(" (", long_step_, ")"));
   }
   return absl::UnavailableError(absl::StrCat(
       "stalled: ", what, ", past ",
-      long_allowance ? absl::StrCat("its allowance of ", Secs(allowance),
-                                    " (max(progress deadline ", Secs(d), ", 10 min))")
-                     : absl::StrCat("the progress deadline of ", Secs(d)),
+      long_allowance ? absl::StrCat("its allowance of ", FormatDeadlineSeconds(allowance),
+                                    " (max(progress deadline ", FormatDeadlineSeconds(d), ", 10 min))")
+                     : absl::StrCat("the progress deadline of ", FormatDeadlineSeconds(d)),
       "; the deadline is ", DeadlineSourceLocked()));
 }
 

@@ -27,7 +27,6 @@ std::optional<int64_t> ReportedDeadline(const Json& progress) {
   return v.get<int64_t>();
 }
 
-std::string Secs(absl::Duration d) { return absl::StrFormat("%.0f s", absl::ToDoubleSeconds(d)); }
 
 }  // namespace
 
@@ -78,15 +77,15 @@ StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
       "pod ", master->name, " (", ReplicaTypeName(master->id.type), " ", master->id.index,
       ", whose step counter is the job's) ",
       since > seen
-          ? absl::StrCat("completed no step in the ", Secs(now - since),
+          ? absl::StrCat("completed no step in the ", FormatDeadlineSeconds(now - since),
                          " since this operator began watching at ", api::FormatKubeTime(since))
       : moved_since_start
-          ? absl::StrCat("completed no step for ", Secs(now - since), " since step ",
+          ? absl::StrCat("completed no step for ", FormatDeadlineSeconds(now - since), " since step ",
                          status.progress.value("step", Json(0)).dump(), " at ",
                          api::FormatKubeTime(since))
-          : absl::StrCat("completed no step in the ", Secs(now - since), " since it started at ",
+          : absl::StrCat("completed no step in the ", FormatDeadlineSeconds(now - since), " since it started at ",
                          api::FormatKubeTime(since)),
-      ", past ", Secs(allowance), " (", source, ")",
+      ", past ", FormatDeadlineSeconds(allowance), " (", source, ")",
       moved_since_start ? " and the 10 s by which the scrapes may lag" : "");
   return d;
 }
