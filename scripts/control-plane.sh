@@ -4,7 +4,9 @@
 # tokens) and kubectl — built from the Go modules pinned in
 # scripts/control_plane/go.mod and cached under
 # ${DISTRAIN_CACHE:-~/.cache/distrain}/kube-<version>/bin. There are no nodes:
-# pods stay Pending unless a test drives their phase through the API.
+# pods stay Pending unless a test drives their phase through the API, or
+# scripts/node.sh adds a real one (kubelet, kube-scheduler and kube-proxy are
+# built here too, in the same cached step).
 #
 #   scripts/control-plane.sh build            build the binaries (once per version)
 #   scripts/control-plane.sh up               build if needed, start, wait until ready,
@@ -73,7 +75,7 @@ version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "
 
 binaries_present() {
   local b
-  for b in etcd kube-apiserver kube-controller-manager kubectl; do
+  for b in etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy; do
     [ -x "$BIN/$b" ] || return 1
   done
 }
@@ -139,7 +141,7 @@ cmd_build() {
   local out="$BIN.partial.$$"
   rm -rf "$out"
   mkdir -p "$out"
-  log "building Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kubectl) and etcd $ETCD_VERSION with Go $have into $BIN"
+  log "building Kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kubectl; kubelet, kube-scheduler, kube-proxy for scripts/node.sh) and etcd $ETCD_VERSION with Go $have into $BIN"
   log "a cold build downloads ~600 MB of modules and compiles for 10-20 minutes on 2 cores; later runs use the cache"
   local start=$SECONDS
   # One invocation for all four programs so the packages they share (apimachinery,
@@ -286,6 +288,7 @@ component_args() {
         --requestheader-extra-headers-prefix=X-Remote-Extra- \
         --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
         --allow-privileged=true --profiling=false --endpoint-reconciler-type=none \
+        --kubelet-preferred-address-types=InternalIP \
         ${DISTRAIN_KUBE_APISERVER_ARGS:-}
       ;;
     kube-controller-manager)

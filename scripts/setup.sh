@@ -37,6 +37,7 @@ APT_PACKAGES=(
   libhdf5-dev  # the weights file inside an exported .keras model
   openssl  # scripts/control-plane.sh: the dev cluster's certificates
   buildah debootstrap  # scripts/build-images.sh: images without a Docker engine or registry
+  containerd runc containernetworking-plugins iptables conntrack  # scripts/node.sh: the e2e tier's real node
   clang libclang-rt-14-dev libomp-14-dev  # scripts/fuzz.sh: clang 14, libFuzzer + sanitizer runtimes, OpenMP for clang
 )
 if [ "$WITH_PEERS" = 1 ]; then APT_PACKAGES+=(openmpi-bin libopenmpi-dev); fi
