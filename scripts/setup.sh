@@ -64,7 +64,9 @@ fi
 
 # 2. prometheus-cpp. Debian 12 does not package it; Debian 13 does. Use the
 # binary package when apt has one, else build Debian's source tarball (fetched
-# with apt-get source from the next release) into the cache.
+# with apt-get source from the next release, through the Debian mirror this
+# machine's apt already uses: scripts/debian-mirror.sh, DISTRAIN_DEBIAN_MIRROR
+# to choose one) into the cache.
 PROM_LINK="$CACHE/prometheus-cpp"   # CMake looks here; points at the versioned install
 if [ -f "$PROM_LINK/lib/cmake/prometheus-cpp/prometheus-cpp-config.cmake" ]; then
   log "prometheus-cpp: cached ($(readlink "$PROM_LINK"))"
@@ -81,7 +83,8 @@ else
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   mkdir -p "$work/lists/partial"
-  echo "deb-src http://deb.debian.org/debian trixie main" > "$work/sources.list"
+  mirror=$(bash "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh") || exit 1   # its message names DISTRAIN_DEBIAN_MIRROR
+  echo "deb-src $mirror trixie main" > "$work/sources.list"
   APTOPT=(-o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
           -o Dir::State::Lists="$work/lists")
   apt-get "${APTOPT[@]}" update -q >/dev/null 2>&1
@@ -89,7 +92,8 @@ else
   # Only the upstream tarball is needed; the Debian packaging files may lag the index.
   tarball=$(ls "$work"/prometheus-cpp_*.orig.tar.* 2>/dev/null | head -1 || true)
   if [ -z "$tarball" ]; then
-    echo "setup.sh: could not fetch Debian's prometheus-cpp source package; install libprometheus-cpp-dev and re-run" >&2
+    echo "setup.sh: could not fetch Debian's prometheus-cpp source package from $mirror (trixie);" \
+      "set DISTRAIN_DEBIAN_MIRROR to a Debian mirror that has it, or install libprometheus-cpp-dev, and re-run" >&2
     exit 1
   fi
   version=$(basename "$tarball" | sed -E 's/^prometheus-cpp_([^.]+\.[^.]+\.[^.]+)\.orig.*/\1/')
