@@ -9,6 +9,9 @@ scripts/build.sh
 # The kube tier runs against a real kube-apiserver built from Go modules
 # (cached under ~/.cache/distrain/kube-<version>; cold build ~10-20 min).
 scripts/control-plane.sh build
+# Kueue for the e2e tier's Kueue test, built from its pinned module into the same
+# cache (~/.cache/distrain/kueue-<version>).
+scripts/kueue.sh build
 # Real MNIST digits (cached) for the CNN integration tests, and the same split
 # as TFRecord shards written by TensorFlow (the TFRecord and workflow tests).
 scripts/mnist.sh > /dev/null

@@ -18,7 +18,8 @@ kube::Resource JobsResource() { return {api::kGroup, api::kVersion, api::kPlural
 // (operator/controller/conditions.h StateOf).
 constexpr const char* kStateOrder[] = {api::kConditionFailed,     api::kConditionSucceeded,
                                        api::kConditionSuspended,  api::kConditionRestarting,
-                                       api::kConditionRunning,    api::kConditionCreated};
+                                       api::kConditionQueued,     api::kConditionRunning,
+                                       api::kConditionCreated};
 
 }  // namespace
 

@@ -55,6 +55,9 @@ inline constexpr char kConditionSuspended[] = "Suspended";
 // deadline (controller/stall.h); it does not change status.state: a stalled
 // job is still Running (or Restarting, once the stall restarted it).
 inline constexpr char kConditionStalled[] = "Stalled";
+// True while Kueue holds the job's pods (its admission scheduling gate) until
+// it admits their pod group (controller/kueue.h); status.state is then Queued.
+inline constexpr char kConditionQueued[] = "Queued";
 
 // metav1.Time: RFC 3339 in UTC with second precision ("2026-01-02T03:04:05Z").
 std::string FormatKubeTime(absl::Time t);

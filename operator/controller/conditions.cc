@@ -26,7 +26,8 @@ bool SetCondition(api::JobStatus* status, const std::string& type, bool value,
 std::string StateOf(const api::JobStatus& status) {
   for (const char* type : {api::kConditionFailed, api::kConditionSucceeded,
                            api::kConditionSuspended, api::kConditionRestarting,
-                           api::kConditionRunning, api::kConditionCreated}) {
+                           api::kConditionQueued, api::kConditionRunning,
+                           api::kConditionCreated}) {
     if (status.IsTrue(type)) return type;
   }
   return "";

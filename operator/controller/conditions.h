@@ -27,8 +27,8 @@ bool SetCondition(api::JobStatus* status, const std::string& type, bool value,
                   absl::Time now, bool record_false = false);
 
 // status.state, the printer column: the type of the most decisive condition
-// that is True (Failed, Succeeded, Suspended, Restarting, Running, Created),
-// or "" when none is.
+// that is True (Failed, Succeeded, Suspended, Restarting, Queued, Running,
+// Created), or "" when none is.
 std::string StateOf(const api::JobStatus& status);
 
 }  // namespace distrain::controller

@@ -96,6 +96,16 @@ struct Deletion {
   bool operator==(const Deletion&) const = default;
 };
 
+// A JSON merge patch of one of the job's pods (its metadata: Kueue's
+// retriable-in-group annotation, kueue.h). The patch carries metadata.uid, so
+// it fails (409) on a pod recreated under the same name meanwhile.
+struct PodPatch {
+  std::string name;
+  std::string uid;
+  nlohmann::json patch;
+  bool operator==(const PodPatch&) const = default;
+};
+
 // An events.k8s.io/v1 event about the job; `related` names a pod when the
 // event is about one.
 struct Event {
@@ -129,6 +139,9 @@ struct Plan {
   std::optional<nlohmann::json> pod_group_to_update;
   std::vector<Deletion> pods_to_delete;
   std::vector<Deletion> services_to_delete;
+  // Applied before pods_to_delete (a pod Kueue holds by its finalizer stays
+  // patchable while it terminates); a 404 is no error.
+  std::vector<PodPatch> pods_to_patch;
   // The status to write (once, through /status) when status_changed.
   api::JobStatus status;
   bool status_changed = false;

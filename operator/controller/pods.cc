@@ -11,6 +11,7 @@
 #include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/final_progress.h"
 #include "operator/controller/job_identity_secret.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/probes.h"
 
 namespace distrain::controller {
@@ -367,7 +368,7 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   for (const auto& [k, v] : ReplicaLabels(job, config, id)) metadata["labels"][k] = v;
   const SchedulingPolicy& scheduling = config.run_policy.scheduling;
   if (scheduling.gang) metadata["labels"][kPodGroupLabel] = job.metadata.name;
-  if (!scheduling.queue.empty()) metadata["labels"][kQueueLabel] = scheduling.queue;
+  AddKueuePodGroup(job, config, id, &metadata);  // a Kueue pod group when it names a queue
   metadata["annotations"][kClusterHashAnnotation] = topology.cluster_hash;
   metadata["ownerReferences"] = Json::array({ControllerReference(job)});
   pod["metadata"] = std::move(metadata);

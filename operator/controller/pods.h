@@ -107,7 +107,8 @@ inline constexpr char kClusterConfigMapKey[] = "cluster";
 inline constexpr char kClusterEnv[] = "DISTRAIN_TF_CLUSTER";
 // Label scheduler-plugins' coscheduling reads to find a pod's PodGroup.
 inline constexpr char kPodGroupLabel[] = "scheduling.x-k8s.io/pod-group";
-// Label Kueue reads for the queue of a pod (runPolicy.scheduling.queue).
+// Label Kueue reads for the queue of a pod (runPolicy.scheduling.queue, else
+// the job's own label of that name; kueue.h adds the pod-group metadata).
 inline constexpr char kQueueLabel[] = "kueue.x-k8s.io/queue-name";
 
 // Replica types in TF_CONFIG order.

@@ -14,6 +14,7 @@
 #include "operator/controller/elastic.h"
 #include "operator/controller/final_progress.h"
 #include "operator/controller/gang.h"
+#include "operator/controller/kueue.h"
 #include "operator/controller/network_policy.h"
 #include "operator/controller/observed.h"
 #include "operator/controller/pods.h"
@@ -122,6 +123,7 @@ class Reconciler {
   void CreateMissing(const ControllerOptions& options);
   bool CreateCheckpointClaim(const ControllerOptions& options);  // false: no pods now
   void UpdateRunning();
+  void UpdateQueued();
 
   const api::DistributedTrainingJob& job_;
   const Facts& facts_;
@@ -202,6 +204,7 @@ Plan Reconciler::Run(const Observed& observed, const ControllerOptions& options)
   if (!finished_) HandleScale();
   if (!finished_) CreateMissing(options);
   if (!finished_) UpdateRunning();
+  if (!finished_) UpdateQueued();
   if (finished_) CleanUpFinished();
   Finalize();
   return std::move(plan_);
@@ -469,8 +472,21 @@ void Reconciler::UpdateRunning() {
   Set(api::kConditionRestarting, false, "JobRunning", message, /*emit=*/false);
 }
 
+// Queued (kueue.h): True while Kueue holds any of the pods at its admission
+// gate; the activeDeadlineSeconds clock starts only once they are admitted.
+void Reconciler::UpdateQueued() {
+  if (KueueQueueName(job_, topology_.config).empty()) return;
+  const std::optional<QueuedDecision> d = DecideQueued(job_, topology_.config, observed_->pods);
+  if (d) Set(api::kConditionQueued, d->queued, d->reason, d->message);
+  // No pods yet (being created now): Kueue's webhook will gate them.
+  if ((!d || d->queued) && !job_.status.start_time) status().start_time.reset();
+}
+
 void Reconciler::CleanUpFinished() {
   const JobConfig& config = topology_.config;
+  // Kueue releases the quota of a finished pod group (kueue.h).
+  plan_.pods_to_patch = KueueFinishedPatches(job_, config, observed_->pods);
+  Set(api::kConditionQueued, false, "JobFinished", "the job has finished", /*emit=*/false);
   const api::Condition* failed = status().FindCondition(api::kConditionFailed);
   const bool stop_active = failed != nullptr && failed->is_true() &&
                            (failed->reason == "DeadlineExceeded" ||

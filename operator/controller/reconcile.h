@@ -4,7 +4,7 @@
 // One reconcile of a DistributedTrainingJob, as a pure function of the job,
 // its observed children, the facts and the options (plan.h). The policies
 // live one per file: pods.h (desired pods and Services, TF_CONFIG), restart.h, stall.h,
-// success.h, cleanup.h (cleanPodPolicy, TTL), elastic.h, gang.h,
+// success.h, cleanup.h (cleanPodPolicy, TTL), elastic.h, gang.h, kueue.h,
 // conditions.h; this file orders them:
 //
 //   1. A job being deleted: nothing (garbage collection removes the children).

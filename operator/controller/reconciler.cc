@@ -306,6 +306,18 @@ absl::StatusOr<std::optional<absl::Duration>> JobReconciler::Reconcile(const std
                            ? plan.pods_to_create
                            : std::vector<Json>()));
 
+  // Kueue's retriable-in-group annotation on a finished job's pods (kueue.h),
+  // before the deletions below. 404: gone; 409: replaced (the uid in the patch).
+  for (const PodPatch& p : plan.pods_to_patch) {
+    absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly(
+        "PATCH", kube::ResourcePath(kube::PodsResource(), ns, p.name), &p.patch,
+        "application/merge-patch+json");
+    if (!(r.ok() && (r->ok() || r->not_found() || r->conflict()))) {
+      errors.Add(absl::UnavailableError(
+          absl::StrCat("annotating pod ", ns, "/", p.name, " for Kueue: ", Describe(r))));
+    }
+  }
+
   // The status goes before pod deletions: a deletion is what a restart
   // counts, and once the pod is gone no later reconcile can count it again,
   // so a restart whose status write failed (a 409 from a stale cache) would
