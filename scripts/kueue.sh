@@ -316,12 +316,21 @@ cmd_down() {
       log "deleting Kueue's CRDs did not finish in 60 s"
   fi
   stop_manager
-  # Pods Kueue gated keep its finalizer; without the manager nobody removes it.
+  # Pods Kueue managed keep its finalizer; without the manager nobody removes it.
   if [ -f "$KUBE_STATE/admin.kubeconfig" ]; then
-    local p
-    for p in $(kubectl_admin get pods -A -o jsonpath='{range .items[?(@.metadata.finalizers)]}{.metadata.namespace}/{.metadata.name}{"\n"}{end}' 2>/dev/null); do
-      kubectl_admin -n "${p%%/*}" patch pod "${p#*/}" --type=json \
-        -p '[{"op":"remove","path":"/metadata/finalizers"}]' >/dev/null 2>&1 || true
+    local ns name patch
+    kubectl_admin get pods -A -o json 2>/dev/null | python3 -c '
+import json, sys
+for pod in json.load(sys.stdin).get("items", []):
+    m = pod["metadata"]
+    f = m.get("finalizers") or []
+    if "kueue.x-k8s.io/managed" in f:
+        patch = [{"op": "test", "path": "/metadata/finalizers", "value": f},
+                 {"op": "replace", "path": "/metadata/finalizers",
+                  "value": [x for x in f if x != "kueue.x-k8s.io/managed"]}]
+        print(m["namespace"], m["name"], json.dumps(patch, separators=(",", ":")))
+' | while read -r ns name patch; do
+      kubectl_admin -n "$ns" patch pod "$name" --type=json -p "$patch" >/dev/null 2>&1 || true
     done
   fi
   rm -rf "$STATE"

@@ -43,6 +43,28 @@ std::string KueueQueueName(const api::DistributedTrainingJob& job, const JobConf
   return label == job.metadata.labels.end() ? "" : label->second;
 }
 
+absl::Status ValidateKueueQueue(const api::DistributedTrainingJob& job, const JobConfig& config) {
+  const std::string queue = KueueQueueName(job, config);
+  if (queue.empty()) return absl::OkStatus();
+  bool ok = queue.size() <= kMaxLabelValue;
+  for (size_t i = 0; ok && i < queue.size(); ++i) {
+    const char c = queue[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    ok = alnum || ((c == '-' || c == '.') && i > 0 && i + 1 < queue.size());
+  }
+  if (ok) return absl::OkStatus();
+  const std::string field = config.run_policy.scheduling.queue.empty()
+                                ? absl::StrCat("metadata.labels[", kQueueLabel, "]")
+                                : "spec.runPolicy.scheduling.queue";
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": \"", queue,
+      "\" cannot name a Kueue LocalQueue: use the name of a LocalQueue in namespace ",
+      job.metadata.namespace_,
+      " (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at "
+      "most 63 characters; kubectl get localqueues -n ",
+      job.metadata.namespace_, ")"));
+}
+
 std::string KueuePodGroupName(const api::DistributedTrainingJob& job) {
   std::string digits;
   for (char c : job.metadata.uid) {

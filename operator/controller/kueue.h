@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "operator/api/distributed_training_job.h"
 #include "operator/controller/plan.h"
@@ -73,6 +74,12 @@ inline constexpr char kReasonKueueAdmitted[] = "KueueAdmitted";
 // The job's LocalQueue: spec.runPolicy.scheduling.queue, else the job's label
 // kueue.x-k8s.io/queue-name; "" when it names none (no Kueue metadata at all).
 std::string KueueQueueName(const api::DistributedTrainingJob& job, const JobConfig& config);
+
+// The queue must be able to name a LocalQueue (a DNS-1123 subdomain of at
+// most 63 characters, so that it is also a label value): else the pods could
+// not be created (an invalid label) or Kueue would never find the queue.
+// InvalidArgument names the field (or the job's label) and the fix.
+absl::Status ValidateKueueQueue(const api::DistributedTrainingJob& job, const JobConfig& config);
 
 // "<job>-<first 8 hex digits of the uid without dashes>", the job's name cut so
 // the whole is at most 63 characters (a label value). Just the name when the

@@ -288,6 +288,7 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
           name.size() - (replica.size() - kMaxLabel), " characters"));
     }
   }
+  if (absl::Status queue = ValidateKueueQueue(job, t.config); !queue.ok()) return queue;
   if (t.config.strategy == StrategyKind::kAuto) {
     t.config.strategy = ResolveStrategy(job);
     if (absl::Status valid = ValidateJobConfig(t.config); !valid.ok()) {

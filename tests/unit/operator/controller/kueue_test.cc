@@ -108,6 +108,35 @@ TEST(KueueTest, QueueComesFromTheSpecElseFromTheJobsLabel) {
   EXPECT_EQ(KueueQueueName(both, both.spec), "training");
 }
 
+TEST(KueueTest, AQueueThatCannotNameALocalQueueFailsTheJobNamingTheField) {
+  World w(MakeJob(Ps("  runPolicy:\n    scheduling: {queue: Team_Queue}\n")));
+  Plan plan = w.Step();
+  EXPECT_THAT(plan.pods_to_create, IsEmpty());
+  const api::Condition* failed = w.job.status.FindCondition(api::kConditionFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason, "InvalidSpec");
+  EXPECT_THAT(failed->message, HasSubstr("spec.runPolicy.scheduling.queue: \"Team_Queue\" cannot "
+                                         "name a Kueue LocalQueue"));
+  EXPECT_THAT(failed->message, HasSubstr("kubectl get localqueues -n team-a"));
+
+  api::DistributedTrainingJob labelled = MakeJob(Ps());
+  labelled.metadata.labels[kQueueLabel] = "-queue";
+  absl::Status s = ValidateKueueQueue(labelled, labelled.spec);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("metadata.labels[kueue.x-k8s.io/queue-name]: \"-queue\""));
+  for (const char* good : {"training", "team-a.gpu", "q1"}) {
+    api::DistributedTrainingJob job = MakeJob(Ps());
+    job.metadata.labels[kQueueLabel] = good;
+    EXPECT_TRUE(ValidateKueueQueue(job, job.spec).ok()) << good;
+  }
+  for (const std::string& bad :
+       std::vector<std::string>{"Training", "a b", "queue.", std::string(64, 'q')}) {
+    api::DistributedTrainingJob job = MakeJob(Ps());
+    job.spec.run_policy.scheduling.queue = bad;
+    EXPECT_FALSE(ValidateKueueQueue(job, job.spec).ok()) << bad;
+  }
+}
+
 TEST(KueueTest, GroupNameIsALabelValueUniquePerJobObject) {
   api::DistributedTrainingJob job = MakeJob(Ps());
   job.metadata.uid = "0d5c3a9e-1111-2222-3333-444455556666";
