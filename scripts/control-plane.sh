@@ -208,6 +208,9 @@ subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.96.0.1,DNS:kubernetes,DNS:kubern
 extendedKeyUsage=clientAuth"
   sign_cert ca controller-manager "/CN=system:kube-controller-manager" "$leaf
 extendedKeyUsage=clientAuth"
+  # The API server's credentials at a kubelet (logs, exec) on scripts/node.sh's node.
+  sign_cert ca apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$leaf
+extendedKeyUsage=clientAuth"
   # The front-proxy CA authenticates the API server to aggregated API servers and
   # to the controller manager's delegated authentication (which otherwise logs
   # "missing content for CA bundle" every few seconds).
@@ -261,6 +264,23 @@ running() {
   [[ "$cmd" == "$BIN/$1 "* ]]
 }
 
+# Extra API server flags: DISTRAIN_KUBE_APISERVER_ARGS when set (remembered in
+# the state), else those it was last started with, so that a `restart` keeps the
+# flags scripts/node.sh starts it with.
+apiserver_extra_args() {
+  if [ -n "${DISTRAIN_KUBE_APISERVER_ARGS+x}" ]; then
+    printf '%s\n' "$DISTRAIN_KUBE_APISERVER_ARGS" | tee "$STATE/kube-apiserver.args"
+  else
+    cat "$STATE/kube-apiserver.args" 2>/dev/null || true
+  fi
+}
+
+# (A control plane whose state predates that certificate restarts without it.)
+kubelet_client_args() {
+  [ -f "$PKI/apiserver-kubelet-client.crt" ] || return 0
+  echo --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key"
+}
+
 component_args() {
   case "$1" in
     etcd)
@@ -289,7 +309,7 @@ component_args() {
         --proxy-client-cert-file="$PKI/front-proxy-client.crt" --proxy-client-key-file="$PKI/front-proxy-client.key" \
         --allow-privileged=true --profiling=false --endpoint-reconciler-type=none \
         --kubelet-preferred-address-types=InternalIP \
-        ${DISTRAIN_KUBE_APISERVER_ARGS:-}
+        $(kubelet_client_args) $(apiserver_extra_args)
       ;;
     kube-controller-manager)
       # Controllers that need a cloud provider, node CIDRs or a kubelet only log
