@@ -147,7 +147,11 @@ build_pause() {
 cmd_build() {
   "$CP" build
   build_coredns
-  build_pause
+  if [ "$(id -u)" = 0 ]; then
+    build_pause
+  else
+    log "pause image: skipped (buildah's store needs root; so does the node)"
+  fi
 }
 
 # ---------------------------------------------------------------------------

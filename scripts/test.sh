@@ -9,6 +9,10 @@ scripts/build.sh
 # The kube tier runs against a real kube-apiserver built from Go modules
 # (cached under ~/.cache/distrain/kube-<version>; cold build ~10-20 min).
 scripts/control-plane.sh build
+# The e2e tier's real node (scripts/node.sh): CoreDNS from its pinned module and
+# the node's sandbox image, cached by version (kubelet, kube-scheduler and
+# kube-proxy come with the control plane's build above).
+scripts/node.sh build
 # Kueue for the e2e tier's Kueue test, built from its pinned module into the same
 # cache (~/.cache/distrain/kueue-<version>).
 scripts/kueue.sh build

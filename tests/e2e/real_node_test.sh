@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# e2e on the real node (scripts/node.sh: kubelet, containerd + runc, CNI bridge,
+# CoreDNS, kube-proxy): the images CI builds run as real pods.
+#   tests/e2e/with_node.sh bash tests/e2e/real_node_test.sh BUILD_DIR
+# Checks, each printed as it passes:
+#   1. the worker and operator images (scripts/build-images.sh, as OCI archives)
+#      are imported into the node's containerd;
+#   2. `helm install charts/distrain` into a namespace enforcing the restricted
+#      Pod Security Standard: the operator's pods run from its image with pod IPs
+#      of their own, one holds the Lease, talking to the API server in-cluster
+#      (the `kubernetes` Service through kube-proxy); `helm test` passes (the
+#      chart's Service by its DNS name through CoreDNS, its ClusterIP through
+#      kube-proxy);
+#   3. every CPU strategy example (training shortened), its pods from the worker
+#      image: `kubectl wait --for=condition=Succeeded`; status.progress at N of N
+#      with a loss; the chief's final accuracy in `kubectl logs` (the kubelet's
+#      log endpoint); `kubectl get dtj` printer columns; events in `kubectl
+#      describe dtj`; the checkpoint claim Bound; each pod its own IP in the
+#      node's pod subnet (MultiWorkerMirrored's replicas reach each other by
+#      their Services' DNS names, all on the same port);
+#   4. a MultiWorkerMirrored worker's container SIGKILLed through containerd: the
+#      restart shows in status.restartCount and a Restarting event, and the job
+#      still succeeds;
+#   5. `helm uninstall` and the namespace deleted: nothing of the release is left,
+#      and the namespace goes (the kubelet really stopped its pods).
+# E2E_CASES="onedevice kill" runs a subset; E2E_KEEP=1 keeps the namespace.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="$(cd "${1:?usage: real_node_test.sh BUILD_DIR}" && pwd)"
+: "${KUBECONFIG:?run through tests/e2e/with_node.sh}"
+KUBECTL="${DISTRAIN_KUBE_BINDIR:?run through tests/e2e/with_node.sh}/kubectl"
+NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"
+CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
+WAIT_S="${E2E_WAIT_S:-300}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill}"
+TAG=e2e
+WORKER_IMAGE="localhost/distrain/worker:$TAG"
+POD_NET="${DISTRAIN_NODE_POD_NET:-10.244.0}"
+
+for b in worker/distrain-worker operator/distrain-operator cli/distrain; do
+  [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built"; exit 1; }
+done
+HELM="$("$CP" helmbin 2>/dev/null)" || { echo "FAIL: no helm (scripts/control-plane.sh build builds it)"; exit 1; }
+"$NODE_SH" status >/dev/null || { echo "FAIL: the node is not up: $("$NODE_SH" status 2>&1)"; exit 1; }
+
+NS="e2e-node-$$"
+REL="dn$$"
+WORK="$(mktemp -d /tmp/distrain-e2e-node.XXXXXX)"
+k() { "$KUBECTL" -n "$NS" "$@"; }
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+ok() { echo "ok: $*"; }
+dump() {
+  echo "--- kubectl get dtj,pods -o wide"
+  k get dtj,pods -o wide 2>&1
+  k get events --sort-by=.lastTimestamp 2>&1 | tail -n 20
+  local p
+  for p in $(k get pods -o name 2>/dev/null | grep -E "${1:-.}"); do
+    echo "--- kubectl logs $p (last 10 lines)"
+    k logs "$p" --tail=10 2>&1
+  done
+}
+cleanup() {
+  if [ -z "${E2E_KEEP:-}" ]; then
+    "$HELM" uninstall "$REL" -n "$NS" >/dev/null 2>&1
+    "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1
+  fi
+  [ "$failures" = 0 ] && [ -z "${E2E_KEEP:-}" ] && rm -rf "$WORK"
+  [ "$failures" = 0 ] || echo "--- files kept in $WORK; node logs in ${DISTRAIN_NODE_DIR:-/tmp/distrain-node}/logs"
+}
+trap cleanup EXIT
+start=$SECONDS
+
+# 1. The images, as CI builds them, in the node's containerd.
+t0=$SECONDS
+"$NODE_SH" load-images --build-dir "$BUILD" --tag "$TAG" ||
+  { fail "scripts/node.sh load-images --build-dir $BUILD --tag $TAG failed (its messages are above)"; exit 1; }
+images="$("$NODE_SH" ctr images ls -q)"
+for img in "$WORKER_IMAGE" "localhost/distrain/operator:$TAG"; do
+  grep -qx "$img" <<<"$images" || { fail "containerd lacks $img after load-images; it has: $images"; exit 1; }
+done
+ok "images $WORKER_IMAGE and localhost/distrain/operator:$TAG in the node's containerd ($((SECONDS - t0)) s)"
+
+# 2. The chart, in a namespace that enforces the restricted Pod Security Standard.
+"$KUBECTL" create namespace "$NS" >/dev/null || { fail "cannot create namespace $NS"; exit 1; }
+"$KUBECTL" label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/enforce-version=latest >/dev/null || { fail "cannot label $NS restricted"; exit 1; }
+t0=$SECONDS
+if ! "$HELM" install "$REL" "$ROOT/charts/distrain" -n "$NS" --set image.tag="$TAG" \
+    --set "operator.watchNamespaces={$NS}" --set tests.wait=60s --wait --timeout 180s >"$WORK/install.log" 2>&1; then
+  cat "$WORK/install.log"
+  fail "helm install (the operator Deployment not ready within 180 s)"
+  dump operator
+  exit 1
+fi
+DEPLOY="$REL-distrain-operator"
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$ROOT/tests/e2e/e2e_lib.sh"
+leader="$(e2e_wait_leader "$DEPLOY" "$NS" 60)" || { fail "no operator pod took the Lease $NS/$DEPLOY within 60 s"; dump operator; exit 1; }
+ips="$(k get pods -l "app.kubernetes.io/instance=$REL,app.kubernetes.io/component=operator" -o jsonpath='{range .items[*]}{.status.podIP}{"\n"}{end}')"
+grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "operator pod IPs are not in the node's pod subnet $POD_NET.0/24: $ips"
+[ "$(sort -u <<<"$ips" | wc -l)" = "$(wc -l <<<"$ips")" ] || fail "operator pods share an IP: $ips"
+# In-cluster: the kubelet's KUBERNETES_SERVICE_HOST is the `kubernetes` Service's
+# ClusterIP; kube-proxy routes it to the API server on the node's address.
+api="https://$("$KUBECTL" -n default get svc kubernetes -o jsonpath='{.spec.clusterIP}'):443"
+k logs "$leader" 2>&1 | grep -q "against $api" ||
+  fail "the leader $leader does not log the in-cluster API address $api: $(k logs "$leader" 2>&1 | head -n 5)"
+ok "helm install: $(wc -l <<<"$ips") operator pods from localhost/distrain/operator:$TAG, IPs $(tr '\n' ' ' <<<"$ips"), $leader leads ($((SECONDS - t0)) s)"
+t0=$SECONDS
+if "$HELM" test "$REL" -n "$NS" --timeout 120s >"$WORK/helm-test.log" 2>&1; then
+  ok "helm test: the operator's Service by DNS name and ClusterIP ($((SECONDS - t0)) s)"
+else
+  cat "$WORK/helm-test.log"
+  k logs "$REL-distrain-test-operator" 2>&1 | tail -n 10
+  fail "helm test"
+fi
+
+# 3. Every CPU strategy example, its pods from the worker image. The operator's
+# default image is :latest (pull policy Always, and this node has no registry),
+# so each replica's template names the imported image.
+job_yaml() {  # EXAMPLE STEPS NAME
+  e2e_example "$ROOT/examples/$1.yaml" "$2" | sed -E \
+    -e "s/^  name: $1\$/  name: $3/" \
+    -e "s#^(      replicas: [0-9]+)(.*)\$#\1\2\n      template: {spec: {containers: [{name: distrain, image: \"$WORKER_IMAGE\", imagePullPolicy: IfNotPresent}]}}#"
+}
+
+check_job() {
+  local job="$1" t0=$SECONDS
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded within ${WAIT_S}s"
+    dump "$job"
+    return
+  fi
+  local total step loss
+  total="$(k get dtj "$job" -o jsonpath='{.status.progress.totalSteps}')"
+  step="$(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
+  loss="$(k get dtj "$job" -o jsonpath='{.status.progress.loss}')"
+  [ "$total" = 150 ] && [ "$step" = 150 ] || fail "$job: status.progress is step '$step' of '$total' (want 150 of 150)"
+  [ -n "$loss" ] || fail "$job: status.progress has no final loss"
+  local claim
+  claim="$(k get pvc "$job-checkpoints" -o jsonpath='{.status.phase} {.metadata.ownerReferences[0].name}' 2>&1)"
+  [ "$claim" = "Bound $job" ] || fail "$job: PVC $job-checkpoints is '$claim' (want Bound, owned by the job)"
+  local chief logs
+  if k get pod "$job-chief-0" >/dev/null 2>&1; then chief="$job-chief-0"; else chief="$job-worker-0"; fi
+  [ "$(k get pod "$chief" -o jsonpath='{.spec.containers[0].image}')" = "$WORKER_IMAGE" ] ||
+    fail "$job: $chief does not run $WORKER_IMAGE"
+  logs="$(k logs "$chief" 2>&1)"
+  grep -Eq "training complete: .*accuracy [0-9.]+" <<<"$logs" ||
+    fail "$job: no final accuracy line in 'kubectl logs $chief'; got: $(tail -n 3 <<<"$logs")"
+  local get
+  get="$(k get dtj "$job" 2>&1)"
+  grep -Eq "^NAME +STRATEGY +STATE +WORKERS +STEP +AGE" <<<"$get" || fail "$job: 'kubectl get dtj' lacks the printer columns: $get"
+  grep -Eq "^$job +[A-Za-z]+ +Succeeded " <<<"$get" || fail "$job: 'kubectl get dtj' row: $get"
+  local describe
+  describe="$(k describe dtj "$job" 2>&1)"
+  grep -Eq "^Events:" <<<"$describe" && ! grep -q "^Events: *<none>" <<<"$describe" ||
+    fail "$job: 'kubectl describe dtj' shows no events"
+  # Real pod networking: every replica its own IP in the node's subnet.
+  local ips n
+  ips="$(k get pods -l "distrain.io/job-name=$job" -o jsonpath='{range .items[*]}{.status.podIP}{"\n"}{end}' | sed '/^$/d')"
+  n="$(k get pods -l "distrain.io/job-name=$job" -o name | wc -l)"
+  if [ -n "$ips" ]; then
+    grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "$job: pod IPs outside $POD_NET.0/24: $ips"
+    [ "$(sort -u <<<"$ips" | wc -l)" = "$(wc -l <<<"$ips")" ] || fail "$job: pods share an IP: $ips"
+  fi
+  echo "ok: $job Succeeded at step $step/$total, loss $loss, $n pods (waited $((SECONDS - t0)) s after the previous check)"
+  echo "    $(grep -E 'training complete' <<<"$logs" | tail -n 1 | sed 's/^.*training complete/training complete/')"
+}
+
+# 4. A worker's container SIGKILLed through containerd (as the OOM killer or a
+# crash would end it): the operator replaces it and the job goes on.
+run_kill() {
+  local job=mwms-kill i
+  job_yaml multi-worker-mirrored 400 "$job" >"$WORK/$job.yaml"
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  for i in $(seq 1 600); do
+    k logs "$job-chief-0" 2>/dev/null | grep -Eq "step [0-9]+/400" && break
+    sleep 0.5
+  done
+  k logs "$job-chief-0" 2>/dev/null | grep -Eq "step [0-9]+/400" || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  local cid
+  cid="$(k get pod "$job-worker-1" -o jsonpath='{.status.containerStatuses[0].containerID}')"
+  cid="${cid#containerd://}"
+  [ -n "$cid" ] || { fail "$job: $job-worker-1 has no container ID"; dump "$job"; return; }
+  "$NODE_SH" ctr tasks kill -s SIGKILL "$cid" || { fail "$job: ctr tasks kill $cid failed"; return; }
+  echo "killed $job-worker-1's container ($cid) after: $(k logs "$job-chief-0" 2>/dev/null | grep -E 'step [0-9]+/400' | tail -n 1 | sed 's/^.*step/step/')"
+  local restarts=""
+  for i in $(seq 1 300); do
+    restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+    [ "${restarts:-0}" -ge 1 ] 2>/dev/null && break
+    sleep 0.2
+  done
+  [ "${restarts:-0}" -ge 1 ] 2>/dev/null || fail "$job: status.restartCount is '$restarts' 60 s after the kill (want >= 1)"
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after the kill"
+    dump "$job"
+    return
+  fi
+  k describe dtj "$job" | grep -Eq "Restarting .*$job-(worker|chief)-[0-9]" ||
+    fail "$job: 'kubectl describe dtj' shows no Restarting event naming a pod of $job"
+  ok "$job Succeeded after its worker's container was killed; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+}
+
+jobs=()
+for c in $CASES; do
+  [ "$c" = kill ] && continue
+  [ -f "$ROOT/examples/$c.yaml" ] || { fail "no example examples/$c.yaml (E2E_CASES)"; continue; }
+  job_yaml "$c" 150 "$c" >"$WORK/$c.yaml"
+  grep -q "image: \"$WORKER_IMAGE\"" "$WORK/$c.yaml" || { fail "$c: could not set the image: $(cat "$WORK/$c.yaml")"; continue; }
+  k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
+  jobs+=("$c")
+done
+for c in "${jobs[@]}"; do check_job "$c"; done
+[[ " $CASES " == *" kill "* ]] && run_kill
+
+# 5. Uninstall: nothing of the release is left, and the namespace really goes.
+if [ -z "${E2E_KEEP:-}" ]; then
+  t0=$SECONDS
+  "$HELM" uninstall "$REL" -n "$NS" --wait --timeout 120s >/dev/null 2>&1 || fail "helm uninstall"
+  left="$("$KUBECTL" get deploy,sa,svc,pdb,role,rolebinding -n "$NS" -l "app.kubernetes.io/instance=$REL" -o name 2>&1)"
+  [ -z "$left" ] || fail "helm uninstall left: $left"
+  "$KUBECTL" delete namespace "$NS" --timeout=120s >/dev/null 2>&1 ||
+    fail "namespace $NS not gone within 120 s: $(k get pods -o wide 2>&1)"
+  [ "$failures" = 0 ] && ok "helm uninstall left nothing; namespace $NS deleted, its pods stopped ($((SECONDS - t0)) s)"
+fi
+
+echo "--- $failures failure(s) in $((SECONDS - start)) s"
+[ "$failures" = 0 ]
