@@ -55,10 +55,12 @@ bool IsCoordinator(const JobConfig& config, const LocalReplica& replica) {
 
 bool ShouldRestartLocally(const JobConfig& config, const LocalReplica& replica, int exit_code,
                           int restarts) {
-  if (config.strategy != StrategyKind::kParameterServer || replica.type != ReplicaType::kWorker ||
-      exit_code == 0) {
-    return false;
-  }
+  if (replica.type != ReplicaType::kWorker || exit_code == 0) return false;
+  const bool rejoins_in_place = config.strategy == StrategyKind::kMultiWorkerMirrored &&
+                                config.run_policy.recovery_policy == RecoveryPolicy::kInPlace &&
+                                !IsCoordinator(config, replica) &&
+                                exit_code != kExitTerminated;  // a stop the others share
+  if (config.strategy != StrategyKind::kParameterServer && !rejoins_in_place) return false;
   const int64_t limit = config.run_policy.backoff_limit.value_or(kDefaultLocalRestarts);
   if (restarts >= limit) return false;
   auto spec = config.replicas.find(ReplicaType::kWorker);

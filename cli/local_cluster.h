@@ -47,9 +47,12 @@ bool IsCoordinator(const JobConfig& config, const LocalReplica& replica);
 
 // Whether `distrain run` restarts a replica that exited with `exit_code`
 // (non-zero, after `restarts` earlier restarts of it) instead of failing the
-// job, as the operator's restart policy would on a cluster. Only
-// ParameterServer workers: the chief re-queues a lost worker's closure and
-// re-admits the worker when it is back, so the job goes on. The replica's
+// job, as the operator's restart policy would on a cluster. Only replicas
+// whose peers go on without them: ParameterServer workers (the chief
+// re-queues a lost worker's closure and re-admits the worker when it is
+// back) and, under runPolicy.recoveryPolicy InPlace, MultiWorkerMirrored
+// workers other than the coordinator (the survivors wait for the restarted
+// process and take it back into their group). The replica's
 // restartPolicy decides (Never: no; OnFailure, Always: yes; ExitCode:
 // retryable codes 128-255 only), at most runPolicy.backoffLimit times
 // (unset: kDefaultLocalRestarts).

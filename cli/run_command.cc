@@ -312,10 +312,14 @@ int RunJob(const RunOptions& options) {
       if (stop_sent_at < 0 && !job_exit &&
           ShouldRestartLocally(*config, c.replica, *c.exit_code, c.restarts)) {
         // A ParameterServer worker: the chief re-runs its closure elsewhere
-        // and re-admits it once it is back.
+        // and re-admits it once it is back. A MultiWorkerMirrored worker:
+        // the survivors wait for it and take it back into their group.
         console.Line("", absl::StrFormat("distrain run: %s exited with code %d; restarting it "
-                                         "(restart %d; the chief re-admits it)",
-                                         c.replica.label, *c.exit_code, c.restarts + 1));
+                                         "(restart %d; %s)",
+                                         c.replica.label, *c.exit_code, c.restarts + 1,
+                                         config->strategy == StrategyKind::kParameterServer
+                                             ? "the chief re-admits it"
+                                             : "it rejoins the others in place"));
         if (c.out_fd >= 0) {
           PumpOutput(c, console, /*eof=*/true);
           ::close(c.out_fd);

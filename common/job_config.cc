@@ -106,6 +106,10 @@ constexpr EnumName<CleanPodPolicy> kCleanPodPolicies[] = {
     {"Running", CleanPodPolicy::kRunning},
     {"All", CleanPodPolicy::kAll},
 };
+constexpr EnumName<RecoveryPolicy> kRecoveryPolicies[] = {
+    {"InPlace", RecoveryPolicy::kInPlace},
+    {"RestartGroup", RecoveryPolicy::kRestartGroup},
+};
 constexpr EnumName<LossKind> kLossKinds[] = {
     {"SparseCategoricalCrossentropy", LossKind::kSparseCategoricalCrossentropy},
     {"CategoricalCrossentropy", LossKind::kCategoricalCrossentropy},
@@ -1304,6 +1308,10 @@ const std::vector<FieldSpec>& SpecFields() {
             DISTRAIN_REF(run_policy.ttl_seconds_after_finished), Min(0)),
       EnumField("runPolicy.cleanPodPolicy", DISTRAIN_REF(run_policy.clean_pod_policy),
                 kCleanPodPolicies),
+      EnumField("runPolicy.recoveryPolicy", DISTRAIN_REF(run_policy.recovery_policy),
+                kRecoveryPolicies),
+      Field("runPolicy.recoveryTimeoutSeconds", DISTRAIN_REF(run_policy.recovery_timeout_seconds),
+            Min(1)),
       Field("runPolicy.suspend", DISTRAIN_REF(run_policy.suspend)),
       Field("runPolicy.scheduling.gang", DISTRAIN_REF(run_policy.scheduling.gang)),
       Field("runPolicy.scheduling.minAvailable", DISTRAIN_REF(run_policy.scheduling.min_available),

@@ -198,6 +198,13 @@ struct TrainingConfig {
 
 // spec.runPolicy: what the operator does around the job (Kubeflow's RunPolicy).
 enum class CleanPodPolicy { kNone, kRunning, kAll };
+// What a synchronous multi-process job (MultiWorkerMirrored) does when a
+// worker dies. kInPlace: the survivors keep running and wait for its
+// replacement, which rejoins the group; only the lost pod is recreated
+// (losing the coordinator, the chief or worker 0, still restarts the group).
+// kRestartGroup: every training process exits and all restart from the last
+// checkpoint, as TensorFlow does.
+enum class RecoveryPolicy { kInPlace, kRestartGroup };
 struct SchedulingPolicy {
   bool gang = false;                  // create all pods as one gang (PodGroup)
   std::optional<int> min_available;   // gang size; unset: every replica
@@ -215,6 +222,10 @@ struct RunPolicy {
   // (common/progress_deadline.h).
   std::optional<int64_t> progress_deadline_seconds;
   std::optional<int64_t> ttl_seconds_after_finished;  // unset: keep the finished job
+  RecoveryPolicy recovery_policy = RecoveryPolicy::kInPlace;
+  // How long survivors wait for a lost worker's replacement before they give
+  // up and exit (retryable: the group then restarts); unset: 300.
+  std::optional<int64_t> recovery_timeout_seconds;
   // Running by default, as TFJob: a finished job holds no pod that still runs
   // (ps tasks, ours and TensorFlow's, never exit on their own).
   CleanPodPolicy clean_pod_policy = CleanPodPolicy::kRunning;

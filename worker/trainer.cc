@@ -399,7 +399,35 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     };
     auto out = strategy_->Run(step_fn, b);
     if (!out.ok()) {
-      return fail(ExitCodeForStrategyError(out.status()), out.status());
+      // In-place recovery (strategy.h): the group re-forms around a
+      // replacement and every process goes on from the step they agree on.
+      absl::StatusOr<int64_t> resumed = [&] {
+        auto phase = long_phase("recovering from a lost peer");
+        return strategy_->Recover(out.status(), step, [&stop] { return stop.load(); });
+      }();
+      if (!resumed.ok()) {
+        if (stop.load() && resumed.status().code() == absl::StatusCode::kCancelled) {
+          // Stopped while waiting for a replacement: the state is still that
+          // of a completed step, so the chief checkpoints it as on any stop.
+          stop_agreed = true;
+          continue;
+        }
+        return fail(ExitCodeForStrategyError(resumed.status()), resumed.status());
+      }
+      step = *resumed;
+      if (env_.metrics) env_.metrics->step.Set(static_cast<double>(step));
+      if (source != nullptr) {
+        // Same shard layout, re-positioned at the agreed step (R5).
+        source.reset();  // a prefetcher's thread stops before the new one reads
+        source = std::make_unique<ShardedBatcher>(
+            train_data, input->effective_policy, strategy_->input_shard_index(),
+            strategy_->num_input_shards(), per_process_batch, tc.seed, tc.dataset.shuffle, step);
+        if (tc.dataset.prefetch_batches > 0) {
+          source = std::make_unique<PrefetchingBatchSource>(std::move(source),
+                                                            tc.dataset.prefetch_batches);
+        }
+      }
+      continue;
     }
     ++step;
     last_loss = out->loss;

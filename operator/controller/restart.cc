@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/exit_codes.h"
+#include "operator/controller/pods.h"
 
 namespace distrain::controller {
 
@@ -20,11 +21,18 @@ bool RestartsAfterSuccess(RestartPolicy policy, ReplicaType type) {
          (type == ReplicaType::kPS || type == ReplicaType::kEvaluator);
 }
 
-std::vector<ReplicaType> RestartGroup(StrategyKind strategy, ReplicaType type) {
+std::vector<ReplicaType> RestartGroup(const JobConfig& config, const ObservedPod& pod) {
+  const ReplicaType type = pod.id.type;
   if (type == ReplicaType::kEvaluator) return {};
-  if (strategy == StrategyKind::kParameterServer) {
+  if (config.strategy == StrategyKind::kParameterServer) {
     if (type == ReplicaType::kWorker) return {};
     return {ReplicaType::kChief, ReplicaType::kWorker, ReplicaType::kPS};
+  }
+  if (config.strategy == StrategyKind::kMultiWorkerMirrored &&
+      config.run_policy.recovery_policy == RecoveryPolicy::kInPlace &&
+      type == ReplicaType::kWorker && !IsMaster(config, pod.id) &&
+      pod.exit_code != kExitTerminated) {
+    return {};  // its survivors wait for it and take it back in place
   }
   // Synchronous strategies (Auto is resolved before it gets here). A PS pod
   // cannot exist outside ParameterServer (the spec is validated); were it to,
@@ -53,7 +61,7 @@ RestartDecision DecideRestarts(const JobConfig& config, const std::vector<Observ
   for (const ObservedPod* pod : restartable) {
     // A pod that exited 0 under Always restarts alone; it broke nothing.
     const std::vector<ReplicaType> group =
-        pod->failed() ? RestartGroup(config.strategy, pod->id.type) : std::vector<ReplicaType>{};
+        pod->failed() ? RestartGroup(config, *pod) : std::vector<ReplicaType>{};
     if (group.empty()) continue;
     d.group_causes.push_back(pod);
     for (ReplicaType t : group) {

@@ -27,12 +27,20 @@
 //              restart would fail the same way.
 //
 // Who restarts with whom (strategy-aware), once a pod must restart:
-//   * synchronous strategies (MultiWorkerMirrored, Mirrored, CentralStorage,
-//     OneDevice, TPU): every Chief and Worker pod restarts, as one new
-//     generation counted as one restart. A collective ring cannot lose a
-//     member: the survivors' next all-reduce would hang or fail, and a
-//     replacement alone could not rejoin a ring formed without it. All of
-//     them resume from the chief's last checkpoint;
+//   * MultiWorkerMirrored with runPolicy.recoveryPolicy InPlace (the
+//     default): a Worker that is not the master (the coordinator) is
+//     replaced alone. Its survivors keep running and wait for it; the
+//     replacement rejoins their group at the next membership generation and
+//     receives the newest state from them (worker/strategy/
+//     multi_worker_mirrored.h, Recover). The master hosts the rendezvous, so
+//     losing it restarts the group as below; so does a worker that exited
+//     143: SIGTERM makes every process of the group stop after the same step
+//     (preemption), so the others are stopping with it;
+//   * other synchronous strategies (and MultiWorkerMirrored with
+//     RestartGroup, or its master lost): every Chief and Worker pod restarts,
+//     as one new generation counted as one restart. A collective ring cannot
+//     lose a member: the survivors' next all-reduce would hang or fail. All
+//     of them resume from the chief's last checkpoint;
 //   * ParameterServer: a Worker is replaced alone (workers are independent;
 //     the coordinator re-dispatches its steps). A PS holds a shard of the
 //     variables in memory, so losing one loses state: the chief (the
@@ -65,9 +73,9 @@ bool RestartsAfterFailure(RestartPolicy policy, const ObservedPod& pod);
 // Whether a pod of `type` that exited 0 is restarted (Always on PS / Evaluator).
 bool RestartsAfterSuccess(RestartPolicy policy, ReplicaType type);
 
-// The replica types restarted together when a pod of `type` must restart
-// under `strategy`; empty: the pod is replaced alone.
-std::vector<ReplicaType> RestartGroup(StrategyKind strategy, ReplicaType type);
+// The replica types restarted together when `pod` of the job must restart;
+// empty: the pod is replaced alone.
+std::vector<ReplicaType> RestartGroup(const JobConfig& config, const ObservedPod& pod);
 
 struct RestartDecision {
   // Failed pods that are not restarted and end the job (not Evaluators).

@@ -1,9 +1,12 @@
 // `distrain run` end to end: real distrain and distrain-worker processes.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "tests/integration/subprocess.h"
 
@@ -84,6 +87,72 @@ TEST(DistrainRunTest, SigtermStopsTheJobWithACheckpointAndARerunResumesFromIt) {
   EXPECT_GE(std::stoll(m[1]), 100) << "resumed from an earlier step than the job had reached";
   rerun.Signal(SIGTERM);
   EXPECT_TRUE(rerun.Wait(60).has_value());
+  fs::remove_all(dir);
+}
+
+// The pid of the child of `parent` whose TF_CONFIG names task `type`:`index`.
+pid_t ReplicaPid(pid_t parent, const std::string& type, int index) {
+  const std::string needle =
+      "\"task\":{\"type\":\"" + type + "\",\"index\":" + std::to_string(index) + "}";
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != parent) continue;
+    std::ifstream env(entry.path() / "environ");
+    std::stringstream buf;
+    buf << env.rdbuf();
+    std::string text = buf.str();
+    text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+    if (text.find(needle) != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+// A killed MultiWorkerMirrored worker is restarted by its restartPolicy
+// (ExitCode: 137 is retryable) and rejoins the others in place: the job
+// Succeeds, the other processes recover without exiting.
+TEST(DistrainRunTest, KilledMultiWorkerMirroredWorkerIsRestartedAndRejoinsInPlace) {
+  std::ifstream in(SourceDir() + "/examples/multi-worker-mirrored.yaml");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  std::string yaml = std::regex_replace(buf.str(), std::regex("\n    steps: [0-9]+"), "\n    steps: 1500");
+  yaml = std::regex_replace(yaml, std::regex("\n      numExamples: [0-9]+"), "\n      numExamples: 8000");
+  const std::string dir = TempDir("mwms_rejoin");
+  const std::string job = WriteFile(dir, "job.yaml", yaml);
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--checkpoint-dir", dir + "/ckpt"});
+  ASSERT_TRUE(run.WaitForOutput("step 100/", 240)) << run.output();
+  const pid_t victim = ReplicaPid(run.pid(), "worker", 2);
+  ASSERT_GT(victim, 0) << "no worker-2 child of distrain run";
+  ::kill(victim, SIGKILL);
+  auto rc = run.Wait(600);
+  ASSERT_TRUE(rc.has_value()) << "distrain run did not finish:\n" << run.output();
+  EXPECT_EQ(*rc, 0) << run.output();
+  const std::string out = run.output();
+  EXPECT_NE(out.find("worker-2 exited with code 137; restarting it (restart 1; it rejoins the "
+                     "others in place)"),
+            std::string::npos)
+      << out;
+  for (const std::string replica : {"[chief-0]", "[worker-0]", "[worker-1]"}) {
+    bool recovered = false;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find(replica) != std::string::npos &&
+          line.find("recovered in place") != std::string::npos) {
+        recovered = true;
+      }
+    }
+    EXPECT_TRUE(recovered) << replica << " did not recover in place:\n" << out;
+  }
+  EXPECT_NE(out.find("Succeeded"), std::string::npos) << out;
   fs::remove_all(dir);
 }
 

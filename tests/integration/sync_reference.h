@@ -135,19 +135,27 @@ struct SyncCluster {
       tasks.push_back(type + "-" + std::to_string(index));
       const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
                                     R"(","index":)" + std::to_string(index) + "}}";
-      processes.push_back(std::make_unique<Subprocess>(
-          // Only the chief's directory is shared with later runs, as in
-          // Kubernetes where the other pods may have no volume at all.
-          std::vector<std::string>{WorkerBinary(), "--config", job, "--tf-config", tf_config,
-                                   "--checkpoint-dir",
-                                   dir + (i == 0 ? "/ckpt" : "/ckpt-" + tasks[i]), "--metrics-port",
-                                   std::to_string(metrics_ports[i])},
-          std::map<std::string, std::string>{
-              {"OPENBLAS_NUM_THREADS", "1"},
-              {"DISTRAIN_CREDENTIALS_DIR", credentials.DirFor(type, index)},
-              {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}}));
+      // Only the chief's directory is shared with later runs, as in
+      // Kubernetes where the other pods may have no volume at all.
+      argvs.push_back({WorkerBinary(), "--config", job, "--tf-config", tf_config,
+                       "--checkpoint-dir", dir + (i == 0 ? "/ckpt" : "/ckpt-" + tasks[i]),
+                       "--metrics-port", std::to_string(metrics_ports[i])});
+      envs.push_back({{"OPENBLAS_NUM_THREADS", "1"},
+                      {"DISTRAIN_CREDENTIALS_DIR", credentials.DirFor(type, index)},
+                      {"DISTRAIN_PARAM_CHECKSUM_FILE", dir + "/checksums.{task}.txt"}});
+      processes.push_back(std::make_unique<Subprocess>(argvs.back(), envs.back()));
     }
   }
+
+  // Starts process i again as it was started (a replacement pod), keeping the
+  // output of the one it replaces in `replaced`.
+  void Restart(size_t i) {
+    replaced.push_back(tasks[i] + ":\n" + processes[i]->output());
+    processes[i] = std::make_unique<Subprocess>(argvs[i], envs[i]);
+  }
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<std::map<std::string, std::string>> envs;
+  std::vector<std::string> replaced;
 
   void ExpectAllSucceed(double seconds) {
     for (size_t i = 0; i < processes.size(); ++i) {

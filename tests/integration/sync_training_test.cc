@@ -2,8 +2,9 @@
 // workers started here with their own TF_CONFIG) and Mirrored (4 replicas)
 // end where OneDevice ends on the same global batch and seed; every replica
 // holds identical parameters after every step; a worker killed with SIGKILL
-// makes every other process fail fast, naming it; `distrain run` runs both
-// examples.
+// makes every other process fail fast, naming it (recoveryPolicy
+// RestartGroup) or is replaced and rejoins the survivors in place (InPlace);
+// `distrain run` runs both examples.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -184,12 +185,18 @@ struct KillCase {
 
 class SyncTrainingKillTest : public ::testing::TestWithParam<KillCase> {};
 
+// A lost worker under recoveryPolicy RestartGroup (TensorFlow's behaviour),
+// and a lost chief under any policy (it hosts the rendezvous): every process
+// exits with the retryable code so that the group restarts from the
+// checkpoint. (A lost worker under InPlace, the default, is tested below.)
 TEST_P(SyncTrainingKillTest, EveryOtherProcessFailsFastNamingTheDeadOne) {
   const int victim = GetParam().victim;
   const std::string dir = FreshTempDir("kill_" + GetParam().name);
-  const std::string job =
-      WriteTextFile(dir + "/job.yaml", SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers,
-                                                   100000000, kCommunication));
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      absl::StrCat(SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000,
+                               kCommunication),
+                   victim != 0 ? "  runPolicy: {recoveryPolicy: RestartGroup}\n" : ""));
   Cluster cluster(job, dir, 3, kSteps);
   // Training is under way everywhere.
   for (size_t i = 0; i < cluster.processes.size(); ++i) {
@@ -243,6 +250,100 @@ INSTANTIATE_TEST_SUITE_P(Victims, SyncTrainingKillTest,
                          [](const ::testing::TestParamInfo<KillCase>& info) {
                            return info.param.name;
                          });
+
+// In-place recovery (multi_worker_mirrored.h R1-R5): a SIGKILLed worker is
+// started again (as the operator recreates its pod); the survivors never
+// exit, the group re-forms around the replacement, and because everyone
+// resumes from the newest completed step with the input re-positioned
+// there, the job ends exactly where fault-free single-process training
+// ends: the kill cost the step in flight and nothing else.
+std::map<int64_t, std::string> ChecksumsByStep(const std::string& path) {
+  std::map<int64_t, std::string> out;
+  for (const std::string& line : ReadLines(path)) {
+    const size_t space = line.find(' ');
+    out[std::stoll(line.substr(0, space))] = line.substr(space + 1);  // the last write wins
+  }
+  return out;
+}
+
+void KillAndReplace(Cluster& cluster, size_t victim, const std::string& after_output) {
+  ASSERT_TRUE(cluster.processes[victim]->WaitForOutput(after_output, 120))
+      << cluster.tasks[victim] << ":\n"
+      << cluster.processes[victim]->output();
+  cluster.processes[victim]->Signal(SIGKILL);
+  auto rc = cluster.processes[victim]->Wait(10);
+  ASSERT_TRUE(rc.has_value());
+  cluster.Restart(victim);
+}
+
+TEST(SyncTrainingTest, MultiWorkerMirroredKilledWorkersRejoinInPlaceAndTheJobMatchesOneDevice) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = FreshTempDir("inplace");
+  const std::string job =
+      WriteTextFile(dir + "/job.yaml",
+                    SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication));
+  Cluster cluster(job, dir, 3, kSteps);
+  std::vector<Subprocess*> survivors = {cluster.processes[0].get(), cluster.processes[1].get()};
+  // worker:2 twice (the second time its replacement is the one killed), then worker:0.
+  KillAndReplace(cluster, 3, "step 40/");
+  KillAndReplace(cluster, 3, "recovered in place");
+  ASSERT_TRUE(cluster.processes[1]->WaitForOutput("recovered in place", 60))
+      << cluster.processes[1]->output();
+  // The survivors so far (the chief and worker:0) are still the same processes.
+  EXPECT_EQ(cluster.processes[0].get(), survivors[0]);
+  EXPECT_EQ(cluster.processes[1].get(), survivors[1]);
+  cluster.ExpectAllSucceed(120);
+  for (const std::string& out : cluster.replaced) std::cout << out.substr(0, out.find('\n')) << " replaced\n";
+  // Each survivor recovered from each loss and never went back a step.
+  for (size_t i : {0u, 1u, 2u}) {
+    const std::string out = cluster.processes[i]->output();
+    std::regex recovered(R"(recovered in place in [^:]+: membership generation (\d+), resuming at step (\d+) \(this process had completed (\d+)\))");
+    int recoveries = 0;
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), recovered);
+         it != std::sregex_iterator(); ++it) {
+      ++recoveries;
+      EXPECT_GE(std::stoll((*it)[2]), std::stoll((*it)[3])) << cluster.tasks[i] << ": " << it->str();
+      std::cout << cluster.tasks[i] << ": " << it->str() << "\n";
+    }
+    EXPECT_GE(recoveries, 1) << cluster.tasks[i] << ":\n" << out;
+    EXPECT_EQ(out.find("exit code 170"), std::string::npos) << cluster.tasks[i] << ":\n" << out;
+  }
+  // The chief's checkpoint is single-process training's, bit for bit up to
+  // the all-reduce's rounding, as in the fault-free test above.
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  // Wherever two processes recorded the same step, they held the same parameters.
+  const auto chief = ChecksumsByStep(dir + "/checksums.chief-0.txt");
+  EXPECT_EQ(chief.size(), static_cast<size_t>(kSteps));
+  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
+    for (const auto& [step, sum] : ChecksumsByStep(dir + "/checksums." + cluster.tasks[i] + ".txt")) {
+      EXPECT_EQ(sum, chief.at(step)) << cluster.tasks[i] << " at step " << step;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// The survivors do not wait forever: with no replacement they give up after
+// runPolicy.recoveryTimeoutSeconds with the retryable code, naming the loss.
+TEST(SyncTrainingTest, MultiWorkerMirroredSurvivorsGiveUpWhenNoReplacementComes) {
+  const std::string dir = FreshTempDir("inplace_timeout");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      absl::StrCat(SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, 100000000, kCommunication),
+                   "  runPolicy: {recoveryTimeoutSeconds: 3}\n"));
+  Cluster cluster(job, dir, 3, kSteps);
+  ASSERT_TRUE(cluster.processes[3]->WaitForOutput("step 40/", 120)) << cluster.processes[3]->output();
+  cluster.processes[3]->Signal(SIGKILL);
+  for (size_t i = 0; i < 3; ++i) {
+    auto rc = cluster.processes[i]->Wait(20);
+    ASSERT_TRUE(rc.has_value()) << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+    EXPECT_EQ(*rc, 170) << cluster.tasks[i] << ":\n" << cluster.processes[i]->output();
+    const std::string out = cluster.processes[i]->output();
+    EXPECT_NE(out.find("in-place recovery failed: the group did not re-form"), std::string::npos)
+        << cluster.tasks[i] << ":\n" << out;
+    EXPECT_NE(out.find("worker:2"), std::string::npos) << out;
+  }
+  fs::remove_all(dir);
+}
 
 // SIGTERM reaches one process only: the whole job still stops after one
 // common step, with the chief's final checkpoint at that step.

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/check.h"
@@ -140,6 +141,8 @@ absl::StatusOr<Membership> CoordinationClient::Join(absl::Time deadline) {
   if (s == nullptr) return absl::FailedPreconditionError("CoordinationClient::Join before Connect");
   absl::BitGen gen;
   absl::Duration backoff = options_.initial_backoff;
+  const absl::Time predecessor_deadline =
+      std::min(deadline, absl::Now() + options_.live_predecessor_grace);
   while (true) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, deadline + options_.rpc_slack);
@@ -156,10 +159,21 @@ absl::StatusOr<Membership> CoordinationClient::Join(absl::Time deadline) {
       for (const auto& ref : resp.members()) m.members.push_back(FromTaskRef(ref));
       absl::MutexLock lock(&mu_);
       generation_ = std::max(generation_, m.generation);
+      whole_generation_ = std::max(whole_generation_, m.generation);
       return m;
     }
-    // Join is idempotent for one incarnation, so a broken connection is retried.
+    // Join is idempotent for one incarnation, so a broken connection is retried;
+    // so is the refusal while our predecessor still looks alive (see
+    // live_predecessor_grace), which the service words as below.
     const absl::Duration sleep = Jitter(backoff, gen);
+    const bool predecessor_live =
+        st.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+        absl::StrContains(st.error_message(), "are two processes running as");
+    if (predecessor_live && absl::Now() + sleep < predecessor_deadline) {
+      absl::SleepFor(sleep);
+      backoff = std::min(backoff * 2, options_.max_backoff);
+      continue;
+    }
     if (st.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() + sleep >= deadline) {
       return FromGrpc(st.error_code(), st.error_message(),
                       absl::StrCat("join of ", self_.ToString()));
@@ -306,18 +320,27 @@ void CoordinationClient::WatchLoop(std::shared_ptr<v1::Coordination::Stub> stub,
         cv_.SignalAll();
       }
       generation_ = std::max(generation_, update.generation());
-      if (update.failed_size() > 0 && !reported_ && !leaving_ && !stopping_) {
+      if (update.failed_size() == 0) {
+        // A snapshot of a whole group, or a re-admission: whole again.
+        whole_generation_ = std::max(whole_generation_, update.generation());
+        cv_.SignalAll();
+      } else {
         std::vector<TaskId> failed;
         for (const auto& ref : update.failed()) failed.push_back(FromTaskRef(ref));
         std::string names;
         for (const auto& t : failed) {
           absl::StrAppend(&names, names.empty() ? "" : ", ", Describe(t));
         }
-        report = absl::UnavailableError(absl::StrCat(
+        last_failure_ = absl::UnavailableError(absl::StrCat(
             failed.size() == 1 ? "peer " : "peers ", names, " failed: ", update.reason(),
             " (membership generation ", update.generation(), ")"));
-        reported_ = true;
-        callback = on_failure_;
+        last_failure_generation_ = update.generation();
+        cv_.SignalAll();
+        if (!reported_ && !leaving_ && !stopping_) {
+          report = last_failure_;
+          reported_ = true;
+          callback = on_failure_;
+        }
       }
     }
     if (callback) callback(report);
@@ -344,6 +367,48 @@ void CoordinationClient::WatchLoop(std::shared_ptr<v1::Coordination::Stub> stub,
     }
   }
   if (callback) callback(report);
+}
+
+int64_t CoordinationClient::whole_generation() const {
+  absl::MutexLock lock(&mu_);
+  return whole_generation_;
+}
+
+absl::StatusOr<int64_t> CoordinationClient::WaitForWholeGroup(
+    int64_t after, absl::Time deadline, const std::function<bool()>& cancelled) {
+  constexpr absl::Duration kPoll = absl::Milliseconds(50);
+  absl::MutexLock lock(&mu_);
+  while (whole_generation_ <= after) {
+    if (watch_ended_) {
+      return absl::UnavailableError(absl::StrCat(
+          "lost the coordinator ", Describe(coordinator_), " at ", address_,
+          " while waiting for the group to re-form: nobody can re-admit a replacement"));
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError("stopped while waiting for the group to re-form");
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the group did not re-form: no replacement for the lost task(s) was admitted after "
+          "membership generation ",
+          after, " (", last_failure_.message(), ")"));
+    }
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, now + kPoll));
+  }
+  return whole_generation_;
+}
+
+absl::Status CoordinationClient::RearmFailureReport(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  if (leaving_ || stopping_) return absl::OkStatus();
+  if (last_failure_generation_ > generation) return last_failure_;  // still spent
+  if (watch_ended_) {
+    return absl::UnavailableError(absl::StrCat("lost the coordinator ", Describe(coordinator_),
+                                               " at ", address_));
+  }
+  reported_ = false;
+  return absl::OkStatus();
 }
 
 void CoordinationClient::StopWatching() {

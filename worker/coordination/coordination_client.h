@@ -62,6 +62,11 @@ struct CoordinationClientOptions {
   // gRPC deadlines of waiting calls are the wait plus this, so the server's
   // own answer (which names the missing tasks or key) arrives first.
   absl::Duration rpc_slack = absl::Seconds(3);
+  // A restarted process may reach the coordinator before it noticed that the
+  // previous incarnation died (its stream still open: a host that vanished
+  // is found by keepalive). Join retries that refusal for this long before
+  // reporting two live processes for one task.
+  absl::Duration live_predecessor_grace = absl::Seconds(30);
   // Unique per process start; empty: "<pid>-<unix nanos>-<random>".
   std::string incarnation;
   KeepaliveOptions keepalive;
@@ -124,6 +129,24 @@ class CoordinationClient : public Store {
   // Latest generation seen (Join or the membership stream); 0 before Join.
   int64_t generation() const;
 
+  // In-place recovery (worker/strategy/multi_worker_mirrored.h). The latest
+  // generation at which every member was admitted: the Join's, then each
+  // membership update that names no failed task (the service sends those
+  // only when it re-admits, i.e. when the group is whole again). 0 before Join.
+  int64_t whole_generation() const;
+  // Blocks until the group is whole at a generation above `after`, and
+  // returns that generation. UNAVAILABLE when the membership stream ends (the
+  // coordinator is gone: nobody can re-admit anyone), DEADLINE_EXCEEDED at
+  // `deadline`, CANCELLED once `cancelled` (polled) returns true.
+  absl::StatusOr<int64_t> WaitForWholeGroup(int64_t after, absl::Time deadline,
+                                            const std::function<bool()>& cancelled);
+  // Re-arms the failure callback after a recovery that formed generation
+  // `generation`: failures reported from now on reach the callback again.
+  // Returns the failure a membership update after `generation` already
+  // reported while the callback was spent (the caller handles it, since the
+  // callback will not be called for it), else OK.
+  absl::Status RearmFailureReport(int64_t generation);
+
  private:
   std::shared_ptr<v1::Coordination::Stub> stub() const;
   absl::Status FromGrpc(int code, const std::string& message, const std::string& what) const;
@@ -150,6 +173,10 @@ class CoordinationClient : public Store {
   bool watch_ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status watch_end_status_ ABSL_GUARDED_BY(mu_);
   bool reported_ ABSL_GUARDED_BY(mu_) = false;  // on_failure_ called (or muted)
+  int64_t whole_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest failure update and its generation (reported or not).
+  int64_t last_failure_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_failure_ ABSL_GUARDED_BY(mu_);
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

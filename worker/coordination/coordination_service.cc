@@ -226,11 +226,19 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
         std::vector<std::string> reasons;
         for (; next_event < events_.size(); ++next_event) {
           const Event& e = events_[next_event];
+          // A re-admission (no failed task) is never merged with failures:
+          // an update naming no failed task tells clients the group is whole
+          // again at its generation (in-place recovery waits for that).
+          if (e.failed.empty() && !reasons.empty()) break;
           update.set_generation(e.generation);
           for (int f : e.failed) {
             if (f != *idx) *update.add_failed() = ToTaskRef(ids_[f]);
           }
           reasons.push_back(e.reason);
+          if (e.failed.empty()) {
+            ++next_event;
+            break;
+          }
         }
         update.set_reason(absl::StrJoin(reasons, "; "));
       }

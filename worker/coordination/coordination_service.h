@@ -44,9 +44,12 @@
 //     expected task is joined again the rejoined are admitted and the
 //     generation bumps. While the previous incarnation is still live (its Join
 //     is waiting or its watch stream is open) the new one is refused with
-//     FAILED_PRECONDITION: two processes claim the same task. (Re-rendezvous of
-//     survivors with a changed member set — elastic training — is a later
-//     protocol on top of this one.)
+//     FAILED_PRECONDITION: two processes claim the same task. A re-admission
+//     is sent to watchers as an update of its own that names no failed task:
+//     the group is whole again at that generation. In-place recovery
+//     (worker/strategy/multi_worker_mirrored.h) is built on this: survivors
+//     keep their streams open and wait for that update. (A changed member
+//     set — elastic training — is a later protocol on top of this one.)
 //  8. Shutdown wakes every blocked handler; they answer UNAVAILABLE and watch
 //     streams end, so the server stops promptly even with streams open.
 //

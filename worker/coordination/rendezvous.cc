@@ -126,6 +126,24 @@ absl::Status Rendezvous::health() const {
   return failure_;
 }
 
+absl::StatusOr<int64_t> Rendezvous::AwaitRegroup(int64_t failed_generation, absl::Time deadline,
+                                                  const std::function<bool()>& cancelled) {
+  // R1.
+  absl::StatusOr<int64_t> generation =
+      client_->WaitForWholeGroup(failed_generation, deadline, cancelled);
+  if (!generation.ok()) return generation.status();
+  // R2. Cleared before re-arming, so a failure reported from here on is kept.
+  {
+    absl::MutexLock lock(&mu_);
+    failure_ = absl::OkStatus();
+  }
+  if (absl::Status pending = client_->RearmFailureReport(*generation); !pending.ok()) {
+    OnStreamFailure(pending);
+    return pending;
+  }
+  return generation;
+}
+
 std::string Rendezvous::TaskName(const TaskId& task) const {
   const std::optional<std::string> address = cluster_.address(task);
   return address.has_value() ? absl::StrCat(task.ToString(), " (", *address, ")") : task.ToString();

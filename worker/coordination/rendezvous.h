@@ -21,6 +21,14 @@
 //  5. Leave (this task's stream ending is then not a failure).
 //  6. Coordinator only: wait (bounded) until every member has left or failed,
 //     so no task loses the service during its last calls; then stop serving.
+// AwaitRegroup(failed_generation, ...), in-place recovery after a peer failed:
+//  R1. Wait (bounded) until the coordinator re-admitted replacements for every
+//      failed member, i.e. the group is whole at a generation above the
+//      failure's (CoordinationClient::WaitForWholeGroup). Fails at once when
+//      the coordinator itself is gone.
+//  R2. Clear the recorded failure and re-arm the failure callback, so the
+//      next failure is reported again; a failure that arrived after the
+//      regroup's generation is returned instead.
 // Destroying a Rendezvous without Shutdown is the error path: the stream is
 // cancelled without Leave and the peers are told this task failed (and, on
 // the coordinator, the service stops, which every peer reports).
@@ -32,6 +40,7 @@
 // Rendezvous, and what it refers to must outlive the Rendezvous (or its
 // Shutdown): until then a peer's failure may call it at any moment.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,8 +105,13 @@ class Rendezvous {
   // most once, with UNAVAILABLE naming the peer and its address. A failure
   // reported before this call is delivered at once, on this thread.
   void StartWatching(FailureCallback on_failure);
-  // OK, or the first failure the membership stream reported.
+  // OK, or the first failure the membership stream reported (since the last
+  // AwaitRegroup).
   absl::Status health() const;
+  // Steps R1-R2: returns the generation of the re-formed group. `cancelled`
+  // is polled (a stop request ends the wait with CANCELLED).
+  absl::StatusOr<int64_t> AwaitRegroup(int64_t failed_generation, absl::Time deadline,
+                                       const std::function<bool()>& cancelled);
 
   // "worker:2 (10.0.0.5:2222)", for error messages. CHECKs the range.
   std::string peer_name(int rank) const;

@@ -21,7 +21,19 @@ CollectiveMetrics::CollectiveMetrics(prometheus::Registry& registry)
               .Name("distrain_membership_generation")
               .Help("Rendezvous generation this process trains in (bumps on membership changes)")
               .Register(registry)
-              .Add({})) {
+              .Add({})),
+      recoveries_(prometheus::BuildCounter()
+                      .Name("distrain_recoveries_total")
+                      .Help("In-place recoveries from a lost peer this process took part in "
+                            "(runPolicy.recoveryPolicy InPlace)")
+                      .Register(registry)
+                      .Add({})),
+      last_recovery_seconds_(prometheus::BuildGauge()
+                                 .Name("distrain_last_recovery_seconds")
+                                 .Help("Wall time of this process's last in-place recovery, from "
+                                       "the failed step to the re-formed group's agreed state")
+                                 .Register(registry)
+                                 .Add({})) {
   auto& bytes =
       prometheus::BuildCounter()
           .Name("distrain_collective_bytes_total")
@@ -45,6 +57,11 @@ void CollectiveMetrics::Observe(CollectiveOp op, int64_t bytes, absl::Duration e
 
 void CollectiveMetrics::SetMembershipGeneration(int64_t generation) {
   generation_.Set(static_cast<double>(generation));
+}
+
+void CollectiveMetrics::ObserveRecovery(absl::Duration elapsed) {
+  recoveries_.Increment();
+  last_recovery_seconds_.Set(absl::ToDoubleSeconds(elapsed));
 }
 
 }  // namespace distrain

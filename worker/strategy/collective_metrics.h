@@ -31,12 +31,16 @@ class CollectiveMetrics {
   explicit CollectiveMetrics(prometheus::Registry& registry);
   void Observe(CollectiveOp op, int64_t bytes, absl::Duration elapsed);
   void SetMembershipGeneration(int64_t generation);
+  // One in-place recovery (multi_worker_mirrored.h R1-R4) that took `elapsed`.
+  void ObserveRecovery(absl::Duration elapsed);
 
  private:
   static constexpr int kNumOps = 4;
   prometheus::Counter* bytes_[kNumOps];
   prometheus::Histogram* seconds_[kNumOps];
   prometheus::Gauge& generation_;
+  prometheus::Counter& recoveries_;
+  prometheus::Gauge& last_recovery_seconds_;
 };
 
 }  // namespace distrain

@@ -35,24 +35,30 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
     set->models_.push_back(std::move(*model));
     set->optimizers_.push_back(std::move(*opt));
   }
-  // A failed reduction on one replica would leave the others waiting for it
-  // inside the collective until the timeout; abort them all instead.
-  LocalReplicas* self = set.get();
-  auto abort_all = [self](const absl::Status& reason) {
-    for (Collective* c : self->collectives_) c->Abort(reason);
-  };
   const int64_t state_size = StateVariableSize(*set->models_[0]);
   set->extras_.assign(n, std::vector<float>(kExtraHeader + state_size, 0.0f));
-  for (int r = 0; r < n; ++r) {
-    set->reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
-        set->models_[r].get(), set->collectives_[r], options.bytes_per_pack,
-        options.collective_options, options.metrics, abort_all,
-        absl::MakeSpan(set->extras_[r])));
-  }
+  set->state_before_step_.assign(n, std::vector<float>(state_size, 0.0f));
+  set->ResetCollectives(set->collectives_);
   // The strategy has given OpenBLAS each replica's share of the cores;
   // oneDNN's per-thread teams get the same.
   set->runner_ = std::make_unique<ReplicaRunner>(n, cpu::BlasThreads());
   return set;
+}
+
+void LocalReplicas::ResetCollectives(std::vector<Collective*> collectives) {
+  DISTRAIN_CHECK(collectives.size() == models_.size());
+  reducers_.clear();  // joins the communication threads of the old collectives
+  collectives_ = std::move(collectives);
+  // A failed reduction on one replica would leave the others waiting for it
+  // inside the collective until the timeout; abort them all instead.
+  auto abort_all = [this](const absl::Status& reason) {
+    for (Collective* c : collectives_) c->Abort(reason);
+  };
+  for (size_t r = 0; r < models_.size(); ++r) {
+    reducers_.push_back(std::make_unique<OverlappedGradientReducer>(
+        models_[r].get(), collectives_[r], options_.bytes_per_pack, options_.collective_options,
+        options_.metrics, abort_all, absl::MakeSpan(extras_[r])));
+  }
 }
 
 std::vector<Model*> LocalReplicas::models() {
@@ -92,13 +98,17 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
       stage_state();
       reducer.OnLayerGradsReady(layer);
     };
+    const bool has_state = extras_[r].size() > kExtraHeader;
+    if (has_state) PackStateVariables(model, state_before_step_[r].data());
     reducer.BeginStep();
     results[r] = step_fn(ctx);
     stage_state();
     statuses[r] = reducer.FinishStep();
     if (statuses[r].ok()) {
-      if (extras_[r].size() > kExtraHeader) UnpackStateVariables(extra + kExtraHeader, model);
+      if (has_state) UnpackStateVariables(extra + kExtraHeader, model);
       optimizers_[r]->Apply(model.parameters());
+    } else if (has_state) {
+      UnpackStateVariables(state_before_step_[r].data(), model);  // as before the step
     }
   });
   // Report the root cause: the replica that failed first reports its own
@@ -112,6 +122,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
       first_error = &s;
     }
   }
+  replica_zero_applied_ = statuses[0].ok();
   if (first_error != nullptr) return *first_error;
   StepOutput out = CombineReplicaResults(results, examples);
   out.stop_requested = extras_[0][kExtraStopVote] > 0;  // the mean of 0/1 votes

@@ -34,7 +34,12 @@ namespace distrain {
 //      let each replica's copy drift and average them when read.
 // When one replica's reduction fails, every local collective is aborted so the
 // other replicas return at once rather than wait for it; Run then returns the
-// first error.
+// first error. A failed step leaves each replica as it was before the step
+// (its optimizer did not run and its state variables are put back), so a
+// strategy that recovers in place can go on from it; only some replicas may
+// have applied it, and the strategy makes them agree (ResetCollectives and a
+// broadcast, multi_worker_mirrored.h).
+
 //
 // Owns models, optimizers, reducers and threads; borrows the collectives and
 // metrics (they must outlive it). Driven by one thread.
@@ -69,6 +74,13 @@ class LocalReplicas {
   // step_fn must pass ctx.on_layer_grads_ready to Model::TrainStep.
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples);
   void VoteStop() { stop_vote_ = true; }
+  // After a Run that failed: whether replica 0 applied that step anyway (its
+  // reduction finished before another replica's failed).
+  bool replica_zero_applied_failed_step() const { return replica_zero_applied_; }
+
+  // Swaps the collectives (one per replica, as in Create) after the old ones
+  // were aborted: in-place recovery re-forms the group. Between steps only.
+  void ResetCollectives(std::vector<Collective*> collectives);
 
   // Replica 0's variables and slots (all replicas are identical).
   CheckpointState Capture(int64_t step);
@@ -83,9 +95,12 @@ class LocalReplicas {
 
   Options options_;
   bool stop_vote_ = false;
+  bool replica_zero_applied_ = false;
   // Per replica: [stop vote, loss, correct, packed state variables...],
   // reduced (MEAN) in place with the last gradient bucket every step.
   std::vector<std::vector<float>> extras_;
+  // Per replica: its state variables before the step, put back if it fails.
+  std::vector<std::vector<float>> state_before_step_;
   std::vector<Collective*> collectives_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;

@@ -93,6 +93,8 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
         in_sync, " replicas in sync (", num_workers_, " tasks x ", local_replicas_,
         " local replicas); use a multiple of ", in_sync));
   }
+  recovery_policy_ = config.run_policy.recovery_policy;
+  recovery_timeout_ = absl::Seconds(config.run_policy.recovery_timeout_seconds.value_or(300));
   bytes_per_pack_ = t.communication.bytes_per_pack;
   collective_options_.timeout = absl::Seconds(t.communication.timeout_seconds);
   collective_options_.tag = "gradients";
@@ -117,32 +119,17 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   if (!rendezvous.ok()) return rendezvous.status();
   rendezvous_ = std::move(*rendezvous);
   const int64_t generation = rendezvous_->generation();
-  if (metrics_ != nullptr) metrics_->SetMembershipGeneration(generation);
-  store_prefix_ = absl::StrCat("mwms/g", generation);
 
   // 3. The ring listens where peers can reach this task: its TF_CONFIG host
   // (loopback hosts exactly, so local runs may use several 127.0.0.x).
   auto me = tcp::ParseHostPort(cluster.my_address().value_or(""));
   if (!me.ok()) return me.status();
-  RingOptions ring_options;
-  ring_options.key_prefix = store_prefix_;
-  ring_options.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
-  ring_options.advertised_host = me->host;
-  ring_options.peer_names = names;
-  ring_options.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));
-  auto ring = RingCollective::Create(rendezvous_->store(), rank_, num_workers_, ring_options);
-  if (!ring.ok()) return ring.status();
-  ring_ = std::shared_ptr<Collective>(std::move(*ring));
-  if (local_replicas_ > 1) {
-    std::vector<std::string> local_names;
-    for (int l = 0; l < local_replicas_; ++l) {
-      local_names.push_back(absl::StrCat(cluster.task().ToString(), " local replica ", l));
-    }
-    for (auto& member :
-         HierarchicalCollective::CreateLocalGroup(ring_, local_replicas_, local_names)) {
-      hierarchical_.push_back(std::move(member));
-    }
-  }
+  task_name_ = cluster.task().ToString();
+  ring_options_.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
+  ring_options_.advertised_host = me->host;
+  ring_options_.peer_names = names;
+  ring_options_.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));
+  if (absl::Status s = FormCollectives(generation); !s.ok()) return s;
 
   // 4.
   rendezvous_->StartWatching([this](const absl::Status& reason) { OnPeerFailure(reason); });
@@ -152,6 +139,61 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
       rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_, bytes_per_pack_,
       t.communication.timeout_seconds);
   return absl::OkStatus();
+}
+
+absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
+  const std::string prefix = absl::StrCat("mwms/g", generation);
+  RingOptions options = ring_options_;
+  options.key_prefix = prefix;
+  auto ring = RingCollective::Create(rendezvous_->store(), rank_, num_workers_, options);
+  if (!ring.ok()) return ring.status();
+  std::shared_ptr<Collective> new_ring(std::move(*ring));
+  std::vector<std::unique_ptr<Collective>> new_local;
+  if (local_replicas_ > 1) {
+    std::vector<std::string> local_names;
+    for (int l = 0; l < local_replicas_; ++l) {
+      local_names.push_back(absl::StrCat(task_name_, " local replica ", l));
+    }
+    for (auto& member :
+         HierarchicalCollective::CreateLocalGroup(new_ring, local_replicas_, local_names)) {
+      new_local.push_back(std::move(member));
+    }
+  }
+  std::vector<Collective*> handles;
+  if (new_local.empty()) {
+    handles.push_back(new_ring.get());
+  } else {
+    for (auto& c : new_local) handles.push_back(c.get());
+  }
+  // The replicas drop the old collectives (their communication threads are
+  // idle: the failed step has returned) before those are destroyed below.
+  if (replicas_ != nullptr) replicas_->ResetCollectives(handles);
+  std::shared_ptr<Collective> old_ring;
+  std::vector<std::unique_ptr<Collective>> old_local;
+  {
+    absl::MutexLock lock(&mu_);
+    old_ring = std::move(ring_);
+    old_local = std::move(hierarchical_);
+    ring_ = std::move(new_ring);
+    hierarchical_ = std::move(new_local);
+  }
+  generation_ = generation;
+  store_prefix_ = prefix;
+  if (metrics_ != nullptr) metrics_->SetMembershipGeneration(generation);
+  // A peer lost while the ring formed was reported to a ring that is gone
+  // now (or to none): abort the new one, so the next step fails at once.
+  if (absl::Status lost = rendezvous_->health(); !lost.ok()) OnPeerFailure(lost);
+  return absl::OkStatus();
+}
+
+std::vector<Collective*> MultiWorkerMirroredStrategy::ReplicaCollectives() {
+  std::vector<Collective*> collectives;
+  if (hierarchical_.empty()) {
+    collectives.push_back(ring_.get());
+  } else {
+    for (auto& c : hierarchical_) collectives.push_back(c.get());
+  }
+  return collectives;
 }
 
 void MultiWorkerMirroredStrategy::OnPeerFailure(const absl::Status& reason) {
@@ -178,12 +220,7 @@ absl::Status MultiWorkerMirroredStrategy::ExplainFailure(const absl::Status& err
 
 absl::Status MultiWorkerMirroredStrategy::CreateVariables(const ModelFactory& factory,
                                                           const OptimizerConfig& optimizer) {
-  std::vector<Collective*> collectives;
-  if (hierarchical_.empty()) {
-    collectives.push_back(ring_.get());
-  } else {
-    for (auto& c : hierarchical_) collectives.push_back(c.get());
-  }
+  std::vector<Collective*> collectives = ReplicaCollectives();
   LocalReplicas::Options options;
   options.first_replica_id = rank_ * local_replicas_;
   options.num_replicas_in_sync = num_replicas_in_sync();
@@ -198,17 +235,58 @@ absl::Status MultiWorkerMirroredStrategy::CreateVariables(const ModelFactory& fa
 
 absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
     int64_t local_start_step) {
-  // 5. Manifest: what the chief broadcasts, so the others can size buffers.
+  return AgreeOnState(/*candidate_step=*/-1, local_start_step);
+}
+
+absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::AgreeOnState(int64_t candidate_step,
+                                                                  int64_t local_start_step) {
+  // R4. Candidates: who holds the newest state. Fresh processes hold none.
+  if (absl::Status s = rendezvous_->store().Set(
+          absl::StrCat(store_prefix_, "/candidate/", rank_), absl::StrCat(candidate_step));
+      !s.ok()) {
+    return ExplainFailure(s);
+  }
+  int root = 0;
+  int64_t best = -1;
+  for (int r = 0; r < num_workers_; ++r) {
+    int64_t candidate = -1;
+    if (r == rank_) {
+      candidate = candidate_step;
+    } else {
+      auto text = rendezvous_->store().Get(absl::StrCat(store_prefix_, "/candidate/", r),
+                                           kManifestWait);
+      if (!text.ok()) return ExplainFailure(text.status());
+      if (!absl::SimpleAtoi(*text, &candidate)) {
+        return absl::InternalError(absl::StrCat("malformed state candidate of ",
+                                                rendezvous_->peer_name(r), ": '", *text, "'"));
+      }
+    }
+    if (candidate > best) {
+      best = candidate;
+      root = r;
+    }
+  }
+  if (best >= 0 && rank_ == root) {
+    spdlog::info("membership generation {}: this process holds the newest state (step {}) and "
+                 "broadcasts it",
+                 generation_, best);
+  }
+
+  // 5. Manifest: what the root broadcasts, so the others can size buffers.
   const std::string key = absl::StrCat(store_prefix_, "/initial_state");
   CheckpointState state;
   std::string manifest_text;
-  if (rank_ == 0) {
-    state = replicas_->Capture(local_start_step);
+  if (rank_ == root) {
+    // Its local replicas may disagree when some applied the failed step:
+    // replica 0's state is the one published.
+    if (absl::Status s = replicas_->CopyReplicaZeroToOthers(); !s.ok()) return s;
+    const int64_t step = best >= 0 ? best : local_start_step;
+    state = replicas_->Capture(step);
     nlohmann::json slots = nlohmann::json::array();
     for (const auto& [name, tensor] : state.tensors) {
       if (absl::StartsWith(name, kOptimizerPrefix)) slots.push_back({name, tensor.shape()});
     }
-    nlohmann::json manifest = {{"step", local_start_step},
+    nlohmann::json manifest = {{"step", step},
                                {"iterations", state.metadata[kIterationsKey]},
                                {"slots", slots}};
     manifest_text = manifest.dump();
@@ -239,7 +317,7 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
   for (Parameter* p : params) total += p->value.size();
   for (const auto& [name, shape] : slots) total += Tensor::NumElements(shape);
   std::vector<float> buffer(total);
-  if (rank_ == 0) {
+  if (rank_ == root) {
     float* out = buffer.data();
     for (Parameter* p : params)
       out = std::copy(p->value.data(), p->value.data() + p->value.size(), out);
@@ -251,14 +329,14 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
   CollectiveOptions options = collective_options_;
   options.tag = "initial state";
   const absl::Time start = absl::Now();
-  if (absl::Status s = ring_->Broadcast(absl::MakeSpan(buffer), 0, options); !s.ok()) {
+  if (absl::Status s = ring_->Broadcast(absl::MakeSpan(buffer), root, options); !s.ok()) {
     return ExplainFailure(s);
   }
   if (metrics_ != nullptr) {
     metrics_->Observe(CollectiveOp::kBroadcast, total * static_cast<int64_t>(sizeof(float)),
                       absl::Now() - start);
   }
-  if (rank_ != 0) {
+  if (rank_ != root) {
     CheckpointState received;
     received.step = step;
     received.metadata[kIterationsKey] = iterations;
@@ -277,8 +355,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::SynchronizeInitialState(
     }
     if (absl::Status s = replicas_->Restore(received); !s.ok()) return s;
     if (step != local_start_step) {
-      spdlog::info("starting at the chief's step {} (this process alone would start at {})", step,
-                   local_start_step);
+      spdlog::info("starting at {}'s step {} (this process alone would start at {})",
+                   rendezvous_->peer_name(root), step, local_start_step);
     }
   }
   return step;
@@ -289,6 +367,46 @@ absl::StatusOr<StepOutput> MultiWorkerMirroredStrategy::Run(const StepFn& step_f
   auto out = replicas_->Run(step_fn, examples);
   if (!out.ok()) return ExplainFailure(out.status());
   return out;
+}
+
+absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::Recover(
+    const absl::Status& error, int64_t steps_done, const std::function<bool()>& stop_requested) {
+  // R1. Run already waited for the watcher (ExplainFailure).
+  absl::Status lost = rendezvous_->health();
+  if (recovery_policy_ != RecoveryPolicy::kInPlace || lost.ok()) return error;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + recovery_timeout_;
+  // Survivors that completed the failed step elsewhere than replica 0 hold
+  // it too; with one local replica a failed Run applied nothing.
+  int64_t candidate = steps_done + (replicas_->replica_zero_applied_failed_step() ? 1 : 0);
+  spdlog::warn("{}; recovering in place: waiting up to {} for the replacement to rejoin "
+               "(runPolicy.recoveryTimeoutSeconds)",
+               std::string(lost.message()), absl::FormatDuration(recovery_timeout_));
+  while (true) {
+    // R2.
+    absl::StatusOr<int64_t> generation =
+        rendezvous_->AwaitRegroup(generation_, deadline, stop_requested);
+    if (!generation.ok()) {
+      return absl::Status(generation.status().code(),
+                          absl::StrCat("in-place recovery failed: ", generation.status().message(),
+                                       " (after: ", lost.message(), ")"));
+    }
+    // R3, R4.
+    absl::Status formed = FormCollectives(*generation);
+    absl::StatusOr<int64_t> step = formed.ok() ? AgreeOnState(candidate, steps_done) : formed;
+    if (step.ok()) {
+      spdlog::warn("recovered in place in {}: membership generation {}, resuming at step {} "
+                   "(this process had completed {})",
+                   absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))),
+                   *generation, *step, steps_done);
+      if (metrics_ != nullptr) metrics_->ObserveRecovery(absl::Now() - start);
+      return step;
+    }
+    // Another loss while the group re-formed: wait for its replacement too.
+    lost = rendezvous_->health();
+    if (lost.ok() || absl::Now() >= deadline) return step.status();
+    spdlog::warn("{}; still recovering", std::string(lost.message()));
+  }
 }
 
 bool MultiWorkerMirroredStrategy::RequestStop() {

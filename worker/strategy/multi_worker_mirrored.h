@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/collective/collective.h"
+#include "worker/collective/ring.h"
 #include "worker/coordination/rendezvous.h"
 #include "worker/strategy/collective_metrics.h"
 #include "worker/strategy/local_replicas.h"
@@ -38,11 +39,13 @@ namespace distrain {
 //      and its address), so blocked operations return at once and the step
 //      fails; the Trainer then exits with the retryable kExitPeerLost.
 //   SynchronizeInitialState (after the Trainer's optional restore)
-//   5. The chief publishes a manifest {step, optimizer iterations, slot names
-//      and shapes} in the Store, then broadcasts its variables and slots over
-//      the ring; every other process adopts them and the chief's step. So a
-//      job restores correctly when only the chief can read the checkpoint
-//      directory (Kubernetes), and starts from the chief's variables otherwise.
+//   5. The chief (the root of R4 below: rank 0 when no process survives a
+//      previous generation) publishes a manifest {step, optimizer
+//      iterations, slot names and shapes} in the Store, then broadcasts its
+//      variables and slots over the ring; every other process adopts them and
+//      the chief's step. So a job restores correctly when only the chief can
+//      read the checkpoint directory (Kubernetes), and starts from the
+//      chief's variables otherwise.
 //   Run (every step)
 //   6. Gradients are all-reduced (MEAN over all W x L replicas) in buckets of
 //      at most communication.bytesPerPack, last layer first, on a
@@ -54,6 +57,37 @@ namespace distrain {
 //   7. On a collective error the step waits briefly for the membership
 //      watcher, so the error reported names the process that died rather
 //      than the ring neighbour that merely saw its connection close.
+//   Recover (runPolicy.recoveryPolicy InPlace, the default; Strategy::Recover)
+//   R1. A step failed and the membership watcher names a lost peer (within
+//       the explain wait). Any other failure (a collective timeout with no
+//       one lost: a hung peer) is not recovered: the process exits as before.
+//   R2. Wait, bounded by runPolicy.recoveryTimeoutSeconds, until the
+//       coordinator has re-admitted a replacement for every lost task, i.e.
+//       the group is whole at a newer generation (Rendezvous::AwaitRegroup;
+//       the operator recreates only the lost pod, `distrain run` restarts
+//       the process by its restartPolicy). The replacement starts normally:
+//       Init joins that generation, its Trainer restores nothing it could
+//       use and calls SynchronizeInitialState. Losing the coordinator (chief
+//       or worker 0) cannot be recovered this way: nobody is left to admit
+//       anyone, the survivors exit 170 and the whole group restarts from the
+//       durable checkpoint.
+//   R3. Every process forms a new ring under "mwms/g<new generation>" and
+//       swaps it into its replicas (LocalReplicas::ResetCollectives; the
+//       failed step left every replica as it was before it, or after it if
+//       it had already applied it).
+//   R4. State agreement (also what step 5 does on a normal start): each
+//       process publishes its candidate step — survivors the steps they
+//       completed (one more when their replica 0 applied the failed step),
+//       fresh processes -1 — and the process with the highest candidate
+//       (the lowest rank among equals) broadcasts variables, optimizer slots
+//       and step; with no survivor (a start, a group restart) that is rank 0,
+//       the chief, which alone may read the checkpoint. Everyone resumes at
+//       that step, so a loss costs at most the step in flight.
+//   R5. The Trainer re-positions its input at the agreed step: the batcher's
+//       order is a function of (seed, epoch, step), so no example of the
+//       epoch is skipped or seen twice.
+//       A second loss during R2-R4 starts again at R2 within the same
+//       deadline.
 //   Shutdown
 //   8. Leave the rendezvous; the chief (coordinator) waits, bounded, until
 //      every other task has left so none loses the service mid-call.
@@ -79,12 +113,21 @@ class MultiWorkerMirroredStrategy : public Strategy {
   absl::StatusOr<CheckpointState> SaveState(int64_t step) override;
   absl::Status RestoreState(const CheckpointState& state) override;
   absl::StatusOr<int64_t> SynchronizeInitialState(int64_t local_start_step) override;
+  absl::StatusOr<int64_t> Recover(const absl::Status& error, int64_t steps_done,
+                                  const std::function<bool()>& stop_requested) override;
   bool RequestStop() override;
   void AttachMetrics(prometheus::Registry& registry) override;
   void Shutdown() override;
 
  private:
   void OnPeerFailure(const absl::Status& reason);
+  // Step 3 / R3: the ring (and local group) of `generation`, swapped into the
+  // replicas when they exist.
+  absl::Status FormCollectives(int64_t generation);
+  std::vector<Collective*> ReplicaCollectives();
+  // Step 5 / R4: `candidate_step` is -1 for a process that holds no state of
+  // a previous generation. Returns the agreed step.
+  absl::StatusOr<int64_t> AgreeOnState(int64_t candidate_step, int64_t local_start_step);
   // The membership failure that explains `error`, if the watcher reports one soon.
   absl::Status ExplainFailure(const absl::Status& error);
 
@@ -96,6 +139,11 @@ class MultiWorkerMirroredStrategy : public Strategy {
   CollectiveOptions collective_options_;
   int previous_blas_threads_ = 0;  // 0: not changed
   std::string store_prefix_;       // "mwms/g<generation>"
+  int64_t generation_ = 0;         // of the current ring
+  std::string task_name_;
+  RingOptions ring_options_;       // key_prefix set per generation
+  RecoveryPolicy recovery_policy_ = RecoveryPolicy::kInPlace;
+  absl::Duration recovery_timeout_ = absl::Seconds(300);
 
   std::unique_ptr<CollectiveMetrics> metrics_;
   std::unique_ptr<Rendezvous> rendezvous_;

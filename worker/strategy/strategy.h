@@ -127,6 +127,18 @@ class Strategy {
     return local_start_step;
   }
 
+  // In-place recovery: Run failed with `error` after `steps_done` steps. A
+  // strategy that can re-form its group without this process exiting (a
+  // MultiWorkerMirrored survivor whose lost peer is replaced) does so and
+  // returns the step the job goes on from: every process of the job then
+  // holds the same variables and resumes at that step, at most one step
+  // before the failure. `stop_requested` is polled while it waits. Any error
+  // (the default returns `error`) ends this process as before.
+  virtual absl::StatusOr<int64_t> Recover(const absl::Status& error, int64_t steps_done,
+                                          const std::function<bool()>& stop_requested) {
+    return error;
+  }
+
   // Stopping together: SIGTERM reaches the processes of a job at slightly
   // different times, and one that left mid-job would fail the others. A
   // strategy that coordinates returns true and carries the request to every

@@ -68,17 +68,26 @@ struct RestartCase {
   int exit_code;
   int restarts;
   bool want;
+  RecoveryPolicy recovery = RecoveryPolicy::kInPlace;
+  bool has_chief = true;
 };
 
 class ShouldRestartLocallyTest : public ::testing::TestWithParam<RestartCase> {};
 
-TEST_P(ShouldRestartLocallyTest, RestartsOnlyParameterServerWorkersAsTheirPolicySays) {
+TEST_P(ShouldRestartLocallyTest, RestartsOnlyWorkersTheOthersGoOnWithoutAsTheirPolicySays) {
   const RestartCase& c = GetParam();
   JobConfig config;
   config.strategy = c.strategy;
   config.replicas[ReplicaType::kWorker].restart_policy = c.policy;
-  config.replicas[ReplicaType::kChief].restart_policy = c.policy;
+  config.replicas[ReplicaType::kWorker].replicas = 3;
+  if (c.has_chief) {
+    config.replicas[ReplicaType::kChief].restart_policy = c.policy;
+    config.replicas[ReplicaType::kChief].replicas = 1;
+  } else {
+    config.replicas.erase(ReplicaType::kChief);
+  }
   config.run_policy.backoff_limit = c.backoff_limit;
+  config.run_policy.recovery_policy = c.recovery;
   LocalReplica replica;
   replica.type = c.type;
   EXPECT_EQ(ShouldRestartLocally(config, replica, c.exit_code, c.restarts), c.want);
@@ -108,8 +117,24 @@ INSTANTIATE_TEST_SUITE_P(
                     RestartPolicy::kOnFailure, std::nullopt, 137, 0, false},
         RestartCase{"PsTaskFailsTheJob", StrategyKind::kParameterServer, ReplicaType::kPS,
                     RestartPolicy::kOnFailure, std::nullopt, 137, 0, false},
-        RestartCase{"MultiWorkerMirroredWorkerFailsTheJob", StrategyKind::kMultiWorkerMirrored,
-                    ReplicaType::kWorker, RestartPolicy::kOnFailure, std::nullopt, 137, 0, false}),
+        RestartCase{"MultiWorkerMirroredRestartGroupWorkerFailsTheJob",
+                    StrategyKind::kMultiWorkerMirrored, ReplicaType::kWorker,
+                    RestartPolicy::kOnFailure, std::nullopt, 137, 0, false,
+                    RecoveryPolicy::kRestartGroup},
+        RestartCase{"MultiWorkerMirroredInPlaceWorkerRejoins", StrategyKind::kMultiWorkerMirrored,
+                    ReplicaType::kWorker, RestartPolicy::kExitCode, std::nullopt, 137, 0, true},
+        RestartCase{"MultiWorkerMirroredInPlaceWorkerPermanentCode",
+                    StrategyKind::kMultiWorkerMirrored, ReplicaType::kWorker,
+                    RestartPolicy::kExitCode, std::nullopt, 1, 0, false},
+        RestartCase{"MultiWorkerMirroredInPlaceAgreedStopIsNotRestarted",
+                    StrategyKind::kMultiWorkerMirrored, ReplicaType::kWorker,
+                    RestartPolicy::kExitCode, std::nullopt, 143, 0, false},
+        RestartCase{"MultiWorkerMirroredChiefFailsTheJob", StrategyKind::kMultiWorkerMirrored,
+                    ReplicaType::kChief, RestartPolicy::kExitCode, std::nullopt, 137, 0, false},
+        RestartCase{"MultiWorkerMirroredCoordinatingWorkerZeroFailsTheJob",
+                    StrategyKind::kMultiWorkerMirrored, ReplicaType::kWorker,
+                    RestartPolicy::kExitCode, std::nullopt, 137, 0, false,
+                    RecoveryPolicy::kInPlace, /*has_chief=*/false}),
     [](const ::testing::TestParamInfo<RestartCase>& info) { return info.param.name; });
 
 TEST(LocalClusterTest, EveryReplicaGetsItsOwnTasksCredentialsUnlessTheJobOptsOut) {

@@ -76,6 +76,7 @@ TEST(JobConfigTest, MinimalDocumentGetsEveryDefault) {
   EXPECT_FLOAT_EQ(config->training.optimizer.learning_rate, 0.001f);
   EXPECT_EQ(config->training.model.hidden_units, std::vector<int>{128});
   EXPECT_EQ(config->training.dataset.type, DatasetType::kSynthetic);
+  EXPECT_EQ(config->run_policy.recovery_policy, RecoveryPolicy::kInPlace);
   EXPECT_TRUE(ValidateJobConfig(*config).ok());
 }
 
@@ -114,6 +115,8 @@ spec:
     progressDeadlineSeconds: 300
     ttlSecondsAfterFinished: 600
     cleanPodPolicy: All
+    recoveryPolicy: RestartGroup
+    recoveryTimeoutSeconds: 120
     suspend: true
     scheduling: {gang: true, minAvailable: 4, queue: q1, priorityClass: high, schedulerName: volcano}
   elasticPolicy: {minReplicas: 2, maxReplicas: 5}
@@ -167,6 +170,8 @@ TEST(JobConfigTest, ParsesEveryField) {
   EXPECT_EQ(c.run_policy.progress_deadline_seconds, 300);
   EXPECT_EQ(c.run_policy.ttl_seconds_after_finished, 600);
   EXPECT_EQ(c.run_policy.clean_pod_policy, CleanPodPolicy::kAll);
+  EXPECT_EQ(c.run_policy.recovery_policy, RecoveryPolicy::kRestartGroup);
+  EXPECT_EQ(c.run_policy.recovery_timeout_seconds, 120);
   EXPECT_TRUE(c.run_policy.suspend);
   EXPECT_TRUE(c.run_policy.scheduling.gang);
   EXPECT_EQ(c.run_policy.scheduling.min_available, 4);
@@ -394,6 +399,11 @@ std::vector<BadDocCase> BadDocs() {
       {"BadCleanPodPolicy", JobYaml("runPolicy: {cleanPodPolicy: Some}"),
        "spec.runPolicy.cleanPodPolicy: must be one of \"None\", \"Running\", \"All\", got "
        "\"Some\""},
+      {"BadRecoveryPolicy", JobYaml("runPolicy: {recoveryPolicy: Restart}"),
+       "spec.runPolicy.recoveryPolicy: must be one of \"InPlace\", \"RestartGroup\", got "
+       "\"Restart\""},
+      {"ZeroRecoveryTimeout", JobYaml("runPolicy: {recoveryTimeoutSeconds: 0}"),
+       "spec.runPolicy.recoveryTimeoutSeconds"},
       {"SuspendNotABool", JobYaml("runPolicy: {suspend: yes}"),
        "spec.runPolicy.suspend: must be true or false, got \"yes\"; write true or false"},
       {"ZeroMinAvailable", JobYaml("runPolicy: {scheduling: {minAvailable: 0}}"),

@@ -121,8 +121,9 @@ TEST(ReconcileTest, RunningWhenEveryTrainingPodRunsAndTransitionTimesAreKept) {
 }
 
 // ---------------------------------------------------------------------------
-// Failures under each restart policy, MultiWorkerMirrored (a ring: restarts
-// are of the whole generation).
+// Failures under each restart policy, MultiWorkerMirrored with
+// recoveryPolicy RestartGroup (TensorFlow's behaviour: restarts are of the
+// whole generation).
 
 struct FailureCase {
   std::string name;
@@ -133,9 +134,11 @@ struct FailureCase {
 
 class MwmsFailureTest : public ::testing::TestWithParam<FailureCase> {};
 
+const char kRestartGroup[] = "  runPolicy: {recoveryPolicy: RestartGroup}\n";
+
 TEST_P(MwmsFailureTest, RestartsTheWholeGenerationOrFails) {
   const FailureCase& c = GetParam();
-  World w = Running(Mwms(c.policy));
+  World w = Running(Mwms(c.policy, kRestartGroup));
   SetPhase(&w.Pod("mnist-worker-1"), "Failed", c.exit_code, c.exit_code ? "Error" : "Evicted");
   w.facts.now += absl::Seconds(10);
   Plan plan = w.Step();
@@ -182,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 TEST(ReconcileTest, GenerationRestartWaitsForTheOldPodsThenRunsAgain) {
-  World w = Running(Mwms());
+  World w = Running(Mwms("ExitCode", kRestartGroup));
   SetPhase(&w.Pod("mnist-worker-0"), "Failed", 137, "OOMKilled");
   SetPhase(&w.Pod("mnist-worker-1"), "Failed", 170);  // its peer was lost: same generation
   w.Step();
@@ -210,7 +213,7 @@ TEST(ReconcileTest, GenerationRestartWaitsForTheOldPodsThenRunsAgain) {
 }
 
 TEST(ReconcileTest, BackoffLimitExceededFailsAndStopsThePods) {
-  World w = Running(Mwms("OnFailure", "  runPolicy: {backoffLimit: 1}\n"));
+  World w = Running(Mwms("OnFailure", "  runPolicy: {backoffLimit: 1, recoveryPolicy: RestartGroup}\n"));
   SetPhase(&w.Pod("mnist-worker-0"), "Failed", 1);
   w.Step();
   EXPECT_EQ(w.job.status.restart_count, 1);
@@ -227,6 +230,63 @@ TEST(ReconcileTest, BackoffLimitExceededFailsAndStopsThePods) {
   // Stopped like a batch Job: the active pods go even under cleanPodPolicy None.
   EXPECT_THAT(Names(plan.pods_to_delete), UnorderedElementsAre("mnist-chief-0", "mnist-worker-0"));
   EXPECT_THAT(plan.pods_to_create, IsEmpty());
+}
+
+// recoveryPolicy InPlace (the default): a lost worker is replaced alone, its
+// survivors keep running; the master hosts the rendezvous, so losing it
+// still restarts the group.
+TEST(ReconcileTest, MultiWorkerMirroredInPlaceReplacesOnlyTheLostWorker) {
+  World w = Running(Mwms());
+  SetPhase(&w.Pod("mnist-worker-1"), "Failed", 137, "Error");
+  w.facts.now += absl::Seconds(1);
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete), ElementsAre("mnist-worker-1"));
+  EXPECT_EQ(w.job.status.restart_count, 1);
+  EXPECT_EQ(w.job.status.replica_statuses.at(ReplicaType::kWorker).restarts, 1);
+  EXPECT_EQ(w.job.status.replica_statuses.at(ReplicaType::kChief).restarts, 0);
+  EXPECT_FALSE(w.job.status.IsTrue(api::kConditionFailed));
+  w.Collect();
+  Plan recreate = w.Step();
+  EXPECT_THAT(Names(recreate.pods_to_create), ElementsAre("mnist-worker-1"));
+  // The survivors were never touched.
+  EXPECT_EQ(w.Pod("mnist-chief-0")["status"]["phase"], "Running");
+  EXPECT_EQ(w.Pod("mnist-worker-0")["status"]["phase"], "Running");
+}
+
+TEST(ReconcileTest, MultiWorkerMirroredInPlaceStillRestartsTheGroupWhenTheMasterIsLost) {
+  World w = Running(Mwms());
+  SetPhase(&w.Pod("mnist-chief-0"), "Failed", 137, "Error");
+  SetPhase(&w.Pod("mnist-worker-0"), "Failed", 170);  // lost its coordinator: same restart
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete),
+              UnorderedElementsAre("mnist-chief-0", "mnist-worker-0", "mnist-worker-1"));
+  EXPECT_EQ(w.job.status.restart_count, 1);
+}
+
+// SIGTERM (preemption) stops every process of the group after the same step:
+// a worker's 143 means the others are stopping too, so the group restarts
+// from the chief's final checkpoint.
+TEST(ReconcileTest, MultiWorkerMirroredInPlaceRestartsTheGroupAfterAnAgreedStop) {
+  World w = Running(Mwms());
+  SetPhase(&w.Pod("mnist-worker-1"), "Failed", 143, "Error");
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete),
+              UnorderedElementsAre("mnist-chief-0", "mnist-worker-0", "mnist-worker-1"));
+}
+
+TEST(ReconcileTest, MultiWorkerMirroredInPlaceWithoutChiefRestartsTheGroupWhenWorkerZeroIsLost) {
+  World w = Running(
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 3}\n"
+      "  training: {globalBatchSize: 60}\n");
+  SetPhase(&w.Pod("mnist-worker-0"), "Failed", 137, "Error");
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete),
+              UnorderedElementsAre("mnist-worker-0", "mnist-worker-1", "mnist-worker-2"));
+  World w2 = Running(
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n    Worker: {replicas: 3}\n"
+      "  training: {globalBatchSize: 60}\n");
+  SetPhase(&w2.Pod("mnist-worker-2"), "Failed", 137, "Error");
+  EXPECT_THAT(Names(w2.Step().pods_to_delete), ElementsAre("mnist-worker-2"));
 }
 
 TEST(ReconcileTest, BackoffLimitZeroFailsOnTheFirstRetryableFailure) {

@@ -94,8 +94,9 @@ class CoordinationTest : public ::testing::Test {
     address_ = absl::StrCat("127.0.0.1:", service_->port());
   }
 
-  std::unique_ptr<CoordinationClient> NewClient(const TaskId& task) {
-    return std::make_unique<CoordinationClient>(address_, members_[0], task);
+  std::unique_ptr<CoordinationClient> NewClient(const TaskId& task,
+                                                CoordinationClientOptions options = {}) {
+    return std::make_unique<CoordinationClient>(address_, members_[0], task, options);
   }
 
   // Connects and joins every member from its own thread; returns the clients.
@@ -259,9 +260,14 @@ TEST_F(CoordinationTest, SecondLiveProcessForTheSameTaskIsRefused) {
   auto clients = JoinAll();
   FailureSink& sink = NewSink();
   ASSERT_TRUE(clients[1]->StartWatching(sink.Callback()).ok());
-  auto impostor = NewClient(members_[1]);
+  CoordinationClientOptions options;
+  options.live_predecessor_grace = absl::Seconds(1);
+  auto impostor = NewClient(members_[1], options);
   ASSERT_TRUE(impostor->Connect(absl::Now() + absl::Seconds(5)).ok());
+  const absl::Time start = absl::Now();
   const auto r = impostor->Join(absl::Now() + absl::Seconds(5));
+  // Refused once the grace for a dying predecessor is over, not at the deadline.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_THAT(std::string(r.status().message()),
               AllOf(HasSubstr("worker:0"), HasSubstr(clients[1]->incarnation()),
@@ -293,6 +299,80 @@ TEST_F(CoordinationTest, RestartAfterFailureRejoinsAndBumpsTheGeneration) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(clients[0]->generation(), 3);
+}
+
+// In-place recovery's view (rendezvous.h R1-R2): a survivor learns that the
+// group is whole again from an update of its own, and hears of the next
+// failure after re-arming.
+TEST_F(CoordinationTest, SurvivorSeesTheGroupWholeAgainAndHearsTheNextFailure) {
+  StartService(Tasks(3));
+  auto clients = JoinAll();
+  FailureSink& sink0 = NewSink();
+  ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
+  for (size_t i = 1; i < clients.size(); ++i) {
+    ASSERT_TRUE(clients[i]->StartWatching(NewSink().Callback()).ok());
+  }
+  EXPECT_EQ(clients[0]->whole_generation(), 1);
+  clients[2].reset();  // crash
+  ASSERT_TRUE(sink0.fired.WaitForNotificationWithTimeout(absl::Seconds(3)));
+  // Nobody replaced it yet: the wait ends at its deadline, naming the loss.
+  const auto early = clients[0]->WaitForWholeGroup(1, absl::Now() + absl::Milliseconds(300), {});
+  ASSERT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("worker:1"));
+
+  // The replacement rejoins while the survivor waits.
+  std::thread replacement([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    clients[2] = NewClient(members_[2]);
+    ASSERT_TRUE(clients[2]->Connect(absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(clients[2]->Join(absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(clients[2]->StartWatching(NewSink().Callback()).ok());
+  });
+  const auto whole = clients[0]->WaitForWholeGroup(1, absl::Now() + absl::Seconds(5), {});
+  replacement.join();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(*whole, 3);  // failure: 2, re-admission: 3
+  EXPECT_EQ(clients[2]->whole_generation(), 3);
+
+  // Re-armed: the next loss reaches the callback again.
+  ASSERT_TRUE(clients[0]->RearmFailureReport(*whole).ok());
+  // sink0 counts calls: a second call proves the re-arm.
+  clients[1].reset();
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (sink0.Calls() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(sink0.Calls(), 2);
+}
+
+TEST_F(CoordinationTest, RearmReturnsAFailureThatArrivedWhileTheReportWasSpent) {
+  StartService(Tasks(3));
+  auto clients = JoinAll();
+  FailureSink& sink0 = NewSink();
+  ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
+  for (size_t i = 1; i < clients.size(); ++i) {
+    ASSERT_TRUE(clients[i]->StartWatching(NewSink().Callback()).ok());
+  }
+  clients[2].reset();
+  ASSERT_TRUE(sink0.fired.WaitForNotificationWithTimeout(absl::Seconds(3)));
+  clients[1].reset();  // a second loss before the survivor re-armed
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (clients[0]->generation() < 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Status pending = clients[0]->RearmFailureReport(1);
+  EXPECT_EQ(pending.code(), absl::StatusCode::kUnavailable) << pending;
+  EXPECT_THAT(std::string(pending.message()), HasSubstr("worker:0"));
+}
+
+TEST_F(CoordinationTest, WaitingForTheGroupEndsAtOnceWhenTheCoordinatorIsGone) {
+  StartService(Tasks(2));
+  auto clients = JoinAll();
+  ASSERT_TRUE(clients[1]->StartWatching(NewSink().Callback()).ok());
+  ASSERT_TRUE(clients[0]->StartWatching(NewSink().Callback()).ok());
+  service_->Shutdown();
+  const absl::Time start = absl::Now();
+  const auto r = clients[1]->WaitForWholeGroup(1, absl::Now() + absl::Seconds(10), {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 // --- Connect --------------------------------------------------------------
