@@ -60,6 +60,8 @@ def append_record(benchmark, figures, uptime_before, extra=None):
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
     print(f"recorded in {os.path.relpath(path, ROOT)}")
+    # bench/README.md's table of recorded runs follows the records.
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "records_table.py")], check=False)
     return path
 
 
