@@ -176,8 +176,14 @@ webhook_configurations() {
     python3 -c '
 import json, sys
 port, ca, key, value, mutating, validating = sys.argv[1:7]
-doc = json.load(sys.stdin)
-items = doc["items"] if doc.get("kind") == "List" else [doc]
+# kubectl prints one JSON document per object, one after the other.
+text, docs, pos, dec = sys.stdin.read(), [], 0, json.JSONDecoder()
+while text[pos:].strip():
+    while text[pos].isspace():
+        pos += 1
+    doc, pos = dec.raw_decode(text, pos)
+    docs.append(doc)
+items = [i for d in docs for i in (d["items"] if d.get("kind") == "List" else [d])]
 out = []
 for item in items:
     if item["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
@@ -256,7 +262,7 @@ cmd_up() {
   [ -f "$KUBE_STATE/admin.kubeconfig" ] || die "no control plane in $KUBE_STATE (run scripts/control-plane.sh up, with the same DISTRAIN_KUBE_DIR)"
   cmd_build
   lock_state
-  if load_ports && running && ready; then
+  if load_ports && running && ready && kubectl_admin get mutatingwebhookconfiguration "$MUTATING" >/dev/null 2>&1; then
     log "already up and ready (state in $STATE)"
     return 0
   fi
@@ -270,9 +276,16 @@ cmd_up() {
   local start=$SECONDS
   kubectl_admin apply --server-side --force-conflicts -f "$MODULE_SRC/config/components/crd/bases/" >/dev/null ||
     die "applying Kueue's CRDs failed"
-  kubectl_admin wait --for=condition=Established --timeout=60s \
-    crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io crd/resourceflavors.kueue.x-k8s.io \
-    crd/workloads.kueue.x-k8s.io >/dev/null || die "Kueue's CRDs were not Established"
+  # Right after the apply a CRD may have no status.conditions yet, and kubectl wait
+  # then fails at once ("accessor error") instead of waiting: retry.
+  local i
+  for i in $(seq 1 30); do
+    kubectl_admin wait --for=condition=Established --timeout=60s \
+      crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io crd/resourceflavors.kueue.x-k8s.io \
+      crd/workloads.kueue.x-k8s.io >/dev/null 2>&1 && break
+    [ "$i" = 30 ] && die "Kueue's CRDs were not Established after 30 tries"
+    sleep 1
+  done
   kubectl_admin create namespace kueue-system --dry-run=client -o yaml | kubectl_admin apply -f - >/dev/null
   log "starting the manager (webhooks https://127.0.0.1:$WEBHOOK_PORT, /readyz http://127.0.0.1:$HEALTH_PORT; log $STATE/logs/kueue.log)"
   start_manager

@@ -1327,11 +1327,16 @@ void NodeAgent::Sync(const std::string& key) {
   if (deleting) {
     if (proc == nullptr || proc->exit_code) {
       const std::string uid = Str(*pod, "/metadata/uid");
+      std::optional<Proc> ended;
       if (proc != nullptr) {
+        if (!proc->finished_reported) ended = *proc;
         by_pid_.erase(proc->pid);
         procs_.erase(it);
       }
       lock.unlock();
+      // As a kubelet does, the terminal phase first: a finalizer may keep the pod
+      // (Kueue's does, and reads the phase to tell a finished pod group).
+      if (ended) ReportTerminated(*ended, *ended->exit_code);
       FinalizeDeletion(Str(*pod, "/metadata/namespace"), Str(*pod, "/metadata/name"), uid);
       WriteHosts();
       return;
