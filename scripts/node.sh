@@ -734,7 +734,9 @@ cmd_import() {
 }
 
 # The worker and operator images as scripts/build-images.sh builds them,
-# exported as OCI archives (cached under $CACHE/images/oci) and imported.
+# exported as OCI archives (cached under $CACHE/images/oci, each with the image
+# ID it holds) and imported; an image whose ID the archive or the node already
+# has is not exported or imported again.
 cmd_load_images() {
   local build_dir="" tag=dev
   while [ $# -gt 0 ]; do
@@ -745,13 +747,28 @@ cmd_load_images() {
     esac
   done
   running containerd || die "the node is not up ($0 up)"
-  local out="$CACHE/images/oci" args=(--tag "$tag" --oci-archive "$CACHE/images/oci")
+  local out="$CACHE/images/oci" args=(--tag "$tag") storage name image id archive
   [ -z "$build_dir" ] || args+=(--build-dir "$build_dir")
   "$ROOT/scripts/build-images.sh" "${args[@]}" >/dev/null || die "scripts/build-images.sh ${args[*]} failed (its messages are above)"
-  local name
+  read -r -a storage < <("$ROOT/scripts/build-images.sh" --print-storage)
+  mkdir -p "$out" "$NODE/images"
   for name in worker operator; do
-    [ -f "$out/distrain-$name-$tag.oci.tar" ] || die "scripts/build-images.sh made no $out/distrain-$name-$tag.oci.tar"
-    cmd_import "$out/distrain-$name-$tag.oci.tar"
+    image="localhost/distrain/$name:$tag"
+    id="$(buildah "${storage[@]}" inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null)" ||
+      die "scripts/build-images.sh made no $image (is the $name binary built?)"
+    archive="$out/distrain-$name-$tag.oci.tar"
+    if [ ! -f "$archive" ] || [ "$(cat "$archive.id" 2>/dev/null)" != "$id" ]; then
+      rm -f "$archive" "$archive.id"
+      buildah "${storage[@]}" push --quiet "$image" "oci-archive:$archive:$image" >/dev/null ||
+        die "exporting $image to $archive failed"
+      echo "$id" >"$archive.id"
+    fi
+    if [ "$(cat "$NODE/images/$name-$tag.id" 2>/dev/null)" = "$id" ] && ctr_node images ls -q | grep -qx "$image"; then
+      log "$image: already in the node's containerd"
+    else
+      cmd_import "$archive"
+      echo "$id" >"$NODE/images/$name-$tag.id"
+    fi
   done
 }
 

@@ -18,9 +18,13 @@
 #      describe dtj`; the checkpoint claim Bound; each pod its own IP in the
 #      node's pod subnet (MultiWorkerMirrored's replicas reach each other by
 #      their Services' DNS names, all on the same port);
+#      `helm test` fails with the operator scaled to 0 and passes again after;
+#      the ParameterServer example's Evaluator evaluates the final checkpoint;
 #   4. a MultiWorkerMirrored worker's container SIGKILLed through containerd: the
 #      restart shows in status.restartCount and a Restarting event, and the job
-#      still succeeds;
+#      still succeeds; its chief's container SIGKILLed after a checkpoint: the
+#      new chief pod resumes from it on the provisioned claim; a OneDevice
+#      worker SIGSTOPped: Stalled within 40 s, the pod replaced, Succeeded;
 #   5. `helm uninstall` and the namespace deleted: nothing of the release is left,
 #      and the namespace goes (the kubelet really stopped its pods).
 # E2E_CASES="onedevice kill" runs a subset; E2E_KEEP=1 keeps the namespace.
@@ -32,7 +36,7 @@ KUBECTL="${DISTRAIN_KUBE_BINDIR:?run through tests/e2e/with_node.sh}/kubectl"
 NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"
 CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall}"
 TAG=e2e
 WORKER_IMAGE="localhost/distrain/worker:$TAG"
 POD_NET="${DISTRAIN_NODE_POD_NET:-10.244.0}"
@@ -90,7 +94,7 @@ ok "images $WORKER_IMAGE and localhost/distrain/operator:$TAG in the node's cont
   pod-security.kubernetes.io/enforce-version=latest >/dev/null || { fail "cannot label $NS restricted"; exit 1; }
 t0=$SECONDS
 if ! "$HELM" install "$REL" "$ROOT/charts/distrain" -n "$NS" --set image.tag="$TAG" \
-    --set "operator.watchNamespaces={$NS}" --set tests.wait=60s --wait --timeout 180s >"$WORK/install.log" 2>&1; then
+    --set "operator.watchNamespaces={$NS}" --set tests.wait=10s --wait --timeout 180s >"$WORK/install.log" 2>&1; then
   cat "$WORK/install.log"
   fail "helm install (the operator Deployment not ready within 180 s)"
   dump operator
@@ -108,6 +112,16 @@ grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "operator pod IPs are 
 api="https://$("$KUBECTL" -n default get svc kubernetes -o jsonpath='{.spec.clusterIP}'):443"
 k logs "$leader" 2>&1 | grep -q "against $api" ||
   fail "the leader $leader does not log the in-cluster API address $api: $(k logs "$leader" 2>&1 | head -n 5)"
+# Its identity, from inside its container (kubectl exec: the API server, the
+# kubelet's streaming server, containerd): the projected token is the chart's
+# ServiceAccount's, bound to this pod.
+token="$(k exec "$leader" -- cat /var/run/secrets/kubernetes.io/serviceaccount/token 2>&1)"
+k exec "$leader" -- cat /var/run/secrets/kubernetes.io/serviceaccount/ca.crt >"$WORK/ca.crt" 2>&1
+server="$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')"
+whoami="$("$KUBECTL" auth whoami --kubeconfig=/dev/null --server="$server" --certificate-authority="$WORK/ca.crt" \
+  --token="$token" -o jsonpath='{.status.userInfo.username} {.status.userInfo.extra.authentication\.kubernetes\.io/pod-name[0]}' 2>&1)"
+[ "$whoami" = "system:serviceaccount:$NS:$REL-distrain $leader" ] ||
+  fail "the leader's token (read with kubectl exec) is '$whoami' (want system:serviceaccount:$NS:$REL-distrain bound to $leader)"
 ok "helm install: $(wc -l <<<"$ips") operator pods from localhost/distrain/operator:$TAG, IPs $(tr '\n' ' ' <<<"$ips"), $leader leads ($((SECONDS - t0)) s)"
 t0=$SECONDS
 if "$HELM" test "$REL" -n "$NS" --timeout 120s >"$WORK/helm-test.log" 2>&1; then
@@ -117,6 +131,22 @@ else
   k logs "$REL-distrain-test-operator" 2>&1 | tail -n 10
   fail "helm test"
 fi
+
+# `helm test` must be able to fail: no operator replica, no pass.
+t0=$SECONDS
+k scale deployment "$DEPLOY" --replicas=0 >/dev/null && k rollout status deployment "$DEPLOY" --timeout=60s >/dev/null ||
+  fail "scaling $DEPLOY to 0"
+k wait --for=delete pod -l "app.kubernetes.io/instance=$REL,app.kubernetes.io/component=operator" --timeout=60s >/dev/null 2>&1
+if "$HELM" test "$REL" -n "$NS" --timeout 60s >"$WORK/helm-test-0.log" 2>&1; then
+  fail "helm test passed with the operator scaled to 0"
+else
+  ok "helm test fails with the operator scaled to 0 ($((SECONDS - t0)) s)"
+fi
+k scale deployment "$DEPLOY" --replicas=2 >/dev/null && k rollout status deployment "$DEPLOY" --timeout=120s >/dev/null ||
+  fail "scaling $DEPLOY back to 2"
+e2e_wait_leader "$DEPLOY" "$NS" 60 >/dev/null || fail "no operator pod took the Lease again after scaling back"
+"$HELM" test "$REL" -n "$NS" --timeout 120s >"$WORK/helm-test.log" 2>&1 && ok "helm test passes again" ||
+  { cat "$WORK/helm-test.log"; fail "helm test after scaling back"; }
 
 # 3. Every CPU strategy example, its pods from the worker image. The operator's
 # default image is :latest (pull policy Always, and this node has no registry),
@@ -140,6 +170,15 @@ check_job() {
   loss="$(k get dtj "$job" -o jsonpath='{.status.progress.loss}')"
   [ "$total" = 150 ] && [ "$step" = 150 ] || fail "$job: status.progress is step '$step' of '$total' (want 150 of 150)"
   [ -n "$loss" ] || fail "$job: status.progress has no final loss"
+  # No pod of it keeps running once it succeeded (ps tasks never exit on their own).
+  local running="" i
+  for i in $(seq 1 150); do
+    running="$(k get pods -l "distrain.io/job-name=$job" --field-selector=status.phase!=Succeeded,status.phase!=Failed \
+      -o jsonpath='{.items[*].metadata.name}' 2>&1)"
+    [ -z "$running" ] && break
+    sleep 0.2
+  done
+  [ -z "$running" ] || fail "$job: pods still running 30 s after it succeeded: $running"
   local claim
   claim="$(k get pvc "$job-checkpoints" -o jsonpath='{.status.phase} {.metadata.ownerReferences[0].name}' 2>&1)"
   [ "$claim" = "Bound $job" ] || fail "$job: PVC $job-checkpoints is '$claim' (want Bound, owned by the job)"
@@ -150,6 +189,10 @@ check_job() {
   logs="$(k logs "$chief" 2>&1)"
   grep -Eq "training complete: .*accuracy [0-9.]+" <<<"$logs" ||
     fail "$job: no final accuracy line in 'kubectl logs $chief'; got: $(tail -n 3 <<<"$logs")"
+  local tail1
+  tail1="$(k logs "$chief" --tail=1 2>&1)"
+  [ "$(wc -l <<<"$tail1")" = 1 ] && [ "$tail1" = "$(tail -n 1 <<<"$logs")" ] ||
+    fail "$job: 'kubectl logs --tail=1 $chief' is not the log's last line: $tail1"
   local get
   get="$(k get dtj "$job" 2>&1)"
   grep -Eq "^NAME +STRATEGY +STATE +WORKERS +STEP +AGE" <<<"$get" || fail "$job: 'kubectl get dtj' lacks the printer columns: $get"
@@ -158,6 +201,11 @@ check_job() {
   describe="$(k describe dtj "$job" 2>&1)"
   grep -Eq "^Events:" <<<"$describe" && ! grep -q "^Events: *<none>" <<<"$describe" ||
     fail "$job: 'kubectl describe dtj' shows no events"
+  if [ "$job" = parameter-server ]; then
+    # The Evaluator found the checkpoint directory on the claim and evaluated the last checkpoint.
+    k logs "$job-evaluator-0" 2>&1 | grep -q "evaluated the final checkpoint (step 150)" ||
+      fail "$job: the Evaluator did not evaluate the final checkpoint; its log: $(k logs "$job-evaluator-0" --tail=3 2>&1)"
+  fi
   # Real pod networking: every replica its own IP in the node's subnet.
   local ips n
   ips="$(k get pods -l "distrain.io/job-name=$job" -o jsonpath='{range .items[*]}{.status.podIP}{"\n"}{end}' | sed '/^$/d')"
@@ -166,7 +214,7 @@ check_job() {
     grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "$job: pod IPs outside $POD_NET.0/24: $ips"
     [ "$(sort -u <<<"$ips" | wc -l)" = "$(wc -l <<<"$ips")" ] || fail "$job: pods share an IP: $ips"
   fi
-  echo "ok: $job Succeeded at step $step/$total, loss $loss, $n pods (waited $((SECONDS - t0)) s after the previous check)"
+  echo "ok: $job Succeeded at step $step/$total, loss $loss, $n pods left (waited $((SECONDS - t0)) s after the previous check)"
   echo "    $(grep -E 'training complete' <<<"$logs" | tail -n 1 | sed 's/^.*training complete/training complete/')"
 }
 
@@ -204,9 +252,105 @@ run_kill() {
   ok "$job Succeeded after its worker's container was killed; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
 }
 
+# The chief SIGKILLed after a checkpoint (no SIGTERM, so no checkpoint of its
+# own at exit), with no volume in the spec: the restarted chief, a new pod,
+# resumes from that checkpoint on the claim the node's provisioner backs.
+run_chief_kill() {
+  local job=mwms-chief-kill i saved="" cid
+  job_yaml multi-worker-mirrored 600 "$job" | sed -E 's/^(      everySteps:) [0-9]+/\1 50/' >"$WORK/$job.yaml"
+  grep -q "volume:" "$WORK/$job.yaml" && { fail "$job: the example names a volume; this case needs none"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  for i in $(seq 1 600); do
+    saved="$(k logs "$job-chief-0" 2>/dev/null | grep -Eo "checkpoint step [0-9]+ written" | tail -n 1 | grep -Eo "[0-9]+")"
+    [ -n "$saved" ] && break
+    sleep 0.5
+  done
+  [ -n "$saved" ] || { fail "$job: the chief never wrote a checkpoint"; dump "$job"; return; }
+  cid="$(k get pod "$job-chief-0" -o jsonpath='{.status.containerStatuses[0].containerID}')"
+  "$NODE_SH" ctr tasks kill -s SIGKILL "${cid#containerd://}" || { fail "$job: ctr tasks kill $cid failed"; return; }
+  echo "killed $job-chief-0's container after its checkpoint at step $saved"
+  local resumed=""
+  for i in $(seq 1 600); do
+    resumed="$(k logs "$job-chief-0" 2>/dev/null | grep -Eo "resumed from checkpoint step [0-9]+" | grep -Eo "[0-9]+" | tail -n 1)"
+    [ -n "$resumed" ] && break
+    sleep 0.5
+  done
+  if [ -n "$resumed" ] && [ "$resumed" -ge "$saved" ] 2>/dev/null && [ "$resumed" -gt 0 ]; then
+    ok "$job's restarted chief resumed from checkpoint step $resumed"
+  else
+    fail "$job: the restarted chief did not resume from a checkpoint at step >= $saved (got '$resumed')"
+    dump "$job"
+    return
+  fi
+  k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null ||
+    { fail "$job: did not reach Succeeded after the chief was killed"; dump "$job"; return; }
+  ok "$job Succeeded after the chief was killed; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+}
+
+# A OneDevice worker SIGSTOPped through containerd: only its progress shows the
+# hang. Deadline 10 s (+ the operator's 10 s scrape slack): Stalled within 40 s,
+# an event naming the pod, the pod replaced (the kubelet SIGKILLs the stopped
+# process after its 2 s grace period), and the job succeeds with Stalled
+# cleared. The template's tcpSocket liveness probe, which a stopped process's
+# listening socket still passes, keeps the kubelet from racing the operator.
+run_stall() {
+  local job=onedevice-stall i
+  e2e_example "$ROOT/examples/onedevice.yaml" 20000 | sed -E \
+    -e "s/^  name: onedevice/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
+    -e "s#^(      replicas: 1)\$#\1\n      template: {spec: {terminationGracePeriodSeconds: 2, containers: [{name: distrain, image: \"$WORKER_IMAGE\", imagePullPolicy: IfNotPresent, livenessProbe: {tcpSocket: {port: metrics}}}]}}#" \
+    -e "s/^(  training:)\$/  runPolicy: {progressDeadlineSeconds: 10}\n\1/" >"$WORK/$job.yaml"
+  grep -q "progressDeadlineSeconds: 10" "$WORK/$job.yaml" && grep -q "terminationGracePeriodSeconds: 2" "$WORK/$job.yaml" ||
+    { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  # Stopped once the operator has seen it step after it started (see examples_test.sh).
+  local seen="" started=""
+  for i in $(seq 1 600); do
+    seen="$(k get dtj "$job" -o jsonpath='{.status.progress.lastStepTime}' 2>/dev/null)"
+    started="$(k get pod "$job-worker-0" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)"
+    [ -n "$seen" ] && [ -n "$started" ] && [[ "$seen" > "$started" ]] && break
+    sleep 0.2
+  done
+  [ -n "$seen" ] && [[ "$seen" > "$started" ]] ||
+    { fail "$job: status.progress.lastStepTime ('$seen') never passed the start ('$started')"; dump "$job"; return; }
+  local uid cid
+  uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
+  cid="$(k get pod "$job-worker-0" -o jsonpath='{.status.containerStatuses[0].containerID}')"
+  "$NODE_SH" ctr tasks kill -s SIGSTOP "${cid#containerd://}" || { fail "$job: ctr tasks kill -s SIGSTOP failed"; return; }
+  local stopped_at=$SECONDS stalled=""
+  echo "stopped $job-worker-0's container at progress step $(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
+  for i in $(seq 1 250); do
+    stalled="$(k get dtj "$job" -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')"
+    [ "$stalled" = True ] && break
+    sleep 0.2
+  done
+  if [ "$stalled" = True ] && [ $((SECONDS - stopped_at)) -le 40 ]; then
+    ok "$job Stalled $((SECONDS - stopped_at)) s after the stop"
+  else
+    fail "$job: Stalled is '$stalled' $((SECONDS - stopped_at)) s after the stop (want True within 40 s)"
+    "$NODE_SH" ctr tasks kill -s SIGCONT "${cid#containerd://}" 2>/dev/null
+    dump "$job"
+    return
+  fi
+  k describe dtj "$job" | grep -Eq "ProgressDeadlineExceeded.*pod $job-worker-0" ||
+    fail "$job: no ProgressDeadlineExceeded event naming pod $job-worker-0"
+  local new_uid=""
+  for i in $(seq 1 300); do
+    new_uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}' 2>/dev/null)"
+    [ -n "$new_uid" ] && [ "$new_uid" != "$uid" ] && break
+    sleep 0.2
+  done
+  [ -n "$new_uid" ] && [ "$new_uid" != "$uid" ] || fail "$job: pod $job-worker-0 was not replaced"
+  k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null ||
+    { fail "$job: did not reach Succeeded after the stall"; dump "$job"; return; }
+  local still
+  still="$(k get dtj "$job" -o jsonpath='{.status.conditions[?(@.type=="Stalled")].status}')"
+  [ "$still" = False ] || fail "$job: Stalled is '$still' after success (want False)"
+  ok "$job Succeeded after the stall; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}'), Stalled $still"
+}
+
 jobs=()
 for c in $CASES; do
-  [ "$c" = kill ] && continue
+  case "$c" in kill | chief-kill | stall) continue ;; esac
   [ -f "$ROOT/examples/$c.yaml" ] || { fail "no example examples/$c.yaml (E2E_CASES)"; continue; }
   job_yaml "$c" 150 "$c" >"$WORK/$c.yaml"
   grep -q "image: \"$WORKER_IMAGE\"" "$WORK/$c.yaml" || { fail "$c: could not set the image: $(cat "$WORK/$c.yaml")"; continue; }
@@ -215,6 +359,8 @@ for c in $CASES; do
 done
 for c in "${jobs[@]}"; do check_job "$c"; done
 [[ " $CASES " == *" kill "* ]] && run_kill
+[[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
+[[ " $CASES " == *" stall "* ]] && run_stall
 
 # 5. Uninstall: nothing of the release is left, and the namespace really goes.
 if [ -z "${E2E_KEEP:-}" ]; then
