@@ -528,25 +528,28 @@ preflight() {
   done
 }
 
-# One node per machine.
-claim_machine() {
-  if [ -f "$OWNER" ] && [ "$(cat "$OWNER")" != "$NODE" ]; then
-    local other
-    other="$(cat "$OWNER")"
-    if [ -d "$other" ]; then
-      die "this machine's node belongs to $other (DISTRAIN_NODE_DIR=$other $0 down first; one node per machine)"
-    fi
+# One node per machine: refuses (before anything starts) while another state
+# directory's node holds the machine.
+check_machine() {
+  local other
+  other="$(cat "$OWNER" 2>/dev/null || true)"
+  if [ -n "$other" ] && [ "$other" != "$NODE" ] && [ -d "$other" ]; then
+    die "this machine's node belongs to $other (DISTRAIN_NODE_DIR=$other $0 down first; one node per machine)"
   fi
-  if [ ! -f "$OWNER" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then
+  if [ -z "$other" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then
     die "the bridge $BRIDGE exists but no node owns it ($OWNER); another tool's? remove it (ip link del $BRIDGE) and retry"
   fi
+}
+
+claim_machine() {
+  check_machine
   echo "$NODE" >"$OWNER"
 }
 
+# up and down, one at a time on the machine.
 lock_node() {
-  mkdir -p "$(dirname "$NODE")"
-  exec 9>"$NODE.lock"
-  flock -w 300 9 || die "another node.sh holds $NODE.lock"
+  exec 9>/run/distrain-node.lock
+  flock -w 300 9 || die "another scripts/node.sh up/down holds /run/distrain-node.lock"
 }
 
 load_ports() {
@@ -588,6 +591,7 @@ cmd_up() {
   command -v buildah >/dev/null || die "buildah is missing; run scripts/setup.sh"
   cmd_build
   lock_node
+  check_machine
   control_plane_up
   if load_ports && all_healthy; then
     log "already up and healthy (state in $NODE)"
