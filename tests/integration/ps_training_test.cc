@@ -9,11 +9,14 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <regex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -59,23 +62,31 @@ std::string JobYaml(int workers, int64_t steps, const std::string& extra_trainin
                       extra_training);
 }
 
-// One process per task of a chief + W workers + 2 ps job.
+// One process per task of a chief + W workers + 2 ps job. Ports are held
+// for up to `max_workers` workers, so that workers a scale adds can start
+// later with a larger TF_CONFIG (Start's `cluster_workers`).
 class PsCluster {
  public:
-  PsCluster(const std::string& job, const std::string& dir, int workers)
+  PsCluster(const std::string& job, const std::string& dir, int workers, int max_workers = 0)
       : job_(job), dir_(dir), workers_(workers), credentials_(dir) {
-    std::vector<int> ports = testing::FreeLoopbackPorts(workers + 3 + 1);
-    auto address = [&](int i) { return "\"127.0.0.1:" + std::to_string(ports[i]) + "\""; };
-    std::string worker_list, ps_list;
-    for (int w = 0; w < workers; ++w) worker_list += (w ? "," : "") + address(1 + w);
-    ps_list = address(1 + workers) + "," + address(2 + workers);
-    cluster_ = R"({"chief":[)" + address(0) + R"(],"worker":[)" + worker_list + R"(],"ps":[)" +
-               ps_list + "]}";
-    chief_metrics_port = ports[workers + 3];
+    max_workers = std::max(workers, max_workers);
+    ports_ = testing::FreeLoopbackPorts(max_workers + 3 + 1);
+    chief_metrics_port = ports_[max_workers + 3];
   }
 
-  std::unique_ptr<Subprocess> Start(const std::string& type, int index) {
-    const std::string tf_config = R"({"cluster":)" + cluster_ + R"(,"task":{"type":")" + type +
+  // The cluster object with `workers` workers (the same addresses for the
+  // tasks every size has, as the operator's ConfigMap keeps them).
+  std::string Cluster(int workers) const {
+    auto address = [&](int i) { return "\"127.0.0.1:" + std::to_string(ports_[i]) + "\""; };
+    std::string worker_list;
+    for (int w = 0; w < workers; ++w) worker_list += (w ? "," : "") + address(3 + w);
+    return R"({"chief":[)" + address(0) + R"(],"worker":[)" + worker_list + R"(],"ps":[)" +
+           address(1) + "," + address(2) + "]}";
+  }
+
+  std::unique_ptr<Subprocess> Start(const std::string& type, int index, int cluster_workers = 0) {
+    const std::string cluster = Cluster(cluster_workers > 0 ? cluster_workers : workers_);
+    const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
                                   R"(","index":)" + std::to_string(index) + "}}";
     std::vector<std::string> argv = {WorkerBinary(), "--config", job_, "--tf-config", tf_config};
     if (type == "chief" || type == "ps") {
@@ -116,13 +127,24 @@ class PsCluster {
   std::string job_;
   std::string dir_;
   int workers_;
-  std::string cluster_;
+  std::vector<int> ports_;
   testing::TestJobCredentials credentials_;
 };
 
 double MetricValue(const std::string& metrics, const std::string& name) {
   std::smatch m;
   if (!std::regex_search(metrics, m, std::regex("\n" + name + " ([0-9.e+]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+// distrain_ps_worker_closures_completed_total{worker="worker:<w>"}; -1 when absent.
+double WorkerClosures(const std::string& metrics, int w) {
+  std::smatch m;
+  if (!std::regex_search(metrics, m,
+                         std::regex("\ndistrain_ps_worker_closures_completed_total\\{worker=\"worker:" +
+                                    std::to_string(w) + "\"\\} ([0-9.e+]+)"))) {
+    return -1;
+  }
   return std::stod(m[1]);
 }
 
@@ -196,6 +218,85 @@ TEST(PsTrainingTest, KilledWorkersClosureIsRerunAndTheRestartedWorkerRejoins) {
   EXPECT_TRUE(std::regex_search(restarted->output(),
                                 std::regex("job is done after [1-9][0-9]* closure")))
       << restarted->output();
+  cluster.StopPs();
+  fs::remove_all(dir);
+}
+
+// kubectl scale as processes: the job starts with 2 workers; two more start
+// with the 4-worker TF_CONFIG the operator gives pods a scale adds, join the
+// chief's worker set and run closures within seconds; then the scale goes back
+// to 2 (the operator deletes the two highest-indexed pods: SIGTERM), and every
+// requested step is done, each counted once.
+TEST(PsTrainingTest, ScaledUpWorkersRunClosuresAndAScaleDownLosesNoClosure) {
+  const std::string dir = FreshTempDir("scale");
+  const int64_t kSteps = 6000;
+  const std::string job = WriteTextFile(dir + "/job.yaml", JobYaml(2, kSteps));
+  PsCluster cluster(job, dir, 2, /*max_workers=*/4);
+  cluster.StartAll();
+  ASSERT_TRUE(cluster.chief->WaitForOutput("step 200/", 30)) << cluster.chief->output();
+
+  // Scale 2 -> 4.
+  const auto scaled_up = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Subprocess>> added;
+  for (int w = 2; w < 4; ++w) added.push_back(cluster.Start("worker", w, /*cluster_workers=*/4));
+  double seconds_to_closures = -1;
+  std::string metrics;
+  while (std::chrono::steady_clock::now() - scaled_up < std::chrono::seconds(20)) {
+    metrics = testing::HttpGet(cluster.chief_metrics_port, "/metrics");
+    if (WorkerClosures(metrics, 2) > 0 && WorkerClosures(metrics, 3) > 0) {
+      seconds_to_closures =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - scaled_up).count();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_GT(seconds_to_closures, 0) << "the added workers ran no closure within 20 s:\n"
+                                    << metrics << "\n" << cluster.chief->output();
+  std::cout << "scale 2 -> 4: both added workers completed closures " << seconds_to_closures
+            << " s after their processes started\n";
+  EXPECT_LT(seconds_to_closures, 10);
+  EXPECT_EQ(MetricValue(metrics, "distrain_ps_workers_members"), 4) << metrics;
+  EXPECT_TRUE(cluster.chief->WaitForOutput("joined the worker set", 1)) << cluster.chief->output();
+  // Let them work a little, then scale 4 -> 2.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(cluster.chief->output().find("training complete"), std::string::npos)
+      << "the job finished before the scale-down; raise kSteps:\n" << cluster.chief->output();
+  for (auto& w : added) w->Signal(SIGTERM);
+  for (auto& w : added) {
+    auto rc = w->Wait(20);
+    ASSERT_TRUE(rc.has_value()) << w->output();
+    EXPECT_EQ(*rc, 128 + SIGTERM) << w->output();
+    EXPECT_NE(w->output().find("left the chief's worker set"), std::string::npos) << w->output();
+  }
+  ASSERT_TRUE(cluster.chief->WaitForOutput("is out of the worker set (it left", 10))
+      << cluster.chief->output();
+  metrics = testing::HttpGet(cluster.chief_metrics_port, "/metrics");
+  EXPECT_EQ(MetricValue(metrics, "distrain_ps_workers_members"), 2) << metrics;
+  const double ran_on_2 = WorkerClosures(metrics, 2), ran_on_3 = WorkerClosures(metrics, 3);
+
+  auto rc = cluster.chief->Wait(120);
+  ASSERT_TRUE(rc.has_value()) << cluster.chief->output();
+  ASSERT_EQ(*rc, 0) << cluster.chief->output();
+  const std::string out = cluster.chief->output();
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("training complete: steps " + std::to_string(kSteps) + " ")))
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("([0-9]+) closure\\(s\\) completed, ([0-9]+) retried")))
+      << out;
+  EXPECT_EQ(std::stoll(m[1]), kSteps) << "every requested step done, each counted once";
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex("closures per worker: worker:0 ([0-9]+), worker:1 ([0-9]+), worker:2 "
+                         "([0-9]+), worker:3 ([0-9]+)")))
+      << out;
+  EXPECT_EQ(std::stod(m[3]), ran_on_2) << "nothing ran on worker:2 after it left";
+  EXPECT_EQ(std::stod(m[4]), ran_on_3) << "nothing ran on worker:3 after it left";
+  EXPECT_EQ(std::stoll(m[1]) + std::stoll(m[2]) + std::stoll(m[3]) + std::stoll(m[4]), kSteps);
+  for (int w = 0; w < 2; ++w) {
+    auto wrc = cluster.workers[w]->Wait(10);
+    ASSERT_TRUE(wrc.has_value()) << cluster.workers[w]->output();
+    EXPECT_EQ(*wrc, 0) << cluster.workers[w]->output();
+  }
   cluster.StopPs();
   fs::remove_all(dir);
 }

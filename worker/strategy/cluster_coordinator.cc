@@ -60,7 +60,17 @@ struct ClusterCoordinator::Metrics {
                       .Name("distrain_ps_closure_staleness")
                       .Help("Largest staleness (ps updates between pull and push) of each closure's push")
                       .Register(r)
-                      .Add({}, StalenessBuckets())) {}
+                      .Add({}, StalenessBuckets())),
+        per_worker(prometheus::BuildCounter()
+                       .Name("distrain_ps_worker_closures_completed_total")
+                       .Help("Step closures completed by each worker (label worker=\"worker:<index>\")")
+                       .Register(r)),
+        members(prometheus::BuildGauge()
+                    .Name("distrain_ps_workers_members")
+                    .Help("Workers in the coordinator's membership now (TF_CONFIG's, joined, "
+                          "minus those that left)")
+                    .Register(r)
+                    .Add({})) {}
   prometheus::Counter& scheduled;
   prometheus::Counter& completed;
   prometheus::Counter& retried;
@@ -68,13 +78,14 @@ struct ClusterCoordinator::Metrics {
   prometheus::Gauge& active;
   prometheus::Histogram& closure_seconds;
   prometheus::Histogram& staleness;
+  prometheus::Family<prometheus::Counter>& per_worker;
+  prometheus::Gauge& members;
 };
 
 ClusterCoordinator::ClusterCoordinator(WorkerTransport* transport, ClusterCoordinatorOptions options)
     : transport_(transport),
       options_(options),
-      max_outstanding_(options.max_outstanding > 0 ? options.max_outstanding
-                                                   : 2 * std::max(1, transport->num_workers())) {
+      max_outstanding_(std::max(0, options.max_outstanding)) {
   DISTRAIN_CHECK(transport_ != nullptr);
   if (options_.registry != nullptr) metrics_ = std::make_unique<Metrics>(*options_.registry);
 }
@@ -82,18 +93,89 @@ ClusterCoordinator::ClusterCoordinator(WorkerTransport* transport, ClusterCoordi
 ClusterCoordinator::~ClusterCoordinator() { Stop(); }
 
 void ClusterCoordinator::Start(int64_t first_closure_id) {
+  absl::MutexLock threads_lock(&threads_mu_);
+  std::vector<int> members;
   {
     absl::MutexLock lock(&mu_);
     DISTRAIN_CHECK(!started_) << "ClusterCoordinator::Start called twice";
     started_ = true;
     first_id_ = next_id_ = first_closure_id;
-    admitted_.assign(transport_->num_workers(), false);
-    incarnations_.assign(transport_->num_workers(), "");
+    // Step 8: TF_CONFIG's workers are members from the start.
+    for (int w = 0; w < transport_->num_workers(); ++w) {
+      Slot& slot = SlotLocked(w);
+      if (!slot.member && metrics_) metrics_->members.Increment();
+      slot.member = true;
+    }
+    for (int w = 0; w < static_cast<int>(slots_.size()); ++w) {
+      if (slots_[w].member) members.push_back(w);
+    }
     last_admitted_ = absl::Now();
   }
-  for (int w = 0; w < transport_->num_workers(); ++w) {
-    threads_.emplace_back([this, w] { WorkerLoop(w); });
+  for (int w : members) SpawnLocked(w);
+}
+
+ClusterCoordinator::Slot& ClusterCoordinator::SlotLocked(int worker) {
+  DISTRAIN_CHECK(worker >= 0) << "worker index " << worker;
+  while (static_cast<int>(slots_.size()) <= worker) {
+    slots_.emplace_back();
+    if (metrics_) {
+      slots_.back().completed_metric = &metrics_->per_worker.Add(
+          {{"worker", absl::StrCat("worker:", slots_.size() - 1)}});
+    }
   }
+  return slots_[worker];
+}
+
+void ClusterCoordinator::SpawnLocked(int worker) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || !started_) return;
+    Slot& slot = SlotLocked(worker);
+    if (slot.has_thread) return;
+    slot.has_thread = true;
+  }
+  threads_.emplace_back([this, worker] { WorkerLoop(worker); });
+}
+
+void ClusterCoordinator::AddWorker(int worker) {
+  absl::MutexLock threads_lock(&threads_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    Slot& slot = SlotLocked(worker);
+    if (!slot.member) {
+      if (metrics_) metrics_->members.Increment();
+      spdlog::info("coordinator: {} joined the worker set; probing it", transport_->WorkerName(worker));
+    }
+    slot.member = true;
+    ++slot.wake;
+  }
+  SpawnLocked(worker);
+}
+
+void ClusterCoordinator::RemoveWorker(int worker, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || worker < 0 || worker >= static_cast<int>(slots_.size())) return;
+  Slot& slot = slots_[worker];
+  if (!slot.member) return;
+  slot.member = false;
+  ++slot.wake;
+  if (metrics_) metrics_->members.Decrement();
+  spdlog::info("coordinator: {} is out of the worker set ({}); no more closures go to it, and it "
+               "is not waited for",
+               transport_->WorkerName(worker), reason);
+}
+
+int ClusterCoordinator::MembersLocked() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += s.member;
+  return n;
+}
+
+int ClusterCoordinator::AdmittedLocked() const {
+  int n = 0;
+  for (const Slot& s : slots_) n += s.admitted;
+  return n;
 }
 
 void ClusterCoordinator::SetFatal(absl::Status status) {
@@ -109,7 +191,7 @@ absl::Status ClusterCoordinator::Schedule() {
   queue_.push_back(Closure{next_id_++, 0});
   if (metrics_) metrics_->scheduled.Increment();
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !fatal_.ok() || stopping_ || outstanding() < max_outstanding_;
+    return !fatal_.ok() || stopping_ || outstanding() < MaxOutstandingLocked();
   };
   mu_.Await(absl::Condition(&room));
   return fatal_;
@@ -122,10 +204,8 @@ absl::Status ClusterCoordinator::Join() {
     return !fatal_.ok() || stopping_ || outstanding() == 0;
   };
   while (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.no_worker_warning)) {
-    int active = 0;
-    for (bool a : admitted_) active += a;
-    spdlog::warn("coordinator: waiting for {} closure(s); {} of {} worker(s) admitted",
-                 outstanding(), active, admitted_.size());
+    spdlog::warn("coordinator: waiting for {} closure(s); {} of {} member worker(s) admitted",
+                 outstanding(), AdmittedLocked(), MembersLocked());
   }
   if (!fatal_.ok()) return fatal_;
   if (stopping_ && outstanding() > 0) {
@@ -157,21 +237,37 @@ CompletedClosures ClusterCoordinator::TakeCompleted() {
 }
 
 void ClusterCoordinator::WorkerLoop(int worker) {
-  const std::string name = transport_->WorkerName(worker);
   absl::Duration backoff = options_.probe_initial_backoff;
-  bool ever_admitted = false;
   while (true) {
-    // 1. Admission.
+    // 1. Admission (8, 9: only while a member).
     bool admitted;
+    uint64_t wake;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_ || !fatal_.ok()) return;
-      admitted = admitted_[worker];
+      Slot& slot = slots_[worker];
+      if (!slot.member) {
+        if (slot.admitted) {
+          slot.admitted = false;
+          if (metrics_) metrics_->active.Decrement();
+        }
+        auto back = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !fatal_.ok() || slot.member;
+        };
+        mu_.Await(absl::Condition(&back));
+        backoff = options_.probe_initial_backoff;
+        continue;
+      }
+      admitted = slot.admitted;
+      wake = slot.wake;
     }
     if (!admitted) {
       absl::StatusOr<std::string> incarnation = transport_->Prepare(worker);
+      const std::string name = transport_->WorkerName(worker);
       absl::MutexLock lock(&mu_);
       if (stopping_ || !fatal_.ok()) return;
+      Slot& slot = slots_[worker];
+      if (!slot.member) continue;  // it left while we probed
       if (!incarnation.ok()) {
         const absl::StatusCode code = incarnation.status().code();
         if (code == absl::StatusCode::kFailedPrecondition ||
@@ -181,12 +277,17 @@ void ClusterCoordinator::WorkerLoop(int worker) {
           return;
         }
         spdlog::debug("coordinator: {} not ready: {}", name, incarnation.status().message());
-        // Interruptible sleep: Stop() and a fatal error end it at once.
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !fatal_.ok(); };
-        mu_.AwaitWithTimeout(absl::Condition(&wake), backoff);
-        backoff = std::min(backoff * 2, options_.probe_max_backoff);
-        if (absl::Now() - last_admitted_ > options_.no_worker_warning &&
-            std::none_of(admitted_.begin(), admitted_.end(), [](bool a) { return a; })) {
+        // Interruptible sleep: Stop(), a fatal error and a membership change
+        // (step 8: a join wakes the probe) end it at once.
+        auto wake_up = [this, &slot, wake]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !fatal_.ok() || slot.wake != wake;
+        };
+        if (mu_.AwaitWithTimeout(absl::Condition(&wake_up), backoff)) {
+          backoff = options_.probe_initial_backoff;
+        } else {
+          backoff = std::min(backoff * 2, options_.probe_max_backoff);
+        }
+        if (absl::Now() - last_admitted_ > options_.no_worker_warning && AdmittedLocked() == 0) {
           spdlog::warn("coordinator: no worker admitted for {}; {} closure(s) waiting",
                        absl::FormatDuration(absl::Now() - last_admitted_), outstanding());
           last_admitted_ = absl::Now();
@@ -194,33 +295,35 @@ void ClusterCoordinator::WorkerLoop(int worker) {
         continue;
       }
       backoff = options_.probe_initial_backoff;
-      admitted_[worker] = true;
+      slot.admitted = true;
       ++admissions_;
       last_admitted_ = absl::Now();
-      const bool restarted = !incarnations_[worker].empty() && incarnations_[worker] != *incarnation;
-      incarnations_[worker] = *incarnation;
+      const bool restarted = !slot.incarnation.empty() && slot.incarnation != *incarnation;
+      slot.incarnation = *incarnation;
       if (metrics_) {
         metrics_->admitted.Increment();
         metrics_->active.Increment();
       }
-      if (!ever_admitted) {
+      if (!slot.ever_admitted) {
         spdlog::info("coordinator: {} admitted", name);
       } else {
         spdlog::info("coordinator: {} rejoined{}; scheduling closures onto it again", name,
                      restarted ? " (restarted process)" : "");
       }
-      ever_admitted = true;
+      slot.ever_admitted = true;
     }
 
     // 3. The oldest queued closure.
     Closure closure;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !fatal_.ok() || (!draining_ && !queue_.empty());
+      Slot& slot = slots_[worker];
+      auto ready = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !fatal_.ok() || !slot.member || (!draining_ && !queue_.empty());
       };
       mu_.Await(absl::Condition(&ready));
       if (stopping_ || !fatal_.ok()) return;
+      if (!slot.member) continue;  // 9: out of the set; back to the top
       closure = queue_.front();
       queue_.pop_front();
       ++in_flight_;
@@ -233,10 +336,12 @@ void ClusterCoordinator::WorkerLoop(int worker) {
     bool fatal;
     {
     absl::MutexLock lock(&mu_);
+    Slot& slot = slots_[worker];
     --in_flight_;
     switch (outcome.kind) {
       case ClosureOutcome::Kind::kDone: {
         ++completed_;
+        ++slot.completed;
         pending_.closures += 1;
         pending_.loss_sum += outcome.result.loss * static_cast<double>(outcome.result.examples);
         pending_.correct += outcome.result.correct;
@@ -247,6 +352,7 @@ void ClusterCoordinator::WorkerLoop(int worker) {
           metrics_->completed.Increment();
           metrics_->closure_seconds.Observe(seconds);
           metrics_->staleness.Observe(static_cast<double>(outcome.result.max_staleness));
+          slot.completed_metric->Increment();
         }
         break;
       }
@@ -256,14 +362,17 @@ void ClusterCoordinator::WorkerLoop(int worker) {
         // 4. At-least-once: the next free worker runs it again.
         queue_.push_front(Closure{closure.id, closure.attempt + 1});
         ++retried_;
-        admitted_[worker] = false;
+        slot.admitted = false;
         if (metrics_) {
           metrics_->retried.Increment();
           metrics_->active.Decrement();
         }
         spdlog::warn("coordinator: {} lost ({}); closure {} re-queued (attempt {}), {} closure(s) "
-                     "retried so far; probing the worker until it comes back",
-                     name, outcome.status.message(), closure.id, closure.attempt + 2, retried_);
+                     "retried so far; {}",
+                     transport_->WorkerName(worker), outcome.status.message(), closure.id,
+                     closure.attempt + 2, retried_,
+                     slot.member ? "probing the worker until it comes back"
+                                 : "it left the worker set, so it is not probed");
         break;
       }
       case ClosureOutcome::Kind::kFatal:
@@ -284,8 +393,8 @@ void ClusterCoordinator::FinishWorkers() {
   std::vector<int> workers;
   {
     absl::MutexLock lock(&mu_);
-    for (size_t w = 0; w < admitted_.size(); ++w) {
-      if (admitted_[w]) workers.push_back(static_cast<int>(w));
+    for (size_t w = 0; w < slots_.size(); ++w) {
+      if (slots_[w].admitted) workers.push_back(static_cast<int>(w));
     }
   }
   for (int w : workers) transport_->Finish(w);
@@ -294,10 +403,10 @@ void ClusterCoordinator::FinishWorkers() {
 void ClusterCoordinator::Stop() {
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_ && threads_.empty()) return;
     stopping_ = true;
   }
   transport_->Cancel();
+  absl::MutexLock threads_lock(&threads_mu_);
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }
@@ -320,7 +429,17 @@ int64_t ClusterCoordinator::admissions() const {
 }
 int ClusterCoordinator::active_workers() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(std::count(admitted_.begin(), admitted_.end(), true));
+  return AdmittedLocked();
+}
+int ClusterCoordinator::members() const {
+  absl::MutexLock lock(&mu_);
+  return MembersLocked();
+}
+std::vector<int64_t> ClusterCoordinator::completed_by_worker() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> out;
+  for (const Slot& s : slots_) out.push_back(s.completed);
+  return out;
 }
 absl::Status ClusterCoordinator::fatal_error() const {
   absl::MutexLock lock(&mu_);

@@ -29,12 +29,27 @@
 //      successful attempt answers, so completed() == scheduled() after Join.
 //   7. Stop() cancels the transport and joins the threads; FinishWorkers()
 //      (after a successful Join) tells every admitted worker the job is done.
+//   Dynamic membership (ParameterServer's worker set, ps_membership.h):
+//   8. The workers of the transport (TF_CONFIG's) are members from Start.
+//      AddWorker(w) makes any worker index a member, before or after Start:
+//      a worker a scale added gets a scheduler thread of its own and is
+//      probed and admitted as in step 1 (at once: a probe sleeping in its
+//      backoff wakes). Calling it for a member again (a restarted or
+//      reconnected process) only wakes its probe.
+//   9. RemoveWorker(w) ends its membership: no closure starts on it any
+//      more; a closure it is running finishes and counts, or, if the worker
+//      is lost meanwhile, is re-queued as in step 4. Unlike a member that
+//      was lost, a removed worker is not probed: its thread waits until
+//      AddWorker makes it a member again. Indexes never shrink the tables.
+//  10. With max_outstanding 0 the bound of step 2 follows the members:
+//      twice their number (at least 2).
 //
 // Ownership: borrows the transport (it must outlive the coordinator) and the
 // optional registry. Thread-safety: all public methods are thread-safe; the
 // trainer's thread calls Schedule/Join/TakeCompleted while the scheduler
 // threads run closures.
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -98,8 +113,8 @@ class WorkerTransport {
 };
 
 struct ClusterCoordinatorOptions {
-  // 0: twice the number of workers (each worker finds its next closure
-  // queued the moment it answers).
+  // 0: twice the number of member workers (each worker finds its next
+  // closure queued the moment it answers; step 10).
   int max_outstanding = 0;
   absl::Duration probe_initial_backoff = absl::Milliseconds(50);
   absl::Duration probe_max_backoff = absl::Seconds(2);
@@ -114,6 +129,9 @@ struct ClusterCoordinatorOptions {
   //   distrain_ps_workers_active            gauge     workers admitted now
   //   distrain_ps_closure_seconds           histogram wall time of one closure attempt
   //   distrain_ps_closure_staleness         histogram max staleness of each closure's push
+  //   distrain_ps_worker_closures_completed_total{worker="worker:<i>"}
+  //                                         counter   closures completed by each worker
+  //   distrain_ps_workers_members           gauge     workers in the membership now
   prometheus::Registry* registry = nullptr;
 };
 
@@ -149,12 +167,20 @@ class ClusterCoordinator {
   // Step 7.
   void FinishWorkers();
   void Stop();
+  // Steps 8 and 9; `reason` goes to the log. Thread-safe; never call them
+  // from a transport call.
+  void AddWorker(int worker);
+  void RemoveWorker(int worker, const std::string& reason);
 
   int64_t scheduled() const;
   int64_t completed() const;
   int64_t retried() const;
   int64_t admissions() const;
   int active_workers() const;
+  int members() const;
+  // Closures each worker index has completed (index -> count; every index
+  // ever a member, 0 included).
+  std::vector<int64_t> completed_by_worker() const;
   absl::Status fatal_error() const;
 
  private:
@@ -163,11 +189,31 @@ class ClusterCoordinator {
     int attempt = 0;
   };
   struct Metrics;
+  // One worker index.
+  struct Slot {
+    bool member = false;    // probed and scheduled onto (step 9: false)
+    bool admitted = false;  // Prepare answered; closures run on it
+    bool has_thread = false;
+    bool ever_admitted = false;
+    uint64_t wake = 0;      // bumped by AddWorker: a sleeping probe probes again
+    std::string incarnation;
+    int64_t completed = 0;
+    prometheus::Counter* completed_metric = nullptr;
+  };
 
   void WorkerLoop(int worker);
+  // Slot `worker`, created (not a member) if missing.
+  Slot& SlotLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts WorkerLoop(worker) unless stopping or it has one; threads_mu_ held.
+  void SpawnLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(threads_mu_);
   void SetFatal(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t outstanding() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return next_id_ - first_id_ - completed_;
+  }
+  int MembersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int AdmittedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MaxOutstandingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return max_outstanding_ > 0 ? max_outstanding_ : 2 * std::max(1, MembersLocked());
   }
 
   WorkerTransport* const transport_;
@@ -187,12 +233,14 @@ class ClusterCoordinator {
   int64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t retried_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t admissions_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<bool> admitted_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> incarnations_ ABSL_GUARDED_BY(mu_);
+  // A deque: slots keep their address while AddWorker appends.
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
   absl::Time last_admitted_ ABSL_GUARDED_BY(mu_);
   CompletedClosures pending_ ABSL_GUARDED_BY(mu_);
 
-  std::vector<std::thread> threads_;
+  // Lock order: threads_mu_, then mu_.
+  absl::Mutex threads_mu_;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(threads_mu_);
 };
 
 }  // namespace distrain

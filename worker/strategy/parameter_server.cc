@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "spdlog/spdlog.h"
+#include "worker/coordination/coordination_service.h"
 #include "worker/ps/ps_service.h"
 #include "worker/strategy/ps_worker.h"
 #include "worker/strategy/variable_state.h"
@@ -54,6 +55,7 @@ ParameterServerStrategy::ParameterServerStrategy() = default;
 ParameterServerStrategy::~ParameterServerStrategy() {
   // Error paths end here without Shutdown: stop scheduling, leave the workers
   // running (a restarted chief re-admits them).
+  if (membership_) membership_->Shutdown();
   if (coordinator_) coordinator_->Stop();
 }
 
@@ -120,6 +122,37 @@ absl::Status ParameterServerStrategy::CreateVariables(const ModelFactory& factor
   ClusterCoordinatorOptions coordinator_options;
   coordinator_options.registry = registry_;
   coordinator_ = std::make_unique<ClusterCoordinator>(transport_.get(), coordinator_options);
+  return ServeWorkerSet();
+}
+
+absl::Status ParameterServerStrategy::ServeWorkerSet() {
+  const std::optional<std::string> mine = cluster_.my_address();
+  if (!mine) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TF_CONFIG: no address for this task ", cluster_.task().ToString(),
+                     "; set cluster.chief[0] to host:port"));
+  }
+  absl::StatusOr<std::string> listen = CoordinatorListenAddress(*mine);
+  if (!listen.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TF_CONFIG cluster.chief[0] '", *mine, "': ", listen.status().message()));
+  }
+  PsMembershipServerOptions options;
+  options.on_change = [this](const PsMembershipChange& change) {
+    // Under the worker set's lock, in order: the coordinator never calls back.
+    if (change.kind == PsMembershipChange::Kind::kJoined) {
+      transport_->SetWorkerAddress(change.worker, change.address);
+      coordinator_->AddWorker(change.worker);
+    } else {
+      coordinator_->RemoveWorker(change.worker, change.reason);
+    }
+  };
+  auto server = PsMembershipServer::Start(*listen, std::move(options));
+  if (!server.ok()) return server.status();
+  membership_ = std::move(*server);
+  spdlog::info("ParameterServer: serving the worker set on {}: workers that join it (a scale-up's "
+               "too) get closures; workers that leave get none",
+               *listen);
   return absl::OkStatus();
 }
 
@@ -255,8 +288,15 @@ void ParameterServerStrategy::Shutdown() {
     // Only a finished job releases the workers: after a stop (SIGTERM) the
     // restarted chief needs them again.
     if (start_step_ + coordinator_->completed() >= total_steps_) coordinator_->FinishWorkers();
+    const std::vector<int64_t> by_worker = coordinator_->completed_by_worker();
+    std::string per_worker;
+    for (size_t w = 0; w < by_worker.size(); ++w) {
+      absl::StrAppend(&per_worker, w ? ", " : "", "worker:", w, " ", by_worker[w]);
+    }
+    spdlog::info("ParameterServer: closures per worker: {}", per_worker);
   }
   coordinator_->Stop();
+  if (membership_) membership_->Shutdown();
 }
 
 }  // namespace distrain

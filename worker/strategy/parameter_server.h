@@ -31,7 +31,13 @@
 //      s (values, optimizer slots, versions; PsClient::Restore) when they are
 //      readable; otherwise the chief uploads the checkpoint's values and the
 //      optimizer slots restart from zero (logged).
-//   4. Start the ClusterCoordinator at closure id s.
+//   4. Start the ClusterCoordinator at closure id s. Before that
+//      (CreateVariables) the chief serves its worker set, PsMembership, on
+//      the port of its own TF_CONFIG address (ps_membership.h): workers
+//      that join it — TF_CONFIG's and any a scale added — are added to the
+//      coordinator with the address they serve on; workers that leave
+//      (SIGTERM) or whose stream breaks are removed, so closures go to the
+//      workers that exist now, not to the list the chief read at start.
 //   Run (every Trainer step)
 //   5. Schedule one closure; return the loss statistics of closures completed
 //      since the previous step (job-wide examples). At the final step and at
@@ -79,6 +85,7 @@
 #include "worker/ps/partitioner.h"
 #include "worker/ps/ps_client.h"
 #include "worker/strategy/cluster_coordinator.h"
+#include "worker/strategy/ps_membership.h"
 #include "worker/strategy/strategy.h"
 
 namespace distrain {
@@ -114,7 +121,10 @@ class ParameterServerStrategy : public Strategy {
   int input_shard_index() const override { return 0; }
   int num_input_shards() const override { return 1; }
   int num_local_replicas() const override { return 0; }
-  int num_replicas_in_sync() const override { return num_workers_; }
+  // The workers of the coordinator's membership now (TF_CONFIG's before it exists).
+  int num_replicas_in_sync() const override {
+    return coordinator_ ? coordinator_->members() : num_workers_;
+  }
   bool is_chief() const override { return true; }
   absl::Status CreateVariables(const ModelFactory& factory,
                                const OptimizerConfig& optimizer) override;
@@ -137,6 +147,8 @@ class ParameterServerStrategy : public Strategy {
 
   // For tests and logs.
   const ClusterCoordinator* coordinator() const { return coordinator_.get(); }
+  // The worker set's port (0 before CreateVariables).
+  int membership_port() const { return membership_ ? membership_->port() : 0; }
   // Over the closures Run has reported so far.
   int64_t max_staleness_seen() const { return max_staleness_seen_; }
   int64_t stale_retries() const { return stale_retries_; }
@@ -144,6 +156,8 @@ class ParameterServerStrategy : public Strategy {
  private:
   // Join, then copy the ps's current variables into model_.
   absl::Status JoinAndPull();
+  // Step 4's worker set, on the chief's TF_CONFIG port.
+  absl::Status ServeWorkerSet();
 
   JobConfig config_;
   ClusterSpec cluster_;
@@ -167,6 +181,8 @@ class ParameterServerStrategy : public Strategy {
 
   std::unique_ptr<GrpcWorkerTransport> transport_;
   std::unique_ptr<ClusterCoordinator> coordinator_;  // after transport_: borrows it
+  // Last: destroyed first, so its callbacks never see the two above gone.
+  std::unique_ptr<PsMembershipServer> membership_;
 };
 
 }  // namespace distrain

@@ -22,6 +22,7 @@
 #include "worker/coordination/coordination_service.h"
 #include "worker/data/dataset.h"
 #include "worker/ps/ps_service.h"
+#include "worker/strategy/ps_membership.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
 #include "worker/coordination/grpc_support.h"
@@ -106,6 +107,13 @@ PsWorkerService::PsWorkerService(PsWorkerOptions options)
       incarnation_(NewIncarnation()) {}
 
 PsWorkerService::~PsWorkerService() = default;
+
+grpc::Status PsWorkerService::Leaving() const {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("worker:", worker_index_,
+                                   " is stopping and has left the worker set; it takes no more "
+                                   "closures"));
+}
 
 grpc::Status PsWorkerService::CheckChief(const grpc::ServerContext& ctx,
                                          std::string_view method) const {
@@ -244,6 +252,7 @@ absl::Status PsWorkerService::PrepareLocked(const v1::PrepareRequest& request) {
 grpc::Status PsWorkerService::Prepare(grpc::ServerContext* ctx, const v1::PrepareRequest* request,
                                       v1::PrepareResponse* response) {
   if (grpc::Status s = CheckChief(*ctx, "Prepare"); !s.ok()) return s;
+  if (leaving_.load()) return Leaving();
   absl::MutexLock lock(&mu_);
   absl::Status s = PrepareLocked(*request);
   if (!s.ok()) {
@@ -267,6 +276,9 @@ grpc::Status PsWorkerService::RunStep(grpc::ServerContext* ctx, const v1::RunSte
                                      ") and attempt (", request->attempt(), ") must be >= 0"));
   }
   absl::MutexLock lock(&mu_);
+  // After the lock: a closure that waited for the one in flight does not
+  // start once the worker is stopping.
+  if (leaving_.load()) return Leaving();
   if (!prepared_) {
     // A restarted worker that the coordinator has not re-admitted yet: the
     // coordinator treats this like a lost worker and probes with Prepare.
@@ -470,22 +482,46 @@ grpc::Status PsWorkerService::Finish(grpc::ServerContext* ctx, const v1::FinishR
 // GrpcWorkerTransport
 
 GrpcWorkerTransport::GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options)
-    : addresses_(std::move(worker_addresses)), options_(std::move(options)) {
-  for (size_t worker = 0; worker < addresses_.size(); ++worker) {
-    grpc::ChannelArguments args;
-    // A restarted worker is back within a second or two: re-admit it then.
-    ApplyJobChannelArgs(&args);
-    std::shared_ptr<grpc::ChannelCredentials> credentials = ChannelCredentialsFor(
-        options_.security.get(), TaskId{"worker", static_cast<int>(worker)}, &args);
-    stubs_.push_back(
-        v1::PsWorker::NewStub(grpc::CreateCustomChannel(addresses_[worker], credentials, args)));
+    : initial_workers_(static_cast<int>(worker_addresses.size())), options_(std::move(options)) {
+  for (size_t worker = 0; worker < worker_addresses.size(); ++worker) {
+    SetWorkerAddress(static_cast<int>(worker), worker_addresses[worker]);
   }
 }
 
 GrpcWorkerTransport::~GrpcWorkerTransport() = default;
 
+void GrpcWorkerTransport::SetWorkerAddress(int worker, const std::string& address) {
+  DISTRAIN_CHECK(worker >= 0) << "worker index " << worker;
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(addresses_.size()) <= worker) {
+    addresses_.resize(worker + 1);
+    stubs_.resize(worker + 1);
+  }
+  if (addresses_[worker] == address && stubs_[worker] != nullptr) return;
+  if (!addresses_[worker].empty()) {
+    spdlog::info("coordinator: worker:{} now serves on {} (was {})", worker, address,
+                 addresses_[worker]);
+  }
+  grpc::ChannelArguments args;
+  // A restarted worker is back within a second or two: re-admit it then.
+  ApplyJobChannelArgs(&args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      ChannelCredentialsFor(options_.security.get(), TaskId{"worker", worker}, &args);
+  addresses_[worker] = address;
+  stubs_[worker] = v1::PsWorker::NewStub(grpc::CreateCustomChannel(address, credentials, args));
+}
+
+std::shared_ptr<v1::PsWorker::Stub> GrpcWorkerTransport::Stub(int worker) const {
+  absl::MutexLock lock(&mu_);
+  if (worker < 0 || worker >= static_cast<int>(stubs_.size())) return nullptr;
+  return stubs_[worker];
+}
+
 std::string GrpcWorkerTransport::WorkerName(int worker) const {
-  return absl::StrCat("worker:", worker, " (", addresses_[worker], ")");
+  absl::MutexLock lock(&mu_);
+  const bool known = worker >= 0 && worker < static_cast<int>(addresses_.size()) &&
+                     !addresses_[worker].empty();
+  return absl::StrCat("worker:", worker, " (", known ? addresses_[worker] : "no address yet", ")");
 }
 
 bool GrpcWorkerTransport::Track(grpc::ClientContext* ctx) {
@@ -518,7 +554,12 @@ absl::StatusOr<std::string> GrpcWorkerTransport::Prepare(int worker) {
   request.set_plan_fingerprint(options_.plan_fingerprint);
   request.set_worker_index(worker);
   v1::PrepareResponse response;
-  grpc::Status s = stubs_[worker]->Prepare(&ctx, request, &response);
+  std::shared_ptr<v1::PsWorker::Stub> stub = Stub(worker);
+  if (stub == nullptr) {
+    Untrack(&ctx);
+    return absl::UnavailableError(absl::StrCat("no address known for worker:", worker));
+  }
+  grpc::Status s = stub->Prepare(&ctx, request, &response);
   Untrack(&ctx);
   if (!s.ok()) return FromGrpcStatus(s);
   return response.incarnation();
@@ -538,7 +579,11 @@ ClosureOutcome GrpcWorkerTransport::RunStep(int worker, int64_t closure_id, int 
   request.set_closure_id(closure_id);
   request.set_attempt(attempt);
   v1::RunStepResponse response;
-  grpc::Status s = stubs_[worker]->RunStep(&ctx, request, &response);
+  std::shared_ptr<v1::PsWorker::Stub> stub = Stub(worker);
+  grpc::Status s = stub != nullptr
+                       ? stub->RunStep(&ctx, request, &response)
+                       : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                      absl::StrCat("no address known for worker:", worker));
   Untrack(&ctx);
   if (!s.ok()) {
     outcome.kind = ClosureOutcome::Kind::kWorkerLost;
@@ -566,7 +611,9 @@ void GrpcWorkerTransport::Finish(int worker) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::FinishResponse response;
-  grpc::Status s = stubs_[worker]->Finish(&ctx, v1::FinishRequest(), &response);
+  std::shared_ptr<v1::PsWorker::Stub> stub = Stub(worker);
+  if (stub == nullptr) return;
+  grpc::Status s = stub->Finish(&ctx, v1::FinishRequest(), &response);
   if (!s.ok()) spdlog::warn("coordinator: Finish to {}: {}", WorkerName(worker), s.error_message());
 }
 
@@ -701,8 +748,47 @@ int RunPsWorkerTask(const JobConfig& config, const ClusterSpec& cluster,
   }
   spdlog::info("worker:{} serving step closures on {} (incarnation {}); waiting for the coordinator",
                cluster.task().index, *listen, service.incarnation());
+  // Join the chief's worker set (ps_membership.h), so that a chief whose
+  // TF_CONFIG predates this worker (a scale-up) schedules closures onto it.
+  std::unique_ptr<PsMembershipClient> membership;
+  const std::vector<std::string> chiefs = cluster.addresses("chief");
+  if (!chiefs.empty()) {
+    PsMembershipClientOptions membership_options;
+    membership_options.chief_address = chiefs.front();
+    membership_options.worker_index = cluster.task().index;
+    membership_options.incarnation = service.incarnation();
+    membership_options.address = *cluster.my_address();
+    membership = std::make_unique<PsMembershipClient>(membership_options);
+    membership->Start();
+  } else {
+    spdlog::warn("worker:{}: TF_CONFIG has no chief; ParameterServer needs one to schedule "
+                 "closures (add cluster.chief)",
+                 cluster.task().index);
+  }
   WaitUntil(stop, [&] { return service.finished(); });
-  // Let the Finish call's answer reach the coordinator before closing.
+  if (!service.finished()) {
+    // Stopped (SIGTERM: a scale-down or a preemption; step 5 of
+    // ps_membership.h): take no new closure, leave the set so the chief stops
+    // counting on this worker, let the closure in flight finish and answer.
+    service.BeginLeaving();
+    if (membership) {
+      absl::Status left = membership->Leave();
+      if (left.ok()) {
+        spdlog::info("worker:{}: stopping; left the chief's worker set", cluster.task().index);
+      } else {
+        spdlog::warn("worker:{}: stopping; Leave to the chief failed ({}); it will see this "
+                     "worker's stream close",
+                     cluster.task().index, left.message());
+      }
+    }
+    service.WaitIdle();
+  } else if (membership) {
+    // The job is done: leave quietly (the chief may already be gone).
+    (void)membership->Leave();
+  }
+  membership.reset();
+  // Let the last answer (Finish, or the closure in flight) reach the
+  // coordinator before closing.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   return service.finished() ? kExitOk : kExitTerminated;

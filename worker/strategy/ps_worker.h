@@ -7,8 +7,11 @@
 //   RunParameterServerTask  a `ps` task: serves PsService on its TF_CONFIG
 //                           address until stopped (SIGTERM/SIGINT), then exits 0.
 //   RunPsWorkerTask         a `worker` task: serves PsWorkerService on its
-//                           TF_CONFIG address until the coordinator says
-//                           Finish (exit 0) or the process is stopped.
+//                           TF_CONFIG address and joins the chief's worker
+//                           set (ps_membership.h) until the coordinator says
+//                           Finish (exit 0) or the process is stopped
+//                           (SIGTERM: it leaves the set, finishes the
+//                           closure in flight, exits 143).
 //   GrpcWorkerTransport     the coordinator's WorkerTransport over gRPC.
 
 #include <atomic>
@@ -111,11 +114,21 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
 
   // Set once Finish was called; the task then exits.
   bool finished() const { return finished_.load(); }
+  // A stopping worker (SIGTERM; ps_membership.h step 5): from now on
+  // Prepare and RunStep answer UNAVAILABLE ("leaving"), which the
+  // coordinator treats as a lost worker (the closure is re-queued).
+  void BeginLeaving() { leaving_.store(true); }
+  // Returns once no closure is running here (the one in flight has answered
+  // or will as soon as gRPC sends it).
+  void WaitIdle() {
+    absl::MutexLock lock(&mu_);
+  }
   const std::string& incarnation() const { return incarnation_; }
   const PsWorkerOptions& options() const { return options_; }
 
  private:
   grpc::Status CheckChief(const grpc::ServerContext& ctx, std::string_view method) const;
+  grpc::Status Leaving() const;
   absl::Status PrepareLocked(const distrain::v1::PrepareRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One closure on `batch`; errors are the ps's. Unbounded staleness: each
@@ -149,6 +162,7 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   const int num_workers_;
   const std::string incarnation_;
   std::atomic<bool> finished_{false};
+  std::atomic<bool> leaving_{false};
 
   absl::Mutex mu_;
   bool prepared_ ABSL_GUARDED_BY(mu_) = false;
@@ -172,7 +186,8 @@ class PsWorkerService final : public distrain::v1::PsWorker::Service {
   double push_seconds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Client side: one channel per worker task of TF_CONFIG.
+// Client side: one channel per worker task, TF_CONFIG's from the start and
+// more as workers join the chief's worker set (SetWorkerAddress).
 // Classification of RunStep: a transport error (or a worker that answers an
 // error) is kWorkerLost; an answer with ps_error set is kFatal, unless its
 // code says the ps is fine (it never does today: every ps error is fatal).
@@ -191,7 +206,12 @@ class GrpcWorkerTransport : public WorkerTransport {
   GrpcWorkerTransport(std::vector<std::string> worker_addresses, Options options);
   ~GrpcWorkerTransport() override;
 
-  int num_workers() const override { return static_cast<int>(addresses_.size()); }
+  // TF_CONFIG's workers (the coordinator's members at Start).
+  int num_workers() const override { return initial_workers_; }
+  // Where worker `worker` serves (a worker that joined the chief's worker
+  // set, ps_membership.h): a new channel when the address is new or
+  // different, else nothing. Calls already under way keep their channel.
+  void SetWorkerAddress(int worker, const std::string& address);
   std::string WorkerName(int worker) const override;
   absl::StatusOr<std::string> Prepare(int worker) override;
   ClosureOutcome RunStep(int worker, int64_t closure_id, int attempt) override;
@@ -202,12 +222,15 @@ class GrpcWorkerTransport : public WorkerTransport {
   // Registers ctx so Cancel can reach it; false when already cancelled.
   bool Track(grpc::ClientContext* ctx);
   void Untrack(grpc::ClientContext* ctx);
+  // The worker's stub; null when no address is known for it.
+  std::shared_ptr<distrain::v1::PsWorker::Stub> Stub(int worker) const;
 
-  const std::vector<std::string> addresses_;
+  const int initial_workers_;
   const Options options_;
-  std::vector<std::unique_ptr<distrain::v1::PsWorker::Stub>> stubs_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);  // "" where unknown
+  std::vector<std::shared_ptr<distrain::v1::PsWorker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };

@@ -2,7 +2,10 @@
 // and an in-memory transport, no processes), the ParameterServer sharding
 // helpers, and the whole strategy over in-process ps and worker services on
 // loopback gRPC.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,6 +27,7 @@
 #include "worker/ps/ps_service.h"
 #include "worker/strategy/cluster_coordinator.h"
 #include "worker/strategy/parameter_server.h"
+#include "worker/strategy/ps_membership.h"
 #include "worker/strategy/ps_worker.h"
 
 namespace distrain {
@@ -44,11 +48,13 @@ class FakeTransport : public WorkerTransport {
   using StepScript = std::function<ClosureOutcome(int worker, int nth_call, int64_t closure)>;
   using PrepareScript = std::function<absl::StatusOr<std::string>(int worker, int nth_call)>;
 
-  explicit FakeTransport(int workers) : workers_(workers) {
-    runs_per_worker_.assign(workers, 0);
-    prepares_per_worker_.assign(workers, 0);
-    in_flight_.assign(workers, 0);
-    max_in_flight_.assign(workers, 0);
+  // `workers` are TF_CONFIG's; indexes up to `capacity` may join later.
+  explicit FakeTransport(int workers, int capacity = 0) : workers_(workers) {
+    const int n = std::max(workers, capacity);
+    runs_per_worker_.assign(n, 0);
+    prepares_per_worker_.assign(n, 0);
+    in_flight_.assign(n, 0);
+    max_in_flight_.assign(n, 0);
   }
   void SetStep(StepScript s) { step_ = std::move(s); }
   void SetPrepare(PrepareScript p) { prepare_ = std::move(p); }
@@ -111,6 +117,14 @@ class FakeTransport : public WorkerTransport {
   std::set<int> finished() {
     absl::MutexLock lock(&mu_);
     return finished_;
+  }
+  int prepares(int w) {
+    absl::MutexLock lock(&mu_);
+    return prepares_per_worker_[w];
+  }
+  int runs(int w) {
+    absl::MutexLock lock(&mu_);
+    return runs_per_worker_[w];
   }
 
  private:
@@ -443,6 +457,157 @@ TEST(ClusterCoordinatorTest, ExportsClosureAndAdmissionMetrics) {
   EXPECT_EQ(values["distrain_ps_closure_staleness"], 10);
 }
 
+// --- dynamic membership (ps_membership.h; cluster_coordinator.h steps 8-10) --
+
+TEST(ClusterCoordinatorMembershipTest, WorkersThatJoinMidRunGetClosures) {
+  prometheus::Registry registry;
+  FakeTransport transport(2, /*capacity=*/4);
+  ClusterCoordinatorOptions options = FastProbes();
+  options.registry = &registry;
+  ClusterCoordinator coordinator(&transport, options);
+  coordinator.Start();
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  EXPECT_EQ(coordinator.members(), 2);
+  // A scale 2 -> 4: workers 2 and 3 join the chief's worker set.
+  coordinator.AddWorker(2);
+  coordinator.AddWorker(3);
+  EXPECT_EQ(coordinator.members(), 4);
+  for (int i = 0; i < 400; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  const std::vector<int64_t> by_worker = coordinator.completed_by_worker();
+  ASSERT_EQ(by_worker.size(), 4u);
+  EXPECT_GT(by_worker[2], 0) << "the joined worker ran closures";
+  EXPECT_GT(by_worker[3], 0) << "the joined worker ran closures";
+  EXPECT_EQ(by_worker[0] + by_worker[1] + by_worker[2] + by_worker[3], 440);
+  EXPECT_EQ(coordinator.active_workers(), 4);
+  ExpectEachClosureDoneOnce(transport.done(), 0, 440);
+  // The per-worker metric is labelled by worker.
+  std::map<std::string, double> per_worker;
+  double members = -1;
+  for (const auto& family : registry.Collect()) {
+    if (family.name == "distrain_ps_workers_members") members = family.metric[0].gauge.value;
+    if (family.name != "distrain_ps_worker_closures_completed_total") continue;
+    for (const auto& m : family.metric) {
+      ASSERT_EQ(m.label.size(), 1u);
+      EXPECT_EQ(m.label[0].name, "worker");
+      per_worker[m.label[0].value] = m.counter.value;
+    }
+  }
+  EXPECT_EQ(per_worker["worker:3"], static_cast<double>(by_worker[3]));
+  EXPECT_EQ(per_worker["worker:2"], static_cast<double>(by_worker[2]));
+  EXPECT_EQ(members, 4);
+  coordinator.FinishWorkers();
+  EXPECT_EQ(transport.finished(), (std::set<int>{0, 1, 2, 3}));
+}
+
+TEST(ClusterCoordinatorMembershipTest, AWorkerThatJoinsBeforeStartIsScheduledFromTheStart) {
+  FakeTransport transport(1, /*capacity=*/3);
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.AddWorker(2);  // joined while the chief waited for its ps tasks
+  coordinator.Start();
+  EXPECT_EQ(coordinator.members(), 2);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_GT(coordinator.completed_by_worker()[2], 0);
+  EXPECT_EQ(transport.runs(1), 0) << "worker 1 never joined and is not in TF_CONFIG";
+}
+
+TEST(ClusterCoordinatorMembershipTest, AWorkerThatLeavesGetsNoneAndItsClosureIsRerun) {
+  FakeTransport transport(3);
+  // Worker 2's first closure blocks until released, then fails as a process
+  // that exited after leaving would.
+  absl::Mutex gate_mu;
+  bool in_step = false, release = false;
+  transport.SetStep([&](int w, int nth, int64_t) {
+    if (w == 2 && nth == 0) {
+      absl::MutexLock lock(&gate_mu);
+      in_step = true;
+      gate_mu.Await(absl::Condition(&release));
+      return ClosureOutcome{Kind::kWorkerLost, absl::UnavailableError("worker:2 is stopping"), {}};
+    }
+    return Done();
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  // Until worker 2 has a closure in flight.
+  for (int i = 0; i < 10000; ++i) {
+    ASSERT_TRUE(coordinator.Schedule().ok());
+    absl::MutexLock lock(&gate_mu);
+    if (in_step) break;
+  }
+  {
+    absl::MutexLock lock(&gate_mu);
+    ASSERT_TRUE(gate_mu.AwaitWithTimeout(absl::Condition(&in_step), absl::Seconds(10)));
+  }
+  coordinator.RemoveWorker(2, "it left (stopped cleanly)");  // SIGTERM: Leave first
+  EXPECT_EQ(coordinator.members(), 2);
+  const int prepares_at_leave = transport.prepares(2);
+  {
+    absl::MutexLock lock(&gate_mu);
+    release = true;
+  }
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  const int64_t scheduled = coordinator.scheduled();
+  EXPECT_EQ(coordinator.completed(), scheduled) << "no closure lost";
+  EXPECT_EQ(coordinator.retried(), 1) << "the leaving worker's closure ran again";
+  EXPECT_EQ(transport.runs(2), 1) << "no closure went to the worker after it left";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(transport.prepares(2), prepares_at_leave) << "a worker that left is not probed";
+  EXPECT_EQ(coordinator.completed_by_worker()[2], 0);
+  ExpectEachClosureDoneOnce(transport.done(), 0, scheduled);
+  coordinator.FinishWorkers();
+  EXPECT_EQ(transport.finished(), (std::set<int>{0, 1})) << "only the members are told";
+}
+
+TEST(ClusterCoordinatorMembershipTest, AFailedWorkerIsNotProbedForeverAndComesBackByJoining) {
+  FakeTransport transport(2);
+  std::atomic<bool> back{false};
+  transport.SetPrepare([&](int w, int) -> absl::StatusOr<std::string> {
+    if (w == 1 && !back.load()) return absl::UnavailableError("connection refused");
+    return std::string(w == 1 ? "incarnation-2" : "incarnation-1");
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  for (int i = 0; i < 200 && transport.prepares(1) < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(transport.prepares(1), 3) << "a TF_CONFIG worker that never answered is probed";
+  // The worker set says it failed (its stream broke and it never came back).
+  coordinator.RemoveWorker(1, "worker:1 lost: its membership stream closed");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const int probes = transport.prepares(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_LE(transport.prepares(1), probes + 1) << "no probing once it is out of the set";
+  // A replacement process joins: probed at once, admitted, scheduled.
+  back = true;
+  coordinator.AddWorker(1);
+  for (int i = 0; i < 400 && coordinator.active_workers() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(coordinator.active_workers(), 2);
+  EXPECT_EQ(coordinator.admissions(), 2);
+}
+
+TEST(ClusterCoordinatorMembershipTest, JoinDoesNotWaitForAWorkerThatLeftWithNothingQueued) {
+  FakeTransport transport(2);
+  transport.SetPrepare([&](int w, int) -> absl::StatusOr<std::string> {
+    if (w == 1) return absl::UnavailableError("connection refused");
+    return std::string("incarnation-1");
+  });
+  ClusterCoordinator coordinator(&transport, FastProbes());
+  coordinator.Start();
+  coordinator.RemoveWorker(1, "it left");
+  coordinator.RemoveWorker(1, "twice is harmless");
+  coordinator.RemoveWorker(7, "never a member");
+  EXPECT_EQ(coordinator.members(), 1);
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(coordinator.Schedule().ok());
+  ASSERT_TRUE(coordinator.Join().ok());
+  EXPECT_EQ(coordinator.completed(), 30);
+}
+
 // --- sharding helpers -------------------------------------------------------
 
 TEST(PsShardingPlanTest, LargeKernelsSpreadOverEveryPsAndSmallVariablesStayWhole) {
@@ -478,6 +643,18 @@ TEST(PsShardingPlanTest, ModelDimsReadsInputWidthAndClassCount) {
 }
 
 // --- the strategy over in-process ps and workers ----------------------------
+
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
 
 JobConfig SmallJob(int64_t steps) {
   JobConfig config;
@@ -536,12 +713,14 @@ struct InProcessPsJob {
     for (auto& s : servers) s->Shutdown(std::chrono::system_clock::now());
   }
   ClusterSpec Chief() const {
+    // The chief serves its worker set on its own port (ps_membership.h).
     auto spec = ClusterSpec::Create(
-        {{"chief", {"127.0.0.1:1"}}, {"worker", worker_addresses}, {"ps", ps_addresses}},
+        {{"chief", {chief_address}}, {"worker", worker_addresses}, {"ps", ps_addresses}},
         TaskId{"chief", 0});
     EXPECT_TRUE(spec.ok()) << spec.status();
     return *spec;
   }
+  const std::string chief_address = absl::StrCat("127.0.0.1:", FreeLoopbackPort());
   std::vector<std::unique_ptr<PsServer>> ps;
   std::vector<std::string> ps_addresses;
   std::vector<std::unique_ptr<PsWorkerService>> services;
@@ -596,6 +775,66 @@ TEST(ParameterServerStrategyTest, RunsEveryStepOnTheWorkersAndLearns) {
   }
   strategy.Shutdown();
   for (auto& s : job.services) EXPECT_TRUE(s->finished()) << "Shutdown tells the workers";
+}
+
+// A worker that is not in the chief's TF_CONFIG (a scale-up's) joins the
+// chief's worker set mid-run and runs closures; when it leaves, the run
+// finishes on the others with every step done.
+TEST(ParameterServerStrategyTest, AWorkerThatJoinsTheWorkerSetMidRunRunsClosures) {
+  const JobConfig config = SmallJob(400);
+  InProcessPsJob job(config);
+  ParameterServerStrategy strategy;
+  ASSERT_TRUE(strategy.Init(job.Chief(), config).ok());
+  auto factory = [&] { return Model::Create(config.training.model, 16, 4, config.training.seed); };
+  ASSERT_TRUE(strategy.CreateVariables(factory, config.training.optimizer).ok());
+  ASSERT_GT(strategy.membership_port(), 0);
+  ASSERT_TRUE(strategy.SynchronizeInitialState(0).ok());
+  auto step_fn = [](ReplicaContext&) -> LossResult { return {}; };
+  for (int step = 0; step < 50; ++step) ASSERT_TRUE(strategy.Run(step_fn, 0).ok());
+
+  // worker:2, with the 3-worker TF_CONFIG a scale gives a new pod.
+  auto spec = ClusterSpec::Create({{"chief", {job.chief_address}},
+                                   {"worker", {"127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"}},
+                                   {"ps", job.ps_addresses}},
+                                  TaskId{"worker", 2});
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  PsWorkerOptions o;
+  o.config = config;
+  o.cluster = *spec;
+  PsWorkerService joined(o);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server = StartPsWorkerServer("127.0.0.1:0", joined, &port);
+  ASSERT_NE(server, nullptr);
+  PsMembershipClientOptions mo;
+  mo.chief_address = job.chief_address;
+  mo.worker_index = 2;
+  mo.incarnation = joined.incarnation();
+  mo.address = absl::StrCat("127.0.0.1:", port);
+  PsMembershipClient membership(mo);
+  membership.Start();
+  int step = 50;
+  for (; step < 300; ++step) ASSERT_TRUE(strategy.Run(step_fn, 0).ok());
+  EXPECT_EQ(strategy.coordinator()->members(), 3);
+  EXPECT_EQ(strategy.num_replicas_in_sync(), 3);
+  std::vector<int64_t> by_worker = strategy.coordinator()->completed_by_worker();
+  ASSERT_EQ(by_worker.size(), 3u);
+  EXPECT_GT(by_worker[2], 0) << "the worker that joined ran closures";
+
+  // It stops (SIGTERM): leaving first, then the rest of the run goes on.
+  joined.BeginLeaving();
+  ASSERT_TRUE(membership.Leave().ok());
+  joined.WaitIdle();
+  for (int i = 0; i < 200 && strategy.coordinator()->members() != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(strategy.coordinator()->members(), 2);
+  const int64_t ran_there = strategy.coordinator()->completed_by_worker()[2];
+  for (; step < 400; ++step) ASSERT_TRUE(strategy.Run(step_fn, 0).ok());
+  EXPECT_EQ(strategy.coordinator()->completed(), 400) << "every step done";
+  EXPECT_EQ(strategy.coordinator()->completed_by_worker()[2], ran_there)
+      << "nothing ran on the worker after it left";
+  strategy.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now());
 }
 
 TEST(ParameterServerStrategyTest, CheckpointHoldsPsValuesAndSlotsAndResumes) {
