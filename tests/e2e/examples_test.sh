@@ -22,7 +22,8 @@
 # names the pod in an event, restarts it, and the job succeeds with Stalled
 # cleared (docs/architecture.md §6b "Stalls"). The agent runs the startup and
 # liveness probes the operator gives every worker, so every case also shows
-# they never kill a healthy job while it starts. The namespace enforces
+# they never kill a healthy job while it starts. Then a ParameterServer job
+# scaled 2 -> 4 -> 2 with kubectl scale (run_ps_scale). The namespace enforces
 # the restricted Pod Security Standard. Needs root (the agent manages a block
 # of /etc/hosts); skips (exit 77) otherwise. E2E_CASES="onedevice mirrored"
 # runs a subset.
@@ -32,7 +33,7 @@ BUILD="$(cd "${1:?usage: examples_test.sh BUILD_DIR}" && pwd)"
 : "${KUBECONFIG:?run through tests/kube/with_control_plane.sh}"
 KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall ps-scale}"
 
 
 # shellcheck source=tests/e2e/e2e_lib.sh
@@ -148,7 +149,7 @@ check_job() {
 run_examples() {
   local c jobs=()
   for c in $CASES; do
-    [ "$c" = kill ] || [ "$c" = chief-kill ] || [ "$c" = stall ] && continue
+    [ "$c" = kill ] || [ "$c" = chief-kill ] || [ "$c" = stall ] || [ "$c" = ps-scale ] && continue
     e2e_example "$ROOT/examples/$c.yaml" 150 >"$WORK/$c.yaml"
     k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
     jobs+=("$c")
@@ -291,6 +292,73 @@ run_chief_kill() {
   echo "ok: $job Succeeded after the chief was killed; restartCount $restarts"
 }
 
+# ParameterServer scaled in place (docs/architecture.md §6b, worker/strategy/
+# ps_membership.h): the example, elastic within [2, 4], is scaled 2 -> 4 with
+# `kubectl scale` while it trains. The pods the scale adds join the chief's
+# worker set and complete closures (the chief's per-worker counter
+# distrain_ps_worker_closures_completed_total, read from its pod, and its
+# final per-worker line). Then 4 -> 2: the operator deletes the two added
+# pods (SIGTERM: they leave the set first), and the job Succeeds with every
+# requested step done, each counted once; the chief's pod is never replaced.
+run_ps_scale() {
+  local job=ps-scale steps=8000
+  e2e_example "$ROOT/examples/parameter-server.yaml" "$steps" |
+    sed -E -e "s/^  name: parameter-server/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
+      -e "s/^(  strategy: ParameterServer)\$/\1\n  elasticPolicy: {minReplicas: 2, maxReplicas: 4}/" >"$WORK/$job.yaml"
+  grep -q "maxReplicas: 4" "$WORK/$job.yaml" || { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/logs/${NS}_$job-chief-0.log" i
+  for i in $(seq 1 900); do
+    grep -Eq "step [0-9]{3,}/$steps" "$log" 2>/dev/null && break
+    sleep 0.2
+  done
+  grep -Eq "step [0-9]{3,}/$steps" "$log" 2>/dev/null || { fail "$job: the chief never reached step 100"; dump "$job"; return; }
+  local chief_uid
+  chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
+  k scale dtj "$job" --replicas 4 >/dev/null || { fail "$job: kubectl scale --replicas 4 failed"; dump "$job"; return; }
+  local scaled=$SECONDS ip port metrics="" w2="" w3=""
+  ip="$(k get pod "$job-chief-0" -o jsonpath='{.status.podIP}')"
+  port="$(k get pod "$job-chief-0" -o jsonpath='{.spec.containers[0].ports[?(@.name=="metrics")].containerPort}')"
+  for i in $(seq 1 600); do
+    metrics="$(curl -fsS --max-time 2 "http://$ip:${port:-9090}/metrics" 2>/dev/null)"
+    w2="$(grep -E '^distrain_ps_worker_closures_completed_total\{worker="worker:2"\}' <<<"$metrics" | awk '{print $2}')"
+    w3="$(grep -E '^distrain_ps_worker_closures_completed_total\{worker="worker:3"\}' <<<"$metrics" | awk '{print $2}')"
+    [ -n "$w2" ] && [ -n "$w3" ] && awk "BEGIN{exit !($w2 > 0 && $w3 > 0)}" && break
+    sleep 0.2
+  done
+  if [ -n "$w2" ] && [ -n "$w3" ] && awk "BEGIN{exit !($w2 > 0 && $w3 > 0)}"; then
+    echo "ok: $job scaled 2 -> 4: worker:2 and worker:3 completed $w2 and $w3 closures $((SECONDS - scaled)) s after kubectl scale"
+  else
+    fail "$job: the added workers completed no closure within 120 s of kubectl scale (worker:2 '$w2', worker:3 '$w3'; chief $ip:${port:-9090})"
+    dump "$job"
+    return
+  fi
+  grep -q "training complete" "$log" && { fail "$job: finished before the scale-down; raise its steps"; return; }
+  k scale dtj "$job" --replicas 2 >/dev/null || { fail "$job: kubectl scale --replicas 2 failed"; dump "$job"; return; }
+  for i in $(seq 1 300); do
+    grep -q "worker:3 (.*) is out of the worker set" "$log" 2>/dev/null &&
+      grep -q "worker:2 (.*) is out of the worker set" "$log" 2>/dev/null && break
+    sleep 0.2
+  done
+  grep -q "worker:3 (.*) is out of the worker set" "$log" ||
+    fail "$job: the chief never took worker:3 out of its worker set after the scale-down"
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after scaling 2 -> 4 -> 2"
+    dump "$job"
+    return
+  fi
+  local done_line per_worker
+  done_line="$(grep -Eo "[0-9]+ closure\(s\) completed, [0-9]+ retried" "$log" | tail -n 1)"
+  per_worker="$(grep -Eo "closures per worker: .*" "$log" | tail -n 1)"
+  [ "${done_line%% *}" = "$steps" ] || fail "$job: '$done_line' (want $steps closures completed, each once)"
+  grep -Eq "worker:2 [1-9][0-9]*, worker:3 [1-9][0-9]*" <<<"$per_worker" ||
+    fail "$job: the added workers ran no closure by the chief's count: $per_worker"
+  [ "$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}' 2>/dev/null)" = "$chief_uid" ] ||
+    [ -z "$(k get pod "$job-chief-0" -o name 2>/dev/null)" ] ||
+    fail "$job: the chief's pod was replaced by the scale"
+  echo "ok: $job Succeeded after 2 -> 4 -> 2: $done_line; $per_worker"
+}
+
 # A OneDevice worker SIGSTOPped mid-training: a process that hangs outside any
 # collective never exits, so only its progress shows it. Deadline 10 s; the
 # operator's judgement adds 10 s for its 5 s scrapes (controller/stall.h), so
@@ -372,6 +440,7 @@ run_examples
 [[ " $CASES " == *" kill "* ]] && run_kill
 [[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
 [[ " $CASES " == *" stall "* ]] && run_stall
+[[ " $CASES " == *" ps-scale "* ]] && run_ps_scale
 
 echo "e2e examples: $failures failure(s) in $((SECONDS - start)) s"
 [ "$failures" = 0 ]
