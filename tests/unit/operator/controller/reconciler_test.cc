@@ -394,7 +394,8 @@ void FailWorker(World* w, Fixture* f) {
 }
 
 TEST(JobReconcilerTest, RestartWritesTheStatusThenDeletesWithUidPreconditions) {
-  World w(MakeJob(kSpec));
+  // A group restart (TensorFlow's recovery): every pod of the generation goes.
+  World w(MakeJob(absl::StrCat(kSpec, "  runPolicy: {recoveryPolicy: RestartGroup}\n")));
   Fixture f;
   FailWorker(&w, &f);
   const std::string chief_uid = w.Pod("mnist-chief-0")["metadata"]["uid"];
