@@ -145,7 +145,7 @@ dump() {
 
 gates() { k get pod "$1" -o jsonpath='{.spec.schedulingGates[*].name}' 2>/dev/null; }
 
-job first 3000 >"$WORK/first.yaml"
+job first 5000 >"$WORK/first.yaml"
 job second 300 >"$WORK/second.yaml"
 k apply -f "$WORK/first.yaml" >/dev/null || { echo "FAIL: kubectl apply first"; exit 1; }
 k apply -f "$WORK/second.yaml" >/dev/null || { echo "FAIL: kubectl apply second"; exit 1; }
