@@ -190,6 +190,7 @@ yes list pods -n default
 yes watch pods -n $OTHER_NS
 yes create pods -n default
 yes delete pods -n default
+yes patch pods -n default
 yes create services -n default
 yes delete services -n default
 yes list distributedtrainingjobs.distrain.io -n default
@@ -225,7 +226,6 @@ no create distributedtrainingjobs.distrain.io -n default
 no update distributedtrainingjobs.distrain.io -n default
 no patch distributedtrainingjobs.distrain.io -n default
 no update pods -n default
-no patch pods -n default
 no create pods --subresource=exec -n default
 no create pods --subresource=attach -n default
 no create pods --subresource=portforward -n default
@@ -262,6 +262,8 @@ NS_WATCHED="distrain-helm-watched-$$"
 SA="system:serviceaccount:$NS:$REL2-distrain"
 can_i_table "watchNamespaces={$NS_WATCHED}" <<ROWS
 yes create pods -n $NS_WATCHED
+yes patch pods -n $NS_WATCHED
+no patch pods -n default
 yes watch distributedtrainingjobs.distrain.io -n $NS_WATCHED
 yes create networkpolicies.networking.k8s.io -n $NS_WATCHED
 yes update configmaps -n $NS_WATCHED
