@@ -11,7 +11,9 @@
 #                              and its webhook configurations, start the manager, wait
 #                              until it answers /readyz and its webhooks admit requests
 #   scripts/kueue.sh down      stop the manager; delete its webhook configurations, its
-#                              CRDs (and with them every Kueue object) and its state
+#                              CRDs (and with them every Kueue object) and its state.
+#                              Before scripts/control-plane.sh down: the state lives in
+#                              the control plane's directory
 #   scripts/kueue.sh status    whether it runs and is ready
 #   scripts/kueue.sh bin       print the manager binary's path
 #   scripts/kueue.sh crddir    print the directory of Kueue's CRDs in the module cache
