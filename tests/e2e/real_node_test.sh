@@ -122,6 +122,13 @@ whoami="$("$KUBECTL" auth whoami --kubeconfig=/dev/null --server="$server" --cer
   --token="$token" -o jsonpath='{.status.userInfo.username} {.status.userInfo.extra.authentication\.kubernetes\.io/pod-name[0]}' 2>&1)"
 [ "$whoami" = "system:serviceaccount:$NS:$REL-distrain $leader" ] ||
   fail "the leader's token (read with kubectl exec) is '$whoami' (want system:serviceaccount:$NS:$REL-distrain bound to $leader)"
+# Cluster DNS from inside a pod: Service names resolve (through the pod's search
+# path), a name outside the cluster does not (never the host's resolver).
+svc_ip="$(k exec "$leader" -- getent hosts "$REL-distrain-operator-metrics" 2>&1 | awk '{print $1}')"
+[ -n "$svc_ip" ] && [ "$svc_ip" = "$(k get svc "$REL-distrain-operator-metrics" -o jsonpath='{.spec.clusterIP}')" ] ||
+  fail "the Service $REL-distrain-operator-metrics does not resolve to its ClusterIP in a pod (got '$svc_ip')"
+k exec "$leader" -- getent hosts deb.debian.org >/dev/null 2>&1 &&
+  fail "a pod resolved deb.debian.org: its DNS reaches beyond the cluster"
 ok "helm install: $(wc -l <<<"$ips") operator pods from localhost/distrain/operator:$TAG, IPs $(tr '\n' ' ' <<<"$ips"), $leader leads ($((SECONDS - t0)) s)"
 t0=$SECONDS
 if "$HELM" test "$REL" -n "$NS" --timeout 120s >"$WORK/helm-test.log" 2>&1; then
