@@ -47,13 +47,15 @@
 # of the pods' /24, default 10.244.0), DISTRAIN_NODE_NAME (default distrain-node),
 # plus control-plane.sh's (DISTRAIN_KUBE_DIR, DISTRAIN_CACHE, GO, ...).
 #
-# Pinned, and what the next upgrade needs: Kubernetes v1.36 is the last kubelet
-# that runs on containerd 1.x (Debian 12 ships 1.6.20) and on cgroup v1 hosts
-# without failCgroupV1: false (this one is cgroup v1). Moving to 1.37 needs
-# containerd >= 2.0 (Debian 13's 2.1, or a pinned static release cached here; its
-# config is `version = 3` and the CRI sections move to
-# plugins."io.containerd.cri.v1.runtime"/"images") and, on cgroup v1 hosts, a
-# kubelet that still accepts failCgroupV1: false, else a cgroup v2 host.
+# Pinned, and what the next upgrade needs. containerd 1.6 (Debian 12) lacks the
+# CRI RuntimeConfig call: the v1.36 kubelet logs "CRI implementation should be
+# updated to support RuntimeConfig", falls back to cgroupDriver from its config,
+# and counts kubelet_cri_losing_support{version="1.37.0"}: 1.37 drops that
+# fallback, so moving there needs containerd >= 2.0 (Debian 13's, or a pinned
+# static release cached here; its config is `version = 3`, the CRI sections move
+# to plugins."io.containerd.cri.v1.runtime" / ."images"). The host is cgroup v1,
+# which the kubelet runs on only with failCgroupV1: false and a CgroupV1 warning
+# event on the Node; when a release drops it, the node needs a cgroup v2 host.
 set -euo pipefail
 
 COREDNS_VERSION=v1.15.0   # must match scripts/node/coredns/go.mod (checked by build)
