@@ -161,9 +161,11 @@ void ClusterCoordinator::RemoveWorker(int worker, const std::string& reason) {
   slot.member = false;
   ++slot.wake;
   if (metrics_) metrics_->members.Decrement();
-  spdlog::info("coordinator: {} is out of the worker set ({}); no more closures go to it, and it "
-               "is not waited for",
-               transport_->WorkerName(worker), reason);
+  // After FinishWorkers every worker leaves: that is the end of the job, not news.
+  spdlog::log(finished_ ? spdlog::level::debug : spdlog::level::info,
+              "coordinator: {} is out of the worker set ({}); no more closures go to it, and it "
+              "is not waited for",
+              transport_->WorkerName(worker), reason);
 }
 
 int ClusterCoordinator::MembersLocked() const {
@@ -393,6 +395,7 @@ void ClusterCoordinator::FinishWorkers() {
   std::vector<int> workers;
   {
     absl::MutexLock lock(&mu_);
+    finished_ = true;
     for (size_t w = 0; w < slots_.size(); ++w) {
       if (slots_[w].admitted) workers.push_back(static_cast<int>(w));
     }

@@ -225,6 +225,7 @@ class ClusterCoordinator {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // FinishWorkers was called
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   std::deque<Closure> queue_ ABSL_GUARDED_BY(mu_);

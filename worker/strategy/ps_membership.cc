@@ -168,7 +168,7 @@ class PsMembershipServer::Impl final : public v1::PsMembership::Service {
     }
     const Member gone = it->second;
     members_.erase(it);
-    ReportLocked(PsMembershipChange::Kind::kLeft, w, gone, "it left (stopped cleanly)");
+    ReportLocked(PsMembershipChange::Kind::kLeft, w, gone, "it left cleanly");
     cv_.SignalAll();
     return grpc::Status::OK;
   }

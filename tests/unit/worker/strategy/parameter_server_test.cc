@@ -824,10 +824,15 @@ TEST(ParameterServerStrategyTest, AWorkerThatJoinsTheWorkerSetMidRunRunsClosures
   joined.BeginLeaving();
   ASSERT_TRUE(membership.Leave().ok());
   joined.WaitIdle();
-  for (int i = 0; i < 200 && strategy.coordinator()->members() != 2; ++i) {
+  // Out of the set, and its last closure (in flight when it left) answered
+  // and counted: its scheduler thread has let it go.
+  for (int i = 0; i < 400 && (strategy.coordinator()->members() != 2 ||
+                              strategy.coordinator()->active_workers() != 2);
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(strategy.coordinator()->members(), 2);
+  EXPECT_EQ(strategy.coordinator()->active_workers(), 2);
   const int64_t ran_there = strategy.coordinator()->completed_by_worker()[2];
   for (; step < 400; ++step) ASSERT_TRUE(strategy.Run(step_fn, 0).ok());
   EXPECT_EQ(strategy.coordinator()->completed(), 400) << "every step done";
