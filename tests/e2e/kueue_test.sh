@@ -11,7 +11,7 @@
 #   - while it has not finished, every pod of the second carries Kueue's admission
 #     scheduling gate and none runs, though one of its pods alone would fit in the
 #     quota left (so pods admitted one by one would show here), and `kubectl get dtj`
-#     shows it Queued with the reason;
+#     shows it Queued (-o wide: the reason, WaitingForKueueAdmission);
 #   - once the first finishes (Kueue releases its quota), the second runs to
 #     Succeeded, its condition Queued False (KueueAdmitted), and neither Workload
 #     holds quota at the end.
@@ -194,6 +194,11 @@ while true; do
     echo "  Queued: $reason"
     grep -q "^WaitingForKueueAdmission: 2 of 2 pods wait for Kueue to admit pod group second-" <<<"$reason" ||
       fail "second: Queued condition is '$reason'"
+    wide="$(k get dtj second -o wide 2>&1)"
+    echo "$wide" | sed 's/^/  /'
+    grep -Eq "^NAME +STRATEGY +STATE +WORKERS +STEP +AGE +QUEUE" <<<"$wide" &&
+      grep -Eq "^second +.* WaitingForKueueAdmission$" <<<"$wide" ||
+      fail "second: 'kubectl get dtj -o wide' does not show why it waits: $wide"
   fi
   [ $((SECONDS - start)) -lt "$WAIT_S" ] || { fail "first: not finished within ${WAIT_S}s"; dump first; exit 1; }
   sleep 0.3
