@@ -399,6 +399,11 @@ absl::StatusOr<int64_t> CoordinationClient::WaitForWholeGroup(
   return whole_generation_;
 }
 
+bool CoordinationClient::membership_stream_ended() const {
+  absl::MutexLock lock(&mu_);
+  return watch_ended_;
+}
+
 absl::Status CoordinationClient::RearmFailureReport(int64_t generation) {
   absl::MutexLock lock(&mu_);
   if (leaving_ || stopping_) return absl::OkStatus();

@@ -146,6 +146,9 @@ class CoordinationClient : public Store {
   // reported while the callback was spent (the caller handles it, since the
   // callback will not be called for it), else OK.
   absl::Status RearmFailureReport(int64_t generation);
+  // Whether the membership stream has ended (the coordinator closed it or is
+  // unreachable; or this task left).
+  bool membership_stream_ended() const;
 
  private:
   std::shared_ptr<v1::Coordination::Stub> stub() const;

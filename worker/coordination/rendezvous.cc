@@ -128,20 +128,23 @@ absl::Status Rendezvous::health() const {
 
 absl::StatusOr<int64_t> Rendezvous::AwaitRegroup(int64_t failed_generation, absl::Time deadline,
                                                   const std::function<bool()>& cancelled) {
-  // R1.
-  absl::StatusOr<int64_t> generation =
-      client_->WaitForWholeGroup(failed_generation, deadline, cancelled);
-  if (!generation.ok()) return generation.status();
-  // R2. Cleared before re-arming, so a failure reported from here on is kept.
-  {
-    absl::MutexLock lock(&mu_);
-    failure_ = absl::OkStatus();
+  int64_t after = failed_generation;
+  while (true) {
+    // R1.
+    absl::StatusOr<int64_t> generation = client_->WaitForWholeGroup(after, deadline, cancelled);
+    if (!generation.ok()) return generation.status();
+    // R2. Cleared before re-arming, so a failure reported from here on is kept.
+    {
+      absl::MutexLock lock(&mu_);
+      failure_ = absl::OkStatus();
+    }
+    absl::Status pending = client_->RearmFailureReport(*generation);
+    if (pending.ok()) return generation;
+    if (client_->membership_stream_ended()) return pending;
+    // Another member was lost after that re-admission: wait for its
+    // replacement too (the next whole group is newer than this one).
+    after = *generation;
   }
-  if (absl::Status pending = client_->RearmFailureReport(*generation); !pending.ok()) {
-    OnStreamFailure(pending);
-    return pending;
-  }
-  return generation;
 }
 
 std::string Rendezvous::TaskName(const TaskId& task) const {

@@ -27,8 +27,8 @@
 //      failure's (CoordinationClient::WaitForWholeGroup). Fails at once when
 //      the coordinator itself is gone.
 //  R2. Clear the recorded failure and re-arm the failure callback, so the
-//      next failure is reported again; a failure that arrived after the
-//      regroup's generation is returned instead.
+//      next failure is reported again. If another member was lost after that
+//      re-admission (its report spent), go back to R1 for a newer whole group.
 // Destroying a Rendezvous without Shutdown is the error path: the stream is
 // cancelled without Leave and the peers are told this task failed (and, on
 // the coordinator, the service stops, which every peer reports).
@@ -112,6 +112,8 @@ class Rendezvous {
   // is polled (a stop request ends the wait with CANCELLED).
   absl::StatusOr<int64_t> AwaitRegroup(int64_t failed_generation, absl::Time deadline,
                                        const std::function<bool()>& cancelled);
+  // The membership stream ended: the coordinator is gone (or this task left).
+  bool coordinator_lost() const { return client_->membership_stream_ended(); }
 
   // "worker:2 (10.0.0.5:2222)", for error messages. CHECKs the range.
   std::string peer_name(int rank) const;

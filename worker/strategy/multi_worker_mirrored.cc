@@ -356,7 +356,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::AgreeOnState(int64_t candid
     if (absl::Status s = replicas_->Restore(received); !s.ok()) return s;
     if (step != local_start_step) {
       spdlog::info("starting at {}'s step {} (this process alone would start at {})",
-                   rendezvous_->peer_name(root), step, local_start_step);
+                   best >= 0 ? rendezvous_->peer_name(root) : std::string("the chief"), step,
+                   local_start_step);
     }
   }
   return step;
@@ -374,6 +375,11 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::Recover(
   // R1. Run already waited for the watcher (ExplainFailure).
   absl::Status lost = rendezvous_->health();
   if (recovery_policy_ != RecoveryPolicy::kInPlace || lost.ok()) return error;
+  if (rendezvous_->coordinator_lost()) {
+    return absl::UnavailableError(absl::StrCat(
+        error.message(), "; not recoverable in place: the coordinator hosted the rendezvous, so "
+                         "the group restarts from the last checkpoint"));
+  }
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + recovery_timeout_;
   // Survivors that completed the failed step elsewhere than replica 0 hold
