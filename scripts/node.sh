@@ -595,12 +595,16 @@ cmd_up() {
   lock_node
   check_machine
   control_plane_up
-  if load_ports && all_healthy; then
+  # Up means: every process healthy, registered Ready with this control plane, and
+  # its credentials from this control plane's CA (a control plane started afresh
+  # since has another, and the kubelet's certificate is then worthless).
+  if load_ports && all_healthy && cmp -s "$NODE/pki/ca.crt" "$PKI/ca.crt" &&
+    [ "$(kubectl_admin get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; then
     log "already up and healthy (state in $NODE)"
     print_env
     return 0
   fi
-  [ -d "$NODE" ] && { log "found a partly running node in $NODE; tearing it down first"; teardown; }
+  [ -d "$NODE" ] && { log "found a node in $NODE that is partly running or belongs to another control plane; tearing it down first"; teardown; }
   claim_machine
   local start=$SECONDS
   rm -rf --one-file-system "$NODE"
@@ -610,6 +614,7 @@ cmd_up() {
     PROXY_HEALTH_PORT "$PROXY_HEALTH_PORT" PROXY_METRICS_PORT "$PROXY_METRICS_PORT" \
     DNS_READY_PORT "$DNS_READY_PORT" DNS_HEALTH_PORT "$DNS_HEALTH_PORT" >"$NODE/ports"
   # The node's credentials, signed by the control plane's CA.
+  cp "$PKI/ca.crt" "$NODE/pki/ca.crt"
   local client="extendedKeyUsage=clientAuth"
   sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
   sign kubelet-serving "/CN=$NODE_NAME" "extendedKeyUsage=serverAuth
@@ -628,7 +633,13 @@ subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
   ctr_node images import --all-platforms "$PAUSE_TAR" >/dev/null || die "importing $PAUSE_TAR into containerd failed"
   ctr_node images ls -q | grep -qx "$PAUSE_IMAGE" || die "containerd lacks $PAUSE_IMAGE after importing $PAUSE_TAR"
 
-  kubectl_admin apply -f - <<<"$COREDNS_RBAC" >/dev/null || die "applying CoreDNS's RBAC failed"
+  # (Retried: an API server restarted a moment ago may still be settling.)
+  local i out="" applied=0
+  for i in $(seq 1 30); do
+    out="$(kubectl_admin apply -f - <<<"$COREDNS_RBAC" 2>&1)" && { applied=1; break; }
+    sleep 1
+  done
+  [ "$applied" = 1 ] || die "applying CoreDNS's RBAC failed: $out"
   log "starting CoreDNS on $NODE_IP:53"
   start coredns "$COREDNS_BIN" -conf "$NODE/Corefile"
   log "starting kube-scheduler"
@@ -721,6 +732,10 @@ cmd_status() {
   ready="$(kubectl_admin get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)"
   echo "node $NODE_NAME: Ready=${ready:-unknown}   address $NODE_IP   pods $POD_CIDR   state $NODE"
   [ "$ready" = True ] || rc=3
+  if ! cmp -s "$NODE/pki/ca.crt" "$PKI/ca.crt"; then
+    echo "its credentials are not from the running control plane's CA ($0 up replaces the node)"
+    rc=3
+  fi
   return $rc
 }
 
