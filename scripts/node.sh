@@ -439,7 +439,7 @@ host_up() {
     [ -e "/proc/sys/${s//.//}" ] && echo "$s=$(sysctl -n "$s")" >>"$NODE/sysctls"
   done
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
-  ip addr add "$NODE_IP/32" dev lo 2>/dev/null || ip -o addr show dev lo | grep -q " $NODE_IP/32 " ||
+  ip addr add "$NODE_IP/32" dev lo 2>/dev/null || ip -o addr show dev lo | grep " $NODE_IP/32 " >/dev/null ||
     die "cannot add $NODE_IP to lo"
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge || die "cannot create the bridge $BRIDGE"
@@ -631,7 +631,7 @@ subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
   start containerd containerd --config "$NODE/containerd/config.toml"
   wait_ready containerd
   ctr_node images import --all-platforms "$PAUSE_TAR" >/dev/null || die "importing $PAUSE_TAR into containerd failed"
-  ctr_node images ls -q | grep -qx "$PAUSE_IMAGE" || die "containerd lacks $PAUSE_IMAGE after importing $PAUSE_TAR"
+  ctr_node images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null || die "containerd lacks $PAUSE_IMAGE after importing $PAUSE_TAR"
 
   # (Retried: an API server restarted a moment ago may still be settling.)
   local i out="" applied=0
@@ -784,7 +784,7 @@ cmd_load_images() {
         die "exporting $image to $archive failed"
       echo "$id" >"$archive.id"
     fi
-    if [ "$(cat "$NODE/images/$name-$tag.id" 2>/dev/null)" = "$id" ] && ctr_node images ls -q | grep -qx "$image"; then
+    if [ "$(cat "$NODE/images/$name-$tag.id" 2>/dev/null)" = "$id" ] && ctr_node images ls -q | grep -x "$image" >/dev/null; then
       log "$image: already in the node's containerd"
     else
       cmd_import "$archive"

@@ -110,7 +110,7 @@ grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "operator pod IPs are 
 # In-cluster: the kubelet's KUBERNETES_SERVICE_HOST is the `kubernetes` Service's
 # ClusterIP; kube-proxy routes it to the API server on the node's address.
 api="https://$("$KUBECTL" -n default get svc kubernetes -o jsonpath='{.spec.clusterIP}'):443"
-k logs "$leader" 2>&1 | grep -q "against $api" ||
+k logs "$leader" 2>&1 | grep "against $api" >/dev/null ||
   fail "the leader $leader does not log the in-cluster API address $api: $(k logs "$leader" 2>&1 | head -n 5)"
 # Its identity, from inside its container (kubectl exec: the API server, the
 # kubelet's streaming server, containerd): the projected token is the chart's
@@ -210,7 +210,7 @@ check_job() {
     fail "$job: 'kubectl describe dtj' shows no events"
   if [ "$job" = parameter-server ]; then
     # The Evaluator found the checkpoint directory on the claim and evaluated the last checkpoint.
-    k logs "$job-evaluator-0" 2>&1 | grep -q "evaluated the final checkpoint (step 150)" ||
+    k logs "$job-evaluator-0" 2>&1 | grep "evaluated the final checkpoint (step 150)" >/dev/null ||
       fail "$job: the Evaluator did not evaluate the final checkpoint; its log: $(k logs "$job-evaluator-0" --tail=3 2>&1)"
   fi
   # Real pod networking: every replica its own IP in the node's subnet.
@@ -232,10 +232,10 @@ run_kill() {
   job_yaml multi-worker-mirrored 400 "$job" >"$WORK/$job.yaml"
   k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
   for i in $(seq 1 600); do
-    k logs "$job-chief-0" 2>/dev/null | grep -Eq "step [0-9]+/400" && break
+    k logs "$job-chief-0" 2>/dev/null | grep -E "step [0-9]+/400" >/dev/null && break
     sleep 0.5
   done
-  k logs "$job-chief-0" 2>/dev/null | grep -Eq "step [0-9]+/400" || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  k logs "$job-chief-0" 2>/dev/null | grep -E "step [0-9]+/400" >/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
   local cid
   cid="$(k get pod "$job-worker-1" -o jsonpath='{.status.containerStatuses[0].containerID}')"
   cid="${cid#containerd://}"
@@ -254,7 +254,7 @@ run_kill() {
     dump "$job"
     return
   fi
-  k describe dtj "$job" | grep -Eq "Restarting .*$job-(worker|chief)-[0-9]" ||
+  k describe dtj "$job" | grep -E "Restarting .*$job-(worker|chief)-[0-9]" >/dev/null ||
     fail "$job: 'kubectl describe dtj' shows no Restarting event naming a pod of $job"
   ok "$job Succeeded after its worker's container was killed; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
 }
@@ -340,7 +340,7 @@ run_stall() {
     dump "$job"
     return
   fi
-  k describe dtj "$job" | grep -Eq "ProgressDeadlineExceeded.*pod $job-worker-0" ||
+  k describe dtj "$job" | grep -E "ProgressDeadlineExceeded.*pod $job-worker-0" >/dev/null ||
     fail "$job: no ProgressDeadlineExceeded event naming pod $job-worker-0"
   local new_uid=""
   for i in $(seq 1 300); do
