@@ -16,6 +16,10 @@ scripts/node.sh build
 # Kueue for the e2e tier's Kueue test, built from its pinned module into the same
 # cache (~/.cache/distrain/kueue-<version>).
 scripts/kueue.sh build
+# Prometheus for the e2e tier's dashboard test, built from its pinned module into
+# the same cache (~/.cache/distrain/prometheus-<version>; Debian 12's package
+# lacks kubernetes service discovery).
+scripts/prometheus.sh build
 # Real MNIST digits (cached) for the CNN integration tests, and the same split
 # as TFRecord shards written by TensorFlow (the TFRecord and workflow tests).
 scripts/mnist.sh > /dev/null

@@ -18,6 +18,11 @@
 #   e2e_wait_leader LEASE NS SECONDS       waits until a pod holds the operator's Lease (the
 #                                          chart names it <fullname>-operator); prints the
 #                                          pod's name (holder identity <hostname>_<uuid>)
+#   e2e_start_prometheus STATE_DIR SCRAPE  Prometheus (scripts/prometheus.sh build) on a free
+#                                          127.0.0.1 port with the scrape_configs list in file
+#                                          SCRAPE (the chart's ConfigMap), data under
+#                                          STATE_DIR/prometheus; sets E2E_PROMETHEUS_URL;
+#                                          e2e_stop stops it
 
 E2E_PIDS=()
 E2E_NODE_ARGS=()
@@ -98,5 +103,32 @@ e2e_wait_leader() {
     fi
     sleep 0.2
   done
+  return 1
+}
+
+e2e_start_prometheus() {
+  local state="$1" scrape="$2" port i bin
+  bin="$("$ROOT/scripts/prometheus.sh" bindir)"
+  [ -x "$bin/prometheus" ] && [ -x "$bin/promtool" ] ||
+    { echo "[e2e] Prometheus is not built in $bin (scripts/prometheus.sh build)" >&2; return 1; }
+  mkdir -p "$state/prometheus"
+  {
+    printf 'global:\n  scrape_interval: 2s\n  scrape_timeout: 2s\n  evaluation_interval: 2s\nscrape_configs:\n'
+    cat "$scrape"
+  } >"$state/prometheus/prometheus.yml"
+  "$bin/promtool" check config "$state/prometheus/prometheus.yml" >"$state/prometheus/check.log" 2>&1 ||
+    { echo "[e2e] promtool check config failed:" >&2; cat "$state/prometheus/check.log" >&2; return 1; }
+  port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+  "$bin/prometheus" --config.file="$state/prometheus/prometheus.yml" --storage.tsdb.path="$state/prometheus/data" \
+    --web.listen-address="127.0.0.1:$port" --storage.tsdb.retention.time=1h \
+    >"$state/prometheus/prometheus.log" 2>&1 &
+  E2E_PIDS+=($!)
+  E2E_PROMETHEUS_URL="http://127.0.0.1:$port"
+  for i in $(seq 1 100); do
+    curl -fsS "$E2E_PROMETHEUS_URL/-/ready" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "[e2e] prometheus did not become ready; its log:" >&2
+  tail -n 20 "$state/prometheus/prometheus.log" >&2
   return 1
 }

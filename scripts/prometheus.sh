@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The Prometheus server the e2e tier scrapes the cluster with
+# (e2e.prometheus_dashboard), built from its pinned Go module
+# (scripts/prometheus/go.mod) and cached by version, like the control plane.
+# Debian 12's prometheus package (2.42) cannot be used for this: it is built
+# without kubernetes service discovery ("field kubernetes_sd_configs not found
+# in type config.ScrapeConfig"), and the test scrapes exactly what the chart's
+# scrape configuration discovers through the API server.
+#
+#   scripts/prometheus.sh build    build prometheus + promtool (or find them cached)
+#   scripts/prometheus.sh bindir   print the directory that holds them
+#
+# Environment: DISTRAIN_CACHE (default ~/.cache/distrain: binaries in
+# prometheus-<version>/bin, Go caches in go/, shared with control-plane.sh),
+# GO (the go binary; default: PATH, then /usr/local/go/bin/go).
+# A cold build downloads ~400 MB of modules (every service discovery Prometheus
+# ships) and compiles for several minutes on 2 cores; cached, it returns at once.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PROMETHEUS_VERSION=v0.315.1  # the Go module's version of Prometheus 3.15.1
+CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
+BIN="$CACHE/prometheus-$PROMETHEUS_VERSION/bin"
+MODULE_DIR="$ROOT/scripts/prometheus"
+log() { printf '[prometheus] %s\n' "$*" >&2; }
+die() { printf 'prometheus.sh: %s\n' "$*" >&2; exit 1; }
+
+find_go() {
+  if [ -n "${GO:-}" ]; then
+    command -v "$GO" || die "GO=$GO is not an executable"
+  elif command -v go >/dev/null 2>&1; then
+    command -v go
+  elif [ -x /usr/local/go/bin/go ]; then
+    echo /usr/local/go/bin/go
+  else
+    die "Go is needed to build Prometheus and was not found (looked in PATH and /usr/local/go/bin); install Go into /usr/local/go or set GO=/path/to/go"
+  fi
+}
+
+cmd_build() {
+  if [ -x "$BIN/prometheus" ] && [ -x "$BIN/promtool" ]; then
+    log "Prometheus $PROMETHEUS_VERSION: cached in $BIN"
+    return 0
+  fi
+  local pinned
+  pinned="$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" { print $3; exit }
+                 $1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ { print $2; exit }' "$MODULE_DIR/go.mod")"
+  [ "$pinned" = "$PROMETHEUS_VERSION" ] ||
+    die "scripts/prometheus/go.mod pins github.com/prometheus/prometheus $pinned but PROMETHEUS_VERSION in $0 is $PROMETHEUS_VERSION; make them agree"
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/prometheus-$PROMETHEUS_VERSION.build.lock"
+  flock 9
+  if [ ! -x "$BIN/prometheus" ] || [ ! -x "$BIN/promtool" ]; then
+    local go out="$BIN.partial.$$" start=$SECONDS release
+    go="$(find_go)"
+    export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
+    export GOFLAGS="${GOFLAGS:-} -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0
+    # v0.315.1 -> 3.15.1: what `prometheus --version` and /api/v1/status/buildinfo report.
+    release="$(echo "$PROMETHEUS_VERSION" | sed -E 's/^v0\.3([0-9]{2})\.([0-9]+)$/3.\1.\2/; s/^3\.0([0-9])/3.\1/')"
+    rm -rf "$out"
+    mkdir -p "$out"
+    log "building Prometheus $release ($PROMETHEUS_VERSION) into $BIN (several minutes on a cold cache)"
+    (cd "$MODULE_DIR" && "$go" build -trimpath \
+      -ldflags "-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Branch=release" \
+      -o "$out/" tool) || { rm -rf "$out"; die "go build of prometheus failed (output above)"; }
+    rm -rf "$BIN"
+    mv "$out" "$BIN"
+    log "built in $((SECONDS - start)) s"
+  fi
+  exec 9>&-
+}
+
+case "${1:-}" in
+  build) cmd_build ;;
+  bindir) echo "$BIN" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac
