@@ -28,6 +28,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 # 1. Debian packages.
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates python3 python3-venv
+  python3-yaml  # tests/unit/chart/scrape_config_test.sh reads the rendered chart
   ccache  # scripts/build.sh: compiler outputs cached across clones
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libcpprest-dev libyaml-cpp-dev nlohmann-json3-dev libabsl-dev
