@@ -225,9 +225,12 @@ TEST_F(OperatorKubeTest, PodPhasesMoveTheJobToRunningThenSucceeded) {
   EXPECT_THAT(events, HasSubstr("Succeeded"));
 }
 
+// recoveryPolicy RestartGroup (TensorFlow's recovery): a ring that lost a
+// member restarts as one generation.
 TEST_F(OperatorKubeTest, RetryableExitRestartsAllWorkersOfASyncJobTogether) {
   StartOperator();
-  CreateJob(MakeJob(ns(), "rs", "MultiWorkerMirrored", 3, /*chief=*/false));
+  CreateJob(MakeJob(ns(), "rs", "MultiWorkerMirrored", 3, /*chief=*/false, "ExitCode",
+                    {{"recoveryPolicy", "RestartGroup"}}));
   ASSERT_TRUE(WaitUntil([&] { return Pods("rs").size() == 3; }, 20));
   const auto before = Uids(Pods("rs"));
   for (const auto& [name, uid] : before) SetPhase(name, "Running");
@@ -249,6 +252,30 @@ TEST_F(OperatorKubeTest, RetryableExitRestartsAllWorkersOfASyncJobTogether) {
   EXPECT_EQ(job["status"].value("restartCount", 0), 1) << job["status"].dump(2);
   std::string events = Kubectl("-n " + ns() + " get events.events.k8s.io -o json");
   EXPECT_THAT(events, HasSubstr("137"));
+}
+
+// recoveryPolicy InPlace (the default): only the lost worker's pod is
+// replaced; its survivors keep running and take the replacement back in.
+TEST_F(OperatorKubeTest, RetryableExitReplacesOnlyTheLostWorkerUnderInPlaceRecovery) {
+  StartOperator();
+  CreateJob(MakeJob(ns(), "ip", "MultiWorkerMirrored", 3, /*chief=*/false));
+  ASSERT_TRUE(WaitUntil([&] { return Pods("ip").size() == 3; }, 20));
+  const auto before = Uids(Pods("ip"));
+  for (const auto& [name, uid] : before) SetPhase(name, "Running");
+  ASSERT_TRUE(WaitCondition("ip", "Running"));
+  SetPhase("ip-worker-1", "Failed", 137);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto now = Uids(Pods("ip"));
+        return now.size() == 3 && now.count("ip-worker-1") &&
+               now.at("ip-worker-1") != before.at("ip-worker-1");
+      },
+      30))
+      << Pods("ip").size();
+  const auto after = Uids(Pods("ip"));
+  EXPECT_EQ(after.at("ip-worker-0"), before.at("ip-worker-0"));
+  EXPECT_EQ(after.at("ip-worker-2"), before.at("ip-worker-2"));
+  EXPECT_EQ(GetJob("ip")["status"].value("restartCount", 0), 1);
 }
 
 TEST_F(OperatorKubeTest, PermanentExitCodeFailsTheJob) {
