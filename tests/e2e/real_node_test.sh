@@ -68,6 +68,8 @@ dump() {
   done
 }
 cleanup() {
+  local p
+  for p in $(jobs -p); do kill "$p" 2>/dev/null; done
   if [ -z "${E2E_KEEP:-}" ]; then
     "$HELM" uninstall "$REL" -n "$NS" >/dev/null 2>&1
     "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1
@@ -209,9 +211,16 @@ check_job() {
   grep -Eq "^Events:" <<<"$describe" && ! grep -q "^Events: *<none>" <<<"$describe" ||
     fail "$job: 'kubectl describe dtj' shows no events"
   if [ "$job" = parameter-server ]; then
-    # The Evaluator found the checkpoint directory on the claim and evaluated the last checkpoint.
-    k logs "$job-evaluator-0" 2>&1 | grep "evaluated the final checkpoint (step 150)" >/dev/null ||
-      fail "$job: the Evaluator did not evaluate the final checkpoint; its log: $(k logs "$job-evaluator-0" --tail=3 2>&1)"
+    # The Evaluator found the checkpoint directory on the claim and evaluated the
+    # last checkpoint. Its log as followed while it ran: the pod may be gone by
+    # now (cleanPodPolicy Running deletes it when the chief succeeds).
+    local ev="$WORK/$job-evaluator-0.log"
+    for i in $(seq 1 150); do
+      grep "evaluated the final checkpoint (step 150)" "$ev" >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+    grep "evaluated the final checkpoint (step 150)" "$ev" >/dev/null 2>&1 ||
+      fail "$job: the Evaluator did not evaluate the final checkpoint; its log: $(tail -n 3 "$ev" 2>&1)"
   fi
   # Real pod networking: every replica its own IP in the node's subnet.
   local ips n
@@ -357,6 +366,19 @@ run_stall() {
   ok "$job Succeeded after the stall; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}'), Stalled $still"
 }
 
+# follow_log POD FILE: POD's log into FILE, from when its container has started
+# (before, `kubectl logs -f` returns at once with nothing) until it ends or the
+# pod goes; gives up after 5 minutes without a start.
+follow_log() {
+  local i started=""
+  for i in $(seq 1 600); do
+    started="$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}' 2>/dev/null)"
+    [ -n "$started" ] && break
+    sleep 0.5
+  done
+  [ -n "$started" ] && k logs -f "$1" >"$2" 2>&1
+}
+
 jobs=()
 for c in $CASES; do
   case "$c" in kill | chief-kill | stall) continue ;; esac
@@ -364,6 +386,7 @@ for c in $CASES; do
   job_yaml "$c" 150 "$c" >"$WORK/$c.yaml"
   grep -q "image: \"$WORKER_IMAGE\"" "$WORK/$c.yaml" || { fail "$c: could not set the image: $(cat "$WORK/$c.yaml")"; continue; }
   k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
+  [ "$c" != parameter-server ] || follow_log "$c-evaluator-0" "$WORK/$c-evaluator-0.log" </dev/null >/dev/null 2>&1 &
   jobs+=("$c")
 done
 for c in "${jobs[@]}"; do check_job "$c"; done
