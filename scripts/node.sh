@@ -422,8 +422,10 @@ cgroup_dirs() {  # the node's directory in every v1 hierarchy (or in the v2 one)
     echo "/sys/fs/cgroup/$CGROUP_ROOT"
     return 0
   fi
+  # v1 hierarchies have tasks; a hybrid host's cgroup2 one (unified/, where runc
+  # makes the containers' cgroups too) has only cgroup.procs.
   for d in /sys/fs/cgroup/*/; do
-    [ -e "$d/tasks" ] && echo "${d%/}/$CGROUP_ROOT"
+    [ -e "$d/tasks" ] || [ -e "$d/cgroup.procs" ] && echo "${d%/}/$CGROUP_ROOT"
   done
   return 0
 }
