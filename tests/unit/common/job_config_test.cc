@@ -966,8 +966,9 @@ TEST(CrdTest, IsTheDistributedTrainingJobDefinition) {
   std::vector<std::string> columns;
   for (const Json& column : version["additionalPrinterColumns"])
     columns.push_back(Get(column, "name").dump());
+  // Queue is a wide column (`-o wide`): why a Kueue-queued job waits.
   EXPECT_EQ(columns, (std::vector<std::string>{"\"Strategy\"", "\"State\"", "\"Workers\"",
-                                               "\"Step\"", "\"Age\""}));
+                                               "\"Step\"", "\"Age\"", "\"Queue\""}));
   // The paths the subresources and columns read exist in the schema.
   EXPECT_EQ(SchemaNodes("spec.replicaSpecs.Worker.replicas").size(), 1u);
   EXPECT_EQ(SchemaNodes("status.replicaStatuses.Worker.active").size(), 1u);
