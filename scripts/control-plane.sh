@@ -56,17 +56,8 @@ die() { printf '[control-plane] error: %s\n' "$*" >&2; exit 1; }
 # ---------------------------------------------------------------------------
 # build
 
-find_go() {
-  if [ -n "${GO:-}" ]; then
-    command -v "$GO" || die "GO=$GO is not an executable"
-  elif command -v go >/dev/null 2>&1; then
-    command -v go
-  elif [ -x /usr/local/go/bin/go ]; then
-    echo /usr/local/go/bin/go
-  else
-    die "Go is needed to build the control plane and was not found (looked in PATH and /usr/local/go/bin). Install Go >= $(go_mod_go_version) from https://go.dev/dl/ into /usr/local/go, or set GO=/path/to/go."
-  fi
-}
+# shellcheck source=scripts/find_go.sh
+. "$ROOT/scripts/find_go.sh"
 
 go_mod_go_version() { awk '$1 == "go" { print $2; exit }' "$MODULE_DIR/go.mod"; }
 
@@ -90,7 +81,7 @@ build_helm() {
   exec 9>"$CACHE/helm-$HELM_VERSION.build.lock"
   flock 9
   if [ ! -x "$HELM_BIN" ]; then
-    go="$(find_go)"
+    go="$(find_go "the control plane")"
     export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
     export GOFLAGS="${GOFLAGS:-} -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0
     local out="$HELM_BIN.partial.$$" start=$SECONDS
@@ -128,7 +119,7 @@ cmd_build() {
   fi
 
   local go have need
-  go="$(find_go)"
+  go="$(find_go "the control plane")"
   have="$("$go" env GOVERSION | sed 's/^go//')"
   need="$(go_mod_go_version)"
   version_at_least "$have" "$need" || die "$go is Go $have; Kubernetes $K8S_VERSION needs Go >= $need. Install a newer Go into /usr/local/go or set GO=/path/to/go."

@@ -53,17 +53,8 @@ VALIDATING=distrain-kueue-validating-webhook-configuration
 log() { printf '[kueue] %s\n' "$*" >&2; }
 die() { printf '[kueue] error: %s\n' "$*" >&2; exit 1; }
 
-find_go() {
-  if [ -n "${GO:-}" ]; then
-    command -v "$GO" || die "GO=$GO is not an executable"
-  elif command -v go >/dev/null 2>&1; then
-    command -v go
-  elif [ -x /usr/local/go/bin/go ]; then
-    echo /usr/local/go/bin/go
-  else
-    die "Go is needed to build Kueue and was not found (looked in PATH and /usr/local/go/bin). Install Go >= $(awk '$1 == "go" { print $2; exit }' "$MODULE_DIR/go.mod") from https://go.dev/dl/ into /usr/local/go, or set GO=/path/to/go."
-  fi
-}
+# shellcheck source=scripts/find_go.sh
+. "$ROOT/scripts/find_go.sh"
 
 go_env() {
   export GOMODCACHE="$GOMODCACHE_DIR" GOCACHE="$CACHE/go/build"
@@ -81,7 +72,7 @@ cmd_build() {
   mkdir -p "$CACHE"
   exec 7>"$CACHE/kueue-$KUEUE_VERSION.build.lock"
   flock 7
-  go="$(find_go)"
+  go="$(find_go "Kueue")"
   go_env
   # The CRDs and webhook manifests are read from the module source: make sure it is there
   # even when only the binary is cached.

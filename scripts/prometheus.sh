@@ -24,17 +24,8 @@ MODULE_DIR="$ROOT/scripts/prometheus"
 log() { printf '[prometheus] %s\n' "$*" >&2; }
 die() { printf 'prometheus.sh: %s\n' "$*" >&2; exit 1; }
 
-find_go() {
-  if [ -n "${GO:-}" ]; then
-    command -v "$GO" || die "GO=$GO is not an executable"
-  elif command -v go >/dev/null 2>&1; then
-    command -v go
-  elif [ -x /usr/local/go/bin/go ]; then
-    echo /usr/local/go/bin/go
-  else
-    die "Go is needed to build Prometheus and was not found (looked in PATH and /usr/local/go/bin); install Go into /usr/local/go or set GO=/path/to/go"
-  fi
-}
+# shellcheck source=scripts/find_go.sh
+. "$ROOT/scripts/find_go.sh"
 
 cmd_build() {
   if [ -x "$BIN/prometheus" ] && [ -x "$BIN/promtool" ]; then
@@ -51,7 +42,7 @@ cmd_build() {
   flock 9
   if [ ! -x "$BIN/prometheus" ] || [ ! -x "$BIN/promtool" ]; then
     local go out="$BIN.partial.$$" start=$SECONDS release
-    go="$(find_go)"
+    go="$(find_go "Prometheus")"
     export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
     export GOFLAGS="${GOFLAGS:-} -modcacherw" GOTOOLCHAIN=local CGO_ENABLED=0
     # v0.315.1 -> 3.15.1: what `prometheus --version` and /api/v1/status/buildinfo report.
