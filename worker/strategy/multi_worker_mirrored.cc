@@ -159,15 +159,9 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
       new_local.push_back(std::move(member));
     }
   }
-  std::vector<Collective*> handles;
-  if (new_local.empty()) {
-    handles.push_back(new_ring.get());
-  } else {
-    for (auto& c : new_local) handles.push_back(c.get());
-  }
-  // The replicas drop the old collectives (their communication threads are
-  // idle: the failed step has returned) before those are destroyed below.
-  if (replicas_ != nullptr) replicas_->ResetCollectives(handles);
+  // The old collectives live until the end of this function: the replicas
+  // drop them first (their communication threads are idle: the failed step
+  // has returned).
   std::shared_ptr<Collective> old_ring;
   std::vector<std::unique_ptr<Collective>> old_local;
   {
@@ -177,6 +171,7 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
     ring_ = std::move(new_ring);
     hierarchical_ = std::move(new_local);
   }
+  if (replicas_ != nullptr) replicas_->ResetCollectives(ReplicaCollectives());
   generation_ = generation;
   store_prefix_ = prefix;
   if (metrics_ != nullptr) metrics_->SetMembershipGeneration(generation);
