@@ -94,6 +94,16 @@ int main(int argc, char** argv) {
   app.add_option("--progress-scrape-concurrency", options.progress_scrape_concurrency,
                  "chiefs' /metrics scraped at once (memory: this times --progress-scrape-max-bytes)")
       ->check(CLI::Range(1, 1024));
+  options.default_worker_image = std::string("localhost/distrain/worker:") + DISTRAIN_VERSION;
+  app.add_option("--worker-image", options.default_worker_image,
+                 "image of a replica whose template names none: the worker image of this "
+                 "operator's version (a versioned tag, so the kubelet pulls it only when the node "
+                 "lacks it; the chart passes its workerImage)")
+      ->capture_default_str();
+  app.add_option("--cluster-domain", options.cluster_domain,
+                 "appended to the replicas' host names in TF_CONFIG (\"cluster.local\" gives "
+                 "<job>-worker-0.<ns>.svc.cluster.local), for images whose resolver ignores the DNS "
+                 "search path (default \"\": <job>-worker-0.<ns>.svc)");
   app.add_option("--network-policy", options.network_policy,
                  "create a NetworkPolicy per job admitting only its own pods (and the metrics peers "
                  "on the metrics port); false: none (default: true)");

@@ -64,6 +64,7 @@ expect_reject "replicaCount" --set replicaCount=0
 expect_reject "additional properties 'bogus' not allowed" --set bogus=1
 expect_reject "pullPolicy" --set image.pullPolicy=Sometimes
 expect_reject "leaderElection.enabled=true" --set replicaCount=2 --set operator.leaderElection.enabled=false
+expect_reject "clusterDomain" --set operator.clusterDomain=Bad_Domain
 pass "values.schema.json rejects bad values, naming the key"
 
 # 3. render
@@ -128,7 +129,18 @@ grep -qF -- '--checkpoint-access-mode=ReadWriteMany' <<<"$rwx" && grep -qF -- '-
 nopvc="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set checkpointStorage.enabled=false)"
 grep -q 'persistentvolumeclaims' <<<"$nopvc" && fail "checkpointStorage.enabled=false must grant nothing on persistentvolumeclaims"
 grep -qF -- '--checkpoint-volumes=false' <<<"$nopvc" || fail "checkpointStorage.enabled=false not passed to the operator"
-pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy and checkpoint-claim flags and RBAC follow their values"
+# The worker image follows the operator's tag (one build, one version), never
+# :latest (a pull on every pod start, and none possible on a registry-less node).
+APP_VERSION="$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' "$CHART/Chart.yaml")"
+grep -qF -- "--worker-image=localhost/distrain/worker:$APP_VERSION" <<<"$out" ||
+  fail "the default worker image is not localhost/distrain/worker:$APP_VERSION: $(grep -F -- --worker-image <<<"$out")"
+wi="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set image.tag=v2 --set operator.clusterDomain=cluster.local)"
+grep -qF -- "--worker-image=localhost/distrain/worker:v2" <<<"$wi" && grep -qF -- "--cluster-domain=cluster.local" <<<"$wi" ||
+  fail "image.tag / operator.clusterDomain not passed as --worker-image / --cluster-domain"
+wi="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set workerImage.repository=reg/w --set workerImage.tag=t)"
+grep -qF -- "--worker-image=reg/w:t" <<<"$wi" || fail "workerImage.repository/tag not passed as --worker-image"
+grep -qF -- "--cluster-domain" <<<"$out" && fail "--cluster-domain passed without operator.clusterDomain"
+pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy and checkpoint-claim flags and RBAC follow their values; the worker image and cluster domain reach the operator"
 
 if "$CP" status >/dev/null 2>&1; then
   say "reusing the running control plane"

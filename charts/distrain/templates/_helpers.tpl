@@ -39,3 +39,7 @@ app.kubernetes.io/part-of: distrain
 {{- define "distrain.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{- define "distrain.workerImage" -}}
+{{- printf "%s:%s" .Values.workerImage.repository (default (default .Chart.AppVersion .Values.image.tag) .Values.workerImage.tag) -}}
+{{- end -}}
