@@ -1,9 +1,9 @@
 // Which local address a worker's servers listen on.
 //
 // In Kubernetes every pod has an IP of its own, so listening on 0.0.0.0 is
-// harmless there; but when several pods share one host network (the e2e test
-// node runs every pod as a local process with a 127.0.x.y address of its own),
-// two replicas can only both listen on port 2222 if each binds its own pod IP.
+// harmless there; but when several pods share one host network (hostNetwork
+// pods), two replicas can only both listen on port 2222 if each binds its own
+// pod IP.
 // Binding to the pod IP is equally correct in a real cluster: it is the
 // address peers, Services and Prometheus reach the pod at.
 //

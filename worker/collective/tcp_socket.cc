@@ -1,5 +1,6 @@
 #include "worker/collective/tcp_socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -54,6 +55,18 @@ bool WaitFor(int fd, short events, absl::Time deadline, int abort_fd, const std:
       return false;
     }
   }
+}
+
+// "10.244.0.7" / "fd00::7": the address a name resolved to, for messages.
+std::string FormatSockaddr(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof(text));
+  } else if (address->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text,
+              sizeof(text));
+  }
+  return text;
 }
 
 }  // namespace
@@ -176,6 +189,12 @@ absl::StatusOr<Fd> Listen(const std::string& host, int port, int buffer_bytes, i
 absl::StatusOr<Fd> Connect(const HostPort& address, int buffer_bytes, absl::Time deadline,
                            int abort_fd, const std::string& peer) {
   absl::Duration backoff = absl::Milliseconds(10);
+  // One SYN may go where nobody answers and nothing refuses: a name that still
+  // resolves to a replaced pod's address (DNS lags the pod behind it by
+  // seconds), whose neighbour entry drops the packets silently. Each attempt
+  // therefore waits a bounded time, then the name is resolved again; the bound
+  // grows so a slow but live path still connects.
+  absl::Duration attempt_timeout = absl::Seconds(2);
   std::string last_error;
   const std::string service = std::to_string(address.port);
   while (true) {
@@ -201,9 +220,13 @@ absl::StatusOr<Fd> Connect(const HostPort& address, int buffer_bytes, absl::Time
         continue;
       }
       absl::Status wait;
-      if (!WaitFor(fd.get(), POLLOUT, deadline, abort_fd, peer, "connecting to", &wait)) {
-        if (wait.code() == absl::StatusCode::kDeadlineExceeded) break;
-        return wait;
+      const absl::Time attempt_deadline = std::min(deadline, absl::Now() + attempt_timeout);
+      if (!WaitFor(fd.get(), POLLOUT, attempt_deadline, abort_fd, peer, "connecting to", &wait)) {
+        if (wait.code() != absl::StatusCode::kDeadlineExceeded) return wait;
+        last_error = absl::StrCat("no answer from ", FormatSockaddr(ai->ai_addr), " within ",
+                                  absl::FormatDuration(attempt_timeout));
+        attempt_timeout = std::min(attempt_timeout * 2, absl::Seconds(16));
+        continue;
       }
       int err = 0;
       socklen_t len = sizeof(err);

@@ -59,8 +59,10 @@ std::string FormatHostPort(absl::string_view host, int port);
 // sockets.
 absl::StatusOr<Fd> Listen(const std::string& host, int port, int buffer_bytes, int* bound_port);
 
-// Connects to `address`, retrying unresolvable names and refused connections
-// with backoff until `deadline` (DNS of freshly started pods lags).
+// Connects to `address`, retrying unresolvable names, refused connections and
+// attempts nobody answers (each bounded, 2 s doubling to 16 s, then the name
+// is resolved again) with backoff until `deadline` (DNS of freshly started or
+// replaced pods lags).
 // DeadlineExceeded / Unavailable messages name `peer`. `abort_fd` (or -1)
 // becoming readable stops the wait with Aborted.
 absl::StatusOr<Fd> Connect(const HostPort& address, int buffer_bytes, absl::Time deadline,

@@ -121,12 +121,18 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   const int64_t generation = rendezvous_->generation();
 
   // 3. The ring listens where peers can reach this task: its TF_CONFIG host
-  // (loopback hosts exactly, so local runs may use several 127.0.0.x).
+  // (loopback hosts exactly, so local runs may use several 127.0.0.x), else
+  // its pod IP. Peers dial the pod IP itself when there is one, not the DNS
+  // name: a replaced pod's name resolves to its predecessor's address for a
+  // few seconds (the kubelet, the EndpointSlice and the DNS cache each lag),
+  // exactly when the survivors dial it to re-form the ring.
   auto me = tcp::ParseHostPort(cluster.my_address().value_or(""));
   if (!me.ok()) return me.status();
   task_name_ = cluster.task().ToString();
   ring_options_.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
-  ring_options_.advertised_host = me->host;
+  ring_options_.advertised_host =
+      ConnectHostFor(ring_options_.bind_host) == ring_options_.bind_host ? ring_options_.bind_host
+                                                                         : me->host;
   ring_options_.peer_names = names;
   ring_options_.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));
   if (absl::Status s = FormCollectives(generation); !s.ok()) return s;
