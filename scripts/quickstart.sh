@@ -3,16 +3,18 @@
 # default example job locally (OneDevice on a synthetic dataset).
 #   scripts/quickstart.sh [job.yaml]
 #
-# With --kube, the whole user path on this machine instead: starts the
-# developer control plane (scripts/control-plane.sh up; reused when running),
-# applies the CRDs, starts the test node agent (tests/e2e/node_agent.cc: runs
-# pods as local processes; needs root for /etc/hosts and pod volumes), installs
-# the Helm chart charts/distrain (release "distrain" in namespace
-# distrain-quickstart; the operator then runs as the chart's pod, in-cluster,
-# under the chart's ServiceAccount and RBAC), then `kubectl apply`s the job,
-# follows it to Succeeded or Failed and prints the result and the chief's last
-# log lines. At exit the chart is uninstalled and the agent stops; the control
-# plane keeps running (scripts/control-plane.sh down stops it).
+# With --kube, the whole user path on this machine instead: brings up a
+# single-node Kubernetes cluster (scripts/node.sh up: the control plane plus a
+# kubelet, containerd, CNI and CoreDNS; reused when running; needs root),
+# applies the CRDs, builds the worker and operator images with buildah and
+# imports them into the node's containerd (tagged with the chart's appVersion,
+# so the chart's defaults name them), installs the Helm chart charts/distrain
+# (release "distrain" in namespace distrain-quickstart; the operator then runs
+# as the chart's pod, in-cluster, under the chart's ServiceAccount and RBAC),
+# then `kubectl apply`s the job, follows it to Succeeded or Failed and prints
+# the result and the chief's last log lines. At exit the chart is uninstalled;
+# the node keeps running (scripts/node.sh down stops it and undoes its changes
+# to this machine).
 #   scripts/quickstart.sh --kube [--no-build] [job.yaml]
 # --no-build skips setup and build (distrain already built in
 # ${DISTRAIN_BUILD_DIR:-build}); the e2e test e2e.quickstart_kube uses it.
@@ -30,6 +32,10 @@ done
 if [ $build = 1 ]; then
   scripts/setup.sh --no-peers
   scripts/build.sh
+  if [ $kube = 1 ]; then
+    scripts/control-plane.sh build
+    scripts/node.sh build
+  fi
 fi
 BUILD="$(cd "${DISTRAIN_BUILD_DIR:-build}" && pwd)"
 JOB_FILE="${1:-examples/onedevice.yaml}"
@@ -37,9 +43,9 @@ if [ $kube = 0 ]; then
   exec "$BUILD/cli/distrain" run "$JOB_FILE"
 fi
 
-[ "$(id -u)" = 0 ] || { echo "quickstart --kube: the test node agent needs root (it manages /etc/hosts and mounts pod volumes); run with sudo" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "quickstart --kube: the node (scripts/node.sh) needs root (namespaces, mounts, cgroups, iptables); run with sudo" >&2; exit 1; }
 ROOT="$PWD"
-scripts/control-plane.sh status >/dev/null 2>&1 || scripts/control-plane.sh up >/dev/null
+scripts/node.sh status >/dev/null 2>&1 || scripts/node.sh up >/dev/null
 export KUBECONFIG
 KUBECONFIG="$(scripts/control-plane.sh kubeconfig)"
 KUBECTL="$(scripts/control-plane.sh bindir)/kubectl"
@@ -54,32 +60,33 @@ for _ in $(seq 1 30); do
 done
 "$KUBECTL" wait --for=condition=Established --timeout=60s crd/distributedtrainingjobs.distrain.io >/dev/null
 
+# The images carry the chart's appVersion, the tag its defaults name.
+E2E_TAG="$(awk '$1 == "appVersion:" { gsub(/"/, "", $2); print $2 }' charts/distrain/Chart.yaml)"
 # shellcheck source=tests/e2e/e2e_lib.sh
 . tests/e2e/e2e_lib.sh
-STATE=/tmp/distrain-quickstart
 NS=distrain-quickstart
 REL=distrain
 JOB="$(awk '/^metadata:/ { m = 1; next } m && /^  name:/ { print $2; exit }' "$JOB_FILE")"
 cleanup() {
   "$KUBECTL" -n "$NS" delete dtj "$JOB" --ignore-not-found --wait=false >/dev/null 2>&1 || true
   "$HELM" uninstall "$REL" -n "$NS" --wait >/dev/null 2>&1 || true
-  e2e_stop
 }
 trap cleanup EXIT
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 "$KUBECTL" -n "$NS" delete dtj "$JOB" --ignore-not-found --wait=true >/dev/null
 "$HELM" uninstall "$REL" -n "$NS" --wait >/dev/null 2>&1 || true  # what an interrupted run left
-rm -rf "$STATE"
-e2e_start_node "$STATE" "$NS"
-# The operator as a user installs it: the chart's Deployment (image mapped by
-# the agent to build/operator/distrain-operator). It watches this namespace
-# only and binds its ports to its pod address (pods share the host's network
-# here; see e2e_helm_install).
-e2e_helm_install "$REL" "$NS" >"$STATE/helm-install.log" 2>&1 ||
-  { cat "$STATE/helm-install.log" >&2; echo "quickstart --kube: helm install failed" >&2; exit 1; }
+echo "building the images and importing them into the node (tag $E2E_TAG)"
+e2e_load_images 2>&1 | sed 's/^/  /'
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "quickstart --kube: scripts/node.sh load-images failed" >&2; exit 1; }
+# The operator as a user installs it: the chart's Deployment, watching this
+# namespace only.
+helm_log="$(mktemp /tmp/distrain-quickstart-helm.XXXXXX)"
+e2e_helm_install "$REL" "$NS" >"$helm_log" 2>&1 ||
+  { cat "$helm_log" >&2; echo "quickstart --kube: helm install failed" >&2; exit 1; }
+rm -f "$helm_log"
 leader="$(e2e_wait_leader "$REL-operator" "$NS" 60)" ||
-  { echo "quickstart --kube: no operator pod took the lease within 60 s; logs in $STATE/logs" >&2; exit 1; }
-echo "helm release $REL installed in $NS; operator pod $leader leads (node agent and pod logs in $STATE)"
+  { echo "quickstart --kube: no operator pod took the lease within 60 s:" >&2; "$KUBECTL" -n "$NS" get pods -o wide >&2; exit 1; }
+echo "helm release $REL installed in $NS; operator pod $leader leads"
 echo "applying $JOB_FILE to namespace $NS"
 "$KUBECTL" -n "$NS" apply -f "$JOB_FILE"
 
@@ -109,4 +116,5 @@ chief="$JOB-chief-0"
 echo "--- kubectl logs $chief --tail=3"
 "$KUBECTL" -n "$NS" logs "$chief" --tail=3 || true
 echo "--- $JOB: $state"
+echo "(the node keeps running: kubectl --kubeconfig $KUBECONFIG ...; scripts/node.sh down stops it)" >&2
 [ "$state" = Succeeded ]

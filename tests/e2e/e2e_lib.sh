@@ -1,23 +1,34 @@
-# Shared by the e2e tests and scripts/quickstart.sh --kube: start the test node
-# agent and the operator against the developer control plane. Source it with
-# ROOT (the repository) and BUILD (the build directory) set and KUBECONFIG
-# exported; it defines functions only.
+# Shared by the e2e tests and scripts/quickstart.sh --kube: jobs on the real node
+# (scripts/node.sh: kubelet + containerd + CNI + CoreDNS on this machine), their
+# pods from the images scripts/build-images.sh builds. Source it with ROOT (the
+# repository) and BUILD (the build directory) set and KUBECONFIG exported (as
+# tests/e2e/with_node.sh does); it defines functions only.
 #
-#   e2e_preflight                          exits 77 (skip) unless root, 1 unless the agent,
-#                                          operator and worker are built in BUILD
-#   e2e_start_node STATE_DIR [NAMESPACE]   the node agent (needs root: /etc/hosts);
-#                                          pids under STATE_DIR/pids, logs under STATE_DIR/logs;
-#                                          more agent flags in the array E2E_NODE_ARGS
-#   e2e_start_operator LOG [NAMESPACE]     the operator as a local process (admin kubeconfig)
-#   e2e_stop                               stops what the two started (their pids only)
+#   e2e_preflight                          exits 77 (skip) unless root, 1 unless the node
+#                                          is up and the operator, worker and CLI are built
+#   e2e_load_images                        the worker and operator images of BUILD, tagged
+#                                          E2E_TAG (default e2e), into the node's containerd
+#                                          (scripts/node.sh load-images: cached, seconds warm)
+#   e2e_namespace NS                       creates NS enforcing the restricted Pod Security
+#                                          Standard: every pod the operator makes must pass it
+#   e2e_start_operator LOG [NAMESPACE]     the operator as a host process (admin kubeconfig),
+#                                          its replicas' default image the imported worker
+#   e2e_stop                               stops what this file started (its pids only)
 #   e2e_example FILE STEPS                 prints FILE with its training shortened to STEPS
 #                                          steps and at most 8000 examples (for speed)
 #   e2e_helm_install REL NS [ARGS...]      helm-installs charts/distrain as a user would, the
-#                                          operator then running as a pod on the test node
-#                                          (HELM: the helm binary); ARGS go to helm install
+#                                          operator then running as a pod from the imported
+#                                          image and watching NS (HELM: the helm binary)
 #   e2e_wait_leader LEASE NS SECONDS       waits until a pod holds the operator's Lease (the
 #                                          chart names it <fullname>-operator); prints the
 #                                          pod's name (holder identity <hostname>_<uuid>)
+#   e2e_follow_log NS POD FILE             POD's log into FILE from its start until it ends
+#                                          (run it in the background)
+#   e2e_follow_incarnations NS POD DIR     every incarnation of POD (each pod uid) into
+#                                          DIR/POD.<n>.log, n = 1, 2, ...; runs until killed
+#                                          (run it in the background)
+#   e2e_kill_container NS POD SIGNAL       sends SIGNAL to POD's first container through
+#                                          containerd, as the OOM killer or a hang would
 #   e2e_start_prometheus STATE_DIR SCRAPE  Prometheus (scripts/prometheus.sh build) on a free
 #                                          127.0.0.1 port with the scrape_configs list in file
 #                                          SCRAPE (the chart's ConfigMap), data under
@@ -25,44 +36,37 @@
 #                                          e2e_stop stops it
 
 E2E_PIDS=()
-E2E_NODE_ARGS=()
+E2E_TAG="${E2E_TAG:-e2e}"
+E2E_WORKER_IMAGE="localhost/distrain/worker:$E2E_TAG"
+E2E_NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"
 
 e2e_preflight() {
   if [ "$(id -u)" != 0 ]; then
-    echo "SKIP: the test node agent needs root (it manages /etc/hosts and mounts pod volumes)"
+    echo "SKIP: the real node (scripts/node.sh) needs root: namespaces, mounts, cgroups, iptables"
     exit 77
   fi
   local b
-  for b in tests/e2e/distrain-test-node operator/distrain-operator worker/distrain-worker; do
+  for b in operator/distrain-operator worker/distrain-worker cli/distrain; do
     [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built (ninja -C $BUILD $(basename "$b"))"; exit 1; }
   done
+  "$E2E_NODE_SH" status >/dev/null 2>&1 ||
+    { echo "FAIL: the node is not up (run through tests/e2e/with_node.sh): $("$E2E_NODE_SH" status 2>&1 | tail -n 3)"; exit 1; }
 }
 
-e2e_start_node() {
-  local state="$1" ns="${2:-}"
-  mkdir -p "$state"
-  local args=(--kubeconfig "$KUBECONFIG" --state-dir "$state"
-    --image-map "localhost/distrain/worker=$BUILD/worker/distrain-worker"
-    --image-map "localhost/distrain/operator=$BUILD/operator/distrain-operator")
-  [ -n "$ns" ] && args+=(--namespace "$ns")
-  args+=("${E2E_NODE_ARGS[@]}")
-  "$BUILD/tests/e2e/distrain-test-node" "${args[@]}" >"$state/agent.log" 2>&1 &
-  E2E_PIDS+=($!)
-  E2E_NODE_PID=$!
-  local i
-  for i in $(seq 1 100); do
-    if grep -q "ready; kubelet endpoint" "$state/agent.log" 2>/dev/null; then return 0; fi
-    kill -0 "$E2E_NODE_PID" 2>/dev/null || break
-    sleep 0.2
-  done
-  echo "[e2e] the node agent did not start; its log:" >&2
-  cat "$state/agent.log" >&2
-  return 1
+e2e_load_images() {
+  "$E2E_NODE_SH" load-images --build-dir "$BUILD" --tag "$E2E_TAG" >&2
+}
+
+e2e_namespace() {
+  "$KUBECTL" create namespace "$1" >/dev/null &&
+    "$KUBECTL" label namespace "$1" pod-security.kubernetes.io/enforce=restricted \
+      pod-security.kubernetes.io/enforce-version=latest >/dev/null
 }
 
 e2e_start_operator() {
   local log="$1" ns="${2:-}"
-  local args=(--kubeconfig "$KUBECONFIG" --metrics-bind-address 0 --health-probe-bind-address 0)
+  local args=(--kubeconfig "$KUBECONFIG" --metrics-bind-address 0 --health-probe-bind-address 0
+    --worker-image "$E2E_WORKER_IMAGE")
   [ -n "$ns" ] && args+=(--namespaces "$ns")
   "$BUILD/operator/distrain-operator" "${args[@]}" >"$log" 2>&1 &
   E2E_PIDS+=($!)
@@ -81,14 +85,11 @@ e2e_example() {
     -e 's/^(      numEvalExamples:) [0-9]+/\1 2000/' "$1"
 }
 
-# The operator binds its servers to its pod address (operator.listenOnPodIP):
-# on the test node every pod shares the host's network namespace, so two
-# replicas listening on :8080 would collide. It watches NS only, so it leaves
-# other tests' jobs on a shared control plane alone.
+# It watches NS only, so it leaves other tests' jobs on the shared cluster alone.
 e2e_helm_install() {
   local rel="$1" ns="$2"
   shift 2
-  "$HELM" install "$rel" "$ROOT/charts/distrain" -n "$ns" --set operator.listenOnPodIP=true \
+  "$HELM" install "$rel" "$ROOT/charts/distrain" -n "$ns" --set image.tag="$E2E_TAG" \
     --set "operator.watchNamespaces={$ns}" "$@"
 }
 
@@ -104,6 +105,39 @@ e2e_wait_leader() {
     sleep 0.2
   done
   return 1
+}
+
+# Before the container has started `kubectl logs -f` returns at once with
+# nothing, so wait for a start first; give up after 5 minutes without one.
+e2e_follow_log() {
+  local ns="$1" pod="$2" file="$3" i started=""
+  for i in $(seq 1 600); do
+    started="$("$KUBECTL" -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}' 2>/dev/null)"
+    [ -n "$started" ] && break
+    sleep 0.5
+  done
+  [ -n "$started" ] && "$KUBECTL" -n "$ns" logs -f "$pod" >"$file" 2>&1
+}
+
+e2e_follow_incarnations() {
+  local ns="$1" pod="$2" dir="$3" uid seen=" " n=0
+  while true; do
+    uid="$("$KUBECTL" -n "$ns" get pod "$pod" -o jsonpath='{.metadata.uid}' 2>/dev/null)"
+    if [ -n "$uid" ] && [[ "$seen" != *" $uid "* ]]; then
+      seen+="$uid "
+      n=$((n + 1))
+      e2e_follow_log "$ns" "$pod" "$dir/$pod.$n.log"
+    fi
+    sleep 0.5
+  done
+}
+
+e2e_kill_container() {
+  local ns="$1" pod="$2" signal="$3" cid
+  cid="$("$KUBECTL" -n "$ns" get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}' 2>/dev/null)"
+  cid="${cid#containerd://}"
+  [ -n "$cid" ] || { echo "[e2e] $ns/$pod has no running container to send $signal" >&2; return 1; }
+  "$E2E_NODE_SH" ctr tasks kill -s "$signal" "$cid"
 }
 
 e2e_start_prometheus() {

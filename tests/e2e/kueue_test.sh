@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # e2e: Kueue admits a DistributedTrainingJob whole or not at all.
-#   tests/kube/with_control_plane.sh bash tests/e2e/kueue_test.sh BUILD_DIR
+#   tests/e2e/with_node.sh bash tests/e2e/kueue_test.sh BUILD_DIR
 # Kueue (scripts/kueue.sh: built from its pinned Go module, its pod integration's
-# webhooks served by a local process) runs against the developer control plane; the
-# test node agent runs the pods. A ClusterQueue has quota for one job (1500m CPU;
+# webhooks served by a local process) runs against the real node's control plane
+# (scripts/node.sh), whose kube-scheduler binds only admitted pods and whose kubelet
+# runs them from the worker image. A ClusterQueue has quota for one job (1500m CPU;
 # each job is two 500m workers) and two MultiWorkerMirrored jobs are applied to its
 # LocalQueue, the second right after the first:
 #   - the first job's pods are one Kueue pod group (its Workload <job>-<uid>, two
@@ -15,13 +16,13 @@
 #   - once the first finishes (Kueue releases its quota), the second runs to
 #     Succeeded, its condition Queued False (KueueAdmitted), and neither Workload
 #     holds quota at the end.
-# Needs root (the agent manages /etc/hosts; Kueue runs in a mount namespace); skips
+# Needs root (the node; Kueue runs in a mount namespace); skips
 # (exit 77) otherwise. Reuses a running Kueue (scripts/kueue.sh status) or starts one
 # and stops it again at exit.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: kueue_test.sh BUILD_DIR}" && pwd)"
-: "${KUBECONFIG:?run through tests/kube/with_control_plane.sh}"
+: "${KUBECONFIG:?run through tests/e2e/with_node.sh}"
 KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 WAIT_S="${E2E_WAIT_S:-300}"
 KUEUE="$ROOT/scripts/kueue.sh"
@@ -48,7 +49,7 @@ cleanup() {
   e2e_stop
   [ "$started_kueue" = 1 ] && "$KUEUE" down >/dev/null 2>&1
   if [ "$failures" != 0 ] || [ -n "${E2E_KEEP:-}" ]; then
-    echo "--- logs kept in $WORK (agent.log, operator.log, logs/)"
+    echo "--- logs kept in $WORK (operator.log); the node's in ${DISTRAIN_NODE_DIR:-/tmp/distrain-node}/logs"
   else
     rm -rf "$WORK"
   fi
@@ -94,7 +95,7 @@ metadata:
 spec:
   clusterQueue: $CQ
 EOF
-e2e_start_node "$WORK" "$NS" || exit 1
+e2e_load_images || { echo "FAIL: loading the images into the node (scripts/node.sh load-images)"; exit 1; }
 e2e_start_operator "$WORK/operator.log" "$NS"
 
 # job NAME STEPS: a MultiWorkerMirrored job of two 500m workers in LocalQueue training.

@@ -5,11 +5,11 @@
 # kubernetes service discovery of pods against the API server). The server is
 # upstream's, built from its pinned Go module (scripts/prometheus.sh): Debian
 # 12's prometheus package is built without kubernetes service discovery.
-#   tests/kube/with_control_plane.sh bash tests/e2e/prometheus_dashboard_test.sh BUILD_DIR
+#   tests/e2e/with_node.sh bash tests/e2e/prometheus_dashboard_test.sh BUILD_DIR
 #
 #   1. `helm install charts/distrain` (defaults, but 2 s scrape intervals and
 #      the API server's address for a Prometheus outside the cluster); the
-#      operator runs as a pod on the test node and leads;
+#      operator runs as a pod on the real node and leads;
 #   2. Prometheus runs with the scrape_configs read back from the installed
 #      ConfigMap (promtool checks it first);
 #   3. a MultiWorkerMirrored job (collectives, membership) and a
@@ -22,13 +22,13 @@
 #      each empty panel. A query of a series nobody exports must come back
 #      empty (the checker's own control).
 # Everything runs in one namespace under the restricted Pod Security Standard;
-# pods are the node agent's local processes, which Prometheus scrapes on their
-# pod addresses. Needs root and scripts/prometheus.sh build; skips (77)
+# the pods run on the real node (scripts/node.sh) and Prometheus, a host
+# process, scrapes them on their pod IPs across the node's bridge. Needs root and scripts/prometheus.sh build; skips (77)
 # without root. E2E_KEEP=1 keeps the logs and Prometheus' data.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: prometheus_dashboard_test.sh BUILD_DIR}" && pwd)"
-: "${KUBECONFIG:?run through tests/kube/with_control_plane.sh}"
+: "${KUBECONFIG:?run through tests/e2e/with_node.sh}"
 KUBECTL="${DISTRAIN_KUBE_BINDIR:?}/kubectl"
 CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
 WAIT_S="${E2E_WAIT_S:-150}"
@@ -52,12 +52,13 @@ dump() {
 import json, sys
 for t in json.load(sys.stdin)["data"]["activeTargets"]:
     print(t["labels"].get("job"), t["scrapeUrl"], t["health"], t.get("lastError", ""))' 2>&1
-  local f
-  for f in "$WORK"/logs/"${NS}"_*.log "$WORK/prometheus/prometheus.log"; do
-    [ -f "$f" ] || continue
-    echo "--- $(basename "$f") (last 10 lines)"
-    tail -n 10 "$f"
+  local p
+  for p in $(k get pods -o name 2>/dev/null); do
+    echo "--- kubectl logs $p (last 10 lines)"
+    k logs "$p" --tail=10 2>&1
   done
+  echo "--- prometheus.log (last 10 lines)"
+  tail -n 10 "$WORK/prometheus/prometheus.log" 2>&1
 }
 fail() {
   echo "FAIL: $*"
@@ -71,7 +72,7 @@ cleanup() {
   "$KUBECTL" delete namespace "$NS" --wait=false >/dev/null 2>&1
   e2e_stop
   if [ "$FAILED" != 0 ] || [ -n "${E2E_KEEP:-}" ]; then
-    echo "--- logs kept in $WORK (agent.log, logs/, prometheus/)"
+    echo "--- logs kept in $WORK (prometheus/); the node's in ${DISTRAIN_NODE_DIR:-/tmp/distrain-node}/logs"
   else
     rm -rf "$WORK"
   fi
@@ -79,10 +80,8 @@ cleanup() {
 trap cleanup EXIT
 
 start=$SECONDS
-"$KUBECTL" create namespace "$NS" >/dev/null || fail "cannot create namespace $NS"
-"$KUBECTL" label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
-  pod-security.kubernetes.io/enforce-version=latest >/dev/null || fail "cannot label namespace $NS restricted"
-e2e_start_node "$WORK" "$NS" || exit 1
+e2e_namespace "$NS" || fail "cannot create namespace $NS enforcing the restricted Pod Security Standard"
+e2e_load_images || fail "loading the images into the node (scripts/node.sh load-images)"
 
 # 1. The chart, as installed by a user, plus what a Prometheus outside the
 # cluster needs to reach the API server; 2 s intervals so the test is short.

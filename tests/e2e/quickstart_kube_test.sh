@@ -3,13 +3,13 @@
 # runs as documented and prints the result: the chart installed, the operator
 # pod leading, the OneDevice example's `kubectl get dtj` row reaching
 # Succeeded, the chief's final accuracy line, and "--- onedevice: Succeeded".
-#   tests/kube/with_control_plane.sh bash tests/e2e/quickstart_kube_test.sh BUILD_DIR
+#   tests/e2e/with_node.sh bash tests/e2e/quickstart_kube_test.sh BUILD_DIR
 # Runs with --no-build against BUILD_DIR. Needs root; skips (exit 77) otherwise.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:?usage: quickstart_kube_test.sh BUILD_DIR}" && pwd)"
 if [ "$(id -u)" != 0 ]; then
-  echo "SKIP: quickstart --kube needs root (the test node agent manages /etc/hosts and mounts pod volumes)"
+  echo "SKIP: quickstart --kube needs root (the real node: namespaces, mounts, cgroups, iptables)"
   exit 77
 fi
 out="$(mktemp /tmp/distrain-quickstart-kube.XXXXXX)"

@@ -20,13 +20,19 @@
 #      their Services' DNS names, all on the same port);
 #      `helm test` fails with the operator scaled to 0 and passes again after;
 #      the ParameterServer example's Evaluator evaluates the final checkpoint;
-#   4. a MultiWorkerMirrored worker's container SIGKILLed through containerd: the
-#      restart shows in status.restartCount and a Restarting event, and the job
-#      still succeeds; its chief's container SIGKILLed after a checkpoint: the
-#      new chief pod resumes from it on the provisioned claim; a OneDevice
-#      worker SIGSTOPped: Stalled within 40 s, the pod replaced, Succeeded;
+#   4. chaos: a MultiWorkerMirrored job's random worker container SIGKILLed
+#      through containerd ten times: each pod replaced alone, rejoining the
+#      survivors in place (the chief never restarts), a Restarting event each,
+#      and the job ends at the loss the same job without faults ends at; its
+#      chief's container SIGKILLed after a checkpoint: the new chief pod resumes
+#      from it on the provisioned claim; a OneDevice worker SIGSTOPped: Stalled
+#      within 40 s, the pod replaced, Succeeded; a ParameterServer job scaled
+#      2 -> 4 -> 2 with `kubectl scale`: the added workers run closures, leave
+#      the worker set on the scale-down, and every step is done once;
 #   5. `helm uninstall` and the namespace deleted: nothing of the release is left,
 #      and the namespace goes (the kubelet really stopped its pods).
+# The operator's replicas get the worker image from the chart (workerImage,
+# following image.tag): the examples are applied as a user writes them.
 # E2E_CASES="onedevice kill" runs a subset; E2E_KEEP=1 keeps the namespace.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -36,16 +42,14 @@ KUBECTL="${DISTRAIN_KUBE_BINDIR:?run through tests/e2e/with_node.sh}/kubectl"
 NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"
 CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall}"
-TAG=e2e
-WORKER_IMAGE="localhost/distrain/worker:$TAG"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall ps-scale}"
 POD_NET="${DISTRAIN_NODE_POD_NET:-10.244.0}"
-
-for b in worker/distrain-worker operator/distrain-operator cli/distrain; do
-  [ -x "$BUILD/$b" ] || { echo "FAIL: $BUILD/$b is not built"; exit 1; }
-done
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$ROOT/tests/e2e/e2e_lib.sh"
+e2e_preflight
+TAG="$E2E_TAG"
+WORKER_IMAGE="$E2E_WORKER_IMAGE"
 HELM="$("$CP" helmbin 2>/dev/null)" || { echo "FAIL: no helm (scripts/control-plane.sh build builds it)"; exit 1; }
-"$NODE_SH" status >/dev/null || { echo "FAIL: the node is not up: $("$NODE_SH" status 2>&1)"; exit 1; }
 
 NS="e2e-node-$$"
 REL="dn$$"
@@ -82,7 +86,7 @@ start=$SECONDS
 
 # 1. The images, as CI builds them, in the node's containerd.
 t0=$SECONDS
-"$NODE_SH" load-images --build-dir "$BUILD" --tag "$TAG" ||
+e2e_load_images ||
   { fail "scripts/node.sh load-images --build-dir $BUILD --tag $TAG failed (its messages are above)"; exit 1; }
 images="$("$NODE_SH" ctr images ls -q)"
 for img in "$WORKER_IMAGE" "localhost/distrain/operator:$TAG"; do
@@ -91,20 +95,15 @@ done
 ok "images $WORKER_IMAGE and localhost/distrain/operator:$TAG in the node's containerd ($((SECONDS - t0)) s)"
 
 # 2. The chart, in a namespace that enforces the restricted Pod Security Standard.
-"$KUBECTL" create namespace "$NS" >/dev/null || { fail "cannot create namespace $NS"; exit 1; }
-"$KUBECTL" label namespace "$NS" pod-security.kubernetes.io/enforce=restricted \
-  pod-security.kubernetes.io/enforce-version=latest >/dev/null || { fail "cannot label $NS restricted"; exit 1; }
+e2e_namespace "$NS" || { fail "cannot create namespace $NS enforcing the restricted Pod Security Standard"; exit 1; }
 t0=$SECONDS
-if ! "$HELM" install "$REL" "$ROOT/charts/distrain" -n "$NS" --set image.tag="$TAG" \
-    --set "operator.watchNamespaces={$NS}" --set tests.wait=10s --wait --timeout 180s >"$WORK/install.log" 2>&1; then
+if ! e2e_helm_install "$REL" "$NS" --set tests.wait=10s --wait --timeout 180s >"$WORK/install.log" 2>&1; then
   cat "$WORK/install.log"
   fail "helm install (the operator Deployment not ready within 180 s)"
   dump operator
   exit 1
 fi
 DEPLOY="$REL-distrain-operator"
-# shellcheck source=tests/e2e/e2e_lib.sh
-. "$ROOT/tests/e2e/e2e_lib.sh"
 leader="$(e2e_wait_leader "$DEPLOY" "$NS" 60)" || { fail "no operator pod took the Lease $NS/$DEPLOY within 60 s"; dump operator; exit 1; }
 ips="$(k get pods -l "app.kubernetes.io/instance=$REL,app.kubernetes.io/component=operator" -o jsonpath='{range .items[*]}{.status.podIP}{"\n"}{end}')"
 grep -qvE "^${POD_NET//./\\.}\.[0-9]+$" <<<"$ips" && fail "operator pod IPs are not in the node's pod subnet $POD_NET.0/24: $ips"
@@ -157,13 +156,10 @@ e2e_wait_leader "$DEPLOY" "$NS" 60 >/dev/null || fail "no operator pod took the 
 "$HELM" test "$REL" -n "$NS" --timeout 120s >"$WORK/helm-test.log" 2>&1 && ok "helm test passes again" ||
   { cat "$WORK/helm-test.log"; fail "helm test after scaling back"; }
 
-# 3. Every CPU strategy example, its pods from the worker image. The operator's
-# default image is :latest (pull policy Always, and this node has no registry),
-# so each replica's template names the imported image.
+# 3. Every CPU strategy example as a user writes it (no template): its pods
+# from the worker image the chart gives the operator.
 job_yaml() {  # EXAMPLE STEPS NAME
-  e2e_example "$ROOT/examples/$1.yaml" "$2" | sed -E \
-    -e "s/^  name: $1\$/  name: $3/" \
-    -e "s#^(      replicas: [0-9]+)(.*)\$#\1\2\n      template: {spec: {containers: [{name: distrain, image: \"$WORKER_IMAGE\", imagePullPolicy: IfNotPresent}]}}#"
+  e2e_example "$ROOT/examples/$1.yaml" "$2" | sed -E -e "s/^  name: $1\$/  name: $3/"
 }
 
 check_job() {
@@ -234,38 +230,108 @@ check_job() {
   echo "    $(grep -E 'training complete' <<<"$logs" | tail -n 1 | sed 's/^.*training complete/training complete/')"
 }
 
-# 4. A worker's container SIGKILLed through containerd (as the OOM killer or a
-# crash would end it): the operator replaces it and the job goes on.
+# 4. Chaos, in-place recovery (docs/architecture.md §6b): the MultiWorkerMirrored
+# example (chief + 3 workers) loses a random worker's container to SIGKILL
+# through containerd (as the OOM killer or a crash ends it) E2E_CHAOS_KILLS
+# times (default 10), each once the group has recovered from the previous one.
+# The operator replaces only the killed pod (one restart each, a Restarting
+# event); the chief's pod is never replaced and never exits; each loss costs at
+# most the step in flight (the survivors resume at a step no lower than the one
+# they had completed); the job Succeeds with step N of N and its final loss
+# within 1% of the same job run without faults.
 run_kill() {
-  local job=mwms-kill i
-  job_yaml multi-worker-mirrored 400 "$job" >"$WORK/$job.yaml"
+  local job=mwms-kill clean=mwms-clean steps="${E2E_CHAOS_STEPS:-2500}" kills="${E2E_CHAOS_KILLS:-10}"
+  job_yaml multi-worker-mirrored "$steps" "$job" >"$WORK/$job.yaml"
   k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/$job-chief-0.log" i n p
+  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
+  # Every incarnation of every worker, for the diagnosis when a recovery fails.
+  mkdir -p "$WORK/$job"
+  for p in 0 1 2; do e2e_follow_incarnations "$NS" "$job-worker-$p" "$WORK/$job" </dev/null >/dev/null 2>&1 & done
   for i in $(seq 1 600); do
-    k logs "$job-chief-0" 2>/dev/null | grep -E "step [0-9]+/400" >/dev/null && break
+    grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null && break
     sleep 0.5
   done
-  k logs "$job-chief-0" 2>/dev/null | grep -E "step [0-9]+/400" >/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
-  local cid
-  cid="$(k get pod "$job-worker-1" -o jsonpath='{.status.containerStatuses[0].containerID}')"
-  cid="${cid#containerd://}"
-  [ -n "$cid" ] || { fail "$job: $job-worker-1 has no container ID"; dump "$job"; return; }
-  "$NODE_SH" ctr tasks kill -s SIGKILL "$cid" || { fail "$job: ctr tasks kill $cid failed"; return; }
-  echo "killed $job-worker-1's container ($cid) after: $(k logs "$job-chief-0" 2>/dev/null | grep -E 'step [0-9]+/400' | tail -n 1 | sed 's/^.*step/step/')"
-  local restarts=""
-  for i in $(seq 1 300); do
-    restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
-    [ "${restarts:-0}" -ge 1 ] 2>/dev/null && break
-    sleep 0.2
+  grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  local chief_uid
+  chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
+  local -a killed_count=(0 0 0)
+  local worst=0
+  for n in $(seq 1 "$kills"); do
+    local w=$((RANDOM % 3)) t0 recovered=0 state=""
+    # The previous replacement must be running before it can be killed again.
+    for i in $(seq 1 300); do
+      state="$(k get pod "$job-worker-$w" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}' 2>/dev/null)"
+      [ -n "$state" ] && break
+      sleep 0.2
+    done
+    [ -n "$state" ] || { fail "$job: worker-$w has no running container before kill $n"; dump "$job"; return; }
+    grep -q "training complete" "$log" && { fail "$job: finished after $((n - 1)) kills; raise E2E_CHAOS_STEPS"; return; }
+    t0=$SECONDS
+    e2e_kill_container "$NS" "$job-worker-$w" SIGKILL || { fail "$job: killing worker-$w's container failed"; return; }
+    killed_count[$w]=$((killed_count[$w] + 1))
+    # Recovered: the chief logged its n-th in-place recovery.
+    for i in $(seq 1 1200); do
+      recovered="$(grep -c "recovered in place" "$log")"
+      [ "$recovered" -ge "$n" ] && break
+      sleep 0.1
+    done
+    if [ "$recovered" -lt "$n" ]; then
+      fail "$job: the chief did not recover from kill $n (worker-$w) within 120 s"
+      dump "$job"
+      for p in "$log" "$WORK/$job"/*.log; do
+        echo "--- $(basename "$p"): what it logged besides steps"
+        grep -v " step [0-9]*/" "$p" | tail -n 8 | cut -c1-400
+      done
+      return
+    fi
+    [ $((SECONDS - t0)) -gt "$worst" ] && worst=$((SECONDS - t0))
+    echo "kill $n: worker-$w's container; $(grep "recovered in place" "$log" | tail -n 1 | sed 's/^.*recovered/recovered/')"
   done
-  [ "${restarts:-0}" -ge 1 ] 2>/dev/null || fail "$job: status.restartCount is '$restarts' 60 s after the kill (want >= 1)"
   if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
-    fail "$job: did not reach Succeeded after the kill"
+    fail "$job: did not reach Succeeded after $kills kills"
     dump "$job"
     return
   fi
-  k describe dtj "$job" | grep -E "Restarting .*$job-(worker|chief)-[0-9]" >/dev/null ||
-    fail "$job: 'kubectl describe dtj' shows no Restarting event naming a pod of $job"
-  ok "$job Succeeded after its worker's container was killed; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+  # Survivors untouched: the chief's pod is the one it started with, and each
+  # worker pod was replaced exactly as often as it was killed.
+  [ "$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}' 2>/dev/null)" = "$chief_uid" ] ||
+    [ -z "$(k get pod "$job-chief-0" -o name 2>/dev/null)" ] || fail "$job: the chief's pod was replaced"
+  local restarts worker_restarts chief_restarts
+  restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+  [ "$restarts" = "$kills" ] || fail "$job: status.restartCount is '$restarts' after $kills kills (want $kills: one pod each)"
+  worker_restarts="$(k get dtj "$job" -o jsonpath='{.status.replicaStatuses.Worker.restarts}')"
+  [ "$worker_restarts" = "$kills" ] || fail "$job: replicaStatuses.Worker.restarts '$worker_restarts' (want $kills)"
+  chief_restarts="$(k get dtj "$job" -o jsonpath='{.status.replicaStatuses.Chief.restarts}')"
+  [ "${chief_restarts:-0}" = 0 ] || fail "$job: the chief was restarted ($chief_restarts)"
+  grep -q "exit code" "$log" && fail "$job: the chief logged an exit: $(grep 'exit code' "$log" | head -n 1)"
+  k describe dtj "$job" | grep -E "Restarting .*$job-worker-[0-9]" >/dev/null ||
+    fail "$job: 'kubectl describe dtj' shows no Restarting event naming a worker of $job"
+  # At most the step in flight lost: nobody resumed behind what it had completed.
+  local back
+  back="$(grep -Eo "resuming at step [0-9]+ \(this process had completed [0-9]+\)" "$log" |
+    awk '{ if ($4 < $9 + 0) print }' | head -n 1)"
+  [ -z "$back" ] || fail "$job: the chief went back: $back"
+  local step loss
+  step="$(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
+  loss="$(k get dtj "$job" -o jsonpath='{.status.progress.loss}')"
+  [ "$step" = "$steps" ] || fail "$job: status.progress.step is '$step' (want $steps)"
+  ok "$job Succeeded after $kills worker kills (${killed_count[*]} per worker), slowest recovery ${worst}s; loss $loss"
+  # The same job without faults ends at the same loss (within 1%).
+  sed -e "s/^  name: $job/  name: $clean/" "$WORK/$job.yaml" >"$WORK/$clean.yaml"
+  k apply -f "$WORK/$clean.yaml" >/dev/null || { fail "$clean: kubectl apply failed"; return; }
+  if ! k wait --for=condition=Succeeded "dtj/$clean" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$clean: did not reach Succeeded"
+    dump "$clean"
+    return
+  fi
+  local clean_loss
+  clean_loss="$(k get dtj "$clean" -o jsonpath='{.status.progress.loss}')"
+  if awk -v a="$loss" -v b="$clean_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.01 * b) }'; then
+    ok "final loss $loss after the kills, $clean_loss without (within 1%)"
+  else
+    fail "$job: final loss $loss after the kills vs $clean_loss without faults (want within 1%)"
+  fi
 }
 
 # The chief SIGKILLed after a checkpoint (no SIGTERM, so no checkpoint of its
@@ -282,8 +348,7 @@ run_chief_kill() {
     sleep 0.5
   done
   [ -n "$saved" ] || { fail "$job: the chief never wrote a checkpoint"; dump "$job"; return; }
-  cid="$(k get pod "$job-chief-0" -o jsonpath='{.status.containerStatuses[0].containerID}')"
-  "$NODE_SH" ctr tasks kill -s SIGKILL "${cid#containerd://}" || { fail "$job: ctr tasks kill $cid failed"; return; }
+  e2e_kill_container "$NS" "$job-chief-0" SIGKILL || { fail "$job: killing $job-chief-0's container failed"; return; }
   echo "killed $job-chief-0's container after its checkpoint at step $saved"
   local resumed=""
   for i in $(seq 1 600); do
@@ -315,7 +380,7 @@ run_stall() {
   # what the replacement, which starts again from step 0, must run to the end.
   e2e_example "$ROOT/examples/onedevice.yaml" 6000 | sed -E \
     -e "s/^  name: onedevice/  name: $job/" -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
-    -e "s#^(      replicas: 1)\$#\1\n      template: {spec: {terminationGracePeriodSeconds: 2, containers: [{name: distrain, image: \"$WORKER_IMAGE\", imagePullPolicy: IfNotPresent, livenessProbe: {tcpSocket: {port: metrics}}}]}}#" \
+    -e "s#^(      replicas: 1)\$#\1\n      template: {spec: {terminationGracePeriodSeconds: 2, containers: [{name: distrain, livenessProbe: {tcpSocket: {port: metrics}}}]}}#" \
     -e "s/^(  training:)\$/  runPolicy: {progressDeadlineSeconds: 10}\n\1/" >"$WORK/$job.yaml"
   grep -q "progressDeadlineSeconds: 10" "$WORK/$job.yaml" && grep -q "terminationGracePeriodSeconds: 2" "$WORK/$job.yaml" ||
     { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
@@ -333,7 +398,7 @@ run_stall() {
   local uid cid
   uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
   cid="$(k get pod "$job-worker-0" -o jsonpath='{.status.containerStatuses[0].containerID}')"
-  "$NODE_SH" ctr tasks kill -s SIGSTOP "${cid#containerd://}" || { fail "$job: ctr tasks kill -s SIGSTOP failed"; return; }
+  e2e_kill_container "$NS" "$job-worker-0" SIGSTOP || { fail "$job: stopping $job-worker-0's container failed"; return; }
   local stopped_at=$SECONDS stalled=""
   echo "stopped $job-worker-0's container at progress step $(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
   for i in $(seq 1 250); do
@@ -366,33 +431,91 @@ run_stall() {
   ok "$job Succeeded after the stall; restartCount $(k get dtj "$job" -o jsonpath='{.status.restartCount}'), Stalled $still"
 }
 
-# follow_log POD FILE: POD's log into FILE, from when its container has started
-# (before, `kubectl logs -f` returns at once with nothing) until it ends or the
-# pod goes; gives up after 5 minutes without a start.
-follow_log() {
-  local i started=""
-  for i in $(seq 1 600); do
-    started="$(k get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}{.status.containerStatuses[0].state.terminated.startedAt}' 2>/dev/null)"
-    [ -n "$started" ] && break
-    sleep 0.5
+# ParameterServer scaled in place (docs/architecture.md §6b, worker/strategy/
+# ps_membership.h): the example, elastic within [2, 4], is scaled 2 -> 4 with
+# `kubectl scale` while it trains. The pods the scale adds join the chief's
+# worker set and complete closures (the chief's per-worker counter
+# distrain_ps_worker_closures_completed_total, read from its pod's IP, and its
+# final per-worker line). Then 4 -> 2: the operator deletes the two added
+# pods (SIGTERM: they leave the set first), and the job Succeeds with every
+# requested step done, each counted once; the chief's pod is never replaced.
+run_ps_scale() {
+  local job=ps-scale steps=8000
+  job_yaml parameter-server "$steps" "$job" | sed -E -e 's/^(      everySteps:) [0-9]+/\1 2000/' \
+    -e "s/^(  strategy: ParameterServer)\$/\1\n  elasticPolicy: {minReplicas: 2, maxReplicas: 4}/" >"$WORK/$job.yaml"
+  grep -q "maxReplicas: 4" "$WORK/$job.yaml" || { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/$job-chief-0.log" i
+  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
+  for i in $(seq 1 900); do
+    grep -Eq "step [0-9]{3,}/$steps" "$log" 2>/dev/null && break
+    sleep 0.2
   done
-  [ -n "$started" ] && k logs -f "$1" >"$2" 2>&1
+  grep -Eq "step [0-9]{3,}/$steps" "$log" 2>/dev/null || { fail "$job: the chief never reached step 100"; dump "$job"; return; }
+  local chief_uid
+  chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
+  k scale dtj "$job" --replicas 4 >/dev/null || { fail "$job: kubectl scale --replicas 4 failed"; dump "$job"; return; }
+  local scaled=$SECONDS ip port metrics="" w2="" w3=""
+  ip="$(k get pod "$job-chief-0" -o jsonpath='{.status.podIP}')"
+  port="$(k get pod "$job-chief-0" -o jsonpath='{.spec.containers[0].ports[?(@.name=="metrics")].containerPort}')"
+  for i in $(seq 1 600); do
+    metrics="$(curl -fsS --max-time 2 "http://$ip:${port:-9090}/metrics" 2>/dev/null)"
+    w2="$(grep -E '^distrain_ps_worker_closures_completed_total\{worker="worker:2"\}' <<<"$metrics" | awk '{print $2}')"
+    w3="$(grep -E '^distrain_ps_worker_closures_completed_total\{worker="worker:3"\}' <<<"$metrics" | awk '{print $2}')"
+    [ -n "$w2" ] && [ -n "$w3" ] && awk "BEGIN{exit !($w2 > 0 && $w3 > 0)}" && break
+    sleep 0.2
+  done
+  if [ -n "$w2" ] && [ -n "$w3" ] && awk "BEGIN{exit !($w2 > 0 && $w3 > 0)}"; then
+    ok "$job scaled 2 -> 4: worker:2 and worker:3 completed $w2 and $w3 closures $((SECONDS - scaled)) s after kubectl scale"
+  else
+    fail "$job: the added workers completed no closure within 120 s of kubectl scale (worker:2 '$w2', worker:3 '$w3'; chief $ip:${port:-9090})"
+    dump "$job"
+    return
+  fi
+  grep -q "training complete" "$log" && { fail "$job: finished before the scale-down; raise its steps"; return; }
+  k scale dtj "$job" --replicas 2 >/dev/null || { fail "$job: kubectl scale --replicas 2 failed"; dump "$job"; return; }
+  for i in $(seq 1 300); do
+    grep -q "worker:3 (.*) is out of the worker set" "$log" 2>/dev/null &&
+      grep -q "worker:2 (.*) is out of the worker set" "$log" 2>/dev/null && break
+    sleep 0.2
+  done
+  grep -q "worker:3 (.*) is out of the worker set" "$log" ||
+    fail "$job: the chief never took worker:3 out of its worker set after the scale-down"
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after scaling 2 -> 4 -> 2"
+    dump "$job"
+    return
+  fi
+  for i in $(seq 1 100); do
+    grep -q "closures per worker: " "$log" && break
+    sleep 0.2
+  done
+  local done_line per_worker
+  done_line="$(grep -Eo "[0-9]+ closure\(s\) completed, [0-9]+ retried" "$log" | tail -n 1)"
+  per_worker="$(grep -Eo "closures per worker: .*" "$log" | tail -n 1)"
+  [ "${done_line%% *}" = "$steps" ] || fail "$job: '$done_line' (want $steps closures completed, each once)"
+  grep -Eq "worker:2 [1-9][0-9]*, worker:3 [1-9][0-9]*" <<<"$per_worker" ||
+    fail "$job: the added workers ran no closure by the chief's count: $per_worker"
+  [ "$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}' 2>/dev/null)" = "$chief_uid" ] ||
+    [ -z "$(k get pod "$job-chief-0" -o name 2>/dev/null)" ] ||
+    fail "$job: the chief's pod was replaced by the scale"
+  ok "$job Succeeded after 2 -> 4 -> 2: $done_line; $per_worker"
 }
 
 jobs=()
 for c in $CASES; do
-  case "$c" in kill | chief-kill | stall) continue ;; esac
+  case "$c" in kill | chief-kill | stall | ps-scale) continue ;; esac
   [ -f "$ROOT/examples/$c.yaml" ] || { fail "no example examples/$c.yaml (E2E_CASES)"; continue; }
   job_yaml "$c" 150 "$c" >"$WORK/$c.yaml"
-  grep -q "image: \"$WORKER_IMAGE\"" "$WORK/$c.yaml" || { fail "$c: could not set the image: $(cat "$WORK/$c.yaml")"; continue; }
   k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
-  [ "$c" != parameter-server ] || follow_log "$c-evaluator-0" "$WORK/$c-evaluator-0.log" </dev/null >/dev/null 2>&1 &
+  [ "$c" != parameter-server ] || e2e_follow_log "$NS" "$c-evaluator-0" "$WORK/$c-evaluator-0.log" </dev/null >/dev/null 2>&1 &
   jobs+=("$c")
 done
 for c in "${jobs[@]}"; do check_job "$c"; done
 [[ " $CASES " == *" kill "* ]] && run_kill
 [[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
 [[ " $CASES " == *" stall "* ]] && run_stall
+[[ " $CASES " == *" ps-scale "* ]] && run_ps_scale
 
 # 5. Uninstall: nothing of the release is left, and the namespace really goes.
 if [ -z "${E2E_KEEP:-}" ]; then

@@ -11,13 +11,13 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/e2e/kubelet_env.h"
+#include "tests/unit/operator/controller/kubelet_expansion.h"
 
 namespace distrain::controller::testing {
 
-// The environment the kubelet gives a pod's main container, built by the
-// test node agent's BuildContainerEnv (tests/e2e/kubelet_env.h: $(VAR)
-// expansion from earlier entries): configMapKeyRef read from `config_maps`
+// The environment the kubelet gives a pod's main container, built by
+// BuildContainerEnv (kubelet_expansion.h: $(VAR) expansion from earlier
+// entries): configMapKeyRef read from `config_maps`
 // (name -> ConfigMap), fieldRef as "<fieldRef:path>". An unknown ConfigMap or
 // key fails the test (the kubelet would not start the container).
 inline std::map<std::string, std::string> KubeletEnv(
@@ -27,7 +27,7 @@ inline std::map<std::string, std::string> KubeletEnv(
   for (const nlohmann::json& c : containers) {
     if (c.value("name", "") == "distrain") main = &c;
   }
-  std::vector<testnode::EnvEntry> entries;
+  std::vector<kubelet::EnvEntry> entries;
   for (const nlohmann::json& e : main->value("env", nlohmann::json::array())) {
     const std::string name = e["name"];
     if (e.contains("value")) {
@@ -48,7 +48,7 @@ inline std::map<std::string, std::string> KubeletEnv(
       entries.push_back({name, "", false});
     }
   }
-  return testnode::BuildContainerEnv(entries, {});
+  return kubelet::BuildContainerEnv(entries, {});
 }
 
 }  // namespace distrain::controller::testing

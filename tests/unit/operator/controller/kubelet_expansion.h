@@ -1,17 +1,18 @@
-// Pure helpers of the test node agent (tests/e2e/node_agent.cc) that copy
-// kubelet behaviour a pod can observe. Header-only so the agent and its unit
-// test (kubelet_env_test.cc) share them without a library. Stateless; every
+// The kubelet's environment building, copied as a pod can observe it, so the
+// unit and kube tiers can read the environment of the pods the operator writes
+// without a kubelet (kubelet_env.h); kubelet_expansion_test.cc holds it to
+// Kubernetes' own expansion cases. Header-only test support. Stateless; every
 // function is thread-safe.
 
-#ifndef DISTRAIN_TESTS_E2E_KUBELET_ENV_H_
-#define DISTRAIN_TESTS_E2E_KUBELET_ENV_H_
+#ifndef DISTRAIN_TESTS_UNIT_OPERATOR_CONTROLLER_KUBELET_EXPANSION_H_
+#define DISTRAIN_TESTS_UNIT_OPERATOR_CONTROLLER_KUBELET_EXPANSION_H_
 
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace distrain::testnode {
+namespace distrain::kubelet {
 
 // A name -> value lookup chain: the first map holding the name wins.
 using EnvMaps = std::vector<const std::map<std::string, std::string>*>;
@@ -107,6 +108,6 @@ inline std::pair<std::string, std::string> ServerHostPort(const std::string& ser
   return {host, port};
 }
 
-}  // namespace distrain::testnode
+}  // namespace distrain::kubelet
 
-#endif  // DISTRAIN_TESTS_E2E_KUBELET_ENV_H_
+#endif  // DISTRAIN_TESTS_UNIT_OPERATOR_CONTROLLER_KUBELET_EXPANSION_H_

@@ -1,8 +1,8 @@
-#include "tests/e2e/kubelet_env.h"
+#include "tests/unit/operator/controller/kubelet_expansion.h"
 
 #include <gtest/gtest.h>
 
-namespace distrain::testnode {
+namespace distrain::kubelet {
 namespace {
 
 struct ExpandCase {
@@ -79,4 +79,4 @@ TEST(ServerHostPortTest, SplitsApiServerUrls) {
 }
 
 }  // namespace
-}  // namespace distrain::testnode
+}  // namespace distrain::kubelet
