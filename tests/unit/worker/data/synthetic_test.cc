@@ -2,6 +2,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -90,6 +91,42 @@ TEST(SyntheticDatasetTest, SameSeedGivesBitIdenticalExamples) {
               std::memcmp(x.features.data(), y.features.data(), x.features.size() * sizeof(float)))
         << i;
   }
+}
+
+// Rows are generated on first read and kept: the order and the threads that
+// read them first change nothing, and a second read returns the same bytes.
+TEST(SyntheticDatasetTest, RowsReadConcurrentlyInAnyOrderMatchSequentialReads) {
+  const DatasetConfig config = SmallConfig();
+  auto reference = Make(config, 7, false);
+  std::vector<Example> want;
+  for (int64_t i = 0; i < reference->size(); ++i) want.push_back(GetExample(*reference, i));
+
+  auto shared = Make(config, 7, false);
+  constexpr int kThreads = 8;
+  std::vector<std::vector<Example>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Every thread reads every row, each in its own order (backwards for odd t).
+      for (int64_t k = 0; k < shared->size(); ++k) {
+        const int64_t i = t % 2 == 0 ? k : shared->size() - 1 - k;
+        got[t].push_back(GetExample(*shared, i));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (int64_t k = 0; k < shared->size(); ++k) {
+      const int64_t i = t % 2 == 0 ? k : shared->size() - 1 - k;
+      ASSERT_EQ(got[t][k].label, want[i].label) << "thread " << t << " row " << i;
+      ASSERT_EQ(0, std::memcmp(got[t][k].features.data(), want[i].features.data(),
+                               sizeof(float) * want[i].features.size()))
+          << "thread " << t << " row " << i;
+    }
+  }
+  const Example again = GetExample(*shared, 3);
+  EXPECT_EQ(0, std::memcmp(again.features.data(), want[3].features.data(),
+                           sizeof(float) * want[3].features.size()));
 }
 
 TEST(SyntheticDatasetTest, ExampleDependsOnlyOnSeedAndIndexNotOnSize) {
