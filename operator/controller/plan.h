@@ -93,6 +93,12 @@ struct Deletion {
   std::string name;
   std::string uid;
   std::string reason;  // CamelCase, also used in logs ("Restart", "Suspended", ...)
+  // The pod has finished (phase Failed or Succeeded: every container has
+  // terminated, and restartPolicy Never means none starts again), so nothing
+  // of it runs and it is deleted at once (gracePeriodSeconds 0). Its name is
+  // then free for the replacement without waiting for the kubelet to confirm
+  // the deletion, which is most of a second of an in-place recovery.
+  bool finished = false;
   bool operator==(const Deletion&) const = default;
 };
 

@@ -113,7 +113,10 @@ class Reconciler {
 
   void DeletePod(const ObservedPod& pod, const std::string& reason) {
     if (plan_.DeletesPod(pod.name)) return;
-    plan_.pods_to_delete.push_back({pod.name, pod.uid, reason});
+    plan_.pods_to_delete.push_back({.name = pod.name,
+                                    .uid = pod.uid,
+                                    .reason = reason,
+                                    .finished = pod.phase == "Failed" || pod.phase == "Succeeded"});
   }
 
   void Finalize();

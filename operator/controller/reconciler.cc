@@ -28,10 +28,11 @@ std::string Describe(const absl::StatusOr<kube::ApiResponse>& r) {
   return absl::StrCat("HTTP ", r->status_code, ": ", r->message());
 }
 
-Json DeleteOptions(const std::string& uid) {
+Json DeleteOptions(const std::string& uid, bool immediately) {
   Json body = {{"apiVersion", "v1"}, {"kind", "DeleteOptions"},
                {"propagationPolicy", "Background"}};
   if (!uid.empty()) body["preconditions"] = {{"uid", uid}};
+  if (immediately) body["gracePeriodSeconds"] = 0;
   return body;
 }
 
@@ -188,7 +189,7 @@ absl::Status JobReconciler::ApplyConfigMap(const std::string& key, const std::st
 
 absl::Status JobReconciler::DeleteObject(const std::string& path, const Deletion& deletion,
                                          bool* gone_or_stale) {
-  const Json body = DeleteOptions(deletion.uid);
+  const Json body = DeleteOptions(deletion.uid, deletion.finished);
   absl::StatusOr<kube::ApiResponse> r = client_->RequestStatusOnly("DELETE", path, &body);
   *gone_or_stale = r.ok() && (r->not_found() || r->conflict());
   if (r.ok() && (r->ok() || *gone_or_stale)) return absl::OkStatus();

@@ -241,6 +241,7 @@ TEST(ReconcileTest, MultiWorkerMirroredInPlaceReplacesOnlyTheLostWorker) {
   w.facts.now += absl::Seconds(1);
   Plan plan = w.Step();
   EXPECT_THAT(Names(plan.pods_to_delete), ElementsAre("mnist-worker-1"));
+  EXPECT_TRUE(plan.pods_to_delete[0].finished);  // deleted at once: its name is free at once
   EXPECT_EQ(w.job.status.restart_count, 1);
   EXPECT_EQ(w.job.status.replica_statuses.at(ReplicaType::kWorker).restarts, 1);
   EXPECT_EQ(w.job.status.replica_statuses.at(ReplicaType::kChief).restarts, 0);
@@ -251,6 +252,27 @@ TEST(ReconcileTest, MultiWorkerMirroredInPlaceReplacesOnlyTheLostWorker) {
   // The survivors were never touched.
   EXPECT_EQ(w.Pod("mnist-chief-0")["status"]["phase"], "Running");
   EXPECT_EQ(w.Pod("mnist-worker-0")["status"]["phase"], "Running");
+}
+
+// The kubelet reports a pod's terminal phase only once it has torn down the
+// sandbox; its containers' states say it is over first. A pod whose every
+// container has exited is replaced then, deleted at once (nothing of it runs).
+TEST(ReconcileTest, AWorkerWhoseContainerExitedIsReplacedBeforeTheKubeletReportsFailed) {
+  World w = Running(Mwms());
+  Json& pod = w.Pod("mnist-worker-1");
+  ASSERT_EQ(pod["spec"].value("restartPolicy", ""), "Never");
+  SetPhase(&pod, "Running", 137, "Error");  // phase still Running, the container terminated
+  w.facts.now += absl::Seconds(1);
+  Plan plan = w.Step();
+  ASSERT_THAT(Names(plan.pods_to_delete), ElementsAre("mnist-worker-1"));
+  EXPECT_EQ(plan.pods_to_delete[0].reason, "Restart");
+  EXPECT_TRUE(plan.pods_to_delete[0].finished);
+  EXPECT_EQ(w.job.status.restart_count, 1);
+
+  // A running container is not over, whatever else the status says.
+  World other = Running(Mwms());
+  other.facts.now += absl::Seconds(1);
+  EXPECT_THAT(other.Step().pods_to_delete, IsEmpty());
 }
 
 TEST(ReconcileTest, MultiWorkerMirroredInPlaceStillRestartsTheGroupWhenTheMasterIsLost) {

@@ -423,6 +423,16 @@ TEST(JobReconcilerTest, RestartWritesTheStatusThenDeletesWithUidPreconditions) {
   }
   EXPECT_EQ(deleted.size(), 3u);
   EXPECT_EQ(calls[1].body["preconditions"]["uid"], chief_uid);
+  // The failed pod has nothing left running: it goes at once, freeing its name
+  // for the replacement; the running ones get their grace period (SIGTERM).
+  for (const auto& c : calls) {
+    if (c.method != "DELETE") continue;
+    if (c.path == std::string(kPods) + "/mnist-worker-1") {
+      EXPECT_EQ(c.body.value("gracePeriodSeconds", -1), 0) << c.body.dump();
+    } else {
+      EXPECT_FALSE(c.body.contains("gracePeriodSeconds")) << c.path << ": " << c.body.dump();
+    }
+  }
   std::vector<std::string> reasons;
   for (const Event& e : f.events) reasons.push_back(e.reason);
   EXPECT_THAT(reasons, ::testing::Contains("Restarting"));
