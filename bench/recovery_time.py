@@ -25,12 +25,21 @@ the steps redone. Modes alternate round by round; medians.
 Both modes restart processes at once here; on Kubernetes restart-all also
 waits for every old pod to terminate and every new one to start.
 
-  bench/recovery_time.py [--rounds 3] [--kill-after 150] [--no-record]
+With --kube the same rounds also run on Kubernetes: the real node
+(scripts/node.sh, which must be up; root), the worker image imported, the
+operator as a local process, the example applied with each policy, worker:2's
+container SIGKILLed through containerd. There the operator replaces the pod
+(in place) or the whole group (restart-all), and the kubelet starts them; the
+figures come from the chief's log (logEverySteps 1, millisecond timestamps)
+against the kill's wall-clock time.
+
+  bench/recovery_time.py [--rounds 3] [--kill-after 150] [--kube] [--no-record]
 
 Targets (issue 15): in place <= 1/5 of restart-all, and <= 5 s.
 Appends one JSON line to bench/records/recovery_time.jsonl unless --no-record.
 """
 import argparse
+import datetime
 import json
 import os
 import re
@@ -184,44 +193,170 @@ def one_round(policy, kill_after, steps):
             job.kill_all()
 
 
+# --- Kubernetes rounds -------------------------------------------------------
+
+NODE_SH = os.path.join(ROOT, "scripts", "node.sh")
+KUBE_TAG = "bench"
+STEP_LINE = re.compile(r"^(\S+Z) \w+ +step (\d+)/")
+
+
+def log_time(stamp):
+    """2026-11-28T12:12:03.319Z -> seconds since the epoch."""
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+class Kube:
+    """The real node's cluster, a namespace of this run's and an operator process."""
+
+    def __init__(self):
+        env = subprocess.run([NODE_SH, "env"], capture_output=True, text=True)
+        m = re.search(r"KUBECONFIG=(\S+) DISTRAIN_KUBE_BINDIR=(\S+)", env.stdout)
+        if env.returncode != 0 or not m or subprocess.run([NODE_SH, "status"], capture_output=True).returncode:
+            fail("recovery_time --kube: the node is not up (sudo scripts/node.sh up)")
+        self.env = dict(os.environ, KUBECONFIG=m.group(1))
+        self.kubectl = os.path.join(m.group(2), "kubectl")
+        subprocess.run([NODE_SH, "load-images", "--build-dir", BUILD, "--tag", KUBE_TAG], check=True,
+                       stdout=subprocess.DEVNULL)
+        self.ns = f"bench-recovery-{os.getpid()}"
+        self.k("create", "namespace", self.ns, ns=False)
+        self.dir = tempfile.mkdtemp(prefix="recovery_kube_")
+        self.operator = subprocess.Popen(
+            [os.path.join(BUILD, "operator", "distrain-operator"), "--kubeconfig", self.env["KUBECONFIG"],
+             "--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--namespaces", self.ns,
+             "--worker-image", f"localhost/distrain/worker:{KUBE_TAG}"],
+            env=self.env, stdout=open(os.path.join(self.dir, "operator.log"), "w"), stderr=subprocess.STDOUT)
+
+    def k(self, *args, ns=True, check=True, stdin=None):
+        cmd = [self.kubectl] + (["-n", self.ns] if ns else []) + list(args)
+        r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, input=stdin)
+        if check and r.returncode != 0:
+            fail(f"recovery_time --kube: {' '.join(cmd[1:])}: {r.stderr.strip()}")
+        return r.stdout
+
+    def close(self):
+        self.operator.terminate()
+        self.operator.wait()
+        self.k("delete", "namespace", self.ns, "--wait=false", ns=False, check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def pod(self, name, field):
+        return self.k("get", "pod", name, "-o", f"jsonpath={field}", check=False).strip()
+
+    def log(self, pod):
+        return self.k("logs", pod, check=False)
+
+
+def kube_round(kube, policy, kill_after, steps):
+    name = f"mwms-{policy.lower()}"
+    spec = job_yaml(policy, steps).replace("name: multi-worker-mirrored", f"name: {name}", 1)
+    spec = re.sub(r"\n    logEverySteps: \d+", "\n    logEverySteps: 1", spec)
+    kube.k("apply", "-f", "-", stdin=spec)
+    chief = f"{name}-chief-0"
+
+    def steps_in(text):
+        return [(int(m.group(2)), log_time(m.group(1)))
+                for m in (STEP_LINE.match(line) for line in text.splitlines()) if m]
+
+    wait_for(lambda: any(n >= kill_after for n, _ in steps_in(kube.log(chief))), 300, f"{kill_after} steps")
+    old_uid = kube.pod(chief, "{.metadata.uid}")
+    cid = kube.pod(f"{name}-worker-2", "{.status.containerStatuses[0].containerID}").replace("containerd://", "")
+    killed_at = time.time()
+    subprocess.run([NODE_SH, "ctr", "tasks", "kill", "-s", "SIGKILL", cid], check=True)
+
+    # The last step the group completed: what the chief logged before it saw
+    # worker:2 fail (its log, read before a restart-all deletes its pod).
+    def failure_seen():
+        text = kube.log(chief)
+        lines = text.splitlines()
+        for i, line in enumerate(lines):
+            if re.search(r"peer worker:2 .*failed", line):
+                return [n for n, _ in steps_in("\n".join(lines[:i]))] or [0]
+        return None
+    done_before = max(wait_for(failure_seen, 60, "the chief seeing worker:2 fail"))
+    if policy == "InPlace":
+        def resumed():
+            text = kube.log(chief)
+            m = re.findall(r"recovered in place in [^:]+: membership generation \d+, resuming at step (\d+)", text)
+            if not m:
+                return None
+            at = int(m[-1])
+            later = [(n, t) for n, t in steps_in(text) if t > killed_at and n > at]
+            return (at, later) if later else None
+    else:
+        def resumed():
+            if kube.pod(chief, "{.metadata.uid}") in ("", old_uid):
+                return None
+            text = kube.log(chief)
+            m = re.search(r"resumed from checkpoint step (\d+)", text)
+            later = [(n, t) for n, t in steps_in(text) if m and n > int(m.group(1))]
+            return (int(m.group(1)), later) if later else None
+    at, later = wait_for(resumed, 180, f"{policy}: a step after the kill")
+    seconds = later[0][1] - killed_at
+    back = wait_for(lambda: [t for n, t in steps_in(kube.log(chief)) if t > killed_at and n > done_before],
+                    180, f"{policy}: a step past {done_before}")
+    regained = back[0] - killed_at
+    kube.k("delete", "dtj", name, "--wait=true", "--timeout=120s")
+    wait_for(lambda: not kube.k("get", "pods", "-l", f"distrain.io/job-name={name}", "-o", "name", check=False).strip(),
+             120, "the job's pods to go")
+    return seconds, regained, max(0, done_before - at)
+
+
+def run_rounds(label, rounds, round_fn):
+    results = {"InPlace": [], "RestartGroup": []}
+    for r in range(rounds):
+        order = ["InPlace", "RestartGroup"] if r % 2 == 0 else ["RestartGroup", "InPlace"]
+        for policy in order:
+            seconds, regained, redone = round_fn(policy)
+            results[policy].append((seconds, regained, redone))
+            print(f"{label} round {r + 1} {policy:12s} kill -> next step {seconds:6.2f} s, -> back at "
+                  f"the step reached {regained:6.2f} s, steps redone {redone}")
+    return results
+
+
+def summarise(label, results, prefix=""):
+    def median(policy, i):
+        return statistics.median(x[i] for x in results[policy])
+
+    in_place, restart = median("InPlace", 0), median("RestartGroup", 0)
+    in_place_back, restart_back = median("InPlace", 1), median("RestartGroup", 1)
+    print(f"{label}: kill -> next step: in place {in_place:.2f} s, restart-all {restart:.2f} s, ratio "
+          f"{in_place / restart:.3f} (target <= 0.2 and <= 5 s)")
+    print(f"{label}: kill -> back at the step reached: in place {in_place_back:.2f} s, restart-all "
+          f"{restart_back:.2f} s, ratio {in_place_back / restart_back:.3f}")
+    return {f"{prefix}in_place_s": round(in_place, 3), f"{prefix}restart_all_s": round(restart, 3),
+            f"{prefix}ratio_in_place_over_restart_all": round(in_place / restart, 3),
+            f"{prefix}in_place_back_s": round(in_place_back, 3),
+            f"{prefix}restart_all_back_s": round(restart_back, 3),
+            f"{prefix}ratio_back": round(in_place_back / restart_back, 3),
+            f"{prefix}in_place_steps_redone": [x[2] for x in results["InPlace"]],
+            f"{prefix}restart_all_steps_redone": [x[2] for x in results["RestartGroup"]]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kill-after", type=int, default=150,
                     help="steps done before the kill (the example checkpoints every 100)")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--kube", action="store_true",
+                    help="also on Kubernetes: the real node (scripts/node.sh up, root)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(WORKER):
         fail(f"{WORKER} is missing: build it (scripts/build.sh)")
     up = uptime()
     print(f"# {up}\n# {cpu_info()}")
-    results = {"InPlace": [], "RestartGroup": []}
-    for r in range(args.rounds):
-        order = ["InPlace", "RestartGroup"] if r % 2 == 0 else ["RestartGroup", "InPlace"]
-        for policy in order:
-            seconds, regained, redone = one_round(policy, args.kill_after, args.steps)
-            results[policy].append((seconds, regained, redone))
-            print(f"round {r + 1} {policy:12s} kill -> next step {seconds:6.2f} s, -> back at the "
-                  f"step reached {regained:6.2f} s, steps redone {redone}")
-
-    def median(policy, i):
-        return statistics.median(x[i] for x in results[policy])
-
-    in_place, restart = median("InPlace", 0), median("RestartGroup", 0)
-    in_place_back, restart_back = median("InPlace", 1), median("RestartGroup", 1)
-    figures = {"in_place_s": round(in_place, 3), "restart_all_s": round(restart, 3),
-               "ratio_in_place_over_restart_all": round(in_place / restart, 3),
-               "in_place_back_s": round(in_place_back, 3),
-               "restart_all_back_s": round(restart_back, 3),
-               "ratio_back": round(in_place_back / restart_back, 3),
-               "in_place_steps_redone": [x[2] for x in results["InPlace"]],
-               "restart_all_steps_redone": [x[2] for x in results["RestartGroup"]],
-               "rounds": args.rounds, "kill_after_steps": args.kill_after}
-    print(f"kill -> next step: in place {in_place:.2f} s, restart-all {restart:.2f} s, ratio "
-          f"{in_place / restart:.3f} (target <= 0.2 and <= 5 s)")
-    print(f"kill -> back at the step reached: in place {in_place_back:.2f} s, restart-all "
-          f"{restart_back:.2f} s, ratio {in_place_back / restart_back:.3f}")
+    results = run_rounds("local", args.rounds, lambda p: one_round(p, args.kill_after, args.steps))
+    figures = summarise("local", results)
+    figures.update({"rounds": args.rounds, "kill_after_steps": args.kill_after})
+    if args.kube:
+        kube = Kube()
+        try:
+            results = run_rounds("kube", args.rounds, lambda p: kube_round(kube, p, args.kill_after, args.steps))
+        finally:
+            kube.close()
+        figures.update(summarise("kube", results, "kube_"))
     if not args.no_record:
         append_record("recovery_time", figures, up)
 
