@@ -497,17 +497,44 @@ absl::StatusOr<InitializeResult> PsClient::Initialize(absl::Span<const TensorRef
 absl::StatusOr<PushResult> PsClient::Push(absl::Span<const TensorRef> grads,
                                           const ShardVersions* pulled,
                                           absl::Span<const FactoredGradRef> factored) {
+  return PushTo(grads, pulled, factored, nullptr);
+}
+
+absl::StatusOr<PushResult> PsClient::PushRemaining(absl::Span<const TensorRef> grads,
+                                                   const ShardVersions* pulled,
+                                                   std::vector<bool>* applied) {
+  DISTRAIN_CHECK(applied != nullptr);
+  applied->resize(plan_.num_ps(), false);
+  return PushTo(grads, pulled, {}, applied);
+}
+
+absl::StatusOr<PushResult> PsClient::PushTo(absl::Span<const TensorRef> grads,
+                                            const ShardVersions* pulled,
+                                            absl::Span<const FactoredGradRef> factored,
+                                            std::vector<bool>* applied) {
   absl::StatusOr<std::vector<Upload>> uploads = PlanUploads(grads, pulled, "Push");
   if (!uploads.ok()) return uploads.status();
   if (absl::Status s = PlanFactoredUploads(factored, grads, pulled, &*uploads); !s.ok()) return s;
   std::map<int, std::vector<Upload>> by_ps;
-  for (const Upload& u : *uploads) by_ps[u.shard->ps_task].push_back(u);
+  for (const Upload& u : *uploads) {
+    if (applied != nullptr && (*applied)[u.shard->ps_task]) continue;
+    by_ps[u.shard->ps_task].push_back(u);
+  }
   std::vector<int> tasks;
   for (const auto& [task, list] : by_ps) tasks.push_back(task);
   std::vector<v1::PushResponse> responses(plan_.num_ps());
+  // One slot per ps, written by that ps's thread only (a vector<bool> shares bytes).
+  std::vector<char> took(plan_.num_ps(), 0);
   absl::Status status = RunPerPs(tasks, [&](int task) {
-    return UploadShards("Push", task, by_ps[task], false, &responses[task]);
+    absl::Status s = UploadShards("Push", task, by_ps[task], false, &responses[task]);
+    took[task] = s.ok();
+    return s;
   });
+  if (applied != nullptr) {
+    for (int task : tasks) {
+      if (took[task]) (*applied)[task] = true;
+    }
+  }
   if (!status.ok()) return status;
   PushResult result;
   for (const TensorRef& g : grads) {

@@ -135,6 +135,15 @@ class PsClient {
                                   absl::Span<const FactoredGradRef> factored = {});
   absl::StatusOr<PushResult> Push(const std::map<std::string, Tensor>& grads,
                                   const ShardVersions* pulled = nullptr);
+  // As Push, but only to the ps tasks `applied` (one flag per ps task) does not
+  // mark yet, marking each ps that applied its part, also when another ps
+  // refused its own part as stale (FAILED_PRECONDITION). Each ps decides on its
+  // part alone, so a closure redone after a partial refusal must push its fresh
+  // gradients only where the refusal was, or the ps that took the first push
+  // applies the closure twice.
+  absl::StatusOr<PushResult> PushRemaining(absl::Span<const TensorRef> grads,
+                                           const ShardVersions* pulled,
+                                           std::vector<bool>* applied);
   // Every ps writes its shards at `step` under its own checkpoint directory
   // (see PsService::Save; the caller names no path). FAILED_PRECONDITION
   // from a ps that has none.
@@ -155,6 +164,11 @@ class PsClient {
   PsClient(std::vector<std::string> addresses, ShardingPlan plan, PsClientOptions options);
   absl::Status UploadShards(const char* method, int task, const std::vector<Upload>& shards,
                             bool overwrite, google::protobuf::Message* response);
+  // Push and PushRemaining: `applied` (or null: every ps) as PushRemaining says.
+  absl::StatusOr<PushResult> PushTo(absl::Span<const TensorRef> grads,
+                                    const ShardVersions* pulled,
+                                    absl::Span<const FactoredGradRef> factored,
+                                    std::vector<bool>* applied);
   absl::StatusOr<std::vector<Upload>> PlanUploads(absl::Span<const TensorRef> tensors,
                                                   const ShardVersions* pulled,
                                                   const char* method) const;

@@ -422,6 +422,9 @@ absl::Status PsWorkerService::RunStepOverlapped(const Batch& batch, const StepCo
 
 absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepContext& step,
                                              v1::RunStepResponse* response) {
+  // The ps tasks that took this closure's gradients: a redone closure pushes
+  // only to the others (each ps decides on its own part of a push).
+  std::vector<bool> applied;
   for (int attempt = 0;; ++attempt) {
     // 1. Current parameters. Every push of a dense model changes every shard,
     // so there is nothing to skip: pull all, keep the versions for staleness.
@@ -436,13 +439,13 @@ absl::Status PsWorkerService::RunStepBounded(const Batch& batch, const StepConte
     response->set_compute_seconds(response->compute_seconds() + Seconds(t0));
     // 3. Push; the ps applies the optimizer.
     t0 = std::chrono::steady_clock::now();
-    absl::StatusOr<PushResult> pushed = ps_->Push(grads_, &pulled);
+    absl::StatusOr<PushResult> pushed = ps_->PushRemaining(grads_, &pulled, &applied);
     if (!pushed.ok() && pushed.status().code() == absl::StatusCode::kFailedPrecondition &&
         attempt < kMaxStaleRetries) {
       response->set_push_seconds(response->push_seconds() + Seconds(t0));
-      // Rejected by the staleness bound (the ps checks every shard of a
-      // push before applying any, so nothing was applied): redo it on
-      // fresher parameters.
+      // Rejected by the staleness bound on some ps (each checks every shard
+      // of its part before applying any, so those applied nothing): redo it
+      // on fresher parameters, for those ps only.
       response->set_stale_retries(attempt + 1);
       continue;
     }

@@ -1065,9 +1065,11 @@ TEST(ParameterServerStrategyTest, BatchNormalizationMovingStatisticsLiveOnThePs)
 }
 
 // With a staleness bound, pushes rejected for stale gradients are redone;
-// the deltas follow only once a closure's gradients were taken, so each
-// closure still moves the statistics exactly once.
-TEST(ParameterServerStrategyTest, RedoneStalePushesMoveTheMovingStatisticsOnce) {
+// the deltas follow only once a closure's gradients were taken, and a redone
+// closure pushes only to the ps tasks that refused it, so each closure moves
+// every shard, trainable or not, exactly once (a shard's version counts the
+// pushes it applied).
+TEST(ParameterServerStrategyTest, RedoneStalePushesApplyEachClosureOncePerShard) {
   constexpr int kSteps = 80;
   JobConfig config = BatchNormJob(kSteps);
   config.training.max_staleness = 0;
@@ -1083,9 +1085,11 @@ TEST(ParameterServerStrategyTest, RedoneStalePushesMoveTheMovingStatisticsOnce) 
   EXPECT_EQ(strategy.max_staleness_seen(), 0);
   std::cout << "pushes redone under the bound: " << strategy.stale_retries() << "\n";
   const PullResult ps = PullEverything(job, *strategy.primary_model());
-  // (Not the trainable shards: a ps decides on its own part of a push, so a
-  // gradient that one ps took while the other rejected its part is taken
-  // again when the closure is redone.)
+  for (const auto& [name, versions] : ps.versions) {
+    for (size_t shard = 0; shard < versions.size(); ++shard) {
+      EXPECT_EQ(versions[shard], kSteps) << name << " shard " << shard;
+    }
+  }
   EXPECT_EQ(ps.versions.at(kMovingMean)[0], kSteps);
   EXPECT_EQ(ps.versions.at(kMovingVariance)[0], kSteps);
   EXPECT_NE(Values(ps.values.at(kMovingMean)), std::vector<float>(32, 0.0f));
