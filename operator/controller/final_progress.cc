@@ -30,6 +30,16 @@ const Json* MainContainerStatus(const Json& pod) {
   return nullptr;
 }
 
+// The main container has exited 0. The kubelet reports phase Succeeded only
+// after tearing down the sandbox, and the reconcile already counts such a pod
+// as Succeeded (observed.h), so the job may be marked Succeeded first.
+bool MainContainerExitedZero(const Json& pod) {
+  const Json* status = MainContainerStatus(pod);
+  const Json::json_pointer code("/state/terminated/exitCode");
+  return status != nullptr && status->contains(code) && status->at(code).is_number_integer() &&
+         status->at(code).get<int64_t>() == 0;
+}
+
 }  // namespace
 
 std::string TerminationMessagePath(const Json& main_container) {
@@ -67,7 +77,7 @@ Json FinalProgress(const Json& current, const std::vector<ObjectRef>& pods, int6
   for (const ObjectRef& pod : pods) {
     const Json& labels = pod->value("metadata", Json::object()).value("labels", Json::object());
     if (!labels.is_object() || labels.value(api::kLabelJobRole, "") != "master") continue;
-    if (StringAt(*pod, "/status/phase") != "Succeeded") continue;
+    if (StringAt(*pod, "/status/phase") != "Succeeded" && !MainContainerExitedZero(*pod)) continue;
     if (std::optional<Json> figures = FinalFiguresOf(*pod)) {
       for (const auto& [key, value] : figures->items()) progress[key] = value;
     }

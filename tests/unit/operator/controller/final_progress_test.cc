@@ -55,6 +55,20 @@ TEST(FinalProgressTest, TheChiefsTerminationMessageIsRecordedWithSuccess) {
   EXPECT_EQ(w.Step().status.progress, plan.status.progress);
 }
 
+// The chief's container has exited 0 with its message, and the kubelet has
+// not reported the pod's phase yet (it does after tearing down the sandbox):
+// the job already succeeds, and with the message's figures.
+TEST(FinalProgressTest, TheMessageCountsBeforeTheKubeletReportsThePhase) {
+  World w = RunningJob();
+  Succeed(&w.Pod("mnist-chief-0"), R"({"step":1500,"loss":0.2134,"accuracy":0.9712})");
+  w.Pod("mnist-chief-0")["status"]["phase"] = "Running";
+  Plan plan = w.Step();
+  ASSERT_TRUE(plan.status.IsTrue(api::kConditionSucceeded));
+  EXPECT_EQ(plan.status.progress["step"], 1500);
+  EXPECT_DOUBLE_EQ(plan.status.progress["loss"].get<double>(), 0.2134);
+  EXPECT_DOUBLE_EQ(plan.status.progress["accuracy"].get<double>(), 0.9712);
+}
+
 TEST(FinalProgressTest, WithoutAMessageSuccessStillMeansEveryStep) {
   World w = RunningJob();
   Succeed(&w.Pod("mnist-chief-0"), "");
