@@ -4,6 +4,9 @@
 #   scripts/build-images.sh [--tag T] [--build-dir DIR] [--oci-archive DIR] [--refresh-base]
 #   scripts/build-images.sh --print-packages     Debian packages the built binaries link (ldd + dpkg -S)
 #   scripts/build-images.sh --print-storage      the buildah global flags this script uses here
+#   scripts/build-images.sh --base-only          step 1 only; prints the base image's name (for
+#                                                images built on it: scripts/build-tf-image.sh)
+#   scripts/build-images.sh --print-base         that name only, building nothing
 #
 #   1. Base: `debootstrap --variant=minbase bookworm` plus RUNTIME_PACKAGES (below)
 #      and bookworm's security updates, a user 65532 (nonroot). The rootfs is
@@ -63,7 +66,9 @@ while [ $# -gt 0 ]; do
     --refresh-base) REFRESH_BASE=1; shift ;;
     --print-packages) MODE=packages; shift ;;
     --print-storage) MODE=storage; shift ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --base-only) MODE=base; shift ;;
+    --print-base) MODE=base-name; shift ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,6 +80,11 @@ cd "$ROOT"
 BUILD_DIR="${BUILD_DIR:-${DISTRAIN_BUILD_DIR:-build}}"
 CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
 IMAGES_CACHE="$CACHE/images"
+# The base's name: a hash of the package list and the recipe (step 1).
+KEY=$(printf '%s\n' "$SUITE" "$BASE_RECIPE" $(printf '%s\n' "${RUNTIME_PACKAGES[@]}" | sort) |
+      sha256sum | cut -c1-12)
+BASE_IMAGE="localhost/distrain/base:$SUITE-$KEY"
+if [ "$MODE" = base-name ]; then echo "$BASE_IMAGE"; exit 0; fi
 log() { printf '[images] %s\n' "$*" >&2; }
 die() { printf 'build-images.sh: %s\n' "$*" >&2; exit 1; }
 
@@ -252,9 +262,6 @@ EOF
   install -d -o "$NONROOT_UID" -g "$NONROOT_UID" -m 0750 "$rootfs/home/nonroot"
 }
 
-KEY=$(printf '%s\n' "$SUITE" "$BASE_RECIPE" $(printf '%s\n' "${RUNTIME_PACKAGES[@]}" | sort) |
-      sha256sum | cut -c1-12)
-BASE_IMAGE="localhost/distrain/base:$SUITE-$KEY"
 BASE_TAR="$IMAGES_CACHE/base-$SUITE-$KEY.tar.gz"
 mkdir -p "$IMAGES_CACHE"
 WORK=$(mktemp -d "$IMAGES_CACHE/work.XXXXXX")   # same filesystem as the cache: hard links
@@ -298,6 +305,7 @@ else
   log "base: imported $BASE_IMAGE"
 fi
 "${B[@]}" tag "$BASE_IMAGE" "localhost/distrain/base:$SUITE"
+if [ "$MODE" = base ]; then echo "$BASE_IMAGE"; exit 0; fi
 
 # --- 2, 3. the images -------------------------------------------------------------
 
