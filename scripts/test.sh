@@ -24,6 +24,7 @@ scripts/prometheus.sh build
 # as TFRecord shards written by TensorFlow (the TFRecord and workflow tests).
 scripts/mnist.sh > /dev/null
 scripts/mnist_tfrecord.sh > /dev/null
+[ "$(id -u)" != 0 ] || scripts/build-tf-image.sh > /dev/null  # e2e.tensorflow_image's TensorFlow image (cached by version)
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 cd "$BUILD_DIR"
 # Integration tests start several processes each; run them one at a time on
