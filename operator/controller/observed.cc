@@ -95,6 +95,7 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
   p.terminating = metadata.contains("deletionTimestamp") && !metadata["deletionTimestamp"].is_null();
   if (metadata.contains("annotations") && metadata["annotations"].is_object()) {
     p.cluster_hash = metadata["annotations"].value(kClusterHashAnnotation, "");
+    p.reports_progress = metadata["annotations"].value(kReportsProgressAnnotation, "") == "true";
   }
   if (pod.contains("status") && pod["status"].is_object()) {
     p.phase = pod["status"].value("phase", "");

@@ -30,6 +30,7 @@ struct ObservedPod {
   // pod's status.reason ("Evicted"); may be empty.
   std::string reason;
   std::string cluster_hash;  // annotation kClusterHashAnnotation; "" when absent
+  bool reports_progress = false;  // annotation kReportsProgressAnnotation is "true"
   // When its process started: the main container's state.running.startedAt,
   // else the pod's status.startTime; nullopt before either is known. The
   // stall clock of a new pod starts here (stall.h).

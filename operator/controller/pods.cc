@@ -468,6 +468,9 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   EnsurePort(main, kMetricsPortName, metrics_port);
   // Startup, liveness and readiness on /healthz (probes.h).
   AddHealthProbes(main, metrics_port, options);
+  if (RunsDistrainWorker(*main, options)) {
+    pod["metadata"]["annotations"][kReportsProgressAnnotation] = "true";
+  }
 
   // Devices.
   int default_gpus = 0;

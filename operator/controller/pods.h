@@ -100,6 +100,11 @@ inline constexpr char kTpuResource[] = "google.com/tpu";
 // Hash of the TF_CONFIG cluster a pod was created with: a pod whose hash is
 // not the current one belongs to an older membership (elastic.h).
 inline constexpr char kClusterHashAnnotation[] = "distrain.io/cluster-spec-hash";
+// "true" on a pod whose main container runs distrain-worker (probes.h's
+// RunsDistrainWorker): it exports the step counter the operator watches, so
+// it can be judged stalled before its first step (stall.h). A user's own
+// image (TensorFlow) reports no step and is never judged.
+inline constexpr char kReportsProgressAnnotation[] = "distrain.io/reports-progress";
 // The job's cluster-spec ConfigMap ("<job>-cluster-spec") and its one key.
 inline constexpr char kClusterConfigMapSuffix[] = "-cluster-spec";
 inline constexpr char kClusterConfigMapKey[] = "cluster";

@@ -46,9 +46,10 @@ StallDecision DecideStall(const JobConfig& config, const api::JobStatus& status,
     if (IsMaster(config, p.id) && p.running() && p.started) master = &p;
   }
   if (master == nullptr) return d;
+  const bool moved_since_start = last_step && *last_step > *master->started;
+  if (!master->reports_progress && !moved_since_start) return d;
   // Steps 2-3.
   const std::optional<int64_t>& spec_seconds = config.run_policy.progress_deadline_seconds;
-  const bool moved_since_start = last_step && *last_step > *master->started;
   const absl::Time seen = moved_since_start ? *last_step : *master->started;
   const absl::Time since = std::max(seen, watch_start);
   absl::Duration allowance;

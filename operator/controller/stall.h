@@ -17,6 +17,11 @@
 //   1. Only a master pod (the chief, or Worker 0) that is Running, not being
 //      deleted, and whose start is known is judged: a pod still starting, or
 //      being replaced, is not stalled, and a restart clears nothing by itself.
+//      Nor is one that reports no progress: only a pod annotated
+//      kReportsProgressAnnotation (it runs distrain-worker, pods.h) is judged
+//      before the step has moved since it started. A user's own image (a
+//      TensorFlow chief) exports no step counter, and would otherwise be
+//      restarted as stalled 10 minutes into every run.
 //   2. The clock starts at since = max(lastStepTime, the pod's start, the
 //      time this operator began watching progress): time nobody watched is
 //      not held against the pod (a lastStepTime left from before an operator

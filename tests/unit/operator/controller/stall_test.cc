@@ -130,6 +130,33 @@ TEST(StallTest, StartUpIsAllowedTenMinutesEvenWithAShortDeadline) {
               HasSubstr("completed no step in the 601 s since it started"));
 }
 
+// A user's TensorFlow image exports no distrain metrics: its master never
+// reports a step, and must not be restarted as stalled however long it trains.
+TEST(StallTest, AMasterThatReportsNoProgressIsNeverJudged) {
+  World w(MakeJob(
+      "  strategy: OneDevice\n  replicaSpecs:\n    Worker:\n      replicas: 1\n"
+      "      restartPolicy: ExitCode\n      template: {spec: {containers: [{name: tensorflow, "
+      "image: \"my/tf:2.21\", command: [python3, /app/train.py]}]}}\n"
+      "  runPolicy: {progressDeadlineSeconds: 30}\n"));
+  w.Step();
+  ASSERT_EQ(w.Pod("mnist-worker-0")["metadata"]["annotations"].count(kReportsProgressAnnotation), 0u);
+  StartAll(w, T0());
+  w.facts.now = T0() + absl::Hours(3);
+  EXPECT_THAT(w.Step().pods_to_delete, IsEmpty());
+  EXPECT_EQ(Cond(w, api::kConditionStalled), nullptr);
+  // Once it has reported a step it is judged like any other.
+  StepSeen(w, 1, T0() + absl::Hours(3));
+  w.facts.now = T0() + absl::Hours(4);
+  EXPECT_THAT(Names(w.Step().pods_to_delete), ElementsAre("mnist-worker-0"));
+}
+
+TEST(StallTest, ADistrainWorkerIsMarkedAsReportingProgress) {
+  World w(MakeJob(OneDevice("ExitCode", "")));
+  w.Step();
+  EXPECT_EQ(w.Pod("mnist-worker-0")["metadata"]["annotations"].value(kReportsProgressAnnotation, ""),
+            "true");
+}
+
 TEST(StallTest, APodNotYetRunningIsNeverStalled) {
   World w(MakeJob(OneDevice("ExitCode", "{progressDeadlineSeconds: 30}")));
   w.Step();  // pods Pending, no start time
