@@ -74,14 +74,19 @@ std::optional<Json> FinalFiguresOf(const Json& pod) {
 
 Json FinalProgress(const Json& current, const std::vector<ObjectRef>& pods, int64_t total_steps) {
   Json progress = current.is_object() ? current : Json::object();
+  std::optional<int64_t> master_total;  // the master's own count wins over the spec's
   for (const ObjectRef& pod : pods) {
     const Json& labels = pod->value("metadata", Json::object()).value("labels", Json::object());
     if (!labels.is_object() || labels.value(api::kLabelJobRole, "") != "master") continue;
     if (StringAt(*pod, "/status/phase") != "Succeeded" && !MainContainerExitedZero(*pod)) continue;
     if (std::optional<Json> figures = FinalFiguresOf(*pod)) {
       for (const auto& [key, value] : figures->items()) progress[key] = value;
+      if (figures->contains("totalSteps")) master_total = (*figures)["totalSteps"].get<int64_t>();
     }
   }
+  // A user's image may count its steps its own way (epochs x steps per epoch):
+  // what it says it ran is the total, not spec.training.steps.
+  if (master_total && *master_total > 0) total_steps = *master_total;
   // A job succeeds only once its master ran every step (success.h), so the
   // step is known even without a message.
   if (!progress.contains("step") || !progress["step"].is_number_integer() ||

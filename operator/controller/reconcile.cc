@@ -531,7 +531,8 @@ void Reconciler::Finalize() {
   s.replica_statuses = std::move(replicas);
   s.observed_generation = job_.metadata.generation;
   s.selector = api::WorkerSelector(job_.metadata.name);
-  if (s.progress.is_null() || s.progress.is_object()) {
+  // A succeeded job keeps the total its master reported (final_progress.h).
+  if ((s.progress.is_null() || s.progress.is_object()) && !s.IsTrue(api::kConditionSucceeded)) {
     s.progress["totalSteps"] = config.training.steps;
   }
   s.state = StateOf(s);

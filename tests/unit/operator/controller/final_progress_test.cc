@@ -80,6 +80,17 @@ TEST(FinalProgressTest, WithoutAMessageSuccessStillMeansEveryStep) {
   EXPECT_FALSE(plan.status.progress.contains("accuracy"));
 }
 
+// A user's image counts its own steps (a TensorFlow script: epochs x steps per
+// epoch); what its message says it ran is the total, not spec.training.steps.
+TEST(FinalProgressTest, TheMastersOwnTotalWinsOverTheSpecs) {
+  World w = RunningJob();
+  Succeed(&w.Pod("mnist-chief-0"), R"({"step":60,"totalSteps":60,"loss":0.8})");
+  Plan plan = w.Step();
+  ASSERT_TRUE(plan.status.IsTrue(api::kConditionSucceeded));
+  EXPECT_EQ(plan.status.progress["step"], 60);
+  EXPECT_EQ(plan.status.progress["totalSteps"], 60);
+}
+
 TEST(FinalProgressTest, AMalformedMessageIsIgnoredFieldByField) {
   World w = RunningJob();
   Succeed(&w.Pod("mnist-chief-0"),
