@@ -39,7 +39,6 @@ or with the distrain CLI, which writes TF_CONFIG as the operator does:
   distrain run examples/tensorflow-multi-worker-mirrored.yaml --worker-binary examples/tensorflow/mnist_mwms.py
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -54,25 +53,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines of
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
-from mnist_setup import build_model, exit_on_sigterm, make_dataset, report_final  # noqa: E402
+from mnist_setup import build_model, exit_on_sigterm, make_dataset, parse_training_args, report_final  # noqa: E402
 
 
 def log(msg):
     print(f"tf-mwms: {msg}", flush=True)
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=int(os.environ.get("EPOCHS", "3")))
-    p.add_argument("--steps-per-epoch", type=int, default=int(os.environ.get("STEPS_PER_EPOCH", "20")))
-    p.add_argument("--global-batch-size", type=int, default=int(os.environ.get("GLOBAL_BATCH_SIZE", "64")))
-    p.add_argument("--examples", type=int, default=4096, help="synthetic examples")
-    p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", ""))
-    return p.parse_args()
-
 
 def main():
-    args = parse_args()
+    args = parse_training_args(__doc__.split("\n")[0])
     exit_on_sigterm()
     tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = tf_config.get("task", {"type": "worker", "index": 0})

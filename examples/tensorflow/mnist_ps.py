@@ -40,7 +40,6 @@ so --grace-period bounds how long `distrain run` waits for them afterwards):
   distrain run examples/tensorflow-parameter-server.yaml --worker-binary examples/tensorflow/mnist_ps.py --grace-period 5
 """
 
-import argparse
 import collections
 import json
 import os
@@ -55,21 +54,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines of
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
-from mnist_setup import build_model, exit_on_sigterm, make_dataset, report_final  # noqa: E402
+from mnist_setup import build_model, exit_on_sigterm, make_dataset, parse_training_args, report_final  # noqa: E402
 
 
 def log(msg):
     print(f"tf-ps: {msg}", flush=True)
 
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=int(os.environ.get("EPOCHS", "3")))
-    p.add_argument("--steps-per-epoch", type=int, default=int(os.environ.get("STEPS_PER_EPOCH", "20")))
-    p.add_argument("--global-batch-size", type=int, default=int(os.environ.get("GLOBAL_BATCH_SIZE", "64")))
-    p.add_argument("--examples", type=int, default=4096, help="synthetic examples")
-    p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", ""))
-    return p.parse_args()
 
 
 def serve(resolver):
@@ -135,7 +125,7 @@ def coordinate(resolver, args):
 
 
 def main():
-    args = parse_args()
+    args = parse_training_args(__doc__.split("\n")[0])
     exit_on_sigterm()
     if not os.environ.get("TF_CONFIG"):
         log("TF_CONFIG is not set: this script needs a cluster (chief, worker and ps tasks)")

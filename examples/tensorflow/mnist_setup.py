@@ -1,12 +1,24 @@
 """What mnist_mwms.py and mnist_ps.py share: the data, the model, and the two
 things a script in a pod of the operator's should do besides training."""
 
+import argparse
 import json
 import os
 import signal
 
 import numpy as np
 import tensorflow as tf
+
+
+def parse_training_args(description):
+    """The knobs both scripts take, as flags or (from a pod template) env vars."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--epochs", type=int, default=int(os.environ.get("EPOCHS", "3")))
+    p.add_argument("--steps-per-epoch", type=int, default=int(os.environ.get("STEPS_PER_EPOCH", "20")))
+    p.add_argument("--global-batch-size", type=int, default=int(os.environ.get("GLOBAL_BATCH_SIZE", "64")))
+    p.add_argument("--examples", type=int, default=4096, help="synthetic examples")
+    p.add_argument("--model-dir", default=os.environ.get("MODEL_DIR", ""))
+    return p.parse_args()
 
 
 def make_dataset(num_examples, seed=7):
