@@ -35,7 +35,17 @@
 #                                          STATE_DIR/prometheus; sets E2E_PROMETHEUS_URL;
 #                                          e2e_stop stops it
 
+#   k ARGS...                              kubectl in namespace $NS (set by the test)
+#   fail MESSAGE / ok MESSAGE              a check's verdict, printed; fail counts in $failures
+
 E2E_PIDS=()
+failures=0
+k() { "$KUBECTL" -n "$NS" "$@"; }
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+ok() { echo "ok: $*"; }
 E2E_TAG="${E2E_TAG:-e2e}"
 E2E_WORKER_IMAGE="localhost/distrain/worker:$E2E_TAG"
 E2E_NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"

@@ -34,12 +34,6 @@ NS="e2e-kueue-$$"
 CQ="e2e-kueue-$$"
 FLAVOR="e2e-kueue-$$"
 WORK="$(mktemp -d /tmp/distrain-e2e-kueue.XXXXXX)"
-k() { "$KUBECTL" -n "$NS" "$@"; }
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
 
 started_kueue=0
 cleanup() {

@@ -41,13 +41,6 @@ HELM="$("$CP" helmbin 2>/dev/null)" || { echo "FAIL: no helm (scripts/control-pl
 NS="tf-e2e-$$"
 REL="tf$$"
 WORK="$(mktemp -d /tmp/distrain-e2e-tf.XXXXXX)"
-k() { "$KUBECTL" -n "$NS" "$@"; }
-failures=0
-fail() {
-  echo "FAIL: $*"
-  failures=$((failures + 1))
-}
-ok() { echo "ok: $*"; }
 dump() {
   echo "--- kubectl get dtj,pods -o wide"
   k get dtj,pods -o wide 2>&1
