@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "operator/api/distributed_training_job.h"
+#include "operator/controller/observed.h"
 #include "operator/controller/pods.h"
 
 namespace distrain::controller {
@@ -14,30 +15,6 @@ using Json = nlohmann::json;
 std::string StringAt(const Json& j, const char* pointer) {
   const Json::json_pointer p(pointer);
   return j.contains(p) && j.at(p).is_string() ? j.at(p).get<std::string>() : "";
-}
-
-// The pod's main container status (named like the spec's main container).
-const Json* MainContainerStatus(const Json& pod) {
-  if (!pod.contains("spec")) return nullptr;
-  const Json* main = MainContainer(pod["spec"]);
-  const std::string name = main != nullptr ? main->value("name", "") : "";
-  const Json::json_pointer at("/status/containerStatuses");
-  if (!pod.contains(at) || !pod.at(at).is_array()) return nullptr;
-  const Json& statuses = pod.at(at);
-  for (const Json& s : statuses) {
-    if (s.is_object() && s.value("name", "") == name) return &s;
-  }
-  return nullptr;
-}
-
-// The main container has exited 0. The kubelet reports phase Succeeded only
-// after tearing down the sandbox, and the reconcile already counts such a pod
-// as Succeeded (observed.h), so the job may be marked Succeeded first.
-bool MainContainerExitedZero(const Json& pod) {
-  const Json* status = MainContainerStatus(pod);
-  const Json::json_pointer code("/state/terminated/exitCode");
-  return status != nullptr && status->contains(code) && status->at(code).is_number_integer() &&
-         status->at(code).get<int64_t>() == 0;
 }
 
 }  // namespace
@@ -78,7 +55,7 @@ Json FinalProgress(const Json& current, const std::vector<ObjectRef>& pods, int6
   for (const ObjectRef& pod : pods) {
     const Json& labels = pod->value("metadata", Json::object()).value("labels", Json::object());
     if (!labels.is_object() || labels.value(api::kLabelJobRole, "") != "master") continue;
-    if (StringAt(*pod, "/status/phase") != "Succeeded" && !MainContainerExitedZero(*pod)) continue;
+    if (EffectivePhase(*pod) != "Succeeded") continue;
     if (std::optional<Json> figures = FinalFiguresOf(*pod)) {
       for (const auto& [key, value] : figures->items()) progress[key] = value;
       if (figures->contains("totalSteps")) master_total = (*figures)["totalSteps"].get<int64_t>();

@@ -20,22 +20,6 @@ std::string Label(const Json& pod, const char* key) {
   return StringAt(pod["metadata"], "labels", key);
 }
 
-// The main container's status: the one named like the spec's main container.
-const Json* MainContainerStatus(const Json& pod) {
-  const Json& spec = pod.contains("spec") ? pod["spec"] : Json();
-  const Json* main = MainContainer(spec);
-  const std::string main_name = main != nullptr ? main->value("name", "") : kMainContainerName;
-  if (!pod.contains("status") || !pod["status"].is_object()) return nullptr;
-  const Json& status = pod["status"];
-  if (!status.contains("containerStatuses") || !status["containerStatuses"].is_array()) {
-    return nullptr;
-  }
-  for (const Json& cs : status["containerStatuses"]) {
-    if (cs.is_object() && cs.value("name", "") == main_name) return &cs;
-  }
-  return nullptr;
-}
-
 // Every container of the spec has a status whose current state is terminated.
 bool AllContainersTerminated(const Json& pod) {
   if (!pod.contains("spec") || !pod["spec"].contains("containers") ||
@@ -54,6 +38,35 @@ bool AllContainersTerminated(const Json& pod) {
 }
 
 }  // namespace
+
+const Json* MainContainerStatus(const Json& pod) {
+  const Json& spec = pod.contains("spec") ? pod["spec"] : Json();
+  const Json* main = MainContainer(spec);
+  const std::string main_name = main != nullptr ? main->value("name", "") : kMainContainerName;
+  if (!pod.contains("status") || !pod["status"].is_object()) return nullptr;
+  const Json& status = pod["status"];
+  if (!status.contains("containerStatuses") || !status["containerStatuses"].is_array()) {
+    return nullptr;
+  }
+  for (const Json& cs : status["containerStatuses"]) {
+    if (cs.is_object() && cs.value("name", "") == main_name) return &cs;
+  }
+  return nullptr;
+}
+
+std::string EffectivePhase(const Json& pod) {
+  const std::string phase =
+      pod.contains("status") && pod["status"].is_object() ? pod["status"].value("phase", "") : "";
+  if (phase != "Running" && phase != "Pending") return phase;
+  if (!pod.contains("spec") || pod["spec"].value("restartPolicy", "") != "Never" ||
+      !AllContainersTerminated(pod)) {
+    return phase;
+  }
+  const Json* main = MainContainerStatus(pod);
+  const Json::json_pointer code("/state/terminated/exitCode");
+  if (main == nullptr || !main->contains(code) || !main->at(code).is_number_integer()) return phase;
+  return main->at(code).get<int64_t>() == 0 ? "Succeeded" : "Failed";
+}
 
 std::string ObservedPod::Describe() const {
   std::string out;
@@ -98,7 +111,6 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
     p.reports_progress = metadata["annotations"].value(kReportsProgressAnnotation, "") == "true";
   }
   if (pod.contains("status") && pod["status"].is_object()) {
-    p.phase = pod["status"].value("phase", "");
     p.reason = pod["status"].value("reason", "");
     const Json& start = pod["status"].value("startTime", Json());
     if (start.is_string()) {
@@ -127,16 +139,7 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
       }
     }
   }
-  // Every container has exited and none restarts (the operator's pods are
-  // restartPolicy Never): the pod is over, though the kubelet reports its
-  // terminal phase only after tearing down its sandbox, about 1.5 s later on
-  // a real node. Acting on the containers' state instead is that much of an
-  // in-place recovery saved (the replacement is created at once).
-  if ((p.phase == "Running" || p.phase == "Pending") && p.exit_code.has_value() &&
-      pod.contains("spec") && pod["spec"].value("restartPolicy", "") == "Never" &&
-      AllContainersTerminated(pod)) {
-    p.phase = *p.exit_code == 0 ? "Succeeded" : "Failed";
-  }
+  p.phase = EffectivePhase(pod);
   return p;
 }
 

@@ -44,6 +44,19 @@ struct ObservedPod {
   std::string Describe() const;
 };
 
+// The main container's status (the one named like the spec's main
+// container), or null before the kubelet reports it.
+const nlohmann::json* MainContainerStatus(const nlohmann::json& pod);
+
+// The pod's phase as the operator counts it: status.phase, except that a
+// restartPolicy Never pod (every pod the operator makes) whose containers
+// have all exited is over already: Succeeded when its main container exited
+// 0, else Failed. The kubelet reports that phase only after tearing down the
+// pod's sandbox, about 1.5 s later on a real node; acting on the containers
+// is that much of a recovery saved, and the master's final figures
+// (final_progress.h) count from the same moment. "" before the kubelet.
+std::string EffectivePhase(const nlohmann::json& pod);
+
 // nullopt when the object is not a replica pod of job `job_name` (labels
 // missing or malformed, or another controller owns it).
 std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std::string& job_name,
