@@ -23,9 +23,12 @@ std::string JoinHostPort(const std::string& host, int port) {
   return absl::StrCat(host, ":", port);
 }
 
+bool IsWildcardHost(const std::string& host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
 std::string ConnectHostFor(const std::string& host) {
-  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") return "127.0.0.1";
-  return host;
+  return IsWildcardHost(host) ? "127.0.0.1" : host;
 }
 
 }  // namespace distrain

@@ -27,6 +27,10 @@ std::string ListenHostFor(const std::optional<std::string>& pod_ip);
 // host:port for a listener, bracketing an IPv6 host ("[fd00::5]:2222").
 std::string JoinHostPort(const std::string& host, int port);
 
+// "", 0.0.0.0, :: or [::]: a listener on every interface, not an address a
+// peer can dial.
+bool IsWildcardHost(const std::string& host);
+
 // A host that a local client can connect to for a server listening on `host`:
 // the wildcard addresses become 127.0.0.1, anything else is returned unchanged.
 std::string ConnectHostFor(const std::string& host);

@@ -24,6 +24,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "common/net.h"
 #include "worker/collective/reduce_kernel.h"
 
 namespace distrain {
@@ -92,10 +93,6 @@ uint64_t Fnv1a(const std::string& text, int size) {
 }
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
-
-bool IsWildcard(const std::string& host) {
-  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
-}
 
 const char* KindName(uint8_t kind) {
   switch (kind) {
@@ -294,7 +291,7 @@ absl::StatusOr<std::unique_ptr<RingCollective>> RingCollective::Create(Store& st
                                                    options.peer_names.size(),
                                                    " names; it needs one per rank (", size, ")"));
   }
-  if (options.advertised_host.empty() && IsWildcard(options.bind_host) && size > 1) {
+  if (options.advertised_host.empty() && IsWildcardHost(options.bind_host) && size > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "RingOptions.bind_host '", options.bind_host,
         "' listens on every interface; set advertised_host to the name peers should dial"));

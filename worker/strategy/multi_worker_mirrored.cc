@@ -131,8 +131,7 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   task_name_ = cluster.task().ToString();
   ring_options_.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
   ring_options_.advertised_host =
-      ConnectHostFor(ring_options_.bind_host) == ring_options_.bind_host ? ring_options_.bind_host
-                                                                         : me->host;
+      IsWildcardHost(ring_options_.bind_host) ? me->host : ring_options_.bind_host;
   ring_options_.peer_names = names;
   ring_options_.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));
   if (absl::Status s = FormCollectives(generation); !s.ok()) return s;

@@ -48,5 +48,12 @@ TEST(ConnectHostForTest, WildcardsBecomeLoopback) {
   EXPECT_EQ(ConnectHostFor("10.244.0.9"), "10.244.0.9");
 }
 
+TEST(IsWildcardHostTest, OnlyTheEveryInterfaceAddressesAreWildcards) {
+  for (const char* host : {"", "0.0.0.0", "::", "[::]"}) EXPECT_TRUE(IsWildcardHost(host)) << host;
+  for (const char* host : {"10.244.0.7", "127.0.0.1", "fd00::7", "w-0.ns.svc"}) {
+    EXPECT_FALSE(IsWildcardHost(host)) << host;
+  }
+}
+
 }  // namespace
 }  // namespace distrain
