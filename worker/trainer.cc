@@ -329,7 +329,9 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
   };
 
   // 4. The loop.
-  const int64_t per_process_batch = strategy_->per_process_batch_size(tc.global_batch_size);
+  int64_t per_process_batch = strategy_->per_process_batch_size(tc.global_batch_size);
+  int input_shard = strategy_->input_shard_index();
+  int input_shards = strategy_->num_input_shards();
   // A process without local replicas (ParameterServer's coordinator) feeds
   // no data: its workers read their own shards.
   std::unique_ptr<BatchSource> source;
@@ -409,6 +411,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
         if (stop.load() && resumed.status().code() == absl::StatusCode::kCancelled) {
           // Stopped while waiting for a replacement: the state is still that
           // of a completed step, so the chief checkpoints it as on any stop.
+          // The strategy hears of the stop too (an elastic worker departs).
+          if (!stop_voted) strategy_->RequestStop();
           stop_agreed = true;
           continue;
         }
@@ -416,12 +420,30 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       }
       step = *resumed;
       if (env_.metrics) env_.metrics->step.Set(static_cast<double>(step));
+      if (strategy_->input_shard_index() != input_shard ||
+          strategy_->num_input_shards() != input_shards) {
+        // An elastic resize (multi_worker_mirrored.h, E3): the same global
+        // batches, re-split among the new group from the agreed step on.
+        input_shard = strategy_->input_shard_index();
+        input_shards = strategy_->num_input_shards();
+        per_process_batch = strategy_->per_process_batch_size(tc.global_batch_size);
+        if (input->effective_policy == AutoShardPolicy::kFile) {
+          // Files are dealt to shards: the new shard owns other files.
+          source.reset();
+          auto reopened = OpenTrainingInput(tc.dataset, tc.seed, input_shard, input_shards);
+          if (!reopened.ok()) return fail(kExitInvalidData, reopened.status());
+          input = std::move(reopened);
+          train_data = std::move(input->dataset);
+        }
+        spdlog::info("input re-split at step {}: shard {}/{}, {} examples a step", step,
+                     input_shard, input_shards, per_process_batch);
+      }
       if (source != nullptr) {
-        // Same shard layout, re-positioned at the agreed step (R5).
+        // Re-positioned at the agreed step (R5).
         source.reset();  // a prefetcher's thread stops before the new one reads
-        source = std::make_unique<ShardedBatcher>(
-            train_data, input->effective_policy, strategy_->input_shard_index(),
-            strategy_->num_input_shards(), per_process_batch, tc.seed, tc.dataset.shuffle, step);
+        source = std::make_unique<ShardedBatcher>(train_data, input->effective_policy, input_shard,
+                                                  input_shards, per_process_batch, tc.seed,
+                                                  tc.dataset.shuffle, step);
         if (tc.dataset.prefetch_batches > 0) {
           source = std::make_unique<PrefetchingBatchSource>(std::move(source),
                                                             tc.dataset.prefetch_batches);

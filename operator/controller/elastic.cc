@@ -2,6 +2,18 @@
 
 namespace distrain::controller {
 
+bool ResizesInPlace(const JobConfig& config, const std::vector<ObservedPod>& pods) {
+  if (config.strategy != StrategyKind::kMultiWorkerMirrored || !config.elastic_policy ||
+      config.run_policy.recovery_policy != RecoveryPolicy::kInPlace) {
+    return false;
+  }
+  for (const ObservedPod& p : pods) {
+    const bool training = p.id.type == ReplicaType::kChief || p.id.type == ReplicaType::kWorker;
+    if (training && !p.terminating && !p.reports_progress) return false;
+  }
+  return true;
+}
+
 ScaleDecision DecideScale(const Topology& topology, const std::vector<ObservedPod>& pods) {
   ScaleDecision d;
   bool stale = false;
@@ -17,7 +29,8 @@ ScaleDecision DecideScale(const Topology& topology, const std::vector<ObservedPo
       stale = true;
     }
   }
-  if (stale && topology.config.strategy != StrategyKind::kParameterServer) {
+  if (stale && topology.config.strategy != StrategyKind::kParameterServer &&
+      !ResizesInPlace(topology.config, pods)) {
     for (const ObservedPod& p : pods) {
       const bool training = p.id.type == ReplicaType::kChief || p.id.type == ReplicaType::kWorker;
       if (!p.terminating && training && p.id.index < topology.config.replicas_of(p.id.type)) {

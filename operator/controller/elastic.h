@@ -15,6 +15,13 @@
 //     created again, as one new generation with the new TF_CONFIG, once the
 //     old pods are gone (reconcile.h). This is a resize, not a failure: it is
 //     not counted against backoffLimit.
+//     Except in place (ResizesInPlace): MultiWorkerMirrored with
+//     spec.elasticPolicy and recoveryPolicy InPlace whose training pods run
+//     distrain-worker. Its group admits new workers and drops departed ones
+//     while it trains (worker/strategy/multi_worker_mirrored.h, E1-E4), so
+//     only the excess pods are deleted (they depart on SIGTERM) and the new
+//     indices created, with the new TF_CONFIG; the survivors keep theirs.
+//     A user's TensorFlow image cannot do that: it is regenerated.
 //   * ParameterServer: workers are independent, so workers are only added
 //     (with the new TF_CONFIG) or removed; the running pods stay.
 // The Evaluator is not in the training cluster (its count is not hashed).
@@ -35,6 +42,9 @@ struct ScaleDecision {
 };
 
 ScaleDecision DecideScale(const Topology& topology, const std::vector<ObservedPod>& pods);
+
+// Whether a resize of this job happens in place (see above).
+bool ResizesInPlace(const JobConfig& config, const std::vector<ObservedPod>& pods);
 
 }  // namespace distrain::controller
 

@@ -31,8 +31,10 @@ std::vector<ReplicaType> RestartGroup(const JobConfig& config, const ObservedPod
   if (config.strategy == StrategyKind::kMultiWorkerMirrored &&
       config.run_policy.recovery_policy == RecoveryPolicy::kInPlace &&
       type == ReplicaType::kWorker && !IsMaster(config, pod.id) &&
-      pod.exit_code != kExitTerminated) {
-    return {};  // its survivors wait for it and take it back in place
+      (pod.exit_code != kExitTerminated || config.elastic_policy.has_value())) {
+    // Its survivors wait for it and take it back in place. (Elastic: a
+    // stopped worker departed alone and the others trained on without it.)
+    return {};
   }
   // Synchronous strategies (Auto is resolved before it gets here). A PS pod
   // cannot exist outside ParameterServer (the spec is validated); were it to,

@@ -324,6 +324,73 @@ TEST(SyncTrainingTest, MultiWorkerMirroredKilledWorkersRejoinInPlaceAndTheJobMat
   fs::remove_all(dir);
 }
 
+// spec.elasticPolicy (multi_worker_mirrored.h, E1-E4): a group that loses
+// members trains on without them as soon as the smaller size divides the
+// global batch, and grows back when processes join, without restarting any
+// survivor. Here (global batch 64, so 2 or 4 processes): worker:2 is killed
+// (3 would not divide: the survivors wait), worker:1 is stopped by SIGTERM and
+// departs (now 2: the chief and worker:0 train on), later both come back
+// (4 again). Every step's global batch is the same examples at every size,
+// so the job still ends where single-process training ends.
+TEST(SyncTrainingTest, MultiWorkerMirroredElasticShrinksAndGrowsInPlaceAndMatchesOneDevice) {
+  const auto& reference = OneDeviceReference();
+  const std::string dir = FreshTempDir("elastic");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      absl::StrCat(SyncJobYaml("MultiWorkerMirrored", kChiefAnd3Workers, kSteps, kCommunication),
+                   "  elasticPolicy: {minReplicas: 1, maxReplicas: 3}\n"));
+  Cluster cluster(job, dir, 3, kSteps);
+  Subprocess* chief = cluster.processes[0].get();
+  Subprocess* worker0 = cluster.processes[1].get();
+  ASSERT_TRUE(cluster.processes[3]->WaitForOutput("step 40/", 120)) << cluster.processes[3]->output();
+  cluster.processes[3]->Signal(SIGKILL);
+  ASSERT_TRUE(cluster.processes[3]->Wait(10).has_value());
+  ASSERT_TRUE(chief->WaitForOutput("recovering in place", 30)) << chief->output();
+  cluster.processes[2]->Signal(SIGTERM);
+  auto departed = cluster.processes[2]->Wait(30);
+  ASSERT_TRUE(departed.has_value()) << cluster.processes[2]->output();
+  EXPECT_EQ(*departed, 143) << cluster.processes[2]->output();
+  EXPECT_NE(cluster.processes[2]->output().find("leaving the group"), std::string::npos)
+      << cluster.processes[2]->output();
+  // Two processes train on: the chief re-split the batch and keeps stepping.
+  ASSERT_TRUE(chief->WaitForOutput("now rank 0 of 2", 30)) << chief->output();
+  ASSERT_TRUE(worker0->WaitForOutput("now rank 1 of 2", 30)) << worker0->output();
+  const std::string at_shrink = chief->output();
+  std::smatch m;
+  const std::regex resumed(R"(resuming at step (\d+))");
+  ASSERT_TRUE(std::regex_search(at_shrink, m, resumed)) << at_shrink;
+  const int64_t shrink_step = std::stoll(m[1]);
+  // Logged every 20 steps: the first log line at least 10 steps after the shrink.
+  const int64_t trained_on = ((shrink_step + 10) / 20 + 1) * 20;
+  ASSERT_TRUE(chief->WaitForOutput(absl::StrCat("step ", trained_on, "/"), 60)) << chief->output();
+  // worker:0 paused while the two come back, so the job cannot finish
+  // before they join however slow their start: the chief hears of the
+  // growth in its step with worker:0 and regroups.
+  worker0->Signal(SIGSTOP);
+  cluster.Restart(2);
+  cluster.Restart(3);
+  const bool grown = chief->WaitForOutput("now rank 0 of 4", 60);
+  worker0->Signal(SIGCONT);
+  ASSERT_TRUE(grown) << chief->output();
+  cluster.ExpectAllSucceed(120);
+  EXPECT_EQ(cluster.processes[0].get(), chief);  // the survivors never restarted
+  EXPECT_EQ(cluster.processes[1].get(), worker0);
+  for (Subprocess* survivor : {chief, worker0}) {
+    const std::string out = survivor->output();
+    EXPECT_EQ(out.find("exit code 170"), std::string::npos) << out;
+    EXPECT_NE(out.find("input re-split"), std::string::npos) << out;
+  }
+  ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
+  const auto chief_sums = ChecksumsByStep(dir + "/checksums.chief-0.txt");
+  EXPECT_EQ(chief_sums.size(), static_cast<size_t>(kSteps));
+  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
+    for (const auto& [step, sum] : ChecksumsByStep(dir + "/checksums." + cluster.tasks[i] + ".txt")) {
+      EXPECT_EQ(sum, chief_sums.at(step)) << cluster.tasks[i] << " at step " << step;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // The survivors do not wait forever: with no replacement they give up after
 // runPolicy.recoveryTimeoutSeconds with the retryable code, naming the loss.
 TEST(SyncTrainingTest, MultiWorkerMirroredSurvivorsGiveUpWhenNoReplacementComes) {

@@ -160,6 +160,7 @@ absl::StatusOr<Membership> CoordinationClient::Join(absl::Time deadline) {
       absl::MutexLock lock(&mu_);
       generation_ = std::max(generation_, m.generation);
       whole_generation_ = std::max(whole_generation_, m.generation);
+      whole_membership_ = m;
       return m;
     }
     // Join is idempotent for one incarnation, so a broken connection is retried;
@@ -231,7 +232,7 @@ absl::Status CoordinationClient::Barrier(const std::string& name, absl::Duration
   return FromGrpc(st.error_code(), st.error_message(), absl::StrCat("barrier '", name, "'"));
 }
 
-absl::Status CoordinationClient::Leave() {
+absl::Status CoordinationClient::Leave(bool departing) {
   auto s = stub();
   if (s == nullptr) {
     return absl::FailedPreconditionError("CoordinationClient::Leave before Connect");
@@ -246,6 +247,7 @@ absl::Status CoordinationClient::Leave() {
   v1::LeaveRequest req;
   *req.mutable_task() = ToTaskRef(self_);
   req.set_incarnation(incarnation_);
+  req.set_departing(departing);
   v1::LeaveResponse resp;
   const grpc::Status st = s->Leave(&ctx, req, &resp);
   if (st.ok()) return absl::OkStatus();
@@ -323,6 +325,37 @@ void CoordinationClient::WatchLoop(std::shared_ptr<v1::Coordination::Stub> stub,
       if (update.failed_size() == 0) {
         // A snapshot of a whole group, or a re-admission: whole again.
         whole_generation_ = std::max(whole_generation_, update.generation());
+        if (update.members_size() > 0 && update.generation() >= whole_membership_.generation) {
+          Membership m;
+          m.generation = update.generation();
+          for (const auto& ref : update.members()) m.members.push_back(FromTaskRef(ref));
+          const auto me = std::find(m.members.begin(), m.members.end(), self_);
+          // Unranked tasks (ps) stay unranked; ranked ones come first.
+          m.rank = me == m.members.end() || whole_membership_.rank < 0
+                       ? -1
+                       : static_cast<int>(me - m.members.begin());
+          // A changed member set (elastic: someone joined or was dropped)
+          // means the collectives of the old set are stale: report it like
+          // a failure, so the strategy regroups at this generation.
+          const bool resized = !whole_membership_.members.empty() &&
+                               m.members != whole_membership_.members;
+          std::string before;
+          for (const auto& t : whole_membership_.members) {
+            absl::StrAppend(&before, before.empty() ? "" : ", ", t.ToString());
+          }
+          whole_membership_ = std::move(m);
+          if (resized) {
+            last_failure_ = absl::AbortedError(absl::StrCat(
+                "membership changed at generation ", update.generation(), ": ", update.reason(),
+                " (was: ", before, ")"));
+            last_failure_generation_ = update.generation();
+            if (!reported_ && !leaving_ && !stopping_) {
+              report = last_failure_;
+              reported_ = true;
+              callback = on_failure_;
+            }
+          }
+        }
         cv_.SignalAll();
       } else {
         std::vector<TaskId> failed;
@@ -374,7 +407,12 @@ int64_t CoordinationClient::whole_generation() const {
   return whole_generation_;
 }
 
-absl::StatusOr<int64_t> CoordinationClient::WaitForWholeGroup(
+Membership CoordinationClient::whole_membership() const {
+  absl::MutexLock lock(&mu_);
+  return whole_membership_;
+}
+
+absl::StatusOr<Membership> CoordinationClient::WaitForWholeGroup(
     int64_t after, absl::Time deadline, const std::function<bool()>& cancelled) {
   constexpr absl::Duration kPoll = absl::Milliseconds(50);
   absl::MutexLock lock(&mu_);
@@ -396,7 +434,9 @@ absl::StatusOr<int64_t> CoordinationClient::WaitForWholeGroup(
     }
     cv_.WaitWithDeadline(&mu_, std::min(deadline, now + kPoll));
   }
-  return whole_generation_;
+  Membership m = whole_membership_;
+  m.generation = whole_generation_;  // a re-admission without members listed keeps the set
+  return m;
 }
 
 bool CoordinationClient::membership_stream_ended() const {

@@ -117,7 +117,8 @@ class CoordinationClient : public Store {
                              absl::Duration open_timeout = absl::Seconds(10));
 
   // Clean finish (protocol step 6): the closing stream is then not a failure.
-  absl::Status Leave();
+  // `departing`: this task leaves a group that trains on without it (step E).
+  absl::Status Leave(bool departing = false);
 
   // Cancels the membership stream (without Leave: the coordinator reports
   // this task failed) and joins the watcher thread. Idempotent.
@@ -138,8 +139,14 @@ class CoordinationClient : public Store {
   // returns that generation. UNAVAILABLE when the membership stream ends (the
   // coordinator is gone: nobody can re-admit anyone), DEADLINE_EXCEEDED at
   // `deadline`, CANCELLED once `cancelled` (polled) returns true.
-  absl::StatusOr<int64_t> WaitForWholeGroup(int64_t after, absl::Time deadline,
-                                            const std::function<bool()>& cancelled);
+  // The membership of that generation comes with it (elastic: the member
+  // set may have changed, and this task's rank with it).
+  absl::StatusOr<Membership> WaitForWholeGroup(int64_t after, absl::Time deadline,
+                                               const std::function<bool()>& cancelled);
+  // The member set of the latest whole generation (the Join's, then the
+  // updates'). A change of it after Join (an elastic resize) is reported to
+  // the failure callback like a failure, with ABORTED naming the change.
+  Membership whole_membership() const;
   // Re-arms the failure callback after a recovery that formed generation
   // `generation`: failures reported from now on reach the callback again.
   // Returns the failure a membership update after `generation` already
@@ -177,6 +184,8 @@ class CoordinationClient : public Store {
   absl::Status watch_end_status_ ABSL_GUARDED_BY(mu_);
   bool reported_ ABSL_GUARDED_BY(mu_) = false;  // on_failure_ called (or muted)
   int64_t whole_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  Membership whole_membership_ ABSL_GUARDED_BY(mu_);
+
   // The newest failure update and its generation (reported or not).
   int64_t last_failure_generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_failure_ ABSL_GUARDED_BY(mu_);

@@ -44,13 +44,27 @@ std::string Quote(const std::string& s) {
 class CoordinationService::Impl final : public v1::Coordination::Service {
  public:
   Impl(std::vector<TaskId> members, CoordinationServiceOptions options)
-      : options_(std::move(options)), num_ranked_(static_cast<int>(members.size())) {
-    ids_ = std::move(members);
+      : options_(std::move(options)),
+        num_ranked_(static_cast<int>(options_.elastic ? options_.elastic->candidates.size()
+                                                      : members.size())) {
+    ids_ = options_.elastic ? options_.elastic->candidates : members;
     ids_.insert(ids_.end(), options_.unranked.begin(), options_.unranked.end());
     max_waiters_ = options_.max_waiters > 0 ? options_.max_waiters
                                             : 4 * static_cast<int64_t>(ids_.size()) + 16;
     tasks_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) tasks_[i].id = ids_[i];
+    active_.assign(num_ranked_, false);
+    for (const TaskId& m : members) {
+      const auto it = std::find(ids_.begin(), ids_.begin() + num_ranked_, m);
+      if (it != ids_.begin() + num_ranked_) active_[it - ids_.begin()] = true;
+    }
+    const auto coordinator = std::find(ids_.begin(), ids_.begin() + num_ranked_, options_.coordinator);
+    coordinator_rank_index_ =
+        coordinator == ids_.begin() + num_ranked_ ? -1 : static_cast<int>(coordinator - ids_.begin());
+    const int initial = static_cast<int>(members.size());
+    allowed_size_ = options_.elastic && options_.elastic->allowed_size
+                        ? options_.elastic->allowed_size
+                        : std::function<bool(int)>([initial](int n) { return n == initial; });
   }
 
   grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinRequest* req,
@@ -117,7 +131,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
           break;
       }
     }
-    AdmitIfCompleteLocked();
+    ReconcileMembershipLocked();
 
     const WaitResult r = CountedWaitLocked(ctx, *deadline, [&] {
       return t.incarnation != inc || t.phase != Phase::kJoining;
@@ -127,10 +141,17 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       return grpc::Status::OK;
     }
     std::vector<TaskId> missing, joined;  // before withdrawing: we count as joined
-    for (const auto& other : tasks_) {
-      (other.phase == Phase::kJoining || other.phase == Phase::kJoined ? joined : missing)
-          .push_back(other.id);
+    for (size_t i = 0; i < tasks_.size(); ++i) {
+      const TaskState& other = tasks_[i];
+      const bool there = other.phase == Phase::kJoining || other.phase == Phase::kJoined;
+      if (there || IsMemberLocked(i)) (there ? joined : missing).push_back(other.id);
     }
+    // With an elastic membership a joiner may have everyone it needs and
+    // still wait: the group it would make is not a size the job allows.
+    const std::string waiting_for =
+        missing.empty() ? std::string("a group size the job allows (spec.elasticPolicy and "
+                                      "spec.training.globalBatchSize)")
+                        : TaskList(missing);
     if (t.incarnation == inc && t.phase == Phase::kJoining && --t.join_calls <= 0) {
       // Withdraw, so a retry or a restarted process can join (step 2).
       t.phase = t.phase_before_join;
@@ -141,7 +162,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
         return Error(grpc::StatusCode::DEADLINE_EXCEEDED,
                      absl::StrCat("join of ", name, " timed out after ",
                                   Pretty(*deadline - start),
-                                  ": still waiting for ", TaskList(missing),
+                                  ": still waiting for ", waiting_for,
                                   " (joined: ", TaskList(joined), ")"));
       case WaitResult::kShutdown:
         return ShuttingDown();
@@ -191,10 +212,16 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       t.watch_id = my_id;
       // Step 3: the snapshot.
       update.set_generation(generation_);
-      for (const auto& other : tasks_) {
-        if (other.phase == Phase::kFailed) *update.add_failed() = ToTaskRef(other.id);
+      for (size_t i = 0; i < tasks_.size(); ++i) {
+        if (tasks_[i].phase == Phase::kFailed && IsMemberLocked(i)) {
+          *update.add_failed() = ToTaskRef(ids_[i]);
+        }
       }
-      if (update.failed_size() > 0) update.set_reason(failure_reasons_);
+      if (update.failed_size() > 0) {
+        update.set_reason(failure_reasons_);
+      } else {
+        AddMembersLocked(MemberIndicesLocked(), &update);
+      }
       next_event = events_.size();
     }
 
@@ -236,6 +263,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
           }
           reasons.push_back(e.reason);
           if (e.failed.empty()) {
+            AddMembersLocked(e.members, &update);
             ++next_event;
             break;
           }
@@ -380,6 +408,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     --b.arrivals[*idx];  // withdraw, so the counts stay consistent for a retry
     std::vector<TaskId> failed, missing;
     for (size_t i = 0; i < tasks_.size(); ++i) {
+      if (!IsMemberLocked(i)) continue;
       if (tasks_[i].phase == Phase::kFailed) failed.push_back(ids_[i]);
       if (tasks_[i].phase != Phase::kLeft && b.arrivals[i] < my_round && i != size_t(*idx)) {
         missing.push_back(ids_[i]);
@@ -433,6 +462,12 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       case Phase::kJoined:
         break;
     }
+    if (req->departing() && t.phase == Phase::kJoined && ever_admitted_) {
+      // Step E: the others go on without it, told as for a failure.
+      MarkFailedLocked(*idx, absl::StrCat(name, " departed: it was stopped (SIGTERM: scaled "
+                                                "down or preempted) and left the group"));
+      return grpc::Status::OK;
+    }
     t.phase = Phase::kLeft;
     t.join_calls = 0;
     for (auto& [unused, b] : barriers_) TryCompleteBarrierLocked(b);
@@ -468,8 +503,11 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     absl::MutexLock lock(&mu_);
     const auto still_there = [&] {
       std::vector<TaskId> out;
-      for (const auto& t : tasks_) {
-        if (t.phase == Phase::kJoining || t.phase == Phase::kJoined) out.push_back(t.id);
+      for (size_t i = 0; i < tasks_.size(); ++i) {
+        const Phase p = tasks_[i].phase;
+        if ((p == Phase::kJoining || p == Phase::kJoined) && IsMemberLocked(i)) {
+          out.push_back(tasks_[i].id);
+        }
       }
       return out;
     };
@@ -508,11 +546,12 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     int join_calls = 0;      // Join RPCs of this incarnation waiting for admission
     uint64_t watch_id = 0;   // nonzero while a watch stream is open
   };
-  // A membership change pushed to watchers (step 4, step 7).
+  // A membership change pushed to watchers (step 4, step 7, step E).
   struct Event {
     int64_t generation;
     std::vector<int> failed;  // indices into tasks_; empty for re-admissions
     std::string reason;
+    std::vector<int> members;  // re-admissions: the ranked members, in rank order
   };
   struct BarrierState {
     std::vector<int64_t> arrivals;  // per task: how many times it entered
@@ -609,27 +648,88 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     t.join_calls = 1;
   }
 
-  // Step 2 / step 7: admits every joining task once all are joining or joined.
-  void AdmitIfCompleteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& t : tasks_) {
-      if (t.phase != Phase::kJoining && t.phase != Phase::kJoined) return;
+  // Ranked tasks outside the member set (elastic candidates that never
+  // joined, or were dropped) count for nothing: barriers, failures, leaving.
+  bool IsMemberLocked(size_t i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return i >= static_cast<size_t>(num_ranked_) || active_[i];
+  }
+
+  std::vector<int> MemberIndicesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<int> out;
+    for (int i = 0; i < num_ranked_; ++i) {
+      if (active_[i]) out.push_back(i);
     }
-    std::vector<std::string> admitted;
-    for (auto& t : tasks_) {
-      if (t.phase != Phase::kJoining) continue;
-      t.phase = Phase::kJoined;
-      t.join_calls = 0;
-      admitted.push_back(t.id.ToString());
+    return out;
+  }
+
+  void AddMembersLocked(const std::vector<int>& ranked, v1::MembershipUpdate* update) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int i : ranked) *update->add_members() = ToTaskRef(ids_[i]);
+    for (size_t i = num_ranked_; i < ids_.size(); ++i) *update->add_members() = ToTaskRef(ids_[i]);
+  }
+
+  // Steps 2, 7 and E1-E2: admits the proposed member set when it is complete
+  // and allowed.
+  void ReconcileMembershipLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = num_ranked_; i < tasks_.size(); ++i) {
+      if (tasks_[i].phase != Phase::kJoining && tasks_[i].phase != Phase::kJoined) return;
     }
-    if (admitted.empty()) return;
-    if (ever_admitted_) {
-      ++generation_;
-      events_.push_back(Event{generation_, {},
-                              absl::StrCat(absl::StrJoin(admitted, ", "), " rejoined")});
+    while (true) {
+      // E1.
+      std::vector<bool> proposed(num_ranked_, false);
+      bool anyone_joining = false;
+      int size = 0;
+      for (int i = 0; i < num_ranked_; ++i) {
+        const Phase p = tasks_[i].phase;
+        const bool in = p == Phase::kJoining ? ever_admitted_ || active_[i]
+                                             : (p == Phase::kJoined || p == Phase::kLeft) && active_[i];
+        if (!in) continue;
+        proposed[i] = true;
+        ++size;
+        anyone_joining |= p == Phase::kJoining;
+      }
+      for (size_t i = num_ranked_; i < tasks_.size(); ++i) {
+        anyone_joining |= tasks_[i].phase == Phase::kJoining;
+      }
+      if (!ever_admitted_) {
+        for (int i = 0; i < num_ranked_; ++i) {
+          if (active_[i] && !proposed[i]) return;  // an initial member is missing
+        }
+      }
+      // E2.
+      if (proposed == active_ && !anyone_joining) return;
+      if (coordinator_rank_index_ >= 0 && !proposed[coordinator_rank_index_]) return;
+      if (size == 0 || !allowed_size_(size)) return;
+      std::vector<std::string> admitted;
+      std::vector<TaskId> dropped, members;
+      for (size_t i = 0; i < tasks_.size(); ++i) {
+        TaskState& t = tasks_[i];
+        const bool ranked = i < static_cast<size_t>(num_ranked_);
+        if (ranked && active_[i] && !proposed[i]) dropped.push_back(t.id);
+        if (ranked && proposed[i]) members.push_back(t.id);
+        if (t.phase != Phase::kJoining || (ranked && !proposed[i])) continue;
+        t.phase = Phase::kJoined;
+        t.join_calls = 0;
+        admitted.push_back(t.id.ToString());
+      }
+      const bool resized = proposed != active_;
+      active_ = std::move(proposed);
+      if (ever_admitted_) {
+        ++generation_;
+        std::string reason =
+            resized ? absl::StrCat("the group is now ", size, " (", TaskList(members), ")",
+                                   admitted.empty() ? "" : "; joined: ",
+                                   absl::StrJoin(admitted, ", "),
+                                   dropped.empty() ? "" : "; without: ",
+                                   dropped.empty() ? "" : TaskList(dropped))
+                    : absl::StrCat(absl::StrJoin(admitted, ", "), " rejoined");
+        events_.push_back(Event{generation_, {}, std::move(reason), MemberIndicesLocked()});
+      }
+      ever_admitted_ = true;
+      failure_reasons_.clear();
+      cv_.SignalAll();
+      if (!options_.elastic) return;
     }
-    ever_admitted_ = true;
-    failure_reasons_.clear();
-    cv_.SignalAll();
   }
 
   void MarkFailedLocked(int i, std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -637,13 +737,17 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     ++generation_;
     if (!failure_reasons_.empty()) failure_reasons_ += "; ";
     failure_reasons_ += reason;
-    events_.push_back(Event{generation_, {i}, std::move(reason)});
+    events_.push_back(Event{generation_, {i}, std::move(reason), {}});
     cv_.SignalAll();
+    // Step E: the group may go on without it.
+    if (options_.elastic && ever_admitted_) ReconcileMembershipLocked();
   }
 
   bool AnyFailedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return std::any_of(tasks_.begin(), tasks_.end(),
-                       [](const TaskState& t) { return t.phase == Phase::kFailed; });
+    for (size_t i = 0; i < tasks_.size(); ++i) {
+      if (tasks_[i].phase == Phase::kFailed && IsMemberLocked(i)) return true;
+    }
+    return false;
   }
 
   void TryCompleteBarrierLocked(BarrierState& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -652,7 +756,7 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
     while (true) {
       bool anyone = false;
       for (size_t i = 0; i < tasks_.size(); ++i) {
-        if (tasks_[i].phase == Phase::kLeft) continue;
+        if (tasks_[i].phase == Phase::kLeft || !IsMemberLocked(i)) continue;
         anyone = true;
         if (b.arrivals[i] <= b.completed) return;
       }
@@ -664,17 +768,23 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
 
   void FillJoinResponse(int i, v1::JoinResponse* resp) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     resp->set_generation(generation_);
-    for (const auto& id : ids_) *resp->add_members() = ToTaskRef(id);
-    resp->set_rank(i < num_ranked_ ? i : -1);
+    const std::vector<int> ranked = MemberIndicesLocked();
+    for (int r : ranked) *resp->add_members() = ToTaskRef(ids_[r]);
+    for (size_t u = num_ranked_; u < ids_.size(); ++u) *resp->add_members() = ToTaskRef(ids_[u]);
+    const auto rank = std::find(ranked.begin(), ranked.end(), i);
+    resp->set_rank(rank == ranked.end() ? -1 : static_cast<int>(rank - ranked.begin()));
   }
 
   const CoordinationServiceOptions options_;
-  const int num_ranked_;
-  std::vector<TaskId> ids_;  // ranked members, then unranked; immutable after construction
+  const int num_ranked_;     // ranked candidates (the members, unless elastic)
+  std::vector<TaskId> ids_;  // ranked candidates, then unranked; immutable after construction
+  int coordinator_rank_index_ = -1;  // index of options_.coordinator among the ranked, or -1
+  std::function<bool(int)> allowed_size_;  // step E2; without elastic: the initial size only
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   std::vector<TaskState> tasks_ ABSL_GUARDED_BY(mu_);  // parallel to ids_
+  std::vector<bool> active_ ABSL_GUARDED_BY(mu_);     // per ranked candidate: a member now
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
   bool ever_admitted_ ABSL_GUARDED_BY(mu_) = false;
   // Reasons of the failures since the last admission (snapshot messages).
@@ -696,7 +806,16 @@ absl::StatusOr<std::unique_ptr<CoordinationService>> CoordinationService::Start(
   if (members.empty()) {
     return absl::InvalidArgumentError("coordination service: the member set is empty");
   }
-  std::vector<TaskId> all = members;
+  std::vector<TaskId> all = options.elastic ? options.elastic->candidates : members;
+  if (options.elastic) {
+    for (const TaskId& m : members) {
+      if (std::find(all.begin(), all.end(), m) == all.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "coordination service: member ", m.ToString(), " is not among the elastic candidates (",
+            TaskList(all), ")"));
+      }
+    }
+  }
   all.insert(all.end(), options.unranked.begin(), options.unranked.end());
   for (size_t i = 0; i < all.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {

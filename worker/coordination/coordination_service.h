@@ -48,8 +48,28 @@
 //     is sent to watchers as an update of its own that names no failed task:
 //     the group is whole again at that generation. In-place recovery
 //     (worker/strategy/multi_worker_mirrored.h) is built on this: survivors
-//     keep their streams open and wait for that update. (A changed member
-//     set — elastic training — is a later protocol on top of this one.)
+//     keep their streams open and wait for that update.
+//  E. Elastic membership (CoordinationServiceOptions::elastic; MultiWorker-
+//     Mirrored with spec.elasticPolicy): the ranked member set may change
+//     while the job runs. After every Join, failure and departing Leave:
+//     E1. The proposed set is every ranked member still joined (or finished)
+//         plus every candidate task asking to join (before the first
+//         admission only the initial members count).
+//     E2. When it differs from the current set (or someone is joining), the
+//         coordinator is in it and `allowed_size` accepts its size, it
+//         becomes the member set: joiners are admitted, failed or departed
+//         members are dropped, ranks are re-numbered densely in candidate
+//         order, the generation bumps, and every watcher gets an update
+//         naming no failed task that lists the new members. Otherwise
+//         nothing changes (a failed member is waited for, as in step 7; a
+//         joiner waits in Join).
+//     So a lost worker shrinks the group at once when the smaller size is
+//     allowed, and its replacement (or a scale-up's new worker) grows it
+//     back. Without `elastic` the only allowed set is the initial one:
+//     E1-E2 are then exactly step 7.
+//     A departing Leave (LeaveRequest.departing) counts as a failure for
+//     the others (it ends the member's share of the group) but is named as
+//     a departure.
 //  8. Shutdown wakes every blocked handler; they answer UNAVAILABLE and watch
 //     streams end, so the server stops promptly even with streams open.
 //
@@ -68,7 +88,9 @@
 // thread-safe; handlers run on gRPC's threads and share state under one mutex.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,13 +147,23 @@ struct CoordinationServiceOptions {
   // task they name, the key-value store only from members, and a key only
   // from the task that first set it (PERMISSION_DENIED otherwise).
   std::shared_ptr<const TransportSecurity> security = ProcessTransportSecurity();
+  // Step E. `candidates`: every ranked task that may ever be a member, in
+  // rank order (chief, then worker:0..max-1); it must contain the initial
+  // members. `allowed_size(n)`: whether n ranked members may train together
+  // (the elastic bounds and the global batch's divisibility).
+  struct Elastic {
+    std::vector<TaskId> candidates;
+    std::function<bool(int)> allowed_size;
+  };
+  std::optional<Elastic> elastic;
 };
 
 class CoordinationService {
  public:
   // Starts serving on `listen_address` ("0.0.0.0:2222", "127.0.0.3:2222";
   // port 0 picks a free port, see port()). `members` are the ranked tasks in
-  // rank order (for MultiWorkerMirrored: chief, then workers). Fails with
+  // rank order (for MultiWorkerMirrored: chief, then workers; with
+  // options.elastic, the initial members). Fails with
   // INVALID_ARGUMENT for an empty or duplicated member set and UNAVAILABLE
   // when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<CoordinationService>> Start(

@@ -20,8 +20,8 @@ bool Contains(const std::vector<TaskId>& tasks, const TaskId& task) {
 
 }  // namespace
 
-Rendezvous::Rendezvous(const ClusterSpec& cluster, int num_ranked)
-    : cluster_(cluster), task_(cluster.task()), num_ranked_(num_ranked) {}
+Rendezvous::Rendezvous(const ClusterSpec& cluster, int num_unranked)
+    : cluster_(cluster), task_(cluster.task()), num_unranked_(num_unranked) {}
 
 absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Start(const ClusterSpec& cluster,
                                                               std::vector<TaskId> members,
@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Start(const ClusterSpec&
   }
   const std::string coordinator_address = *cluster.address(coordinator);
 
-  std::unique_ptr<Rendezvous> r(new Rendezvous(cluster, static_cast<int>(members.size())));
+  std::unique_ptr<Rendezvous> r(new Rendezvous(cluster, static_cast<int>(options.unranked.size())));
   std::string connect_address = coordinator_address;
   if (cluster.is_chief()) {
     // Step 2.
@@ -82,7 +82,10 @@ absl::StatusOr<std::unique_ptr<Rendezvous>> Rendezvous::Start(const ClusterSpec&
   if (absl::Status s = r->client_->Connect(deadline); !s.ok()) return s;
   absl::StatusOr<Membership> membership = r->client_->Join(deadline);
   if (!membership.ok()) return membership.status();
-  r->membership_ = std::move(*membership);
+  {
+    absl::MutexLock lock(&r->mu_);
+    r->membership_ = std::move(*membership);
+  }
 
   // Step 4.
   Rendezvous* mutable_self = r.get();
@@ -131,19 +134,24 @@ absl::StatusOr<int64_t> Rendezvous::AwaitRegroup(int64_t failed_generation, absl
   int64_t after = failed_generation;
   while (true) {
     // R1.
-    absl::StatusOr<int64_t> generation = client_->WaitForWholeGroup(after, deadline, cancelled);
-    if (!generation.ok()) return generation.status();
+    absl::StatusOr<Membership> whole = client_->WaitForWholeGroup(after, deadline, cancelled);
+    if (!whole.ok()) return whole.status();
+    if (whole->rank < 0 && num_unranked_ == 0) {
+      return absl::AbortedError(absl::StrCat(task_.ToString(), " is not a member of the group ",
+                                             "re-formed at generation ", whole->generation));
+    }
     // R2. Cleared before re-arming, so a failure reported from here on is kept.
     {
       absl::MutexLock lock(&mu_);
       failure_ = absl::OkStatus();
+      membership_ = *whole;
     }
-    absl::Status pending = client_->RearmFailureReport(*generation);
-    if (pending.ok()) return generation;
+    absl::Status pending = client_->RearmFailureReport(whole->generation);
+    if (pending.ok()) return whole->generation;
     if (client_->membership_stream_ended()) return pending;
     // Another member was lost after that re-admission: wait for its
     // replacement too (the next whole group is newer than this one).
-    after = *generation;
+    after = whole->generation;
   }
 }
 
@@ -152,12 +160,33 @@ std::string Rendezvous::TaskName(const TaskId& task) const {
   return address.has_value() ? absl::StrCat(task.ToString(), " (", *address, ")") : task.ToString();
 }
 
-std::string Rendezvous::peer_name(int rank) const {
-  DISTRAIN_CHECK(rank >= 0 && rank < num_ranked_) << "rank " << rank << " of " << num_ranked_;
-  return TaskName(membership_.members[rank]);
+int Rendezvous::rank() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.rank;
 }
 
-absl::Status Rendezvous::Shutdown(absl::Duration timeout) {
+int Rendezvous::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(membership_.members.size()) - num_unranked_;
+}
+
+std::vector<TaskId> Rendezvous::members() const {
+  absl::MutexLock lock(&mu_);
+  return membership_.members;
+}
+
+std::string Rendezvous::peer_name(int rank) const {
+  TaskId task;
+  {
+    absl::MutexLock lock(&mu_);
+    const int ranked = static_cast<int>(membership_.members.size()) - num_unranked_;
+    DISTRAIN_CHECK(rank >= 0 && rank < ranked) << "rank " << rank << " of " << ranked;
+    task = membership_.members[rank];
+  }
+  return TaskName(task);
+}
+
+absl::Status Rendezvous::Shutdown(absl::Duration timeout, bool departing) {
   const absl::Time deadline = absl::Now() + timeout;
   {
     absl::MutexLock lock(&mu_);
@@ -165,7 +194,7 @@ absl::Status Rendezvous::Shutdown(absl::Duration timeout) {
     shut_down_ = true;
   }
   // Step 5.
-  absl::Status status = client_->Leave();
+  absl::Status status = client_->Leave(departing);
   // Step 6.
   if (service_ != nullptr) {
     absl::Status waited = service_->WaitForAllToLeave(deadline - absl::Now());

@@ -25,7 +25,9 @@
 //  R1. Wait (bounded) until the coordinator re-admitted replacements for every
 //      failed member, i.e. the group is whole at a generation above the
 //      failure's (CoordinationClient::WaitForWholeGroup). Fails at once when
-//      the coordinator itself is gone.
+//      the coordinator itself is gone. With an elastic membership the whole
+//      group may be another set (a resize): it becomes this rendezvous'
+//      membership, with this task's new rank.
 //  R2. Clear the recorded failure and re-arm the failure callback, so the
 //      next failure is reported again. If another member was lost after that
 //      re-admission (its report spent), go back to R1 for a newer whole group.
@@ -85,10 +87,12 @@ class Rendezvous {
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
-  int rank() const { return membership_.rank; }  // -1 for unranked tasks
-  int size() const { return num_ranked_; }       // number of ranked members
+  // Of the current group: the Join's, then the latest AwaitRegroup's (with an
+  // elastic membership the set, and this task's rank, may change there).
+  int rank() const;  // -1 for unranked tasks
+  int size() const;  // number of ranked members
   // Ranked members in rank order, then unranked ones.
-  const std::vector<TaskId>& members() const { return membership_.members; }
+  std::vector<TaskId> members() const;
   const TaskId& task() const { return task_; }
   bool is_coordinator() const { return service_ != nullptr; }
   // Membership generation: the Join's, then the latest the stream reported.
@@ -120,23 +124,24 @@ class Rendezvous {
   std::string TaskName(const TaskId& task) const;
 
   // Steps 5-6. DEADLINE_EXCEEDED (coordinator) naming the tasks that did not
-  // leave within `timeout`; the service stops either way.
-  absl::Status Shutdown(absl::Duration timeout);
+  // leave within `timeout`; the service stops either way. `departing`: this
+  // task leaves a group that trains on without it (elastic membership).
+  absl::Status Shutdown(absl::Duration timeout, bool departing = false);
 
  private:
-  Rendezvous(const ClusterSpec& cluster, int num_ranked);
+  Rendezvous(const ClusterSpec& cluster, int num_unranked);
   void OnStreamFailure(const absl::Status& status);
 
   const ClusterSpec cluster_;
   const TaskId task_;
-  const int num_ranked_;
-  Membership membership_;
+  const int num_unranked_;
   std::unique_ptr<CoordinationService> service_;  // coordinator only
   std::unique_ptr<CoordinationClient> client_;
 
   mutable absl::Mutex mu_;
   FailureCallback on_failure_ ABSL_GUARDED_BY(mu_);
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  Membership membership_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

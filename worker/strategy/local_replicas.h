@@ -81,6 +81,12 @@ class LocalReplicas {
   // Swaps the collectives (one per replica, as in Create) after the old ones
   // were aborted: in-place recovery re-forms the group. Between steps only.
   void ResetCollectives(std::vector<Collective*> collectives);
+  // After an elastic resize: this process's first replica id and the job's
+  // replica count changed with its rank and the group's size. Between steps only.
+  void SetReplicaIds(int first_replica_id, int num_replicas_in_sync) {
+    options_.first_replica_id = first_replica_id;
+    options_.num_replicas_in_sync = num_replicas_in_sync;
+  }
 
   // Replica 0's variables and slots (all replicas are identical).
   CheckpointState Capture(int64_t step);

@@ -110,12 +110,30 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
 
   // 2.
   std::vector<TaskId> members;
-  std::vector<std::string> names;
-  for (int r = 0; r < num_workers_; ++r) {
-    members.push_back(cluster.TaskForTrainingRank(r));
-    names.push_back(members.back().ToString());
+  for (int r = 0; r < num_workers_; ++r) members.push_back(cluster.TaskForTrainingRank(r));
+  RendezvousOptions rendezvous_options;
+  if (config.elastic_policy.has_value() && recovery_policy_ == RecoveryPolicy::kInPlace) {
+    // Elastic membership (coordination_service.h, step E): any worker index
+    // below maxReplicas may join; a group may train when its worker count is
+    // within the bounds and the global batch divides among its replicas.
+    elastic_ = true;
+    const int min_workers = config.elastic_policy->min_replicas;
+    const int max_workers =
+        std::max(config.elastic_policy->max_replicas, cluster.num_tasks("worker"));
+    const int chiefs = cluster.has_chief() ? 1 : 0;
+    CoordinationServiceOptions::Elastic elastic;
+    if (chiefs > 0) elastic.candidates.push_back(cluster.chief_task());
+    for (int i = 0; i < max_workers; ++i) elastic.candidates.push_back(TaskId{"worker", i});
+    const int64_t global_batch = t.global_batch_size;
+    const int local = local_replicas_;
+    elastic.allowed_size = [=](int n) {
+      const int workers = n - chiefs;
+      return workers >= min_workers && workers <= max_workers &&
+             global_batch % (static_cast<int64_t>(n) * local) == 0;
+    };
+    rendezvous_options.service.elastic = std::move(elastic);
   }
-  auto rendezvous = Rendezvous::Start(cluster, members);
+  auto rendezvous = Rendezvous::Start(cluster, members, rendezvous_options);
   if (!rendezvous.ok()) return rendezvous.status();
   rendezvous_ = std::move(*rendezvous);
   const int64_t generation = rendezvous_->generation();
@@ -132,17 +150,21 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   ring_options_.bind_host = IsLoopbackHost(me->host) ? me->host : ListenHost();
   ring_options_.advertised_host =
       IsWildcardHost(ring_options_.bind_host) ? me->host : ring_options_.bind_host;
-  ring_options_.peer_names = names;
   ring_options_.setup_timeout = std::max(collective_options_.timeout, absl::Seconds(60));
+  // The group the coordinator admitted (elastic: not necessarily TF_CONFIG's).
+  AdoptMembership();
   if (absl::Status s = FormCollectives(generation); !s.ok()) return s;
 
   // 4.
   rendezvous_->StartWatching([this](const absl::Status& reason) { OnPeerFailure(reason); });
   spdlog::info(
       "MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s), "
-      "ring all-reduce, buckets of {} bytes, timeout {}s",
+      "ring all-reduce, buckets of {} bytes, timeout {}s{}",
       rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_, bytes_per_pack_,
-      t.communication.timeout_seconds);
+      t.communication.timeout_seconds,
+      elastic_ ? absl::StrCat(", elastic membership (", config.elastic_policy->min_replicas, "..",
+                              config.elastic_policy->max_replicas, " workers)")
+               : std::string());
   return absl::OkStatus();
 }
 
@@ -186,6 +208,24 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
   return absl::OkStatus();
 }
 
+void MultiWorkerMirroredStrategy::AdoptMembership() {
+  const int old_size = num_workers_;
+  const int old_rank = rank_;
+  rank_ = rendezvous_->rank();
+  num_workers_ = rendezvous_->size();
+  ring_options_.peer_names.clear();
+  const std::vector<TaskId> members = rendezvous_->members();
+  for (int r = 0; r < num_workers_; ++r) ring_options_.peer_names.push_back(members[r].ToString());
+  if (replicas_ != nullptr) {
+    replicas_->SetReplicaIds(rank_ * local_replicas_, num_workers_ * local_replicas_);
+  }
+  if (replicas_ != nullptr && (old_size != num_workers_ || old_rank != rank_)) {
+    spdlog::warn("membership resized: this process is now rank {} of {} (was {} of {}); the "
+                 "global batch is re-split among {} replicas",
+                 rank_, num_workers_, old_rank, old_size, num_workers_ * local_replicas_);
+  }
+}
+
 std::vector<Collective*> MultiWorkerMirroredStrategy::ReplicaCollectives() {
   std::vector<Collective*> collectives;
   if (hierarchical_.empty()) {
@@ -197,7 +237,12 @@ std::vector<Collective*> MultiWorkerMirroredStrategy::ReplicaCollectives() {
 }
 
 void MultiWorkerMirroredStrategy::OnPeerFailure(const absl::Status& reason) {
-  spdlog::error("membership: {}", std::string(reason.message()));
+  // ABORTED: an elastic resize, expected; anything else: a process was lost.
+  if (reason.code() == absl::StatusCode::kAborted) {
+    spdlog::warn("membership: {}", std::string(reason.message()));
+  } else {
+    spdlog::error("membership: {}", std::string(reason.message()));
+  }
   absl::MutexLock lock(&mu_);
   if (closing_) return;
   if (ring_ != nullptr) ring_->Abort(reason);
@@ -385,9 +430,12 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::Recover(
   // Survivors that completed the failed step elsewhere than replica 0 hold
   // it too; with one local replica a failed Run applied nothing.
   int64_t candidate = steps_done + (replicas_->replica_zero_applied_failed_step() ? 1 : 0);
-  spdlog::warn("{}; recovering in place: waiting up to {} for the replacement to rejoin "
+  spdlog::warn("{}; recovering in place: waiting up to {} for the group to re-form{} "
                "(runPolicy.recoveryTimeoutSeconds)",
-               std::string(lost.message()), absl::FormatDuration(recovery_timeout_));
+               std::string(lost.message()), absl::FormatDuration(recovery_timeout_),
+               elastic_ ? " (with a replacement, or without the lost worker within "
+                          "spec.elasticPolicy)"
+                        : " around a replacement");
   while (true) {
     // R2.
     absl::StatusOr<int64_t> generation =
@@ -397,7 +445,8 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::Recover(
                           absl::StrCat("in-place recovery failed: ", generation.status().message(),
                                        " (after: ", lost.message(), ")"));
     }
-    // R3, R4.
+    // R3, R4. (Elastic: the group may be another set; ranks follow it.)
+    AdoptMembership();
     absl::Status formed = FormCollectives(*generation);
     absl::StatusOr<int64_t> step = formed.ok() ? AgreeOnState(candidate, steps_done) : formed;
     if (step.ok()) {
@@ -416,6 +465,12 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::Recover(
 }
 
 bool MultiWorkerMirroredStrategy::RequestStop() {
+  if (elastic_ && !rendezvous_->is_coordinator()) {
+    // Elastic: a stopped worker (scaled down, preempted) departs alone and
+    // the group trains on without it; the coordinator's stop still stops all.
+    departing_ = true;
+    return false;
+  }
   replicas_->VoteStop();
   return true;
 }
@@ -434,7 +489,8 @@ void MultiWorkerMirroredStrategy::Shutdown() {
     absl::MutexLock lock(&mu_);
     closing_ = true;  // peers leaving from now on is expected
   }
-  if (absl::Status s = rendezvous_->Shutdown(kShutdownWait); !s.ok()) {
+  if (departing_) spdlog::warn("leaving the group, which trains on without this process");
+  if (absl::Status s = rendezvous_->Shutdown(kShutdownWait, departing_); !s.ok()) {
     spdlog::warn("leaving the rendezvous: {}", std::string(s.message()));
   }
 }

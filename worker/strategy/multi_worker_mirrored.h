@@ -88,6 +88,24 @@ namespace distrain {
 //       epoch is skipped or seen twice.
 //       A second loss during R2-R4 starts again at R2 within the same
 //       deadline.
+//   Elastic (spec.elasticPolicy with InPlace; coordination_service.h step E)
+//   E1. Any worker index below elasticPolicy.maxReplicas may join. The
+//       coordinator admits a group whose worker count is within the policy's
+//       bounds and whose W x L replicas divide globalBatchSize.
+//   E2. A lost worker shrinks the group at once when the smaller size is
+//       allowed (else R2 waits for a replacement, as above); a replacement,
+//       or a new worker of a scale-up, grows it. Survivors hear of a growth
+//       as a membership update: the step in flight is abandoned (the
+//       collectives are aborted) and R2-R5 run with the new set: ranks
+//       re-numbered densely, ring re-formed, state agreed.
+//   E3. The global batch of step s is the same examples at every size
+//       (worker/data/batcher.h), so the Trainer re-splits it from the agreed
+//       step on (globalBatchSize / W per process): no example of the epoch
+//       is skipped or seen twice.
+//   E4. SIGTERM on a worker that is not the coordinator: after its step it
+//       departs (LeaveRequest.departing) and exits with the terminated code;
+//       the others go on without it (E2). SIGTERM on the coordinator stops
+//       every process as in step 6.
 //   Shutdown
 //   8. Leave the rendezvous; the chief (coordinator) waits, bounded, until
 //      every other task has left so none loses the service mid-call.
@@ -124,6 +142,9 @@ class MultiWorkerMirroredStrategy : public Strategy {
   // Step 3 / R3: the ring (and local group) of `generation`, swapped into the
   // replicas when they exist.
   absl::Status FormCollectives(int64_t generation);
+  // Init / R3: rank, size and peer names from the rendezvous' current group
+  // (elastic: it may differ from TF_CONFIG's and from the previous one).
+  void AdoptMembership();
   std::vector<Collective*> ReplicaCollectives();
   // Step 5 / R4: `candidate_step` is -1 for a process that holds no state of
   // a previous generation. Returns the agreed step.
@@ -143,6 +164,8 @@ class MultiWorkerMirroredStrategy : public Strategy {
   std::string task_name_;
   RingOptions ring_options_;       // key_prefix set per generation
   RecoveryPolicy recovery_policy_ = RecoveryPolicy::kInPlace;
+  bool elastic_ = false;    // spec.elasticPolicy with InPlace: membership may resize
+  bool departing_ = false;  // elastic, stopped: leaves a group that trains on
   absl::Duration recovery_timeout_ = absl::Seconds(300);
 
   std::unique_ptr<CollectiveMetrics> metrics_;

@@ -17,6 +17,7 @@ using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
 using testing::EventReasons;
@@ -523,8 +524,49 @@ TEST(ReconcileTest, SuspendDeletesThePodsAndResumeStartsTheClockAgain) {
 // ---------------------------------------------------------------------------
 // Elastic membership.
 
-TEST(ReconcileTest, MultiWorkerMirroredScaleUpStartsANewGeneration) {
+// distrain-worker resizes MultiWorkerMirrored in place (elastic.h): a scale
+// creates or deletes only the pods of the indices it adds or removes, and
+// the survivors keep running with the TF_CONFIG they started with.
+TEST(ReconcileTest, ElasticMultiWorkerMirroredOfDistrainWorkerResizesInPlace) {
   World w = Running(Mwms("ExitCode", "  elasticPolicy: {minReplicas: 1, maxReplicas: 5}\n"));
+  w.job.spec.replicas[ReplicaType::kWorker].replicas = 4;  // 1 + 4 divides 60
+  Plan up = w.Step();
+  EXPECT_THAT(up.pods_to_delete, IsEmpty());
+  EXPECT_THAT(Names(up.pods_to_create), ElementsAre("mnist-worker-2", "mnist-worker-3"));
+  EXPECT_EQ(Json::parse(testing::KubeletEnv(up.pods_to_create[0],
+                                            testing::ConfigMaps(w.config_map))["TF_CONFIG"])
+                ["cluster"]["worker"].size(),
+            4u);
+  EXPECT_THAT(EventReasons(up), Not(Contains("MembershipChanged")));
+  w.SetAll("Running");
+  w.Step();
+  EXPECT_EQ(w.job.status.state, "Running");
+  EXPECT_THAT(w.Step().pods_to_delete, IsEmpty());  // old and new TF_CONFIGs live side by side
+
+  w.job.spec.replicas[ReplicaType::kWorker].replicas = 2;  // 1 + 2 divides 60
+  Plan down = w.Step();
+  EXPECT_THAT(Names(down.pods_to_delete), UnorderedElementsAre("mnist-worker-2", "mnist-worker-3"));
+  for (const Deletion& d : down.pods_to_delete) EXPECT_EQ(d.reason, "ScaledDown");
+  EXPECT_THAT(down.pods_to_create, IsEmpty());
+  EXPECT_EQ(w.job.status.restart_count, 0);
+
+  // A departed worker (exit 143 after SIGTERM) is replaced alone: the
+  // others trained on without it.
+  w.Collect();
+  SetPhase(&w.Pod("mnist-worker-1"), "Failed", 143);
+  Plan replace = w.Step();
+  EXPECT_THAT(Names(replace.pods_to_delete), ElementsAre("mnist-worker-1"));
+}
+
+// A user's TensorFlow image reads TF_CONFIG once: a resize is a new generation.
+TEST(ReconcileTest, MultiWorkerMirroredScaleUpOfATensorFlowImageStartsANewGeneration) {
+  World w = Running(absl::StrCat(
+      "  strategy: MultiWorkerMirrored\n  replicaSpecs:\n"
+      "    Chief:\n      replicas: 1\n      template: {spec: {containers: [{name: tensorflow, "
+      "image: 'tensorflow/tensorflow:2.21.0'}]}}\n"
+      "    Worker:\n      replicas: 2\n      template: {spec: {containers: [{name: tensorflow, "
+      "image: 'tensorflow/tensorflow:2.21.0'}]}}\n",
+      "  training: {globalBatchSize: 60}\n  elasticPolicy: {minReplicas: 1, maxReplicas: 5}\n"));
   // TF_CONFIG as the kubelet gives it to the container (pods.h).
   auto tf_config = [&w](const Json& pod) {
     return testing::KubeletEnv(pod, testing::ConfigMaps(w.config_map))["TF_CONFIG"];

@@ -331,11 +331,12 @@ TEST_F(CoordinationTest, SurvivorSeesTheGroupWholeAgainAndHearsTheNextFailure) {
   const auto whole = clients[0]->WaitForWholeGroup(1, absl::Now() + absl::Seconds(5), {});
   replacement.join();
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(*whole, 3);  // failure: 2, re-admission: 3
+  EXPECT_EQ(whole->generation, 3);  // failure: 2, re-admission: 3
+  EXPECT_THAT(whole->members, ElementsAreArray(Tasks(3)));  // not elastic: the same set
   EXPECT_EQ(clients[2]->whole_generation(), 3);
 
   // Re-armed: the next loss reaches the callback again.
-  ASSERT_TRUE(clients[0]->RearmFailureReport(*whole).ok());
+  ASSERT_TRUE(clients[0]->RearmFailureReport(whole->generation).ok());
   // sink0 counts calls: a second call proves the re-arm.
   clients[1].reset();
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
@@ -373,6 +374,102 @@ TEST_F(CoordinationTest, WaitingForTheGroupEndsAtOnceWhenTheCoordinatorIsGone) {
   const auto r = clients[1]->WaitForWholeGroup(1, absl::Now() + absl::Seconds(10), {});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+// --- Elastic membership (coordination_service.h, step E) -----------------
+
+// Candidates chief:0, worker:0..3; a group may train with 2 or 4 members (as
+// a global batch of 64 allows with 1..3 workers and a chief: not 3).
+CoordinationServiceOptions ElasticTwoOrFour() {
+  CoordinationServiceOptions options;
+  CoordinationServiceOptions::Elastic elastic;
+  elastic.candidates = {{"chief", 0}, {"worker", 0}, {"worker", 1}, {"worker", 2}, {"worker", 3}};
+  elastic.allowed_size = [](int n) { return n == 2 || n == 4; };
+  options.elastic = elastic;
+  return options;
+}
+
+// A lost member shrinks the group at once when the smaller size is allowed
+// (and only then); new members, including a worker index TF_CONFIG never
+// listed, grow it back, with dense ranks; survivors hear of the growth.
+TEST_F(CoordinationTest, ElasticGroupShrinksWithoutTheLostAndGrowsWithNewMembers) {
+  StartService(Tasks(4), ElasticTwoOrFour());  // chief:0, worker:0..2
+  auto clients = JoinAll();
+  FailureSink& sink0 = NewSink();
+  ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
+  for (size_t i = 1; i < clients.size(); ++i) {
+    ASSERT_TRUE(clients[i]->StartWatching(NewSink().Callback()).ok());
+  }
+  clients[3].reset();  // worker:2 lost: 3 members is not allowed, so no shrink
+  ASSERT_TRUE(sink0.fired.WaitForNotificationWithTimeout(absl::Seconds(3)));
+  const auto early = clients[0]->WaitForWholeGroup(1, absl::Now() + absl::Milliseconds(300), {});
+  ASSERT_EQ(early.status().code(), absl::StatusCode::kDeadlineExceeded) << early.status();
+
+  clients[2].reset();  // worker:1 lost too: 2 members is allowed
+  const auto shrunk = clients[0]->WaitForWholeGroup(1, absl::Now() + absl::Seconds(5), {});
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  EXPECT_EQ(shrunk->generation, 4);  // two failures, then the shrink
+  EXPECT_THAT(shrunk->members,
+              ElementsAreArray(std::vector<TaskId>{{"chief", 0}, {"worker", 0}}));
+  EXPECT_EQ(shrunk->rank, 0);
+  ASSERT_TRUE(clients[0]->RearmFailureReport(shrunk->generation).ok());
+  // A barrier of the shrunk group does not wait for the dropped members.
+  std::thread barrier([&] { EXPECT_TRUE(clients[1]->Barrier("b", absl::Seconds(5)).ok()); });
+  EXPECT_TRUE(clients[0]->Barrier("b", absl::Seconds(5)).ok());
+  barrier.join();
+
+  // Growth: worker:1 (restarted) alone would make 3, so it waits for
+  // worker:3, which TF_CONFIG of the first processes never listed.
+  std::vector<absl::StatusOr<Membership>> joined(2, absl::UnknownError("not run"));
+  std::vector<std::unique_ptr<CoordinationClient>> fresh;
+  fresh.push_back(NewClient({"worker", 1}));
+  fresh.push_back(NewClient({"worker", 3}));
+  std::vector<std::thread> joiners;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    joiners.emplace_back([&, i] {
+      if (i == 1) absl::SleepFor(absl::Milliseconds(300));
+      const absl::Time deadline = absl::Now() + absl::Seconds(5);
+      absl::Status s = fresh[i]->Connect(deadline);
+      joined[i] = s.ok() ? fresh[i]->Join(deadline) : s;
+    });
+  }
+  for (auto& t : joiners) t.join();
+  const std::vector<TaskId> four = {{"chief", 0}, {"worker", 0}, {"worker", 1}, {"worker", 3}};
+  for (size_t i = 0; i < joined.size(); ++i) {
+    ASSERT_TRUE(joined[i].ok()) << i << ": " << joined[i].status();
+    EXPECT_EQ(joined[i]->generation, 5);
+    EXPECT_THAT(joined[i]->members, ElementsAreArray(four));
+    EXPECT_EQ(joined[i]->rank, static_cast<int>(i) + 2);
+  }
+  // The survivor was told (a second callback: the change, ABORTED) and sees the new set.
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (sink0.Calls() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(sink0.Calls(), 2);
+  const auto grown = clients[0]->WaitForWholeGroup(4, absl::Now() + absl::Seconds(5), {});
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_THAT(grown->members, ElementsAreArray(four));
+  EXPECT_EQ(clients[1]->whole_membership().rank, 1);
+}
+
+// A departing member (SIGTERM on an elastic worker) is dropped like a lost
+// one, and a joiner that can never make an allowed size is told why.
+TEST_F(CoordinationTest, ElasticDepartureShrinksAndAnImpossibleGroupIsNamedInTheTimeout) {
+  StartService(Tasks(2), ElasticTwoOrFour());
+  auto clients = JoinAll();
+  FailureSink& sink0 = NewSink();
+  ASSERT_TRUE(clients[0]->StartWatching(sink0.Callback()).ok());
+  ASSERT_TRUE(clients[1]->StartWatching(NewSink().Callback()).ok());
+  // worker:1 alone would make 3 members: it waits, and its timeout says why.
+  auto third = NewClient({"worker", 1});
+  ASSERT_TRUE(third->Connect(absl::Now() + absl::Seconds(5)).ok());
+  const auto waited = third->Join(absl::Now() + absl::Milliseconds(400));
+  ASSERT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  EXPECT_THAT(std::string(waited.status().message()), HasSubstr("a group size the job allows"));
+  EXPECT_EQ(sink0.Calls(), 0);  // a joiner that was not admitted changes nothing
+
+  ASSERT_TRUE(clients[1]->Leave(/*departing=*/true).ok());
+  ASSERT_TRUE(sink0.fired.WaitForNotificationWithTimeout(absl::Seconds(3)));
+  EXPECT_THAT(std::string(sink0.Get().message()), HasSubstr("worker:0 departed"));
 }
 
 // --- Connect --------------------------------------------------------------
