@@ -28,7 +28,10 @@
 #      from it on the provisioned claim; a OneDevice worker SIGSTOPped: Stalled
 #      within 40 s, the pod replaced, Succeeded; a ParameterServer job scaled
 #      2 -> 4 -> 2 with `kubectl scale`: the added workers run closures, leave
-#      the worker set on the scale-down, and every step is done once;
+#      the worker set on the scale-down, and every step is done once; a
+#      MultiWorkerMirrored job scaled 4 -> 2 -> 4 replicas in place: the
+#      removed workers depart, the rest train on as a group of 2 and grow back
+#      to 4, the survivors' pods never replaced, the step never going back;
 #   5. `helm uninstall` and the namespace deleted: nothing of the release is left,
 #      and the namespace goes (the kubelet really stopped its pods).
 # The operator's replicas get the worker image from the chart (workerImage,
@@ -42,7 +45,7 @@ KUBECTL="${DISTRAIN_KUBE_BINDIR:?run through tests/e2e/with_node.sh}/kubectl"
 NODE_SH="${DISTRAIN_NODE_SH:-$ROOT/scripts/node.sh}"
 CP="${DISTRAIN_CONTROL_PLANE:-$ROOT/scripts/control-plane.sh}"
 WAIT_S="${E2E_WAIT_S:-300}"
-CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall ps-scale}"
+CASES="${E2E_CASES:-onedevice mirrored central-storage multi-worker-mirrored parameter-server kill chief-kill stall ps-scale mwms-scale}"
 POD_NET="${DISTRAIN_NODE_POD_NET:-10.244.0}"
 # shellcheck source=tests/e2e/e2e_lib.sh
 . "$ROOT/tests/e2e/e2e_lib.sh"
@@ -495,9 +498,96 @@ run_ps_scale() {
   ok "$job Succeeded after 2 -> 4 -> 2: $done_line; $per_worker"
 }
 
+# MultiWorkerMirrored resized in place (worker/strategy/multi_worker_mirrored.h
+# E1-E4, operator/controller/elastic.h): the example (1 chief + 3 workers,
+# global batch 128), elastic within [1, 3] workers, is scaled to 1 worker and
+# back to 3 with `kubectl scale` while it trains. The scale-down deletes
+# worker-1 and worker-2 (SIGTERM: they depart) and the chief and worker-0 go on
+# as a group of 2 (128 / 2 each step: the same global batch); the scale-up's
+# new pods join and the group is 4 again. The survivors' pods are the ones
+# they started as, never restarted; nobody resumes behind a step it had
+# completed; the job Succeeds at N of N with no restart counted.
+run_mwms_scale() {
+  local job=mwms-scale steps="${E2E_SCALE_STEPS:-3000}"
+  job_yaml multi-worker-mirrored "$steps" "$job" |
+    sed -E -e "s/^(  strategy: MultiWorkerMirrored)\$/\1\n  elasticPolicy: {minReplicas: 1, maxReplicas: 3}/" >"$WORK/$job.yaml"
+  grep -q "maxReplicas: 3" "$WORK/$job.yaml" || { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
+  k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
+  local log="$WORK/$job-chief-0.log" i p
+  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
+  mkdir -p "$WORK/$job"
+  for p in 0 1 2; do e2e_follow_incarnations "$NS" "$job-worker-$p" "$WORK/$job" </dev/null >/dev/null 2>&1 & done
+  for i in $(seq 1 600); do
+    grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null && break
+    sleep 0.5
+  done
+  grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  local chief_uid w0_uid t0
+  chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
+  w0_uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
+  t0=$SECONDS
+  k scale dtj "$job" --replicas 1 >/dev/null || { fail "$job: kubectl scale --replicas 1 failed"; dump "$job"; return; }
+  for i in $(seq 1 600); do
+    grep -q "now rank 0 of 2" "$log" 2>/dev/null && break
+    sleep 0.2
+  done
+  if ! grep -q "now rank 0 of 2" "$log"; then
+    fail "$job: the chief did not go on as a group of 2 within 120 s of kubectl scale --replicas 1"
+    dump "$job"
+    for p in "$log" "$WORK/$job"/*.log; do
+      echo "--- $(basename "$p"): what it logged besides steps"
+      grep -v " step [0-9]*/" "$p" | tail -n 8 | cut -c1-400
+    done
+    return
+  fi
+  local shrunk_at
+  shrunk_at="$(grep -Eo "resuming at step [0-9]+" "$log" | tail -n 1 | awk '{print $4}')"
+  ok "$job 4 -> 2 in place $((SECONDS - t0)) s after kubectl scale: resumed at step $shrunk_at as a group of 2"
+  # Two processes train on: a logged step past the resize.
+  for i in $(seq 1 300); do
+    [ "$(grep -Eo "step [0-9]+/$steps" "$log" | tail -n 1 | sed -E 's/step ([0-9]+)\/.*/\1/')" -gt "$shrunk_at" ] 2>/dev/null && break
+    sleep 0.2
+  done
+  grep -q "training complete" "$log" && { fail "$job: finished before the scale-up; raise E2E_SCALE_STEPS"; return; }
+  t0=$SECONDS
+  k scale dtj "$job" --replicas 3 >/dev/null || { fail "$job: kubectl scale --replicas 3 failed"; dump "$job"; return; }
+  for i in $(seq 1 600); do
+    grep -q "now rank 0 of 4" "$log" 2>/dev/null && break
+    sleep 0.2
+  done
+  if ! grep -q "now rank 0 of 4" "$log"; then
+    fail "$job: the group did not grow back to 4 within 120 s of kubectl scale --replicas 3"
+    dump "$job"
+    return
+  fi
+  ok "$job 2 -> 4 in place $((SECONDS - t0)) s after kubectl scale: $(grep "recovered in place" "$log" | tail -n 1 | sed 's/^.*recovered/recovered/')"
+  if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
+    fail "$job: did not reach Succeeded after 4 -> 2 -> 4"
+    dump "$job"
+    return
+  fi
+  local uid restarts
+  for p in chief-0:$chief_uid worker-0:$w0_uid; do
+    uid="$(k get pod "$job-${p%%:*}" -o jsonpath='{.metadata.uid}' 2>/dev/null)"
+    [ -z "$uid" ] || [ "$uid" = "${p#*:}" ] || fail "$job: $job-${p%%:*} was replaced by the resize"
+    restarts="$(k get pod "$job-${p%%:*}" -o jsonpath='{.status.containerStatuses[0].restartCount}' 2>/dev/null)"
+    [ "${restarts:-0}" = 0 ] || fail "$job: $job-${p%%:*}'s container restarted $restarts times"
+  done
+  restarts="$(k get dtj "$job" -o jsonpath='{.status.restartCount}')"
+  [ "${restarts:-0}" = 0 ] || fail "$job: status.restartCount is '$restarts' after resizes (want 0: a resize is not a failure)"
+  grep -q "exit code" "$log" && fail "$job: the chief logged an exit: $(grep 'exit code' "$log" | head -n 1)"
+  local back step
+  back="$(grep -Eo "resuming at step [0-9]+ \(this process had completed [0-9]+\)" "$log" |
+    awk '{ if ($4 < $9 + 0) print }' | head -n 1)"
+  [ -z "$back" ] || fail "$job: the chief went back: $back"
+  step="$(k get dtj "$job" -o jsonpath='{.status.progress.step}')"
+  [ "$step" = "$steps" ] || fail "$job: status.progress.step is '$step' (want $steps)"
+  ok "$job Succeeded after 4 -> 2 -> 4 in place: survivors never replaced, step $step of $steps"
+}
+
 jobs=()
 for c in $CASES; do
-  case "$c" in kill | chief-kill | stall | ps-scale) continue ;; esac
+  case "$c" in kill | chief-kill | stall | ps-scale | mwms-scale) continue ;; esac
   [ -f "$ROOT/examples/$c.yaml" ] || { fail "no example examples/$c.yaml (E2E_CASES)"; continue; }
   job_yaml "$c" 150 "$c" >"$WORK/$c.yaml"
   k apply -f "$WORK/$c.yaml" >/dev/null || { fail "$c: kubectl apply failed"; continue; }
@@ -509,6 +599,7 @@ for c in "${jobs[@]}"; do check_job "$c"; done
 [[ " $CASES " == *" chief-kill "* ]] && run_chief_kill
 [[ " $CASES " == *" stall "* ]] && run_stall
 [[ " $CASES " == *" ps-scale "* ]] && run_ps_scale
+[[ " $CASES " == *" mwms-scale "* ]] && run_mwms_scale
 
 # 5. Uninstall: nothing of the release is left, and the namespace really goes.
 if [ -z "${E2E_KEEP:-}" ]; then
