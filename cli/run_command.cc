@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "common/auto_strategy.h"
 #include "common/exit_codes.h"
 #include "common/job_config.h"
 #include "worker/strategy/strategy.h"
@@ -199,6 +200,15 @@ int RunJob(const RunOptions& options) {
   if (!config.ok()) {
     std::cerr << "distrain run: " << options.job_file << ": " << config.status().message() << "\n";
     return kExitInvalidConfig;
+  }
+  // spec.strategy: Auto, on this host (common/auto_strategy.h); each worker
+  // process decides the same from the same file and facts.
+  if (auto resolved = ResolveAutoStrategy(*config, DeviceFacts{}); !resolved.ok()) {
+    std::cerr << "distrain run: " << options.job_file << ": " << resolved.status().message() << "\n";
+    return kExitInvalidConfig;
+  } else if (!resolved->second.empty()) {
+    config = std::move(resolved->first);
+    std::cerr << "distrain run: " << options.job_file << ": " << resolved->second << "\n";
   }
   if (absl::Status s = CheckStrategySupported(*config); !s.ok()) {
     std::cerr << "distrain run: " << options.job_file << ": " << s.message() << "\n";

@@ -21,6 +21,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
+#include "common/auto_strategy.h"
 #include "common/cluster_spec.h"
 #include "common/exit_codes.h"
 #include "common/job_identity.h"
@@ -155,6 +156,29 @@ int main(int argc, char** argv) {
   if (!config.ok()) {
     spdlog::error("invalid job configuration: {}", config.status().message());
     return kExitInvalidConfig;
+  }
+  // 1b. spec.strategy: Auto, on what this process finds (common/auto_strategy.h).
+  if (config->strategy == StrategyKind::kAuto) {
+    int visible_gpus = 0;
+#ifdef DISTRAIN_HAVE_CUDA
+    visible_gpus = cuda::Probe().device_count;
+#endif
+    if (visible_gpus > 0) {
+      // Never train on CPU threads while holding GPUs (no GPU backend yet).
+      spdlog::error("spec.strategy: Auto: {} GPU(s) are visible to this process, but this "
+                    "distrain-worker has no GPU backend yet and would train on CPU while holding "
+                    "them; request no nvidia.com/gpu for this job, or choose a strategy "
+                    "explicitly to train on CPU",
+                    visible_gpus);
+      return kExitUnsupported;
+    }
+    auto resolved = ResolveAutoStrategy(*config, DeviceFacts{});
+    if (!resolved.ok()) {
+      spdlog::error("invalid job configuration: {}", resolved.status().message());
+      return kExitInvalidConfig;
+    }
+    config = std::move(resolved->first);
+    spdlog::info("{}", resolved->second);
   }
 
   // 2. Cluster spec.

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/auto_strategy.h"
 #include "common/check.h"
 #include "common/cluster_spec.h"
 #include "operator/controller/checkpoint_volume.h"
@@ -254,15 +255,14 @@ int TemplateGpus(const nlohmann::json& pod_template) {
 StrategyKind ResolveStrategy(const api::DistributedTrainingJob& job) {
   const JobConfig& c = job.spec;
   if (c.strategy != StrategyKind::kAuto) return c.strategy;
-  if (c.replicas_of(ReplicaType::kPS) > 0) return StrategyKind::kParameterServer;
-  if (c.replicas_of(ReplicaType::kChief) + c.replicas_of(ReplicaType::kWorker) > 1) {
-    return StrategyKind::kMultiWorkerMirrored;
+  // The GPUs the Worker template asks for stand for the ones the pod will see
+  // (NCCL asks for at least one); nothing is measured here.
+  DeviceFacts facts;
+  facts.gpus = TemplateGpus(job.Template(ReplicaType::kWorker));
+  if (facts.gpus == 0 && c.training.communication.implementation == CollectiveImplementation::kNccl) {
+    facts.gpus = 1;
   }
-  if (TemplateGpus(job.Template(ReplicaType::kWorker)) > 0 ||
-      c.training.communication.implementation == CollectiveImplementation::kNccl) {
-    return StrategyKind::kMirrored;
-  }
-  return StrategyKind::kOneDevice;
+  return ChooseAutoStrategy(c, facts).strategy;
 }
 
 absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,

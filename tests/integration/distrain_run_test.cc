@@ -54,6 +54,38 @@ TEST(DistrainRunTest, OneDeviceExampleSucceedsAndPrintsTheFinalAccuracy) {
   EXPECT_GE(std::stod(m[1]), 0.95) << out;
 }
 
+// spec.strategy: Auto (common/auto_strategy.h) on a host without a GPU: one
+// Worker is OneDevice, said by `distrain run` and by the worker, and it trains.
+TEST(DistrainRunTest, AutoStrategyResolvesOnACpuHostAndTrains) {
+  const std::string dir = TempDir("auto");
+  std::string text = ExampleWith("steps", "40");
+  text = std::regex_replace(text, std::regex("\n  strategy: OneDevice"), "\n  strategy: Auto");
+  ASSERT_NE(text.find("strategy: Auto"), std::string::npos) << text;
+  const std::string job = WriteFile(dir, "auto.yaml", text);
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress", "--work-dir", dir + "/work"});
+  auto rc = run.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  EXPECT_EQ(*rc, 0) << run.output();
+  const std::string out = run.output();
+  EXPECT_NE(out.find("distrain run: " + job + ": spec.strategy Auto chose OneDevice: one training "
+                     "task, one replica and no GPU"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("[worker-0] "), std::string::npos) << out;
+  EXPECT_NE(out.find("task worker:0 strategy OneDevice"), std::string::npos) << out;
+  EXPECT_NE(out.find("Succeeded"), std::string::npos) << out;
+  // The worker started by hand with the file decides the same, and says why.
+  Subprocess worker({testing::WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/alone"});
+  rc = worker.Wait(300);
+  ASSERT_TRUE(rc.has_value()) << worker.output();
+  EXPECT_EQ(*rc, 0) << worker.output();
+  EXPECT_NE(worker.output().find("spec.strategy Auto chose OneDevice: one training task, one "
+                                 "replica and no GPU"),
+            std::string::npos)
+      << worker.output();
+  fs::remove_all(dir);
+}
+
 TEST(DistrainRunTest, BadFieldIsRejectedWithItsPathBeforeAnyProcessStarts) {
   const std::string dir = TempDir("badfield");
   std::string job = WriteFile(dir, "bad.yaml", ExampleWith("globalBatchSize", "abc"));

@@ -26,9 +26,10 @@ absl::Status CheckStrategySupported(const JobConfig& config) {
           "spec.replicaSpecs.Worker.template with a TPU-enabled image); the distrain worker "
           "implements CPU/GPU strategies only");
     case StrategyKind::kAuto:
-      return absl::UnimplementedError(
-          "spec.strategy: Auto selection is not available in this build of distrain yet; "
-          "choose OneDevice, Mirrored or MultiWorkerMirrored");
+      // distrain-worker and `distrain run` resolve it first (common/auto_strategy.h).
+      return absl::InvalidArgumentError(
+          "spec.strategy: Auto must be resolved before a strategy is created "
+          "(ResolveAutoStrategy); choose a strategy explicitly");
     default:
       return absl::UnimplementedError(absl::StrCat(
           "spec.strategy: ", StrategyName(config.strategy),
