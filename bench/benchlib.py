@@ -66,7 +66,8 @@ def append_record(benchmark, figures, uptime_before, extra=None):
 
 
 def fail(message):
-    sys.exit(f"allreduce_busbw: {message}")
+    """Exits naming the bench script that failed (messages start with its own words)."""
+    sys.exit(f"{os.path.basename(sys.argv[0])}: {message}")
 
 
 def free_ports(count):
