@@ -1,0 +1,308 @@
+#include "worker/collective/mesh_algorithms.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "worker/collective/reduce_kernel.h"
+
+namespace distrain {
+namespace {
+
+// The (header, payload) stream of one message from `offset` on, as at most
+// two slices; returns how many.
+int HeaderAndPayload(const OpHeader* header, const char* payload, int64_t payload_bytes,
+                     int64_t offset, IoSlice* slices) {
+  int count = 0;
+  if (offset < kOpHeaderBytes) {
+    // Sent from, or received into, memory the caller lends for the call.
+    slices[count++] = IoSlice{const_cast<char*>(reinterpret_cast<const char*>(header)) + offset,
+                              static_cast<size_t>(kOpHeaderBytes - offset)};
+    offset = kOpHeaderBytes;
+  }
+  if (payload_bytes > 0) {
+    const int64_t at = offset - kOpHeaderBytes;
+    slices[count++] =
+        IoSlice{const_cast<char*>(payload) + at, static_cast<size_t>(payload_bytes - at)};
+  }
+  return count;
+}
+
+}  // namespace
+
+MeshAlgorithms::MeshAlgorithms(Transport& transport, const Operation& op,
+                               absl::Duration busy_poll)
+    : transport_(transport), op_(op), busy_poll_(busy_poll) {
+  DISTRAIN_CHECK(transport.fully_connected());
+  const int size = transport.size();
+  in_headers_.resize(size);
+  sent_.assign(size, 0);
+  got_.assign(size, 0);
+  can_send_.assign(size, 0);
+  can_receive_.assign(size, 0);
+}
+
+absl::Status MeshAlgorithms::OneHop(const char* out, char* const* in, int64_t bytes, int sender,
+                                    absl::Time deadline) {
+  const int rank = transport_.rank();
+  const int size = transport_.size();
+  const int64_t total = kOpHeaderBytes + bytes;
+  const bool sending = sender < 0 || sender == rank;
+  for (int p = 0; p < size; ++p) {
+    const bool receiving = p != rank && (sender < 0 || sender == p);
+    sent_[p] = p != rank && sending ? 0 : total;
+    got_[p] = receiving ? 0 : total;
+    // Optimistic first pass; afterwards only what Wait reports ready, so no
+    // call is spent on kWouldBlock (small operations are syscall-bound).
+    can_send_[p] = true;
+    can_receive_[p] = true;
+  }
+  while (true) {
+    if (transport_.aborted()) return absl::AbortedError("transport aborted");
+    bool done = true;
+    bool more = false;  // something may still progress without waiting
+    for (int p = 0; p < size; ++p) {
+      // 1. Each peer's stream on its own: one peer being slow does not hold
+      // back the others.
+      if (sent_[p] < total && can_send_[p]) {
+        IoSlice slices[2];
+        const int count = HeaderAndPayload(&op_.header(), out, bytes, sent_[p], slices);
+        const IoResult r = transport_.SendLink(p)->TrySend({slices, static_cast<size_t>(count)});
+        if (r.code == IoResult::kMoved) {
+          sent_[p] += r.bytes;
+          can_send_[p] = sent_[p] == total;  // short write: link full
+        } else if (r.code == IoResult::kWouldBlock) {
+          can_send_[p] = false;
+        } else {
+          return op_.LinkFailed(r, "to", transport_.name(p), "while sending");
+        }
+      }
+      if (got_[p] < total && can_receive_[p]) {
+        IoSlice slices[2];
+        const int count = HeaderAndPayload(&in_headers_[p], in[p], bytes, got_[p], slices);
+        const int64_t wanted = total - got_[p];
+        const IoResult r =
+            transport_.ReceiveLink(p)->TryReceive({slices, static_cast<size_t>(count)});
+        if (r.code == IoResult::kMoved) {
+          const bool had_header = got_[p] >= kOpHeaderBytes;
+          got_[p] += r.bytes;
+          can_receive_[p] = r.bytes == wanted;  // short read: drained for now
+          if (!had_header && got_[p] >= kOpHeaderBytes) {
+            if (absl::Status h = op_.CheckHeader(in_headers_[p], transport_.name(p)); !h.ok()) {
+              return h;
+            }
+          }
+        } else if (r.code == IoResult::kWouldBlock) {
+          can_receive_[p] = false;
+        } else {
+          return op_.LinkFailed(r, "from", transport_.name(p),
+                                r.code == IoResult::kClosed
+                                    ? absl::StrCat("received ", got_[p], " of ", total,
+                                                   " bytes from it")
+                                    : "while receiving");
+        }
+      }
+      const bool send_left = sent_[p] < total;
+      const bool recv_left = got_[p] < total;
+      done = done && !send_left && !recv_left;
+      more = more || (send_left && can_send_[p]) || (recv_left && can_receive_[p]);
+    }
+    if (done) break;
+    if (more) continue;
+
+    // 2.
+    waits_.clear();
+    wait_peer_.clear();
+    for (int p = 0; p < size; ++p) {
+      if (sent_[p] < total) {
+        waits_.push_back(LinkWait{transport_.SendLink(p), LinkWait::kSend});
+        wait_peer_.push_back(p);
+      }
+      if (got_[p] < total) {
+        waits_.push_back(LinkWait{transport_.ReceiveLink(p), LinkWait::kReceive});
+        wait_peer_.push_back(p);
+      }
+    }
+    const absl::Status w = transport_.Wait(absl::MakeSpan(waits_), deadline);
+    if (!w.ok() && !absl::IsDeadlineExceeded(w)) return op_.WaitFailed(w);
+    for (size_t i = 0; i < waits_.size(); ++i) {
+      if (!waits_[i].ready) continue;
+      const int p = wait_peer_[i];
+      (waits_[i].direction == LinkWait::kSend ? can_send_ : can_receive_)[p] = true;
+    }
+    if (absl::IsDeadlineExceeded(w)) {
+      // Direct links: the peers we still miss data from are the ones stuck.
+      std::string silent, not_reading;
+      for (int p = 0; p < size; ++p) {
+        if (got_[p] < total) {
+          absl::StrAppend(&silent, silent.empty() ? "" : ", ", transport_.name(p));
+        }
+        if (sent_[p] < total) {
+          absl::StrAppend(&not_reading, not_reading.empty() ? "" : ", ", transport_.name(p));
+        }
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          op_.What(), " on ", transport_.name(rank), " timed out waiting for ",
+          silent.empty() ? absl::StrCat(not_reading, " to receive")
+                         : absl::StrCat(silent, " to send"),
+          "; the peer stopped, is stuck, or issued a different collective"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MeshAlgorithms::Exchange(int to, const char* out, int64_t out_bytes, int from,
+                                      char* in, int64_t in_bytes, absl::Time deadline) {
+  const int64_t out_total = to >= 0 ? kOpHeaderBytes + out_bytes : 0;
+  const int64_t in_total = from >= 0 ? kOpHeaderBytes + in_bytes : 0;
+  Link* const send = to >= 0 ? transport_.SendLink(to) : nullptr;
+  Link* const receive = from >= 0 ? transport_.ReceiveLink(from) : nullptr;
+  int64_t sent = 0, got = 0;
+  bool send_ready = true;
+  bool recv_ready = false;  // wait first: it returns at once when the data is there
+  bool spun = false;
+  auto timeout_error = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        op_.What(), " on ", transport_.name(transport_.rank()), " timed out waiting for ",
+        got < in_total ? absl::StrCat(transport_.name(from), " to send (received ", got, " of ",
+                                      in_total, " bytes)")
+                       : absl::StrCat(transport_.name(to), " to receive"),
+        "; the peer stopped, is stuck, or issued a different collective"));
+  };
+  while (sent < out_total || got < in_total) {
+    if (transport_.aborted()) return absl::AbortedError("transport aborted");
+    if (sent < out_total && send_ready) {
+      IoSlice slices[2];
+      const int count = HeaderAndPayload(&op_.header(), out, out_bytes, sent, slices);
+      const int64_t wanted = out_total - sent;
+      const IoResult r = send->TrySend({slices, static_cast<size_t>(count)});
+      if (r.code == IoResult::kMoved) {
+        sent += r.bytes;
+        send_ready = r.bytes == wanted;
+      } else if (r.code == IoResult::kWouldBlock) {
+        send_ready = false;
+      } else {
+        return op_.LinkFailed(r, "to", transport_.name(to), "while sending");
+      }
+    }
+    // When only the receive is left, wait in the receive itself: one call
+    // instead of Wait + receive, which is most of a small step's cost on
+    // busy cores. Check briefly before sleeping, yielding the CPU in
+    // between: a sleeping receiver adds a wake-up to every step.
+    if (sent == out_total && got < in_total && !recv_ready &&
+        busy_poll_ > absl::ZeroDuration() && !spun) {
+      spun = true;
+      if (receive->AwaitReadable(busy_poll_)) recv_ready = true;
+    }
+    const bool block = sent == out_total && got < in_total && !recv_ready;
+    if (got < in_total && (recv_ready || block)) {
+      IoSlice slices[2];
+      const int count = HeaderAndPayload(&exchange_in_header_, in, in_bytes, got, slices);
+      const absl::Span<const IoSlice> wanted_slices(slices, static_cast<size_t>(count));
+      const int64_t wanted = in_total - got;
+      const IoResult r =
+          block ? receive->Receive(wanted_slices, deadline) : receive->TryReceive(wanted_slices);
+      if (r.code == IoResult::kMoved) {
+        const bool had_header = got >= kOpHeaderBytes;
+        got += r.bytes;
+        recv_ready = r.bytes == wanted;
+        if (!had_header && got >= kOpHeaderBytes) {
+          if (absl::Status h = op_.CheckHeader(exchange_in_header_, transport_.name(from));
+              !h.ok()) {
+            return h;
+          }
+        }
+      } else if (r.code == IoResult::kWouldBlock) {
+        recv_ready = false;
+      } else if (r.code == IoResult::kTimedOut) {
+        return timeout_error();
+      } else {
+        return op_.LinkFailed(
+            r, "from", transport_.name(from),
+            r.code == IoResult::kClosed
+                ? absl::StrCat("received ", got, " of ", in_total, " bytes from it")
+                : "while receiving");
+      }
+    }
+    if (sent == out_total && got == in_total) break;
+    if ((sent < out_total && send_ready) || (got < in_total && recv_ready)) continue;
+
+    const absl::Status w =
+        transport_.WaitFor(got < in_total ? receive : nullptr, sent < out_total ? send : nullptr,
+                           deadline, &recv_ready, &send_ready);
+    if (!w.ok() && !absl::IsDeadlineExceeded(w)) return op_.WaitFailed(w);
+    if (absl::IsDeadlineExceeded(w)) return timeout_error();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
+                                               int64_t elements, ReduceOp op,
+                                               absl::Time deadline) {
+  const int rank = transport_.rank();
+  const int size = transport_.size();
+  // work = work_[0, E), incoming = work_[E, 2E).
+  work_.resize(static_cast<size_t>(elements) * 2);
+  float* work = work_.data();
+  float* incoming = work_.data() + elements;
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  {
+    float* p = work;
+    for (const absl::Span<float>& b : buffers) {
+      if (!b.empty()) std::memcpy(p, b.data(), b.size() * sizeof(float));
+      p += b.size();
+    }
+  }
+  char* const out = reinterpret_cast<char*>(work);
+  char* const in = reinterpret_cast<char*>(incoming);
+  int pof2 = 1;
+  while (pof2 * 2 <= size) pof2 *= 2;
+  const int rest = size - pof2;
+  int vrank;
+  // 1. Fold pairs down to a power of two.
+  if (rank < 2 * rest) {
+    if (rank % 2 == 0) {
+      if (absl::Status s = Exchange(rank + 1, out, bytes, -1, nullptr, 0, deadline); !s.ok()) {
+        return s;
+      }
+      vrank = -1;
+    } else {
+      if (absl::Status s = Exchange(-1, nullptr, 0, rank - 1, in, bytes, deadline); !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+      vrank = rank / 2;
+    }
+  } else {
+    vrank = rank - rest;
+  }
+  // 2. Recursive doubling.
+  if (vrank >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int vpartner = vrank ^ mask;
+      const int partner = vpartner < rest ? vpartner * 2 + 1 : vpartner + rest;
+      if (absl::Status s = Exchange(partner, out, bytes, partner, in, bytes, deadline); !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+    }
+  }
+  // 3. Hand the result back to the folded ranks.
+  if (rank < 2 * rest) {
+    absl::Status s = rank % 2 == 1 ? Exchange(rank - 1, out, bytes, -1, nullptr, 0, deadline)
+                                   : Exchange(-1, nullptr, 0, rank + 1, out, bytes, deadline);
+    if (!s.ok()) return s;
+  }
+  if (op == ReduceOp::kMean) {
+    collective_internal::DivideInPlace(work, static_cast<size_t>(elements),
+                                       static_cast<float>(size));
+  }
+  const float* p = work;
+  for (const absl::Span<float>& b : buffers) {
+    if (!b.empty()) std::memcpy(b.data(), p, b.size() * sizeof(float));
+    p += b.size();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace distrain

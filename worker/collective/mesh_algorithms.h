@@ -1,0 +1,93 @@
+#ifndef DISTRAIN_WORKER_COLLECTIVE_MESH_ALGORITHMS_H_
+#define DISTRAIN_WORKER_COLLECTIVE_MESH_ALGORITHMS_H_
+
+// MeshAlgorithms: RingCollective's latency path (payloads up to
+// RingOptions::small_allreduce_bytes on a fully connected Transport), where
+// the hop count and, on oversubscribed cores, the number of calls into the
+// transport set the time, not bandwidth.
+//
+// OneHop (Broadcast: the root sends to everyone; AllGather, Barrier and
+// small all-reduces of the gather kind: all-to-all in one round, so a rank
+// that never arrives is named by every other rank):
+//   1. Send the operation header and payload to every receiving peer and
+//      receive a header and payload from every sending peer, each peer's
+//      bytes straight into its place, all links driven at once; a peer's
+//      header is checked (operation.h) as soon as it is complete.
+//   2. When no link can progress, wait for those with work left; at the
+//      deadline name the peers that sent nothing (or, when all sent, those
+//      that did not take our bytes).
+//
+// DoublingAllReduce (recursive doubling):
+//   1. Non-powers of two first fold pairs: of ranks 2i and 2i+1 below
+//      2*(N - pof2), the even one hands its vector to the odd one and sits
+//      out.
+//   2. The remaining pof2 ranks run log2(pof2) pairwise exchanges with the
+//      partner whose (virtual) rank differs in one bit, each side adding the
+//      partner's vector to its own. Both sides of an exchange add the same
+//      two operands (a + b == b + a exactly), so every rank ends
+//      bit-identical.
+//   3. The odd ranks of step 1 hand the result back to their even partner.
+//   Measured at 4 KiB with 4 processes on the 2 cores: 71-83 us against
+//   99-121 us for a one-round all-to-all and 220 us for the ring: on
+//   oversubscribed cores the syscall count, not the hop count, sets the
+//   latency. For the same reason an exchange whose send is done waits in the
+//   receive itself (Link::Receive) instead of in Wait + receive, after
+//   checking for up to busy_poll whether the answer is already there
+//   (RingOptions::busy_poll).
+//
+// Ownership: owns its scratch; keeps references to the transport and the
+// operation. Thread-safety: the operation thread only.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/collective/collective.h"
+#include "worker/collective/operation.h"
+#include "worker/collective/transport.h"
+
+namespace distrain {
+
+class MeshAlgorithms {
+ public:
+  // `transport` must be fully connected.
+  MeshAlgorithms(Transport& transport, const Operation& op, absl::Duration busy_poll);
+
+  // One-hop exchange: `bytes` from `out` (after the header) to every peer,
+  // and each peer p's bytes into in[p] (size() pointers); with sender >= 0
+  // only that rank sends and the others receive from it.
+  absl::Status OneHop(const char* out, char* const* in, int64_t bytes, int sender,
+                      absl::Time deadline);
+
+  // Small all-reduce of `buffers` (`elements` floats in all) by recursive
+  // doubling.
+  absl::Status DoublingAllReduce(absl::Span<const absl::Span<float>> buffers, int64_t elements,
+                                 ReduceOp op, absl::Time deadline);
+
+ private:
+  // One pairwise step: sends the header + `out_bytes` from `out` to rank
+  // `to` and receives a header + `in_bytes` into `in` from rank `from`
+  // (either may be -1).
+  absl::Status Exchange(int to, const char* out, int64_t out_bytes, int from, char* in,
+                        int64_t in_bytes, absl::Time deadline);
+
+  Transport& transport_;
+  const Operation& op_;
+  const absl::Duration busy_poll_;
+  // Per-operation state, reused so steady state does not allocate.
+  std::vector<float> work_;  // DoublingAllReduce: own vector, then the partner's
+  std::vector<OpHeader> in_headers_;  // OneHop, per peer
+  OpHeader exchange_in_header_{};
+  std::vector<int64_t> sent_;  // OneHop, per peer
+  std::vector<int64_t> got_;
+  std::vector<char> can_send_;  // bools: worth a call now
+  std::vector<char> can_receive_;
+  std::vector<LinkWait> waits_;
+  std::vector<int> wait_peer_;
+};
+
+}  // namespace distrain
+
+#endif  // DISTRAIN_WORKER_COLLECTIVE_MESH_ALGORITHMS_H_
