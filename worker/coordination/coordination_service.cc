@@ -714,6 +714,10 @@ class CoordinationService::Impl final : public v1::Coordination::Service {
       }
       const bool resized = proposed != active_;
       active_ = std::move(proposed);
+      // A barrier that waited for a dropped member may be complete now.
+      if (resized) {
+        for (auto& [unused, b] : barriers_) TryCompleteBarrierLocked(b);
+      }
       if (ever_admitted_) {
         ++generation_;
         std::string reason =
