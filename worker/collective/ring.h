@@ -95,9 +95,17 @@ struct RingOptions {
   // 64 KiB 0.31-0.33; a stage of 8 slices instead of 4: 0.27-0.44.
   // Socket buffers with 128 KiB slices: 1 MiB 0.26-0.28, 2 MiB 0.26-0.34,
   // kernel autotuning 0.27-0.33, 512 KiB 0.26-0.36, 256 KiB 0.42-0.52.
+  // (Those on a Zen 4 with AVX-512 and 1 MiB of L2.) On a Zen 3 EPYC with
+  // AVX2 and 512 KiB of L2 (bench/allreduce_busbw.py --distrain-args
+  // --chunk-bytes, two interleaved rounds, load ~2), busbw at 64 MiB for
+  // N = 3 and 4: 128 KiB 0.44-0.50 and 0.36-0.37 GB/s, 64 KiB 0.32-0.37 and
+  // 0.28-0.33, 32 KiB 0.25-0.38 and 0.25-0.26. So a slice derived from the
+  // L2 size (a stage of half the L2 would mean 64 KiB here) loses on the
+  // smaller cache, and 128 KiB is the best measured on both kinds: the
+  // socket copies, not the stage's cache residency, set the optimum there.
   int64_t chunk_bytes = 128 << 10;
   // Slices in the all-reduce's staging ring (at least 2: the deadlock
-  // argument above needs room beyond one slice). Deeper rings give ranks
+  // argument in ring_allreduce.h needs room beyond one slice). Deeper rings give ranks
   // that share cores more slack before a descheduled neighbour stalls them,
   // at the price of a stage that may fall out of L2.
   int stage_slices = 4;
