@@ -140,7 +140,15 @@ std::string RenderStatus(const Json& job, const Json& pods, const Json& events,
   };
   field("Name", Str(meta, "name"));
   field("Namespace", Str(meta, "namespace"));
-  field("Strategy", spec.contains("strategy") ? Str(spec, "strategy") : "-");
+  {
+    // Auto: what it chose and why, from status.strategy.
+    std::string strategy = spec.contains("strategy") ? Str(spec, "strategy") : "-";
+    if (status.contains("strategy") && status["strategy"].is_object()) {
+      const Json& chosen = status["strategy"];
+      absl::StrAppend(&strategy, " -> ", Str(chosen, "name"), " (", Str(chosen, "reason"), ")");
+    }
+    field("Strategy", strategy);
+  }
   field("State", StateOf(job).ToString());
   field("Progress", ProgressLine(status.contains("progress") ? status["progress"] : Json()));
   field("Restarts", std::to_string(Int(status, "restartCount")));

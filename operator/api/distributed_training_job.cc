@@ -187,6 +187,10 @@ JobStatus ParseStatusWith(const Json& status, Reader* r) {
   r->Integer(status, "observedGeneration", "status.observedGeneration", &s.observed_generation);
   if (const Json* progress = r->Get(status, "progress")) s.progress = *progress;
   r->String(status, "selector", "status.selector", &s.selector);
+  if (const Json* chosen = r->Get(status, "strategy")) {
+    r->String(*chosen, "name", "status.strategy.name", &s.strategy);
+    r->String(*chosen, "reason", "status.strategy.reason", &s.strategy_reason);
+  }
   return s;
 }
 
@@ -350,6 +354,9 @@ nlohmann::json StatusToJson(const JobStatus& status) {
   s["observedGeneration"] = status.observed_generation;
   if (!status.progress.is_null()) s["progress"] = status.progress;
   if (!status.selector.empty()) s["selector"] = status.selector;
+  if (!status.strategy.empty()) {
+    s["strategy"] = {{"name", status.strategy}, {"reason", status.strategy_reason}};
+  }
   return s;
 }
 

@@ -111,6 +111,10 @@ struct JobStatus {
   // as it is, apart from totalSteps. Null when absent.
   nlohmann::json progress;
   std::string selector;  // the Worker pods' label selector, for /scale
+  // spec.strategy Auto: what it chose and why (common/auto_strategy.h);
+  // empty for a strategy the spec names.
+  std::string strategy;
+  std::string strategy_reason;
   bool operator==(const JobStatus&) const = default;
 
   const Condition* FindCondition(const std::string& type) const;

@@ -252,9 +252,9 @@ int TemplateGpus(const nlohmann::json& pod_template) {
   return ResourceCount(TemplateMainContainer(pod_template), kGpuResource);
 }
 
-StrategyKind ResolveStrategy(const api::DistributedTrainingJob& job) {
+StrategyChoice ResolveStrategy(const api::DistributedTrainingJob& job) {
   const JobConfig& c = job.spec;
-  if (c.strategy != StrategyKind::kAuto) return c.strategy;
+  if (c.strategy != StrategyKind::kAuto) return {c.strategy, ""};
   // The GPUs the Worker template asks for stand for the ones the pod will see
   // (NCCL asks for at least one); nothing is measured here.
   DeviceFacts facts;
@@ -262,7 +262,7 @@ StrategyKind ResolveStrategy(const api::DistributedTrainingJob& job) {
   if (facts.gpus == 0 && c.training.communication.implementation == CollectiveImplementation::kNccl) {
     facts.gpus = 1;
   }
-  return ChooseAutoStrategy(c, facts).strategy;
+  return ChooseAutoStrategy(c, facts);
 }
 
 absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
@@ -290,7 +290,9 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
   }
   if (absl::Status queue = ValidateKueueQueue(job, t.config); !queue.ok()) return queue;
   if (t.config.strategy == StrategyKind::kAuto) {
-    t.config.strategy = ResolveStrategy(job);
+    const StrategyChoice choice = ResolveStrategy(job);
+    t.config.strategy = choice.strategy;
+    t.auto_reason = choice.reason;
     if (absl::Status valid = ValidateJobConfig(t.config); !valid.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("spec.strategy: Auto chose ", StrategyName(t.config.strategy),

@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/auto_strategy.h"
 #include "common/job_config.h"
 #include "nlohmann/json.hpp"
 #include "operator/api/distributed_training_job.h"
@@ -156,13 +157,14 @@ struct Topology {
   std::string cluster_hash;                  // of `cluster` without the evaluator
   std::string cluster_json;                  // `cluster` in TF_CONFIG's order (the ConfigMap's value)
   std::string job_config_json;               // DISTRAIN_JOB_CONFIG
+  std::string auto_reason;  // spec.strategy Auto: why config.strategy (status.strategy)
 };
 
-// Resolves spec.strategy Auto from what the job asks for (examples/auto.yaml):
-// PS replicas -> ParameterServer; more than one training pod (chief +
-// workers) -> MultiWorkerMirrored; one pod asking for GPUs (or NCCL) ->
-// Mirrored; otherwise OneDevice. Any other strategy is returned unchanged.
-StrategyKind ResolveStrategy(const api::DistributedTrainingJob& job);
+// Resolves spec.strategy Auto from what the job asks for (examples/auto.yaml)
+// by the rule table every part shares (common/auto_strategy.h), with the
+// GPUs the Worker template requests (NCCL: at least one) and no measurement.
+// Any other strategy is returned unchanged, with an empty reason.
+StrategyChoice ResolveStrategy(const api::DistributedTrainingJob& job);
 
 // Builds the topology; an error (reported as the job's InvalidSpec failure)
 // when a derived name is not a valid host name, or when Auto resolves to a

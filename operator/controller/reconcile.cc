@@ -531,6 +531,10 @@ void Reconciler::Finalize() {
   s.replica_statuses = std::move(replicas);
   s.observed_generation = job_.metadata.generation;
   s.selector = api::WorkerSelector(job_.metadata.name);
+  if (job_.spec.strategy == StrategyKind::kAuto) {
+    s.strategy = StrategyName(config.strategy);
+    s.strategy_reason = topology_.auto_reason;
+  }
   // A succeeded job keeps the total its master reported (final_progress.h).
   if ((s.progress.is_null() || s.progress.is_object()) && !s.IsTrue(api::kConditionSucceeded)) {
     s.progress["totalSteps"] = config.training.steps;

@@ -163,6 +163,23 @@ TEST_F(KubectlDtjTest, StatusShowsStrategyStateReplicasProgressPodsAndEvents) {
   EXPECT_THAT(via_kubectl, HasSubstr("step 4/10"));
 }
 
+// spec.strategy Auto: the operator's choice and its reason in status.strategy,
+// and on the plugin's Strategy line (common/auto_strategy.h).
+TEST_F(KubectlDtjTest, StatusShowsWhatAutoChoseAndWhy) {
+  StartOperator();
+  Json job = MakeJob(ns(), "au", 2, /*chief=*/false, "ExitCode");
+  job["spec"]["strategy"] = "Auto";
+  auto r = client_->Request("POST", kube::ResourcePath(Jobs(), ns()), &job);
+  ASSERT_TRUE(r.ok() && r->ok()) << (r.ok() ? r->message() : std::string(r.status().message()));
+  std::string out;
+  ASSERT_TRUE(WaitUntil([&] { return Dtj("status au -n " + ns(), &out) == 0 &&
+                                     out.find("-> MultiWorkerMirrored") != std::string::npos; },
+                        20))
+      << out;
+  EXPECT_THAT(out, HasSubstr("Strategy:    Auto -> MultiWorkerMirrored (2 training tasks (Chief + "
+                             "Workers), one per machine"));
+}
+
 TEST_F(KubectlDtjTest, WaitPrintsTransitionsAndExitsZeroWhenTheJobSucceeds) {
   StartOperator();
   CreateJob("ok", 1, /*chief=*/false, "ExitCode");
