@@ -507,6 +507,35 @@ run_ps_scale() {
 # new pods join and the group is 4 again. The survivors' pods are the ones
 # they started as, never restarted; nobody resumes behind a step it had
 # completed; the job Succeeds at N of N with no restart counted.
+# kubectl scale JOB to REPLICAS Workers, then wait (120 s) for the chief's LOG
+# to say WANT; on failure, the job and what its processes logged besides steps.
+scale_until() {
+  local job="$1" replicas="$2" want="$3" log="$4" i p
+  k scale dtj "$job" --replicas "$replicas" >/dev/null ||
+    { fail "$job: kubectl scale --replicas $replicas failed"; dump "$job"; return 1; }
+  for i in $(seq 1 600); do
+    grep -q "$want" "$log" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  fail "$job: the chief did not log '$want' within 120 s of kubectl scale --replicas $replicas"
+  dump "$job"
+  for p in "$log" "$WORK/$job"/*.log; do
+    echo "--- $(basename "$p"): what it logged besides steps"
+    grep -v " step [0-9]*/" "$p" | tail -n 8 | cut -c1-400
+  done
+  return 1
+}
+
+# Waits (60 s) until LOG has N "recovered in place" lines.
+recoveries_reach() {
+  local log="$1" n="$2" i
+  for i in $(seq 1 300); do
+    [ "$(grep -c "recovered in place" "$log" 2>/dev/null)" -ge "$n" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 run_mwms_scale() {
   local job=mwms-scale steps="${E2E_SCALE_STEPS:-3000}"
   job_yaml multi-worker-mirrored "$steps" "$job" |
@@ -526,20 +555,8 @@ run_mwms_scale() {
   chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
   w0_uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
   t0=$SECONDS
-  k scale dtj "$job" --replicas 1 >/dev/null || { fail "$job: kubectl scale --replicas 1 failed"; dump "$job"; return; }
-  for i in $(seq 1 600); do
-    grep -q "now rank 0 of 2" "$log" 2>/dev/null && break
-    sleep 0.2
-  done
-  if ! grep -q "now rank 0 of 2" "$log"; then
-    fail "$job: the chief did not go on as a group of 2 within 120 s of kubectl scale --replicas 1"
-    dump "$job"
-    for p in "$log" "$WORK/$job"/*.log; do
-      echo "--- $(basename "$p"): what it logged besides steps"
-      grep -v " step [0-9]*/" "$p" | tail -n 8 | cut -c1-400
-    done
-    return
-  fi
+  scale_until "$job" 1 "now rank 0 of 2" "$log" || return
+  recoveries_reach "$log" 1  # the resize is logged before the state agreement ends it
   local shrunk_at
   shrunk_at="$(grep -Eo "resuming at step [0-9]+" "$log" | tail -n 1 | awk '{print $4}')"
   ok "$job 4 -> 2 in place $((SECONDS - t0)) s after kubectl scale: resumed at step $shrunk_at as a group of 2"
@@ -550,16 +567,8 @@ run_mwms_scale() {
   done
   grep -q "training complete" "$log" && { fail "$job: finished before the scale-up; raise E2E_SCALE_STEPS"; return; }
   t0=$SECONDS
-  k scale dtj "$job" --replicas 3 >/dev/null || { fail "$job: kubectl scale --replicas 3 failed"; dump "$job"; return; }
-  for i in $(seq 1 600); do
-    grep -q "now rank 0 of 4" "$log" 2>/dev/null && break
-    sleep 0.2
-  done
-  if ! grep -q "now rank 0 of 4" "$log"; then
-    fail "$job: the group did not grow back to 4 within 120 s of kubectl scale --replicas 3"
-    dump "$job"
-    return
-  fi
+  scale_until "$job" 3 "now rank 0 of 4" "$log" || return
+  recoveries_reach "$log" 2
   ok "$job 2 -> 4 in place $((SECONDS - t0)) s after kubectl scale: $(grep "recovered in place" "$log" | tail -n 1 | sed 's/^.*recovered/recovered/')"
   if ! k wait --for=condition=Succeeded "dtj/$job" --timeout="${WAIT_S}s" >/dev/null; then
     fail "$job: did not reach Succeeded after 4 -> 2 -> 4"

@@ -266,6 +266,18 @@ std::map<int64_t, std::string> ChecksumsByStep(const std::string& path) {
   return out;
 }
 
+// Wherever two processes (any incarnation) recorded the same step, they held
+// the same parameters; the chief recorded every step once.
+void ExpectSameParametersWhereStepsMeet(const Cluster& cluster, const std::string& dir) {
+  const auto chief = ChecksumsByStep(dir + "/checksums.chief-0.txt");
+  EXPECT_EQ(chief.size(), static_cast<size_t>(kSteps));
+  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
+    for (const auto& [step, sum] : ChecksumsByStep(dir + "/checksums." + cluster.tasks[i] + ".txt")) {
+      EXPECT_EQ(sum, chief.at(step)) << cluster.tasks[i] << " at step " << step;
+    }
+  }
+}
+
 void KillAndReplace(Cluster& cluster, size_t victim, const std::string& after_output) {
   ASSERT_TRUE(cluster.processes[victim]->WaitForOutput(after_output, 120))
       << cluster.tasks[victim] << ":\n"
@@ -313,14 +325,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredKilledWorkersRejoinInPlaceAndTheJobMat
   // The chief's checkpoint is single-process training's, bit for bit up to
   // the all-reduce's rounding, as in the fault-free test above.
   ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
-  // Wherever two processes recorded the same step, they held the same parameters.
-  const auto chief = ChecksumsByStep(dir + "/checksums.chief-0.txt");
-  EXPECT_EQ(chief.size(), static_cast<size_t>(kSteps));
-  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
-    for (const auto& [step, sum] : ChecksumsByStep(dir + "/checksums." + cluster.tasks[i] + ".txt")) {
-      EXPECT_EQ(sum, chief.at(step)) << cluster.tasks[i] << " at step " << step;
-    }
-  }
+  ExpectSameParametersWhereStepsMeet(cluster, dir);
   fs::remove_all(dir);
 }
 
@@ -355,6 +360,8 @@ TEST(SyncTrainingTest, MultiWorkerMirroredElasticShrinksAndGrowsInPlaceAndMatche
   // Two processes train on: the chief re-split the batch and keeps stepping.
   ASSERT_TRUE(chief->WaitForOutput("now rank 0 of 2", 30)) << chief->output();
   ASSERT_TRUE(worker0->WaitForOutput("now rank 1 of 2", 30)) << worker0->output();
+  // The resize is logged before the state agreement that ends the recovery.
+  ASSERT_TRUE(chief->WaitForOutput("recovered in place", 30)) << chief->output();
   const std::string at_shrink = chief->output();
   std::smatch m;
   const std::regex resumed(R"(resuming at step (\d+))");
@@ -381,13 +388,7 @@ TEST(SyncTrainingTest, MultiWorkerMirroredElasticShrinksAndGrowsInPlaceAndMatche
     EXPECT_NE(out.find("input re-split"), std::string::npos) << out;
   }
   ExpectSameVariables(FinalVariables(dir + "/ckpt"), reference, 1e-5f);
-  const auto chief_sums = ChecksumsByStep(dir + "/checksums.chief-0.txt");
-  EXPECT_EQ(chief_sums.size(), static_cast<size_t>(kSteps));
-  for (size_t i = 1; i < cluster.tasks.size(); ++i) {
-    for (const auto& [step, sum] : ChecksumsByStep(dir + "/checksums." + cluster.tasks[i] + ".txt")) {
-      EXPECT_EQ(sum, chief_sums.at(step)) << cluster.tasks[i] << " at step " << step;
-    }
-  }
+  ExpectSameParametersWhereStepsMeet(cluster, dir);
   fs::remove_all(dir);
 }
 
