@@ -162,16 +162,16 @@ DISTRAIN_AVX512 void StreamCopyAvx512(float* __restrict dst, const float* __rest
                                       size_t n) {
   size_t i = CopyHead(dst, src, n, 64);
   for (; i + 64 <= n; i += 64) {
-    const __m512 a0 = _mm512_loadu_ps(src + i);
-    const __m512 a1 = _mm512_loadu_ps(src + i + 16);
-    const __m512 a2 = _mm512_loadu_ps(src + i + 32);
-    const __m512 a3 = _mm512_loadu_ps(src + i + 48);
+    const Avx16 a0 = Load<Avx16>(src + i);
+    const Avx16 a1 = Load<Avx16>(src + i + 16);
+    const Avx16 a2 = Load<Avx16>(src + i + 32);
+    const Avx16 a3 = Load<Avx16>(src + i + 48);
     _mm512_stream_ps(dst + i, a0);
     _mm512_stream_ps(dst + i + 16, a1);
     _mm512_stream_ps(dst + i + 32, a2);
     _mm512_stream_ps(dst + i + 48, a3);
   }
-  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, Load<Avx16>(src + i));
   for (; i < n; ++i) dst[i] = src[i];
   _mm_sfence();
 }

@@ -90,7 +90,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,11 +150,13 @@ struct CoordinationServiceOptions {
   // rank order (chief, then worker:0..max-1); it must contain the initial
   // members. `allowed_size(n)`: whether n ranked members may train together
   // (the elastic bounds and the global batch's divisibility).
+  // Null: not elastic. (Shared and const: options are copied by value, and
+  // the policy never changes once a service starts.)
   struct Elastic {
     std::vector<TaskId> candidates;
     std::function<bool(int)> allowed_size;
   };
-  std::optional<Elastic> elastic;
+  std::shared_ptr<const Elastic> elastic;
 };
 
 class CoordinationService {

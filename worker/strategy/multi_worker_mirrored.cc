@@ -131,7 +131,8 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
       return workers >= min_workers && workers <= max_workers &&
              global_batch % (static_cast<int64_t>(n) * local) == 0;
     };
-    rendezvous_options.service.elastic = std::move(elastic);
+    rendezvous_options.service.elastic =
+        std::make_shared<const CoordinationServiceOptions::Elastic>(std::move(elastic));
   }
   auto rendezvous = Rendezvous::Start(cluster, members, rendezvous_options);
   if (!rendezvous.ok()) return rendezvous.status();

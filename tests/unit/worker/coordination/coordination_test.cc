@@ -385,7 +385,7 @@ CoordinationServiceOptions ElasticTwoOrFour() {
   CoordinationServiceOptions::Elastic elastic;
   elastic.candidates = {{"chief", 0}, {"worker", 0}, {"worker", 1}, {"worker", 2}, {"worker", 3}};
   elastic.allowed_size = [](int n) { return n == 2 || n == 4; };
-  options.elastic = elastic;
+  options.elastic = std::make_shared<const CoordinationServiceOptions::Elastic>(elastic);
   return options;
 }
 
