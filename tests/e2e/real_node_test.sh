@@ -235,20 +235,29 @@ check_job() {
 # most the step in flight (the survivors resume at a step no lower than the one
 # they had completed); the job Succeeds with step N of N and its final loss
 # within 1% of the same job run without faults.
+# Follows a MultiWorkerMirrored job (1 chief + 3 workers): the chief's log into
+# LOG and every incarnation of every worker under $WORK/JOB (for the diagnosis
+# when a recovery fails); returns once the chief logged a step of STEPS.
+follow_mwms() {
+  local job="$1" steps="$2" log="$3" i p
+  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
+  mkdir -p "$WORK/$job"
+  for p in 0 1 2; do e2e_follow_incarnations "$NS" "$job-worker-$p" "$WORK/$job" </dev/null >/dev/null 2>&1 & done
+  for i in $(seq 1 600); do
+    grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null && return 0
+    sleep 0.5
+  done
+  fail "$job: the chief never logged a step"
+  dump "$job"
+  return 1
+}
+
 run_kill() {
   local job=mwms-kill clean=mwms-clean steps="${E2E_CHAOS_STEPS:-2500}" kills="${E2E_CHAOS_KILLS:-10}"
   job_yaml multi-worker-mirrored "$steps" "$job" >"$WORK/$job.yaml"
   k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
   local log="$WORK/$job-chief-0.log" i n p
-  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
-  # Every incarnation of every worker, for the diagnosis when a recovery fails.
-  mkdir -p "$WORK/$job"
-  for p in 0 1 2; do e2e_follow_incarnations "$NS" "$job-worker-$p" "$WORK/$job" </dev/null >/dev/null 2>&1 & done
-  for i in $(seq 1 600); do
-    grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null && break
-    sleep 0.5
-  done
-  grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  follow_mwms "$job" "$steps" "$log" || return
   local chief_uid
   chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
   local -a killed_count=(0 0 0)
@@ -543,14 +552,7 @@ run_mwms_scale() {
   grep -q "maxReplicas: 3" "$WORK/$job.yaml" || { fail "$job: could not write the job: $(cat "$WORK/$job.yaml")"; return; }
   k apply -f "$WORK/$job.yaml" >/dev/null || { fail "$job: kubectl apply failed"; return; }
   local log="$WORK/$job-chief-0.log" i p
-  e2e_follow_log "$NS" "$job-chief-0" "$log" </dev/null >/dev/null 2>&1 &
-  mkdir -p "$WORK/$job"
-  for p in 0 1 2; do e2e_follow_incarnations "$NS" "$job-worker-$p" "$WORK/$job" </dev/null >/dev/null 2>&1 & done
-  for i in $(seq 1 600); do
-    grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null && break
-    sleep 0.5
-  done
-  grep -Eq "step [0-9]+/$steps" "$log" 2>/dev/null || { fail "$job: the chief never logged a step"; dump "$job"; return; }
+  follow_mwms "$job" "$steps" "$log" || return
   local chief_uid w0_uid t0
   chief_uid="$(k get pod "$job-chief-0" -o jsonpath='{.metadata.uid}')"
   w0_uid="$(k get pod "$job-worker-0" -o jsonpath='{.metadata.uid}')"
