@@ -11,6 +11,9 @@ For N = 2, 3, 4 processes on 127.0.0.1 and float32 buffers of 4 KiB ... 256 MiB
               --mca btl_tcp_if_include lo`: TCP over loopback, no shared memory)
   tf          TensorFlow MultiWorkerMirroredStrategy, CommunicationOptions(RING),
               ReplicaContext.all_reduce in a tf.function
+  gloo        torch.distributed all_reduce, gloo backend over TCP on lo (PyTorch's
+              CPU collective; torch installed on first use into its own venv by
+              bench/peers/setup_torch.sh, ~3 GB)
   loopback    build/bench/loopback_limit: aggregate TCP throughput of N
               concurrent streams (L_agg, best of 3 repeats, measured before
               and after the sides, the higher counts); one ring link can move
@@ -28,7 +31,7 @@ busbw = algbw * 2 (N - 1) / N (the bytes each link carries in a ring, so
 figures for different N compare, and a perfect ring reaches the link speed).
 
   bench/allreduce_busbw.py [--quick] [--ranks 2,3,4] [--sizes 4K,64K,64M]
-                           [--sides distrain,mpi,tf]
+                           [--sides distrain,mpi,tf,gloo]
 
 Prints a table per N and the key ratios (64 MiB, N = 4: distrain/MPI,
 distrain/TF, distrain/(L_agg/N), distrain/(L_ring/N), and the same two
@@ -55,7 +58,7 @@ from benchlib import BUILD, PEERS_PY, ROOT, append_record, fail, run_group, tf_c
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KIB * 4 ** k for k in range(9)]           # 4 KiB ... 256 MiB
 QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
-SIDES = ("distrain", "mpi", "tf")
+SIDES = ("distrain", "mpi", "tf", "gloo")
 
 
 def parse_size(text):
@@ -171,6 +174,41 @@ def run_tf(n, sizes, args):
     return parse_results(f"tf N={n}", run_group(f"tf N={n}", cmds, args.side_timeout), sizes)
 
 
+def torch_python():
+    out = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers", "setup_torch.sh")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"cannot install torch for the gloo side:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def run_gloo(n, sizes, args):
+    argv = [torch_python(), os.path.join(ROOT, "bench", "peers", "gloo_allreduce.py"),
+            "--sizes", ",".join(map(str, sizes)), "--timeout-seconds", str(args.timeout)] + common_flags(args)
+    cmds = [(argv, dict(os.environ, TF_CONFIG=cfg)) for cfg in tf_configs(n)]
+    return parse_results(f"gloo N={n}", run_group(f"gloo N={n}", cmds, args.side_timeout), sizes)
+
+
+def peer_versions(sides):
+    """What each peer side ran, for the record."""
+    def first_line(argv):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            return (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "unknown"
+    versions = {}
+    if "mpi" in sides:
+        versions["mpi"] = first_line(["mpirun", "--version"])
+    if "tf" in sides:
+        py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
+        versions["tf"] = first_line([py, "-c", "import tensorflow as tf; print(tf.__version__)"])
+    if "gloo" in sides:
+        versions["gloo"] = "torch " + first_line([torch_python(), "-c",
+                                                  "import torch; print(torch.__version__)"])
+    return versions
+
+
 def busbw(n, size, seconds):
     return size / seconds * 2 * (n - 1) / n
 
@@ -199,7 +237,8 @@ def main():
     ap.add_argument("--sizes", help="comma-separated buffer sizes in bytes (4K, 64M allowed); "
                                     "default 4K..256M in powers of 4")
     ap.add_argument("--ranks", help="comma-separated process counts; default 2,3,4")
-    ap.add_argument("--sides", default=",".join(SIDES), help="subset of distrain,mpi,tf")
+    ap.add_argument("--sides", default="distrain,mpi,tf",
+                    help="subset of distrain,mpi,tf,gloo (gloo installs torch on first use)")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up iterations per size")
     ap.add_argument("--min-iters", type=int, default=5, help="timed iterations at least")
     ap.add_argument("--max-iters", type=int, default=20000, help="timed iterations at most")
@@ -219,7 +258,7 @@ def main():
     unknown = [s for s in sides if s not in SIDES]
     if unknown:
         fail(f"--sides: unknown {', '.join(unknown)} (use {', '.join(SIDES)})")
-    runners = {"distrain": run_distrain, "mpi": run_mpi, "tf": run_tf}
+    runners = {"distrain": run_distrain, "mpi": run_mpi, "tf": run_tf, "gloo": run_gloo}
 
     started = time.time()
     load = os.getloadavg()[0]
@@ -275,7 +314,7 @@ def main():
     if key_n in ranks and key_size in sizes and "distrain" in sides:
         d = busbw(key_n, key_size, table[(key_n, "distrain")][key_size]["median_s"])
         line = f"  64 MiB, N=4: distrain busbw {d / 1e9:.2f} GB/s"
-        for side in ("mpi", "tf"):
+        for side in ("mpi", "tf", "gloo"):
             if side in sides:
                 line += f"; /{side} {ratio(d, busbw(key_n, key_size, table[(key_n, side)][key_size]['median_s']))}"
         line += f"; /(L_agg/N) {ratio(d, ceilings[key_n] / key_n)}"
@@ -305,7 +344,8 @@ def main():
                     row[f"{side}_busbw"] = busbw(n, size, t)
                 figures.append(row)
         append_record("allreduce_busbw", figures, uptime_before,
-                      {"sides": sides, "distrain_args": args.distrain_args})
+                      {"sides": sides, "distrain_args": args.distrain_args,
+                       "peer_versions": peer_versions(sides)})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-# CUDA / NCCL detection for DISTRAIN_CUDA=AUTO|ON|OFF.
+# CUDA / cuBLAS / cuDNN / NCCL detection for DISTRAIN_CUDA=AUTO|ON|OFF.
 #
 # Search order: CUDA_TOOLKIT_ROOT / /usr/local/cuda (a system toolkit), then the
-# CUDA 13 + NCCL wheels that scripts/setup.sh installs from PyPI into
+# CUDA 13 + cuBLAS + cuDNN + NCCL wheels that scripts/setup.sh installs from PyPI into
 # ${DISTRAIN_DEPS_PREFIX}/cuda13 (laid out as bin/ include/ lib/ by setup.sh).
 # Sets DISTRAIN_HAVE_CUDA, and the imported targets distrain::cudart,
-# distrain::nccl when found. Prints which toolkit it used.
+# distrain::cublas, distrain::cudnn and distrain::nccl when all are found. Prints which toolkit it used.
 
 set(DISTRAIN_HAVE_CUDA OFF)
 if(DISTRAIN_CUDA STREQUAL "OFF")
@@ -51,6 +51,26 @@ if(NOT DISTRAIN_NCCL_INCLUDE OR NOT DISTRAIN_NCCL_LIBRARY)
   return()
 endif()
 
+# cuBLAS (GEMM) and cuDNN (convolution, pooling, batch norm, softmax): the
+# CUDA backend needs both, found like NCCL.
+find_library(DISTRAIN_CUBLAS_LIBRARY NAMES cublas libcublas.so.13
+             HINTS "${_distrain_cuda_root}/lib64" "${_distrain_cuda_root}/lib" NO_DEFAULT_PATH)
+find_path(DISTRAIN_CUDNN_INCLUDE cudnn.h
+          HINTS "${_distrain_cuda_root}/include" "${DISTRAIN_DEPS_PREFIX}/cuda13/include" /usr/include
+          NO_DEFAULT_PATH)
+find_library(DISTRAIN_CUDNN_LIBRARY NAMES cudnn libcudnn.so.9
+             HINTS "${_distrain_cuda_root}/lib64" "${_distrain_cuda_root}/lib" /usr/lib/x86_64-linux-gnu
+             NO_DEFAULT_PATH)
+if(NOT DISTRAIN_CUBLAS_LIBRARY OR NOT DISTRAIN_CUDNN_INCLUDE OR NOT DISTRAIN_CUDNN_LIBRARY)
+  if(DISTRAIN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "distrain: CUDA found at ${_distrain_cuda_root} but cuBLAS or cuDNN was not "
+                        "(libcublas, cudnn.h / libcudnn). Run scripts/setup.sh to install the "
+                        "nvidia-cublas and nvidia-cudnn-cu13 wheels.")
+  endif()
+  message(STATUS "distrain: CUDA at ${_distrain_cuda_root} but no cuBLAS/cuDNN; building CPU only")
+  return()
+endif()
+
 set(CMAKE_CUDA_COMPILER "${_distrain_cuda_root}/bin/nvcc")
 if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   # Hopper (H100/H200) and Ampere; override with -DCMAKE_CUDA_ARCHITECTURES=...
@@ -58,6 +78,10 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
 endif()
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 enable_language(CUDA)
+# CMake 3.25 predates nvcc's C++20 support in its tables; the backend's
+# headers are the project's C++20 (ops.h, model_spec.h), so teach it the flag.
+set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 # Not find_package(CUDAToolkit): CMake 3.25's module expects libraries CUDA 13
 # no longer ships (nvToolsExt) and fails; cudart is all the build needs.
 find_library(DISTRAIN_CUDART_LIBRARY NAMES cudart libcudart.so.13
@@ -71,6 +95,16 @@ add_library(distrain::nccl UNKNOWN IMPORTED)
 set_target_properties(distrain::nccl PROPERTIES
   IMPORTED_LOCATION "${DISTRAIN_NCCL_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${DISTRAIN_NCCL_INCLUDE}")
+
+add_library(distrain::cublas UNKNOWN IMPORTED)
+set_target_properties(distrain::cublas PROPERTIES
+  IMPORTED_LOCATION "${DISTRAIN_CUBLAS_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include")
+
+add_library(distrain::cudnn UNKNOWN IMPORTED)
+set_target_properties(distrain::cudnn PROPERTIES
+  IMPORTED_LOCATION "${DISTRAIN_CUDNN_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${DISTRAIN_CUDNN_INCLUDE}")
 
 set(DISTRAIN_HAVE_CUDA ON)
 set(DISTRAIN_CUDA_ROOT "${_distrain_cuda_root}")

@@ -9,7 +9,7 @@
 set -euo pipefail
 
 CACHE="${DISTRAIN_CACHE:-$HOME/.cache/distrain}"
-CUDA_WHEELS_KEY=cuda13-2026a   # bump when the wheel set below changes
+CUDA_WHEELS_KEY=cuda13-2026b   # bump when the wheel set below changes
 WITH_PEERS=1
 WITH_CUDA=1
 for arg in "$@"; do
@@ -110,7 +110,7 @@ else
   log "prometheus-cpp $version: installed"
 fi
 
-# 3. CUDA 13 + NCCL. A system toolkit in /usr/local/cuda wins; otherwise the
+# 3. CUDA 13 + cuBLAS + cuDNN + NCCL. A system toolkit in /usr/local/cuda wins; otherwise the
 # PyPI wheels, arranged as a toolkit tree (bin/ include/ lib/ nvvm/) so nvcc and
 # CMake find everything in one place.
 CUDA_TREE="$CACHE/cuda13"
@@ -121,18 +121,19 @@ elif [ -x /usr/local/cuda/bin/nvcc ]; then
 elif [ -f "$CUDA_TREE/.key" ] && [ "$(cat "$CUDA_TREE/.key")" = "$CUDA_WHEELS_KEY" ]; then
   log "CUDA: cached wheels in $CUDA_TREE"
 else
-  log "CUDA: installing the CUDA 13 + NCCL wheels from PyPI into $CACHE/cuda13-wheels"
+  log "CUDA: installing the CUDA 13 + cuDNN + NCCL wheels from PyPI into $CACHE/cuda13-wheels"
   rm -rf "$CACHE/cuda13-wheels" "$CUDA_TREE"
   python3 -m pip install -q --disable-pip-version-check --target "$CACHE/cuda13-wheels" \
-    nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cublas nvidia-nccl-cu13 nvidia-cuda-cccl
+    nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cublas nvidia-cudnn-cu13 nvidia-nccl-cu13 \
+    nvidia-cuda-cccl
   W="$CACHE/cuda13-wheels/nvidia"
   mkdir -p "$CUDA_TREE/include" "$CUDA_TREE/lib"
   ln -s "$W/cu13/bin" "$CUDA_TREE/bin"
   ln -s "$W/cu13/nvvm" "$CUDA_TREE/nvvm"
-  for d in "$W/cu13/include" "$W/nccl/include"; do
+  for d in "$W/cu13/include" "$W/cudnn/include" "$W/nccl/include"; do
     for f in "$d"/*; do ln -sf "$f" "$CUDA_TREE/include/"; done
   done
-  for d in "$W/cu13/lib" "$W/nccl/lib"; do
+  for d in "$W/cu13/lib" "$W/cudnn/lib" "$W/nccl/lib"; do
     for f in "$d"/*; do ln -sf "$f" "$CUDA_TREE/lib/"; done
   done
   # The wheels ship only versioned sonames; the linker wants the plain names.

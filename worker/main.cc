@@ -16,19 +16,23 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/auto_strategy.h"
 #include "common/cluster_spec.h"
+#include "common/device_use.h"
 #include "common/exit_codes.h"
 #include "common/job_identity.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/metrics_server.h"
 #include "common/net.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "worker/evaluator.h"
 #include "worker/progress_watchdog.h"
@@ -70,6 +74,44 @@ std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr ? "" : v;
 }
+
+// Logs why the process gives up and leaves the reason where the kubelet
+// copies it into the pod's status (DISTRAIN_TERMINATION_MESSAGE_PATH, as
+// {"error": ..., "exitCode": ...}), so the operator can name it in the job's
+// Failed condition and event (operator/controller/observed.h) instead of a
+// bare exit code. Returns exit_code.
+int Fail(int exit_code, const std::string& message) {
+  spdlog::error("{}", message);
+  const std::string path = Env("DISTRAIN_TERMINATION_MESSAGE_PATH");
+  if (!path.empty()) {
+    // The kubelet keeps at most 4096 bytes of the message.
+    const nlohmann::json record = {{"error", message.substr(0, 3500)}, {"exitCode", exit_code}};
+    std::ofstream out(path, std::ios::trunc);
+    out << record.dump() << "\n";
+  }
+  return exit_code;
+}
+
+// Fail for a run that ended in error, saying whether a restart may help.
+int FailOutcome(int exit_code, const absl::Status& status) {
+  return Fail(exit_code, absl::StrCat(status.message(), " (exit code ", exit_code,
+                                      distrain::IsRetryableExitCode(exit_code) ? ", retryable)"
+                                                                               : ", permanent)"));
+}
+
+// What the process has of GPUs, for common/device_use.h: the build's and the
+// driver's view, plus what the pod holds (DISTRAIN_POD_GPUS).
+absl::StatusOr<distrain::DeviceUseFacts> DeviceUseFactsOfThisPod() {
+  distrain::DeviceUseFacts facts = distrain::ThisProcessDeviceFacts();
+  const std::string held = Env(distrain::kPodGpusEnv);
+  if (!held.empty() && (!absl::SimpleAtoi(held, &facts.held_gpus) || facts.held_gpus < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        distrain::kPodGpusEnv, ": must be a GPU count >= 0 (the operator sets it from the pod's "
+        "nvidia.com/gpu), got \"", held, "\""));
+  }
+  return facts;
+}
+
 
 // oneDNN's OpenMP threads and OpenBLAS's threads take turns on the same
 // cores, layer by layer, and each pool's threads spin after their work
@@ -154,31 +196,29 @@ int main(int argc, char** argv) {
     if (absl::Status s = ValidateJobConfig(*config); !s.ok()) config = s;
   }
   if (!config.ok()) {
-    spdlog::error("invalid job configuration: {}", config.status().message());
-    return kExitInvalidConfig;
+    return Fail(kExitInvalidConfig,
+                absl::StrCat("invalid job configuration: ", config.status().message()));
   }
   // 1b. spec.strategy: Auto, on what this process finds (common/auto_strategy.h).
+  // Only GPUs a strategy of this build trains on count for Auto: none yet,
+  // so Auto resolves as on a CPU host (common/auto_strategy.h).
   if (config->strategy == StrategyKind::kAuto) {
-    int visible_gpus = 0;
-#ifdef DISTRAIN_HAVE_CUDA
-    visible_gpus = cuda::Probe().device_count;
-#endif
-    if (visible_gpus > 0) {
-      // Never train on CPU threads while holding GPUs (no GPU backend yet).
-      spdlog::error("spec.strategy: Auto: {} GPU(s) are visible to this process, but this "
-                    "distrain-worker has no GPU backend yet and would train on CPU while holding "
-                    "them; request no nvidia.com/gpu for this job, or choose a strategy "
-                    "explicitly to train on CPU",
-                    visible_gpus);
-      return kExitUnsupported;
-    }
     auto resolved = ResolveAutoStrategy(*config, DeviceFacts{});
     if (!resolved.ok()) {
-      spdlog::error("invalid job configuration: {}", resolved.status().message());
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig,
+                  absl::StrCat("invalid job configuration: ", resolved.status().message()));
     }
     config = std::move(resolved->first);
     spdlog::info("{}", resolved->second);
+  }
+  // 1c. Devices: never train on CPU while holding GPUs, never NCCL without
+  // them (common/device_use.h).
+  {
+    absl::StatusOr<DeviceUseFacts> facts = DeviceUseFactsOfThisPod();
+    if (!facts.ok()) return Fail(kExitInvalidConfig, std::string(facts.status().message()));
+    if (absl::Status use = CheckDeviceUse(*config, *facts); !use.ok()) {
+      return Fail(kExitUnsupported, std::string(use.message()));
+    }
   }
 
   // 2. Cluster spec.
@@ -187,8 +227,7 @@ int main(int argc, char** argv) {
       tf_config.empty() ? ClusterSpec::Create({{"worker", {"localhost:2222"}}}, TaskId{"worker", 0})
                         : ClusterSpec::Parse(tf_config);
   if (!cluster.ok()) {
-    spdlog::error("invalid TF_CONFIG: {}", cluster.status().message());
-    return kExitInvalidConfig;
+    return Fail(kExitInvalidConfig, absl::StrCat("invalid TF_CONFIG: ", cluster.status().message()));
   }
   spdlog::info("distrain-worker {} job {}/{} task {} strategy {}", DISTRAIN_VERSION,
                config->namespace_, config->name, cluster->task().ToString(),
@@ -203,19 +242,19 @@ int main(int argc, char** argv) {
     if (dir.empty()) dir = distrain::kDefaultCredentialsDir;
     absl::StatusOr<distrain::LoadedCredentials> credentials = distrain::LoadCredentialsDir(dir);
     if (!credentials.ok()) {
-      spdlog::error(
-          "{}. Job traffic is mutual TLS by default (spec.security.transport: MutualTLS): the "
-          "operator mounts each pod's credentials and `distrain run` writes them; set "
-          "DISTRAIN_CREDENTIALS_DIR to where they are, or opt out with "
-          "spec.security.transport: Plaintext",
-          credentials.status().message());
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig,
+                  absl::StrCat(
+                      credentials.status().message(),
+                      ". Job traffic is mutual TLS by default (spec.security.transport: "
+                      "MutualTLS): the operator mounts each pod's credentials and `distrain run` "
+                      "writes them; set DISTRAIN_CREDENTIALS_DIR to where they are, or opt out "
+                      "with spec.security.transport: Plaintext"));
     }
     if (!(credentials->task == cluster->task())) {
-      spdlog::error("the credentials in {} are {}'s, but TF_CONFIG says this is {}; every pod "
-                    "must get its own task's certificate",
-                    dir, credentials->task.ToString(), cluster->task().ToString());
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig,
+                  absl::StrCat("the credentials in ", dir, " are ", credentials->task.ToString(),
+                               "'s, but TF_CONFIG says this is ", cluster->task().ToString(),
+                               "; every pod must get its own task's certificate"));
     }
     distrain::SetProcessTransportSecurity(
         std::make_shared<const distrain::TransportSecurity>(*std::move(credentials)));
@@ -230,9 +269,10 @@ int main(int argc, char** argv) {
   // 3. Strategy (refuses TPU and strategies this build lacks).
   auto strategy = CreateStrategy(*config);
   if (!strategy.ok()) {
-    spdlog::error("{}", strategy.status().message());
-    return strategy.status().code() == absl::StatusCode::kInvalidArgument ? kExitInvalidConfig
-                                                                           : kExitUnsupported;
+    return Fail(strategy.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitInvalidConfig
+                    : kExitUnsupported,
+                std::string(strategy.status().message()));
   }
 
   // 4. Metrics + health.
@@ -244,8 +284,9 @@ int main(int argc, char** argv) {
     if (env_port.empty()) {
       metrics_port = 0;
     } else if (!absl::SimpleAtoi(env_port, &metrics_port) || metrics_port < 0 || metrics_port > 65535) {
-      spdlog::error("DISTRAIN_METRICS_PORT: must be a port number 0..65535, got \"{}\"", env_port);
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig,
+                  absl::StrCat("DISTRAIN_METRICS_PORT: must be a port number 0..65535, got \"",
+                               env_port, "\""));
     }
   }
   // /healthz: whether training makes progress (worker/progress_watchdog.h).
@@ -261,8 +302,7 @@ int main(int argc, char** argv) {
     };
     auto server = MetricsServer::StartWithChecks(ListenHost(), metrics_port, registry, healthy);
     if (!server.ok()) {
-      spdlog::error("{}", server.status().message());
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig, std::string(server.status().message()));
     }
     metrics_server = std::move(*server);
     spdlog::info("metrics on :{}/metrics, health on :{}/healthz", metrics_port, metrics_port);
@@ -285,21 +325,17 @@ int main(int argc, char** argv) {
     EvaluatorMetrics eval_metrics(*registry);
     auto options = EvaluatorOptionsFromEnv(checkpoint_dir);
     if (!options.ok()) {
-      spdlog::error("{}", options.status().message());
-      return kExitInvalidConfig;
+      return Fail(kExitInvalidConfig, std::string(options.status().message()));
     }
     auto evaluator = Evaluator::Create(*config, *options, &eval_metrics);
     if (!evaluator.ok()) {
-      spdlog::error("{}", evaluator.status().message());
-      return evaluator.status().code() == absl::StatusCode::kFailedPrecondition
-                 ? kExitInvalidConfig
-                 : kExitInvalidData;
+      return Fail(evaluator.status().code() == absl::StatusCode::kFailedPrecondition
+                      ? kExitInvalidConfig
+                      : kExitInvalidData,
+                  std::string(evaluator.status().message()));
     }
     EvaluatorOutcome outcome = (*evaluator)->Run(g_stop);
-    if (!outcome.status.ok()) {
-      spdlog::error("{} (exit code {}{})", outcome.status.message(), outcome.exit_code,
-                    IsRetryableExitCode(outcome.exit_code) ? ", retryable" : ", permanent");
-    }
+    if (!outcome.status.ok()) return FailOutcome(outcome.exit_code, outcome.status);
     return outcome.exit_code;
   }
 
@@ -333,8 +369,7 @@ int main(int argc, char** argv) {
   }
   if (!outcome.status.ok() && outcome.exit_code != kExitTerminated &&
       outcome.exit_code != kExitInterrupted) {
-    spdlog::error("{} (exit code {}{})", outcome.status.message(), outcome.exit_code,
-                  IsRetryableExitCode(outcome.exit_code) ? ", retryable" : ", permanent");
+    return FailOutcome(outcome.exit_code, outcome.status);
   }
   return outcome.exit_code;
 }

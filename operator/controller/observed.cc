@@ -68,11 +68,27 @@ std::string EffectivePhase(const Json& pod) {
   return main->at(code).get<int64_t>() == 0 ? "Succeeded" : "Failed";
 }
 
+namespace {
+
+// The "error" of a distrain-worker's termination message, or "".
+std::string WorkerError(const Json& terminated) {
+  if (!terminated.contains("message") || !terminated["message"].is_string()) return "";
+  const Json message = Json::parse(terminated["message"].get<std::string>(), nullptr,
+                                   /*allow_exceptions=*/false);
+  if (!message.is_object() || !message.contains("error") || !message["error"].is_string()) {
+    return "";
+  }
+  return message["error"].get<std::string>();
+}
+
+}  // namespace
+
 std::string ObservedPod::Describe() const {
   std::string out;
   if (exit_code) {
     out = absl::StrCat("exited with code ", *exit_code);
     if (!reason.empty()) absl::StrAppend(&out, " (", reason, ")");
+    if (!error.empty()) absl::StrAppend(&out, ": ", error);
   } else {
     out = absl::StrCat("failed", reason.empty() ? "" : ": ", reason);
   }
@@ -135,6 +151,7 @@ std::optional<ObservedPod> ParseObservedPod(const nlohmann::json& pod, const std
         p.exit_code = s["terminated"]["exitCode"].get<int>();
         const std::string why = s["terminated"].value("reason", "");
         if (!why.empty()) p.reason = why;
+        if (*p.exit_code != 0) p.error = WorkerError(s["terminated"]);
         break;
       }
     }

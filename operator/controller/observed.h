@@ -29,6 +29,10 @@ struct ObservedPod {
   // Why: the container's terminated reason ("OOMKilled", "Error") or the
   // pod's status.reason ("Evicted"); may be empty.
   std::string reason;
+  // What the process said when it gave up: the "error" of a distrain-worker's
+  // termination message ({"error": ..., "exitCode": ...}, worker/main.cc);
+  // empty for other images and for success.
+  std::string error;
   std::string cluster_hash;  // annotation kClusterHashAnnotation; "" when absent
   bool reports_progress = false;  // annotation kReportsProgressAnnotation is "true"
   // When its process started: the main container's state.running.startedAt,
@@ -40,7 +44,8 @@ struct ObservedPod {
   bool succeeded() const { return !terminating && phase == "Succeeded"; }
   bool failed() const { return !terminating && phase == "Failed"; }
   bool running() const { return !terminating && phase == "Running"; }
-  // "exited with code 137 (OOMKilled)", "failed: Evicted", ...
+  // "exited with code 137 (OOMKilled)", "failed: Evicted",
+  // "exited with code 5 (Error): spec.training...: ...", ...
   std::string Describe() const;
 };
 

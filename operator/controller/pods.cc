@@ -9,6 +9,7 @@
 #include "common/auto_strategy.h"
 #include "common/check.h"
 #include "common/cluster_spec.h"
+#include "common/device_use.h"
 #include "operator/controller/checkpoint_volume.h"
 #include "operator/controller/final_progress.h"
 #include "operator/controller/job_identity_secret.h"
@@ -134,6 +135,22 @@ void NormalizeDevice(Json* container, const char* resource, int wanted_if_absent
   }
   if (!limits.contains(resource)) limits[resource] = requests[resource];
   if (!requests.contains(resource)) requests[resource] = limits[resource];
+}
+
+// What the container sees of the node's GPUs. With GPUs requested, the
+// device plugin decides which (the runtime sets NVIDIA_VISIBLE_DEVICES to
+// them), and the worker learns how many it holds from kPodGpusEnv, so it can
+// refuse to train on CPU while holding them (worker/device_use.h). Without,
+// NVIDIA_VISIBLE_DEVICES=void keeps the NVIDIA runtime from mounting every
+// GPU of the node into a CPU pod — CUDA base images set it to "all" — unless
+// the template chose a value itself.
+void ExposeGpus(Json* main, int gpus) {
+  Json& env = (*main)["env"];
+  if (!env.is_array()) env = Json::array();
+  SetEnv(&env, kPodGpusEnv, {{"value", std::to_string(gpus)}});
+  if (gpus == 0 && !HasEnv(env, "NVIDIA_VISIBLE_DEVICES")) {
+    SetEnv(&env, "NVIDIA_VISIBLE_DEVICES", {{"value", "void"}});
+  }
 }
 
 bool IsTrainingType(ReplicaType type) {
@@ -483,6 +500,7 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   }
   NormalizeDevice(main, kGpuResource, default_gpus);
   NormalizeDevice(main, kTpuResource, 0);
+  ExposeGpus(main, ResourceCount(main, kGpuResource));
 
   ApplySecurityDefaults(&spec);
   pod["spec"] = std::move(spec);

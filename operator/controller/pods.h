@@ -50,7 +50,11 @@
 // the other way round, as extended resources need both equal). A job that
 // chooses NCCL (spec.training.communication.implementation) without asking
 // for GPUs gets max(1, spec.training.localReplicas) nvidia.com/gpu per
-// training pod, since NCCL cannot run without them.
+// training pod, since NCCL cannot run without them. Every pod's main
+// container gets DISTRAIN_POD_GPUS (the GPUs it holds; the worker refuses to
+// hold GPUs it would not use), and one that holds none gets
+// NVIDIA_VISIBLE_DEVICES=void unless its template sets it, so a CPU pod does
+// not see the node's GPUs through an image that exposes them all.
 //
 // Pod security. Every pod is made to pass the "restricted" Pod Security
 // Standard unless its template says otherwise, field by field: what the

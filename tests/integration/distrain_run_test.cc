@@ -98,6 +98,44 @@ TEST(DistrainRunTest, BadFieldIsRejectedWithItsPathBeforeAnyProcessStarts) {
   fs::remove_all(dir);
 }
 
+// communication.implementation: NCCL where no GPU replica can run (a CPU-only
+// build, a host without a GPU, or a build without GPU strategies): exit 5
+// (kExitUnsupported) naming the field, before any process starts — never a
+// ring quietly standing in for NCCL. A worker in a pod that holds GPUs it
+// would keep idle refuses the same way, and leaves its reason as the
+// termination message the operator quotes.
+TEST(DistrainRunTest, NcclWithoutGpuReplicasIsRefusedNamingTheFieldBeforeAnyProcessStarts) {
+  const std::string dir = TempDir("nccl");
+  std::string text = ExampleWith("globalBatchSize", "64\n    communication: {implementation: NCCL}");
+  const std::string job = WriteFile(dir, "nccl.yaml", text);
+  Subprocess run({DistrainBinary(), "run", job, "--no-progress"});
+  auto rc = run.Wait(60);
+  ASSERT_TRUE(rc.has_value()) << run.output();
+  EXPECT_EQ(*rc, 5) << run.output();
+  EXPECT_NE(run.output().find("spec.training.communication.implementation: NCCL"),
+            std::string::npos)
+      << run.output();
+  EXPECT_EQ(run.output().find("[worker-0]"), std::string::npos) << "a replica started:\n"
+                                                                << run.output();
+
+  const std::string cpu_job = WriteFile(dir, "cpu.yaml", ExampleWith("steps", "5"));
+  const std::string message_file = dir + "/termination-log";
+  Subprocess worker({"/usr/bin/env", "DISTRAIN_POD_GPUS=1",
+                     "DISTRAIN_TERMINATION_MESSAGE_PATH=" + message_file, testing::WorkerBinary(),
+                     "--config", cpu_job, "--checkpoint-dir", dir + "/ckpt"});
+  rc = worker.Wait(60);
+  ASSERT_TRUE(rc.has_value()) << worker.output();
+  EXPECT_EQ(*rc, 5) << worker.output();
+  std::ifstream in(message_file);
+  std::stringstream message;
+  message << in.rdbuf();
+  EXPECT_NE(message.str().find("\"error\":\"spec.replicaSpecs: this pod holds 1 GPU(s)"),
+            std::string::npos)
+      << message.str();
+  EXPECT_NE(message.str().find("\"exitCode\":5"), std::string::npos) << message.str();
+  fs::remove_all(dir);
+}
+
 TEST(DistrainRunTest, SigtermStopsTheJobWithACheckpointAndARerunResumesFromIt) {
   const std::string dir = TempDir("resume");
   std::string job = WriteFile(dir, "long.yaml", ExampleWith("steps", "1000000"));

@@ -6,6 +6,15 @@
 
 namespace distrain {
 
+void Layer::MoveTo(DeviceId device) {
+  for (const std::vector<Parameter*>& group : {parameters(), state_variables()}) {
+    for (Parameter* p : group) {
+      ops::MoveTo(device, &p->value);
+      ops::MoveTo(device, &p->grad);
+    }
+  }
+}
+
 Dense::Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed,
              ActivationKind activation, bool use_bias)
     : name_(std::move(name)), use_bias_(use_bias), activation_(activation) {
@@ -38,7 +47,7 @@ void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) 
   const int64_t batch = input.dim(0);
   const int64_t in = kernel_.value.dim(0);
   const int64_t out = kernel_.value.dim(1);
-  output->Resize(OutputShape(input.shape()));
+  output->Resize(OutputShape(input.shape()), input.device_id());
   // Bias first, then one GEMM accumulating onto it (beta = 1): a single pass
   // over the output instead of GEMM + a separate bias pass.
   if (use_bias_) ops::BroadcastBias(bias_.value, output);
@@ -71,7 +80,7 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
   }
   if (use_bias_) ops::BiasGrad(*dz, &bias_.grad);
   if (grad_input != nullptr) {
-    grad_input->Resize({batch, in});
+    grad_input->Resize({batch, in}, dz->device_id());
     ops::MatMul(false, true, batch, in, out, 1.0f, *dz, kernel_.value, 0.0f, grad_input);
   }
 }

@@ -81,6 +81,10 @@ class Layer {
   // kernel's grad (it keeps its old contents) and KernelGradFactors returns
   // them. Returns whether the layer supports it.
   virtual bool SetFactoredKernelGrad(bool /*factored*/) { return false; }
+  // Moves the layer's variables (and any constant it computes with) to
+  // `device`; its activations then follow its inputs there, since ops size
+  // outputs on their inputs' device.
+  virtual void MoveTo(DeviceId device);
   virtual std::optional<GradFactors> KernelGradFactors() const { return std::nullopt; }
 };
 

@@ -242,6 +242,11 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
   return result;
 }
 
+void Model::MoveTo(DeviceId device) {
+  for (std::unique_ptr<Layer>& layer : layers_) layer->MoveTo(device);
+  device_ = device;
+}
+
 void Model::set_factored_kernel_grads(bool factored) {
   for (auto& layer : layers_) layer->SetFactoredKernelGrad(factored);
 }

@@ -85,6 +85,10 @@ class Model {
   // parameters() grouped by layer index (empty for parameter-free layers).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
   int num_layers() const { return static_cast<int>(layers_.size()); }
+  // Moves every variable to `device` (a new model is on the host). Feed it
+  // features on the same device; labels stay on the host.
+  void MoveTo(DeviceId device);
+  DeviceId device() const { return device_; }
   // With `factored`, TrainStep leaves each Dense kernel's gradient as its
   // factors (input^T d(output), see GradFactors) instead of forming it: the
   // kernel's grad field is then stale, and kernel_grad_factors(i) is what a
@@ -131,6 +135,7 @@ class Model {
   std::vector<Tensor> activations_;  // activations_[i] = output of layer i
   std::vector<Tensor> grads_;        // grads_[i] = dL/d(input of layer i)
   bool reshape_input_ = false;       // image models take [batch, rows, cols, channels]
+  DeviceId device_;                  // where the variables live
   Tensor input_;                     // the batch reshaped for them
   Tensor grad_logits_;
   Tensor activated_output_;           // output_activation_ applied, for the metric

@@ -71,4 +71,9 @@ void BatchNormalization::Backward(const Tensor& grad_output, Tensor* grad_input)
                          dx, &gamma_.grad, &beta_.grad);
 }
 
+void BatchNormalization::MoveTo(DeviceId device) {
+  Layer::MoveTo(device);
+  ops::MoveTo(device, &one_);
+}
+
 }  // namespace distrain

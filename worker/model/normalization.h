@@ -29,6 +29,7 @@ class BatchNormalization : public Layer {
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
   std::vector<Parameter*> state_variables() override { return {&moving_mean_, &moving_variance_}; }
+  void MoveTo(DeviceId device) override;
 
  private:
   std::string name_;

@@ -9,6 +9,11 @@
 #include "absl/strings/str_join.h"
 #include "common/check.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
+#include "worker/tensor/ops_dispatch.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/backend.h"
+#endif
 
 namespace distrain {
 
@@ -17,7 +22,14 @@ void Optimizer::Apply(absl::Span<Parameter* const> params) {
   for (Parameter* p : params) {
     DISTRAIN_CHECK(p->grad.SameShape(p->value))
         << p->name << ": grad " << p->grad.ShapeString() << " vs value " << p->value.ShapeString();
-    ApplyDense(p->name, p->value.span(), p->grad.span(), iterations_);
+    DISTRAIN_CHECK(p->grad.device_id() == p->value.device_id())
+        << p->name << ": grad on " << p->grad.device_id().ToString() << ", value on "
+        << p->value.device_id().ToString();
+    if (ops::OnGpu(p->value.device_id())) {
+      ApplyOnDevice(p->name, p->grad, &p->value, iterations_);
+    } else {
+      ApplyDense(p->name, p->value.span(), p->grad.span(), iterations_);
+    }
   }
 }
 
@@ -38,14 +50,18 @@ class SlotTable {
  public:
   explicit SlotTable(std::vector<std::string> slot_names) : slot_names_(std::move(slot_names)) {}
 
-  // The slots of `var`, created zero-filled with n elements on first use.
-  std::vector<Tensor>& Get(const std::string& var, int64_t n) {
+  // The slots of `var` on `device`, created zero-filled with n elements on
+  // first use. Slots restored from a checkpoint (on the host) move to the
+  // device of their variable on first use, and stay there.
+  std::vector<Tensor>& Get(const std::string& var, int64_t n,
+                           DeviceId device = DeviceId::Cpu()) {
     auto [it, inserted] = slots_.try_emplace(var);
     if (inserted) {
       for (size_t s = 0; s < slot_names_.size(); ++s) {
-        it->second.emplace_back(std::vector<int64_t>{n});
+        it->second.emplace_back(std::vector<int64_t>{n}, device);
       }
     }
+    for (Tensor& slot : it->second) ops::MoveTo(device, &slot);
     for (size_t s = 0; s < slot_names_.size(); ++s) {
       // A restored slot that does not match the live variable means the
       // checkpoint belongs to another model; the checkpoint loader compares
@@ -60,7 +76,9 @@ class SlotTable {
     std::map<std::string, Tensor> out;
     for (const auto& [var, tensors] : slots_) {
       for (size_t s = 0; s < slot_names_.size(); ++s) {
-        out.emplace(absl::StrCat(var, "/", slot_names_[s]), tensors[s]);
+        Tensor host;  // checkpoints are written from host memory
+        ops::Copy(tensors[s], &host);
+        out.emplace(absl::StrCat(var, "/", slot_names_[s]), std::move(host));
       }
     }
     return out;
@@ -155,6 +173,11 @@ class SgdOptimizer : public Optimizer {
     CheckUpdateRange(name, size, offset, value, grad);
     cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr_, grad.data(), value.data());
   }
+  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                     int64_t iteration) override {
+    DISTRAIN_CUDA_ONLY(
+        cuda::SgdUpdate(value->device_id().ordinal, value->size(), lr_, grad.data(), value->data()));
+  }
   std::map<std::string, Tensor> SlotState() const override { return {}; }
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
                             int64_t iterations) override {
@@ -182,6 +205,13 @@ class MomentumOptimizer : public Optimizer {
     std::vector<Tensor>& s = slots_.Get(name, size);
     cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data() + offset,
                         value.data());
+  }
+  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                     int64_t iteration) override {
+    std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
+    DISTRAIN_CUDA_ONLY(cuda::MomentumUpdate(value->device_id().ordinal, value->size(), lr_,
+                                            momentum_, nesterov_, grad.data(), s[0].data(),
+                                            value->data()));
   }
   std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
@@ -211,11 +241,16 @@ class AdamOptimizer : public Optimizer {
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     const int64_t n = static_cast<int64_t>(value.size());
     std::vector<Tensor>& s = slots_.Get(name, size);
-    const double t = static_cast<double>(iteration);
-    const float lr_t = static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
-                                          (1.0 - std::pow(double{beta1_}, t)));
-    cpu::AdamUpdate(n, lr_t, beta1_, beta2_, epsilon_, grad.data(), s[0].data() + offset,
-                    s[1].data() + offset, value.data());
+    cpu::AdamUpdate(n, CorrectedRate(iteration), beta1_, beta2_, epsilon_, grad.data(),
+                    s[0].data() + offset, s[1].data() + offset, value.data());
+  }
+  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                     int64_t iteration) override {
+    DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
+    std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
+    DISTRAIN_CUDA_ONLY(cuda::AdamUpdate(value->device_id().ordinal, value->size(),
+                                        CorrectedRate(iteration), beta1_, beta2_, epsilon_,
+                                        grad.data(), s[0].data(), s[1].data(), value->data()));
   }
   std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
@@ -227,6 +262,13 @@ class AdamOptimizer : public Optimizer {
   }
 
  private:
+  // lr * sqrt(1 - b2^t) / (1 - b1^t), in double as Keras computes it.
+  float CorrectedRate(int64_t iteration) const {
+    const double t = static_cast<double>(iteration);
+    return static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
+                              (1.0 - std::pow(double{beta1_}, t)));
+  }
+
   double lr_;
   float beta1_;
   float beta2_;

@@ -26,7 +26,8 @@ class Optimizer {
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config);
   virtual ~Optimizer() = default;
 
-  // One step over all params (their grad fields); iterations() += 1.
+  // One step over all params (their grad fields), each on its own device;
+  // iterations() += 1.
   void Apply(absl::Span<Parameter* const> params);
   // Update one variable with the given 1-based iteration (Adam's t). Slots
   // are created zero-filled on first use, sized like `value`.
@@ -42,6 +43,11 @@ class Optimizer {
   virtual void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
                                absl::Span<float> value, absl::Span<const float> grad,
                                int64_t iteration) = 0;
+
+  // The same rule for a whole variable on a GPU: slots live on the
+  // variable's device, the update is queued on its compute stream.
+  virtual void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                             int64_t iteration) = 0;
 
   int64_t iterations() const { return iterations_; }
   // Slot tensors for checkpoints, named "<param>/<slot>" (e.g.

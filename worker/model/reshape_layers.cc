@@ -8,6 +8,7 @@ namespace distrain {
 void CopyReshaped(const Tensor& src, std::vector<int64_t> shape, Tensor* dst) {
   DISTRAIN_CHECK_EQ(Tensor::NumElements(shape), src.size())
       << "reshape " << src.ShapeString() << " to " << Tensor(shape).ShapeString();
+  dst->Resize(src.shape(), src.device_id());  // the copy stays on src's device
   ops::Copy(src, dst);
   // Tensor::Resize to the same element count keeps the storage, and with it
   // the elements (Tensor has no separate reshape yet).

@@ -1,23 +1,39 @@
 // CreateStrategy / CheckStrategySupported (declared in strategy.h): the one
 // place that maps spec.strategy to an implementation.
 #include "absl/strings/str_cat.h"
+#include "common/device_use.h"
 #include "worker/strategy/central_storage.h"
 #include "worker/strategy/mirrored.h"
 #include "worker/strategy/multi_worker_mirrored.h"
 #include "worker/strategy/one_device.h"
 #include "worker/strategy/parameter_server.h"
 #include "worker/strategy/strategy.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/device_probe.h"
+#endif
 
 namespace distrain {
 
+DeviceUseFacts ThisProcessDeviceFacts() {
+  DeviceUseFacts facts;
+#ifdef DISTRAIN_HAVE_CUDA
+  facts.cuda_build = true;
+  facts.visible_gpus = cuda::Probe().device_count;
+#endif
+  return facts;
+}
+
 absl::Status CheckStrategySupported(const JobConfig& config) {
+  // NCCL and GPUs, for every strategy (held GPUs are the worker's to add).
+  if (config.strategy != StrategyKind::kTPU && config.strategy != StrategyKind::kAuto) {
+    if (absl::Status s = CheckDeviceUse(config, ThisProcessDeviceFacts()); !s.ok()) return s;
+  }
   switch (config.strategy) {
     case StrategyKind::kOneDevice:
     case StrategyKind::kMirrored:
     case StrategyKind::kCentralStorage:
-      return absl::OkStatus();
     case StrategyKind::kMultiWorkerMirrored:
-      return CheckCollectiveImplementation(config.training.communication);
+      return absl::OkStatus();
     case StrategyKind::kParameterServer:
       return absl::OkStatus();
     case StrategyKind::kTPU:

@@ -41,20 +41,6 @@ bool IsLoopbackHost(const std::string& host) {
 
 }  // namespace
 
-absl::Status CheckCollectiveImplementation(const CommunicationConfig& communication) {
-  if (communication.implementation != CollectiveImplementation::kNccl) return absl::OkStatus();
-#ifdef DISTRAIN_HAVE_CUDA
-  return absl::UnimplementedError(
-      "spec.training.communication.implementation: NCCL all-reduce for MultiWorkerMirrored is "
-      "not available in this build of distrain yet; use implementation: Ring (or Auto)");
-#else
-  return absl::InvalidArgumentError(
-      "spec.training.communication.implementation: NCCL needs GPUs and a CUDA build of "
-      "distrain, but this distrain-worker is a CPU-only build; use implementation: Ring (or "
-      "Auto) to train on CPUs, or run an image built with DISTRAIN_CUDA=ON on GPU nodes");
-#endif
-}
-
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() {
   {
     absl::MutexLock lock(&mu_);
@@ -74,8 +60,7 @@ void MultiWorkerMirroredStrategy::AttachMetrics(prometheus::Registry& registry) 
 absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
                                                const JobConfig& config) {
   const TrainingConfig& t = config.training;
-  // 1.
-  if (absl::Status s = CheckCollectiveImplementation(t.communication); !s.ok()) return s;
+  // 1. (CreateStrategy checked the devices.)
   const std::optional<int> rank = cluster.my_training_rank();
   if (!rank.has_value()) {
     return absl::InvalidArgumentError(

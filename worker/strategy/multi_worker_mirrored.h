@@ -27,8 +27,9 @@ namespace distrain {
 //
 // Protocol:
 //   Init
-//   1. communication.implementation: Auto/Ring -> ring over TCP; NCCL needs a
-//      CUDA build (CheckCollectiveImplementation).
+//   1. communication.implementation: Auto/Ring -> ring over TCP; NCCL is
+//      refused by CreateStrategy until the GPU replicas land
+//      (common/device_use.h).
 //   2. Rendezvous through the coordination service the chief hosts (late
 //      tasks are waited for up to the rendezvous deadline).
 //   3. RingCollective across the processes, bootstrapped through the
@@ -178,12 +179,6 @@ class MultiWorkerMirroredStrategy : public Strategy {
 
   std::unique_ptr<LocalReplicas> replicas_;  // last: borrows the collectives and metrics
 };
-
-// spec.training.communication.implementation for MultiWorkerMirrored: Auto and
-// Ring train over the TCP ring; NCCL is InvalidArgument on a CPU-only build
-// (naming the field and the fix) and Unimplemented on a CUDA build until the
-// NCCL collective lands.
-absl::Status CheckCollectiveImplementation(const CommunicationConfig& communication);
 
 }  // namespace distrain
 

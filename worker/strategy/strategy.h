@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/cluster_spec.h"
+#include "common/device_use.h"
 #include "common/job_config.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/model.h"
@@ -161,8 +162,12 @@ class Strategy {
 // TPU always returns FailedPrecondition (TPU jobs run the user's TF image).
 absl::StatusOr<std::unique_ptr<Strategy>> CreateStrategy(const JobConfig& config);
 // The same check without constructing anything (distrain run calls it before
-// starting processes, so the user hears about it at once).
+// starting processes, so the user hears about it at once). Includes the
+// device rule (common/device_use.h) with this process's facts.
 absl::Status CheckStrategySupported(const JobConfig& config);
+// What this process has of GPUs: a CUDA build, the devices it can open; no
+// held GPUs (distrain-worker adds the pod's from DISTRAIN_POD_GPUS).
+DeviceUseFacts ThisProcessDeviceFacts();
 
 }  // namespace distrain
 

@@ -1,26 +1,27 @@
 // ops.h's matrix products, broadcasts, activations, dropout, losses and
 // copies: device dispatch plus shape checks, with the CPU work in
 // cpu_math.h (GEMM, ReLU, softmax cross-entropy from logits) and
-// cpu/elementwise_cpu.h (the elementwise.h functors). The windowed ops,
-// batch norm and pooling live in ops_window.cc.
+// cpu/elementwise_cpu.h (the elementwise.h functors), the GPU work in
+// cuda/backend.h. The windowed ops, batch norm and pooling live in
+// ops_window.cc.
 
 #include "worker/tensor/ops.h"
 
 #include <cstring>
+#include <initializer_list>
 
 #include "common/check.h"
 #include "worker/tensor/cpu/elementwise_cpu.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/elementwise.h"
+#include "worker/tensor/ops_dispatch.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/backend.h"
+#include "worker/tensor/cuda/device_memory.h"
+#endif
 
 namespace distrain::ops {
 namespace {
-
-// Every op calls this on each of its tensors: the CUDA backend is a later
-// issue, and a CUDA tensor reaching an op before then is a bug in the caller.
-void RequireCpu(const Tensor& t) {
-  DISTRAIN_CHECK(t.device() == Device::kCpu) << "CUDA backend not built";
-}
 
 // The size of the last axis, for ops that work per row.
 int64_t LastDim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1); }
@@ -31,68 +32,102 @@ int64_t LastDim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1
 
 void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const Tensor& a, const Tensor& b, float beta, Tensor* c) {
-  RequireCpu(a);
-  RequireCpu(b);
-  RequireCpu(*c);
+  const DeviceId d = CallDevice({&a, &b, c});
   DISTRAIN_CHECK(a.size() >= m * k && b.size() >= k * n && c->size() >= m * n)
       << "MatMul m=" << m << " n=" << n << " k=" << k << " on a " << a.ShapeString() << ", b "
       << b.ShapeString() << ", c " << c->ShapeString();
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::Gemm(d.ordinal, trans_a, trans_b, m, n, k, alpha, a.data(), b.data(),
+                                  beta, c->data()));
+    return;
+  }
   cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a.data(), b.data(), beta, c->data());
 }
 
 void BiasAdd(const Tensor& bias, Tensor* y) {
-  RequireCpu(bias);
-  RequireCpu(*y);
+  const DeviceId d = CallDevice({&bias, y});
   const int64_t cols = bias.size();
   DISTRAIN_CHECK(cols > 0 && LastDim(*y) == cols)
       << "BiasAdd: bias " << bias.ShapeString() << " on " << y->ShapeString();
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::BiasAdd(d.ordinal, y->size() / cols, cols, bias.data(), y->data()));
+    return;
+  }
   cpu::AddRowVector(y->size() / cols, cols, bias.data(), y->data());
 }
 
 void BroadcastBias(const Tensor& bias, Tensor* y) {
-  RequireCpu(bias);
-  RequireCpu(*y);
+  const DeviceId d = CallDevice({&bias, y});
   const int64_t cols = bias.size();
   DISTRAIN_CHECK(cols > 0 && LastDim(*y) == cols)
       << "BroadcastBias: bias " << bias.ShapeString() << " into " << y->ShapeString();
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(
+        cuda::BroadcastBias(d.ordinal, y->size() / cols, cols, bias.data(), y->data()));
+    return;
+  }
   cpu::BroadcastRow(y->size() / cols, cols, bias.data(), y->data());
 }
 
 void BiasGrad(const Tensor& dy, Tensor* dbias) {
-  RequireCpu(dy);
-  RequireCpu(*dbias);
+  const DeviceId d = CallDevice({&dy, dbias});
   const int64_t cols = dbias->size();
   DISTRAIN_CHECK(cols > 0 && LastDim(dy) == cols)
       << "BiasGrad: dy " << dy.ShapeString() << " into " << dbias->ShapeString();
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::BiasGrad(d.ordinal, dy.size() / cols, cols, dy.data(), dbias->data()));
+    return;
+  }
   cpu::ColumnSums(dy.size() / cols, cols, dy.data(), dbias->data());
 }
 
 // ---- Activations -----------------------------------------------------------
 
 void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y) {
-  RequireCpu(x);
-  RequireCpu(*y);
-  if (y != &x) y->Resize(x.shape());
+  const DeviceId d = x.device_id();
+  if (y != &x) y->Resize(x.shape(), d);
   const int64_t cols = LastDim(x);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY({
+      if (kind == ActivationKind::kSoftmax) {
+        cuda::SoftmaxForward(d.ordinal, cols == 0 ? 0 : x.size() / cols, cols, x.data(),
+                             y->data());
+      } else {
+        cuda::ActivationForward(d.ordinal, kind, x.size(), x.data(), y->data());
+      }
+    });
+    return;
+  }
   cpu::ActivationForward(kind, cols == 0 ? 0 : x.size() / cols, cols, x.data(), y->data());
 }
 
 void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx) {
-  RequireCpu(dy);
-  RequireCpu(*dx);
+  const DeviceId d = dy.device_id();
   // The kinds whose derivative is cheapest in the input read x; the rest y.
   const bool reads_x = kind == ActivationKind::kGelu;
   const bool reads_y = kind != ActivationKind::kGelu && kind != ActivationKind::kLinear;
   const Tensor& saved = reads_x ? x : y;
   if (reads_x || reads_y) {
-    RequireCpu(saved);
+    DISTRAIN_CHECK(saved.device_id() == d) << "tensors of one op on two devices";
     DISTRAIN_CHECK(saved.size() == dy.size())
         << "ActivationBackward(" << ActivationName(kind) << "): saved "
         << saved.ShapeString() << " vs dy " << dy.ShapeString();
   }
-  if (dx != &dy) dx->Resize(dy.shape());
+  if (dx != &dy) dx->Resize(dy.shape(), d);
   const int64_t cols = LastDim(dy);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY({
+      if (kind == ActivationKind::kSoftmax) {
+        cuda::SoftmaxBackward(d.ordinal, cols == 0 ? 0 : dy.size() / cols, cols, y.data(),
+                              dy.data(), dx->data());
+      } else {
+        cuda::ActivationBackward(d.ordinal, kind, dy.size(), reads_x ? x.data() : nullptr,
+                                 reads_y ? y.data() : nullptr, dy.data(), dx->data());
+      }
+    });
+    return;
+  }
   cpu::ActivationBackward(kind, cols == 0 ? 0 : dy.size() / cols, cols, x.data(), y.data(),
                           dy.data(), dx->data());
 }
@@ -100,24 +135,29 @@ void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, c
 // ---- Dropout ---------------------------------------------------------------
 
 void DropoutForward(double rate, uint64_t stream, const Tensor& x, Tensor* y, Tensor* mask) {
-  RequireCpu(x);
-  RequireCpu(*y);
-  RequireCpu(*mask);
+  const DeviceId d = x.device_id();
   DISTRAIN_CHECK(rate >= 0 && rate < 1) << "Dropout rate " << rate;
-  if (y != &x) y->Resize(x.shape());
-  mask->Resize(x.shape());
+  if (y != &x) y->Resize(x.shape(), d);
+  mask->Resize(x.shape(), d);
   const elementwise::DropoutMask f{stream, elementwise::DropThreshold(rate),
                                    static_cast<float>(1.0 / (1.0 - rate))};
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::DropoutForward(d.ordinal, x.size(), f.stream, f.threshold, f.scale,
+                                            x.data(), y->data(), mask->data()));
+    return;
+  }
   cpu::DropoutForward(x.size(), f, x.data(), y->data(), mask->data());
 }
 
 void DropoutBackward(const Tensor& mask, const Tensor& dy, Tensor* dx) {
-  RequireCpu(mask);
-  RequireCpu(dy);
-  RequireCpu(*dx);
+  const DeviceId d = CallDevice({&mask, &dy});
   DISTRAIN_CHECK(mask.size() == dy.size())
       << "DropoutBackward: mask " << mask.ShapeString() << " vs dy " << dy.ShapeString();
-  if (dx != &dy) dx->Resize(dy.shape());
+  if (dx != &dy) dx->Resize(dy.shape(), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::Multiply(d.ordinal, dy.size(), dy.data(), mask.data(), dx->data()));
+    return;
+  }
   cpu::Multiply(dy.size(), dy.data(), mask.data(), dx->data());
 }
 
@@ -125,7 +165,7 @@ void DropoutBackward(const Tensor& mask, const Tensor& dy, Tensor* dx) {
 
 LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
               absl::Span<const int32_t> labels, float grad_scale, Tensor* grad) {
-  RequireCpu(output);
+  const DeviceId d = output.device_id();
   DISTRAIN_CHECK_EQ(output.rank(), 2) << LossKindName(kind) << ": output "
                                       << output.ShapeString();
   const int64_t batch = output.dim(0);
@@ -146,12 +186,16 @@ LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
   }
   float* g = nullptr;
   if (grad != nullptr) {
-    RequireCpu(*grad);
-    grad->Resize(output.shape());
+    grad->Resize(output.shape(), d);
     g = grad->data();
   }
   LossSums sums;
   if (batch == 0) return sums;
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(sums = cuda::Loss(d.ordinal, kind, from_logits, batch, width,
+                                         output.data(), labels.data(), grad_scale, g));
+    return sums;
+  }
   const float* out = output.data();
   switch (kind) {
     case LossKind::kSparseCategoricalCrossentropy:
@@ -191,11 +235,31 @@ LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
 // ---- Device transfers -------------------------------------------------------
 
 void Copy(const Tensor& src, Tensor* dst) {
-  RequireCpu(src);
-  RequireCpu(*dst);
   if (dst == &src) return;
-  dst->Resize(src.shape());
-  if (src.size() > 0) std::memcpy(dst->data(), src.data(), src.bytes());
+  const DeviceId from = src.device_id();
+  const DeviceId to = dst->device_id();
+  dst->Resize(src.shape(), to);
+  if (src.size() == 0) return;
+  if (!OnGpu(from) && !OnGpu(to)) {
+    std::memcpy(dst->data(), src.data(), src.bytes());
+    return;
+  }
+  DISTRAIN_CUDA_ONLY({
+    if (!OnGpu(from)) {
+      cuda::CopyHostToDevice(to.ordinal, src.data(), dst->data(), src.size());
+    } else if (!OnGpu(to)) {
+      cuda::CopyDeviceToHost(from.ordinal, src.data(), dst->data(), src.size());
+    } else {
+      cuda::CopyDeviceToDevice(from.ordinal, src.data(), to.ordinal, dst->data(), src.size());
+    }
+  });
+}
+
+void MoveTo(DeviceId device, Tensor* t) {
+  if (t->device_id() == device) return;
+  Tensor moved(t->shape(), device);
+  Copy(*t, &moved);
+  *t = std::move(moved);
 }
 
 }  // namespace distrain::ops

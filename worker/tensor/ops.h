@@ -8,14 +8,19 @@
 //     norm — TensorFlow's own CPU path — OpenBLAS and the hand-written small
 //     GEMM for matrix products (cpu_math.h), own vectorised loops for
 //     element-wise math;
-//   * CUDA (worker/tensor/cuda/, the GPU issue): cuBLAS, cuDNN, own kernels.
+//   * CUDA (worker/tensor/cuda/backend.h): cuBLAS for matrix products, cuDNN
+//     for convolution, pooling, batch norm and softmax, own kernels for the
+//     rest.
 // Element-wise math is written once, as functors in elementwise.h that the
 // CPU loops and the CUDA launchers both run.
 //
 // Conventions: images are NHWC and Conv2D kernels HWIO ([kh, kw, in, out]),
 // as Keras stores them; every tensor is dense row-major. Outputs are resized
-// by the op; inputs and outputs of one call must not alias unless the op
-// says so. All tensors of one call live on the same device. Ops CHECK their
+// by the op, on the inputs' device (a default-constructed output follows
+// them there); inputs and outputs of one call must not alias unless the op
+// says so. All inputs of one call live on the same device. GPU work is
+// queued on the device's compute stream and returns before it runs; Loss
+// and copies to the host wait for it. Ops CHECK their
 // shapes (a mismatch is a bug in the caller: user input is validated long
 // before, in common/model_spec.h).
 //
@@ -138,8 +143,11 @@ LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
 
 // ---- Device transfers -------------------------------------------------------
 
-// Copies src into dst (resized), across devices when they differ.
+// Copies src into dst, resized on dst's own device: across devices when they
+// differ (to the host: waits for the copy).
 void Copy(const Tensor& src, Tensor* dst);
+// Moves t's contents to `device` (nothing when it is there already).
+void MoveTo(DeviceId device, Tensor* t);
 
 // How many cores the calling thread's windowed and normalisation ops may use
 // (oneDNN's OpenMP team of this thread). Every thread that runs ops sets it

@@ -1,8 +1,9 @@
 // ops.h's windowed ops (Conv2D, pooling), batch normalisation, global
 // average pooling and SetCpuThreadsForThisThread: shape checks, output
 // sizing and dispatch on the tensors' device. The CPU backend is
-// worker/tensor/cpu/window_ops.h (oneDNN); the CUDA backend plugs in at the
-// kCuda branches (the GPU issue).
+// worker/tensor/cpu/window_ops.h (oneDNN), the CUDA backend
+// worker/tensor/cuda/backend.h (cuDNN). Outputs are sized on the inputs'
+// device.
 //
 // Thread-safety: reentrant (the backend keeps per-thread state).
 
@@ -15,23 +16,13 @@
 #include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
+#include "worker/tensor/ops_dispatch.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/backend.h"
+#endif
 
 namespace distrain::ops {
 namespace {
-
-// The same device for every tensor of a call; returns it.
-Device CallDevice(std::initializer_list<const Tensor*> tensors) {
-  const Device d = (*tensors.begin())->device();
-  for (const Tensor* t : tensors) {
-    if (t != nullptr) DISTRAIN_CHECK(t->device() == d) << "tensors of one op on two devices";
-  }
-  return d;
-}
-
-[[noreturn]] void NoCuda(const char* op) {
-  DISTRAIN_CHECK(false) << op << ": CUDA backend not built";
-  __builtin_unreachable();
-}
 
 void CheckShape(const Tensor& t, const std::vector<int64_t>& want, const char* what) {
   DISTRAIN_CHECK(t.shape() == want) << what << " is " << t.ShapeString() << ", expected "
@@ -89,14 +80,14 @@ void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, con
   CheckShape(kernel, KernelShape(w), "Conv2D kernel");
   if (bias != nullptr) CheckShape(*bias, {w.out_c}, "Conv2D bias");
   DISTRAIN_CHECK(y != &x) << "Conv2D output aliases its input";
-  y->Resize(OutShape(w));
-  switch (CallDevice({&x, &kernel, bias, y})) {
-    case Device::kCpu:
-      return cpu::Conv2DForward(w, x.data(), kernel.data(),
-                                bias != nullptr ? bias->data() : nullptr, y->data());
-    case Device::kCuda:
-      NoCuda("Conv2DForward");
+  const DeviceId d = CallDevice({&x, &kernel, bias});
+  y->Resize(OutShape(w), d);
+  const float* b = bias != nullptr ? bias->data() : nullptr;
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::Conv2DForward(d.ordinal, w, x.data(), kernel.data(), b, y->data()));
+    return;
   }
+  cpu::Conv2DForward(w, x.data(), kernel.data(), b, y->data());
 }
 
 void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx) {
@@ -104,13 +95,14 @@ void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kerne
   CheckShape(dy, OutShape(w), "Conv2D output gradient");
   CheckShape(kernel, KernelShape(w), "Conv2D kernel");
   DISTRAIN_CHECK(dx != &dy);
-  dx->Resize(InShape(w));
-  switch (CallDevice({&dy, &kernel, dx})) {
-    case Device::kCpu:
-      return cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data());
-    case Device::kCuda:
-      NoCuda("Conv2DBackwardData");
+  const DeviceId d = CallDevice({&dy, &kernel});
+  dx->Resize(InShape(w), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(
+        cuda::Conv2DBackwardData(d.ordinal, w, dy.data(), kernel.data(), dx->data()));
+    return;
   }
+  cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data());
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
@@ -118,15 +110,16 @@ void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy,
   CheckWindow(w);
   CheckShape(x, InShape(w), "Conv2D input");
   CheckShape(dy, OutShape(w), "Conv2D output gradient");
-  dkernel->Resize(KernelShape(w));
-  if (dbias != nullptr) dbias->Resize({w.out_c});
-  switch (CallDevice({&x, &dy, dkernel, dbias})) {
-    case Device::kCpu:
-      return cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(),
-                                        dbias != nullptr ? dbias->data() : nullptr);
-    case Device::kCuda:
-      NoCuda("Conv2DBackwardWeights");
+  const DeviceId d = CallDevice({&x, &dy});
+  dkernel->Resize(KernelShape(w), d);
+  if (dbias != nullptr) dbias->Resize({w.out_c}, d);
+  float* db = dbias != nullptr ? dbias->data() : nullptr;
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(
+        cuda::Conv2DBackwardWeights(d.ordinal, w, x.data(), dy.data(), dkernel->data(), db));
+    return;
   }
+  cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(), db);
 }
 
 void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,
@@ -135,16 +128,20 @@ void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,
   DISTRAIN_CHECK_EQ(w.in_c, w.out_c);
   CheckShape(x, InShape(w), "pooling input");
   DISTRAIN_CHECK(y != &x && workspace != nullptr);
-  y->Resize(OutShape(w));
-  switch (CallDevice({&x, y, workspace})) {
-    case Device::kCpu: {
-      const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
-      workspace->Resize({ws});
-      return cpu::Pool2DForward(kind, w, x.data(), y->data(), ws > 0 ? workspace->data() : nullptr);
-    }
-    case Device::kCuda:
-      NoCuda("Pool2DForward");
+  const DeviceId d = x.device_id();
+  y->Resize(OutShape(w), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY({
+      const int64_t ws = cuda::Pool2DWorkspaceFloats(kind, w);
+      workspace->Resize({ws}, d);
+      cuda::Pool2DForward(d.ordinal, kind, w, x.data(), y->data(),
+                          ws > 0 ? workspace->data() : nullptr);
+    });
+    return;
   }
+  const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
+  workspace->Resize({ws}, d);
+  cpu::Pool2DForward(kind, w, x.data(), y->data(), ws > 0 ? workspace->data() : nullptr);
 }
 
 void Pool2DBackward(PoolKind kind, const Window2D& w, const Tensor& x, const Tensor& y,
@@ -154,17 +151,20 @@ void Pool2DBackward(PoolKind kind, const Window2D& w, const Tensor& x, const Ten
   CheckShape(x, InShape(w), "pooling input");
   CheckShape(y, OutShape(w), "pooling output");
   CheckShape(dy, OutShape(w), "pooling output gradient");
-  dx->Resize(InShape(w));
-  switch (CallDevice({&x, &y, &dy, &workspace, dx})) {
-    case Device::kCpu: {
-      const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
+  const DeviceId d = CallDevice({&x, &y, &dy, &workspace});
+  dx->Resize(InShape(w), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY({
+      const int64_t ws = cuda::Pool2DWorkspaceFloats(kind, w);
       DISTRAIN_CHECK_EQ(workspace.size(), ws) << "workspace not from Pool2DForward";
-      return cpu::Pool2DBackward(kind, w, dy.data(), ws > 0 ? workspace.data() : nullptr,
-                                 dx->data());
-    }
-    case Device::kCuda:
-      NoCuda("Pool2DBackward");
+      cuda::Pool2DBackward(d.ordinal, kind, w, x.data(), y.data(), dy.data(),
+                           ws > 0 ? workspace.data() : nullptr, dx->data());
+    });
+    return;
   }
+  const int64_t ws = cpu::Pool2DWorkspaceFloats(kind, w);
+  DISTRAIN_CHECK_EQ(workspace.size(), ws) << "workspace not from Pool2DForward";
+  cpu::Pool2DBackward(kind, w, dy.data(), ws > 0 ? workspace.data() : nullptr, dx->data());
 }
 
 namespace {
@@ -184,16 +184,18 @@ void BatchNormForwardTraining(const Tensor& x, const Tensor& gamma, const Tensor
   const int64_t m = BnRows(x, gamma), c = gamma.size();
   CheckShape(beta, gamma.shape(), "batch norm beta");
   DISTRAIN_CHECK(y != &x);
-  y->Resize(x.shape());
-  batch_mean->Resize({c});
-  batch_var->Resize({c});
-  switch (CallDevice({&x, &gamma, &beta, y, batch_mean, batch_var})) {
-    case Device::kCpu:
-      return cpu::BatchNormForwardTraining(m, c, x.data(), gamma.data(), beta.data(), epsilon,
-                                           y->data(), batch_mean->data(), batch_var->data());
-    case Device::kCuda:
-      NoCuda("BatchNormForwardTraining");
+  const DeviceId d = CallDevice({&x, &gamma, &beta});
+  y->Resize(x.shape(), d);
+  batch_mean->Resize({c}, d);
+  batch_var->Resize({c}, d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::BatchNormForwardTraining(d.ordinal, m, c, x.data(), gamma.data(),
+                                                      beta.data(), epsilon, y->data(),
+                                                      batch_mean->data(), batch_var->data()));
+    return;
   }
+  cpu::BatchNormForwardTraining(m, c, x.data(), gamma.data(), beta.data(), epsilon, y->data(),
+                                batch_mean->data(), batch_var->data());
 }
 
 void BatchNormForwardInference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -203,14 +205,16 @@ void BatchNormForwardInference(const Tensor& x, const Tensor& gamma, const Tenso
   CheckShape(mean, gamma.shape(), "batch norm mean");
   CheckShape(var, gamma.shape(), "batch norm variance");
   DISTRAIN_CHECK(y != &x);
-  y->Resize(x.shape());
-  switch (CallDevice({&x, &gamma, &beta, &mean, &var, y})) {
-    case Device::kCpu:
-      return cpu::BatchNormForwardInference(m, c, x.data(), gamma.data(), beta.data(),
-                                            mean.data(), var.data(), epsilon, y->data());
-    case Device::kCuda:
-      NoCuda("BatchNormForwardInference");
+  const DeviceId d = CallDevice({&x, &gamma, &beta, &mean, &var});
+  y->Resize(x.shape(), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::BatchNormForwardInference(d.ordinal, m, c, x.data(), gamma.data(),
+                                                       beta.data(), mean.data(), var.data(),
+                                                       epsilon, y->data()));
+    return;
   }
+  cpu::BatchNormForwardInference(m, c, x.data(), gamma.data(), beta.data(), mean.data(),
+                                 var.data(), epsilon, y->data());
 }
 
 void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
@@ -221,17 +225,19 @@ void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
   CheckShape(batch_mean, gamma.shape(), "batch norm mean");
   CheckShape(batch_var, gamma.shape(), "batch norm variance");
   DISTRAIN_CHECK(dx != &x && dx != &dy);
-  dx->Resize(x.shape());
-  dgamma->Resize({c});
-  dbeta->Resize({c});
-  switch (CallDevice({&x, &dy, &gamma, &batch_mean, &batch_var, dx, dgamma, dbeta})) {
-    case Device::kCpu:
-      return cpu::BatchNormBackward(m, c, x.data(), dy.data(), gamma.data(), batch_mean.data(),
-                                    batch_var.data(), epsilon, dx->data(), dgamma->data(),
-                                    dbeta->data());
-    case Device::kCuda:
-      NoCuda("BatchNormBackward");
+  const DeviceId d = CallDevice({&x, &dy, &gamma, &batch_mean, &batch_var});
+  dx->Resize(x.shape(), d);
+  dgamma->Resize({c}, d);
+  dbeta->Resize({c}, d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::BatchNormBackward(d.ordinal, m, c, x.data(), dy.data(),
+                                               gamma.data(), batch_mean.data(), batch_var.data(),
+                                               epsilon, dx->data(), dgamma->data(),
+                                               dbeta->data()));
+    return;
   }
+  cpu::BatchNormBackward(m, c, x.data(), dy.data(), gamma.data(), batch_mean.data(),
+                         batch_var.data(), epsilon, dx->data(), dgamma->data(), dbeta->data());
 }
 
 void GlobalAveragePool2DForward(const Tensor& x, Tensor* y) {
@@ -239,26 +245,28 @@ void GlobalAveragePool2DForward(const Tensor& x, Tensor* y) {
   DISTRAIN_CHECK(y != &x);
   const int64_t n = x.dim(0), hw = x.dim(1) * x.dim(2), c = x.dim(3);
   DISTRAIN_CHECK_GT(hw, 0);
-  y->Resize({n, c});
-  switch (CallDevice({&x, y})) {
-    case Device::kCpu:
-      return cpu::GlobalAveragePool2DForward(n, hw, c, x.data(), y->data());
-    case Device::kCuda:
-      NoCuda("GlobalAveragePool2DForward");
+  const DeviceId d = x.device_id();
+  y->Resize({n, c}, d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(
+        cuda::GlobalAveragePool2DForward(d.ordinal, n, hw, c, x.data(), y->data()));
+    return;
   }
+  cpu::GlobalAveragePool2DForward(n, hw, c, x.data(), y->data());
 }
 
 void GlobalAveragePool2DBackward(const Tensor& dy, int64_t h, int64_t w, Tensor* dx) {
   DISTRAIN_CHECK_EQ(dy.rank(), 2) << dy.ShapeString();
   DISTRAIN_CHECK(h > 0 && w > 0 && dx != &dy);
   const int64_t n = dy.dim(0), c = dy.dim(1);
-  dx->Resize({n, h, w, c});
-  switch (CallDevice({&dy, dx})) {
-    case Device::kCpu:
-      return cpu::GlobalAveragePool2DBackward(n, h * w, c, dy.data(), dx->data());
-    case Device::kCuda:
-      NoCuda("GlobalAveragePool2DBackward");
+  const DeviceId d = dy.device_id();
+  dx->Resize({n, h, w, c}, d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(
+        cuda::GlobalAveragePool2DBackward(d.ordinal, n, h * w, c, dy.data(), dx->data()));
+    return;
   }
+  cpu::GlobalAveragePool2DBackward(n, h * w, c, dy.data(), dx->data());
 }
 
 void SetCpuThreadsForThisThread(int threads) {

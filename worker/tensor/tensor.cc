@@ -2,11 +2,33 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
-#include "common/check.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/check.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/device_memory.h"
+#endif
 
 namespace distrain {
+namespace {
+
+// Allocation, release and copies of CUDA storage; without a CUDA build no
+// kCuda tensor can exist, so reaching these is a bug in a caller that
+// skipped validation (docs/architecture.md §6a).
+[[noreturn]] [[maybe_unused]] void NoCudaBuild(const char* what) {
+  DISTRAIN_CHECK(false) << what
+                        << ": a CUDA tensor in a CPU-only build of distrain (DISTRAIN_CUDA=OFF or "
+                           "no toolkit at build time)";
+  __builtin_unreachable();
+}
+
+}  // namespace
+
+std::string DeviceId::ToString() const {
+  return kind == Device::kCpu ? std::string("CPU") : absl::StrCat("GPU:", ordinal);
+}
 
 int64_t Tensor::NumElements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -18,20 +40,115 @@ int64_t Tensor::NumElements(const std::vector<int64_t>& shape) {
 }
 
 Tensor::Tensor(std::vector<int64_t> shape, float fill)
-    : shape_(std::move(shape)), data_(NumElements(shape_), fill) {}
+    : shape_(std::move(shape)), size_(NumElements(shape_)), host_(size_, fill) {}
 
 Tensor::Tensor(std::vector<int64_t> shape, std::vector<float> values)
-    : shape_(std::move(shape)), data_(std::move(values)) {
-  DISTRAIN_CHECK_EQ(static_cast<int64_t>(data_.size()), NumElements(shape_))
+    : shape_(std::move(shape)), size_(NumElements(shape_)), host_(std::move(values)) {
+  DISTRAIN_CHECK_EQ(static_cast<int64_t>(host_.size()), size_)
       << "value count does not match shape " << ShapeString();
 }
 
-void Tensor::Resize(std::vector<int64_t> shape) {
-  data_.resize(NumElements(shape));
-  shape_ = std::move(shape);
+Tensor::Tensor(std::vector<int64_t> shape, DeviceId device) {
+  Resize(std::move(shape), device);
+  Fill(0.0f);
 }
 
-void Tensor::Fill(float value) { std::fill(data_.begin(), data_.end(), value); }
+Tensor::~Tensor() { ReleaseDevice(); }
+
+Tensor::Tensor(const Tensor& other) { CopyFrom(other); }
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) CopyFrom(other);
+  return *this;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : shape_(std::move(other.shape_)),
+      size_(std::exchange(other.size_, 0)),
+      device_(std::exchange(other.device_, DeviceId::Cpu())),
+      host_(std::move(other.host_)),
+      device_data_(std::exchange(other.device_data_, nullptr)),
+      device_capacity_(std::exchange(other.device_capacity_, 0)) {
+  other.shape_.clear();
+  other.host_.clear();
+}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this == &other) return *this;
+  ReleaseDevice();
+  shape_ = std::move(other.shape_);
+  size_ = std::exchange(other.size_, 0);
+  device_ = std::exchange(other.device_, DeviceId::Cpu());
+  host_ = std::move(other.host_);
+  device_data_ = std::exchange(other.device_data_, nullptr);
+  device_capacity_ = std::exchange(other.device_capacity_, 0);
+  other.shape_.clear();
+  other.host_.clear();
+  return *this;
+}
+
+void Tensor::ReleaseDevice() {
+  if (device_data_ == nullptr) return;
+#ifdef DISTRAIN_HAVE_CUDA
+  cuda::FreeFloats(device_.ordinal, device_data_, device_capacity_);
+#endif
+  device_data_ = nullptr;
+  device_capacity_ = 0;
+}
+
+void Tensor::CopyFrom(const Tensor& other) {
+  Resize(other.shape_, other.device_);
+  if (size_ == 0) return;
+  if (on_host()) {
+    std::copy(other.host_.begin(), other.host_.end(), host_.begin());
+    return;
+  }
+#ifdef DISTRAIN_HAVE_CUDA
+  cuda::CopyDeviceToDevice(other.device_.ordinal, other.device_data_, device_.ordinal,
+                           device_data_, size_);
+#else
+  NoCudaBuild("Tensor copy");
+#endif
+}
+
+void Tensor::Resize(std::vector<int64_t> shape) { Resize(std::move(shape), device_); }
+
+void Tensor::Resize(std::vector<int64_t> shape, DeviceId device) {
+  const int64_t n = NumElements(shape);
+  if (device.kind == Device::kCpu) {
+    ReleaseDevice();
+    host_.resize(n);
+  } else {
+    host_.clear();
+    host_.shrink_to_fit();
+    if (!(device == device_) || n > device_capacity_) {
+      ReleaseDevice();
+#ifdef DISTRAIN_HAVE_CUDA
+      if (n > 0) {
+        device_data_ = cuda::AllocateFloats(device.ordinal, n);
+        device_capacity_ = n;
+      }
+#else
+      NoCudaBuild("Tensor on a GPU");
+#endif
+    }
+  }
+  device_ = device;
+  shape_ = std::move(shape);
+  size_ = n;
+}
+
+void Tensor::Fill(float value) {
+  if (on_host()) {
+    std::fill(host_.begin(), host_.end(), value);
+    return;
+  }
+#ifdef DISTRAIN_HAVE_CUDA
+  if (size_ > 0) cuda::FillFloats(device_.ordinal, device_data_, size_, value);
+#else
+  NoCudaBuild("Tensor::Fill");
+#endif
+}
 
 std::string Tensor::ShapeString() const { return "[" + absl::StrJoin(shape_, ", ") + "]"; }
 

@@ -10,47 +10,77 @@
 
 namespace distrain {
 
-// Where a tensor's storage lives. Only kCpu is backed by this class today; CUDA
-// tensors live in worker/tensor/cuda (a later issue) and are copied through host
-// Tensors at strategy boundaries.
+// Where a tensor's storage lives (docs/architecture.md §6a). kCuda storage
+// exists only in a CUDA build (DISTRAIN_HAVE_CUDA); asking for it elsewhere
+// is a CHECK failure, since every path that could reach it validates first.
 enum class Device { kCpu, kCuda };
 
-// A dense, row-major float32 tensor on the host.
+// A device of the process: the host, or the CUDA device of that ordinal
+// (an index into what CUDA_VISIBLE_DEVICES leaves visible).
+struct DeviceId {
+  Device kind = Device::kCpu;
+  int ordinal = 0;
+  static DeviceId Cpu() { return {}; }
+  static DeviceId Cuda(int ordinal) { return {Device::kCuda, ordinal}; }
+  bool operator==(const DeviceId&) const = default;
+  std::string ToString() const;  // "CPU", "GPU:1"
+};
+
+// A dense, row-major float32 tensor on the host or on one CUDA device.
 //
-// Ownership: a Tensor owns its storage (value semantics: copy = deep copy,
-// move = cheap). Thread-safety: none; distinct tensors may be used from
+// Ownership: a Tensor owns its storage (value semantics: copy = deep copy on
+// the same device, move = cheap). CUDA storage comes from the device's
+// caching allocator (worker/tensor/cuda/device_memory.h) and is returned to
+// it on destruction; every op on it is queued on the device's compute stream,
+// so freeing is safe while kernels that read it are still queued (the next
+// user of the block is ordered behind them on the same stream).
+//
+// Host accessors (span, operator[], at) are for host tensors only; on a CUDA
+// tensor span() is empty, and data() is the device pointer the backend
+// passes to kernels. Thread-safety: none; distinct tensors may be used from
 // distinct threads, a single tensor needs external synchronisation.
 class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(std::vector<int64_t> shape, float fill = 0.0f);
   Tensor(std::vector<int64_t> shape, std::vector<float> values);  // CHECKs size
+  // A zero-filled tensor on `device`.
+  Tensor(std::vector<int64_t> shape, DeviceId device);
+  ~Tensor();
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
 
   static Tensor Zeros(std::vector<int64_t> shape) { return Tensor(std::move(shape)); }
 
-  // Host storage only, until the CUDA backend (worker/tensor/cuda/) gives
-  // Tensor device storage; ops dispatch on this.
-  Device device() const { return Device::kCpu; }
+  Device device() const { return device_.kind; }
+  DeviceId device_id() const { return device_; }
+  bool on_host() const { return device_.kind == Device::kCpu; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int i) const { return shape_[i]; }
-  int64_t size() const { return static_cast<int64_t>(data_.size()); }
+  int64_t size() const { return size_; }
   int64_t bytes() const { return size() * static_cast<int64_t>(sizeof(float)); }
-  bool empty() const { return data_.empty(); }
+  bool empty() const { return size_ == 0; }
 
-  float* data() { return data_.data(); }
-  const float* data() const { return data_.data(); }
-  absl::Span<float> span() { return absl::MakeSpan(data_); }
-  absl::Span<const float> span() const { return absl::MakeConstSpan(data_); }
-  float& operator[](int64_t i) { return data_[i]; }
-  float operator[](int64_t i) const { return data_[i]; }
+  // The first element's address in the tensor's own memory space.
+  float* data() { return on_host() ? host_.data() : device_data_; }
+  const float* data() const { return on_host() ? host_.data() : device_data_; }
+  absl::Span<float> span() { return absl::MakeSpan(host_); }
+  absl::Span<const float> span() const { return absl::MakeConstSpan(host_); }
+  float& operator[](int64_t i) { return host_[i]; }
+  float operator[](int64_t i) const { return host_[i]; }
   // Row-major 2-D access; CHECK-free for speed, callers own the bounds.
-  float& at(int64_t r, int64_t c) { return data_[r * shape_[1] + c]; }
-  float at(int64_t r, int64_t c) const { return data_[r * shape_[1] + c]; }
+  float& at(int64_t r, int64_t c) { return host_[r * shape_[1] + c]; }
+  float at(int64_t r, int64_t c) const { return host_[r * shape_[1] + c]; }
 
-  // Resizes to `shape`, reusing capacity; contents are unspecified afterwards
-  // unless `fill` semantics are needed (use Fill).
+  // Resizes to `shape` on the tensor's device, reusing capacity; contents are
+  // unspecified afterwards unless `fill` semantics are needed (use Fill).
   void Resize(std::vector<int64_t> shape);
+  // The same on `device`: an op sizes its output on its inputs' device, so
+  // a default-constructed output follows them there.
+  void Resize(std::vector<int64_t> shape, DeviceId device);
   void Fill(float value);
   bool SameShape(const Tensor& other) const { return shape_ == other.shape_; }
   std::string ShapeString() const;  // "[256, 784]"
@@ -58,8 +88,15 @@ class Tensor {
   static int64_t NumElements(const std::vector<int64_t>& shape);
 
  private:
+  void ReleaseDevice();
+  void CopyFrom(const Tensor& other);
+
   std::vector<int64_t> shape_;
-  std::vector<float> data_;
+  int64_t size_ = 0;
+  DeviceId device_;
+  std::vector<float> host_;          // kCpu storage
+  float* device_data_ = nullptr;     // kCuda storage, device_capacity_ elements
+  int64_t device_capacity_ = 0;
 };
 
 }  // namespace distrain

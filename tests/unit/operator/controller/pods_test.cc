@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/cluster_spec.h"
+#include "common/device_use.h"
 #include "common/job_config.h"
 #include "operator/controller/checkpoint_volume.h"
 #include "gmock/gmock.h"
@@ -375,6 +376,42 @@ TEST(BuildPodTest, GpusAreNormalisedAndNcclAsksForThem) {
     EXPECT_EQ(r["requests"][kGpuResource], 2);
   }
   EXPECT_FALSE((*MainContainer(plan.pods_to_create[2]["spec"])).contains("resources"));
+}
+
+// The worker learns how many GPUs its pod holds (it refuses to keep them idle,
+// common/device_use.h), and a pod that holds none does not see the node's GPUs
+// through an image that exposes them all — unless its template chose.
+TEST(BuildPodTest, PodsSayWhatGpusTheyHoldAndCpuPodsSeeNone) {
+  World gpus{MakeJob(R"(  strategy: Mirrored
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            resources: {requests: {nvidia.com/gpu: 2}}
+)")};
+  const Json gpu_pod = gpus.Step().pods_to_create.at(0);
+  EXPECT_EQ(EnvValue(gpu_pod, kPodGpusEnv), "2");
+  EXPECT_EQ(EnvValue(gpu_pod, "NVIDIA_VISIBLE_DEVICES"), "<unset>")
+      << "the device plugin chooses which GPUs a requesting pod sees";
+
+  World cpu{MakeJob(kMwms)};
+  for (const Json& pod : cpu.Step().pods_to_create) {
+    EXPECT_EQ(EnvValue(pod, kPodGpusEnv), "0");
+    EXPECT_EQ(EnvValue(pod, "NVIDIA_VISIBLE_DEVICES"), "void");
+  }
+
+  World chose{MakeJob(R"(  strategy: OneDevice
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            env: [{name: NVIDIA_VISIBLE_DEVICES, value: "all"}]
+)")};
+  EXPECT_EQ(EnvValue(chose.Step().pods_to_create.at(0), "NVIDIA_VISIBLE_DEVICES"), "all");
 }
 
 TEST(BuildPodTest, TpuWorkersGetTheTpuEnvironment) {

@@ -185,6 +185,42 @@ INSTANTIATE_TEST_SUITE_P(
                       FailureCase{"Always137", "Always", 137, true}),
     [](const auto& info) { return info.param.name; });
 
+// A worker that refuses to start (here: its pod holds GPUs this build would
+// keep idle, common/device_use.h) exits 5 with its reason as the termination
+// message; the job fails at once with that reason in its condition and event,
+// and the pods still running are deleted, so no pod keeps holding a GPU.
+TEST(ReconcileTest, AWorkerThatRefusesItsDevicesFailsTheJobWithItsOwnWords) {
+  World w = Running(Mwms("ExitCode", kRestartGroup));
+  const std::string why =
+      "spec.replicaSpecs: this pod holds 2 GPU(s) (nvidia.com/gpu in its template's resources), "
+      "but this build of distrain trains MultiWorkerMirrored on CPU threads only";
+  SetPhase(&w.Pod("mnist-worker-1"), "Failed", 5, "Error");
+  w.Pod("mnist-worker-1")["status"]["containerStatuses"][0]["state"]["terminated"]["message"] =
+      Json({{"error", why}, {"exitCode", 5}}).dump();
+  w.facts.now += absl::Seconds(3);
+  Plan plan = w.Step();
+  EXPECT_THAT(Names(plan.pods_to_delete), UnorderedElementsAre("mnist-chief-0", "mnist-worker-0"));
+  ASSERT_TRUE(w.job.status.IsTrue(api::kConditionFailed));
+  EXPECT_THAT(Cond(w, api::kConditionFailed)->message,
+              HasSubstr("mnist-worker-1 exited with code 5 (Error): " + why));
+  ASSERT_THAT(EventReasons(plan), ElementsAre("WorkerFailed"));
+  EXPECT_THAT(plan.events[0].note, HasSubstr(why));
+  EXPECT_EQ(w.job.status.restart_count, 0) << "exit code 5 is permanent: no pod is recreated";
+}
+
+// Other images leave their own text (or a crash dump) in the termination
+// message; only a distrain-worker's JSON error is quoted.
+TEST(ReconcileTest, AForeignTerminationMessageIsNotQuotedAsTheCause) {
+  World w = Running(Mwms("ExitCode", kRestartGroup));
+  SetPhase(&w.Pod("mnist-worker-1"), "Failed", 1, "Error");
+  w.Pod("mnist-worker-1")["status"]["containerStatuses"][0]["state"]["terminated"]["message"] =
+      "Traceback (most recent call last): ...";
+  w.Step();
+  ASSERT_TRUE(w.job.status.IsTrue(api::kConditionFailed));
+  EXPECT_THAT(Cond(w, api::kConditionFailed)->message, HasSubstr("exited with code 1 (Error)"));
+  EXPECT_THAT(Cond(w, api::kConditionFailed)->message, Not(HasSubstr("Traceback")));
+}
+
 TEST(ReconcileTest, GenerationRestartWaitsForTheOldPodsThenRunsAgain) {
   World w = Running(Mwms("ExitCode", kRestartGroup));
   SetPhase(&w.Pod("mnist-worker-0"), "Failed", 137, "OOMKilled");

@@ -1,0 +1,210 @@
+#include "worker/collective/nccl/nccl_collective.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/tensor/cuda/device_context.h"
+
+namespace distrain {
+
+struct NcclCollective::Comm {
+  ncclComm_t comm = nullptr;
+  cudaEvent_t inputs_ready = nullptr;  // recorded on the compute stream (step 1)
+  bool aborted = false;                // ncclCommAbort ran; destroy must not
+};
+
+namespace {
+
+absl::Status NcclError(const char* what, ncclResult_t result) {
+  return absl::UnavailableError(
+      absl::StrCat("NCCL ", what, ": ", ncclGetErrorString(result),
+                   result == ncclRemoteError ? " (a peer failed)" : ""));
+}
+
+ncclRedOp_t NcclOp(ReduceOp op) { return op == ReduceOp::kMean ? ncclAvg : ncclSum; }
+
+}  // namespace
+
+NcclCollective::NcclCollective(std::unique_ptr<Comm> comm, int rank, int size, int device)
+    : comm_(std::move(comm)), rank_(rank), size_(size), device_(device) {
+  cuda::DeviceContext::Get(device_);
+  DISTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_->inputs_ready, cudaEventDisableTiming));
+  DISTRAIN_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(float)));
+}
+
+NcclCollective::~NcclCollective() {
+  cuda::DeviceContext& ctx = cuda::DeviceContext::Get(device_);
+  if (!comm_->aborted) {
+    (void)cudaStreamSynchronize(ctx.comm_stream());
+    ncclCommDestroy(comm_->comm);
+  }
+  cudaEventDestroy(comm_->inputs_ready);
+  cudaFree(barrier_word_);
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclCollective>>> NcclCollective::CreateLocalGroup(
+    int devices) {
+  if (devices < 1) return absl::InvalidArgumentError("NCCL group of no devices");
+  std::vector<ncclComm_t> comms(devices);
+  std::vector<int> ordinals(devices);
+  for (int d = 0; d < devices; ++d) {
+    ordinals[d] = d;
+    cuda::DeviceContext::Get(d);  // streams and the device's primary context first
+  }
+  if (ncclResult_t r = ncclCommInitAll(comms.data(), devices, ordinals.data()); r != ncclSuccess) {
+    return NcclError("ncclCommInitAll", r);
+  }
+  std::vector<std::unique_ptr<NcclCollective>> out;
+  for (int d = 0; d < devices; ++d) {
+    auto comm = std::make_unique<Comm>();
+    comm->comm = comms[d];
+    out.push_back(std::unique_ptr<NcclCollective>(new NcclCollective(std::move(comm), d, devices, d)));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> NcclCollective::NewUniqueId() {
+  ncclUniqueId id;
+  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+    return NcclError("ncclGetUniqueId", r);
+  }
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::CreateRank(
+    const std::string& unique_id, int rank, int size, int device) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
+                                                   " bytes, want ", sizeof(id.internal)));
+  }
+  std::copy(unique_id.begin(), unique_id.end(), id.internal);
+  cuda::DeviceContext::Get(device);
+  auto comm = std::make_unique<Comm>();
+  if (ncclResult_t r = ncclCommInitRank(&comm->comm, size, id, rank); r != ncclSuccess) {
+    return NcclError("ncclCommInitRank", r);
+  }
+  return std::unique_ptr<NcclCollective>(new NcclCollective(std::move(comm), rank, size, device));
+}
+
+template <typename Enqueue>
+absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& options,
+                                 int64_t bytes, Enqueue enqueue) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+  }
+  cuda::DeviceContext& ctx = cuda::DeviceContext::Get(device_);
+  // 1.
+  DISTRAIN_CUDA_CHECK(cudaEventRecord(comm_->inputs_ready, ctx.compute_stream()));
+  DISTRAIN_CUDA_CHECK(cudaStreamWaitEvent(ctx.comm_stream(), comm_->inputs_ready, 0));
+  // 2.
+  if (ncclResult_t r = enqueue(ctx.comm_stream()); r != ncclSuccess) return NcclError(what, r);
+  // 3.
+  const absl::Time deadline = absl::Now() + options.timeout;
+  for (int polls = 0;; ++polls) {
+    const cudaError_t state = cudaStreamQuery(ctx.comm_stream());
+    if (state == cudaSuccess) break;
+    DISTRAIN_CHECK(state == cudaErrorNotReady)
+        << "NCCL " << what << " on GPU:" << device_ << ": " << cudaGetErrorString(state);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_->comm, &async);
+    absl::Status failure;
+    if (async != ncclSuccess && async != ncclInProgress) {
+      failure = NcclError(what, async);
+    } else if (absl::Now() > deadline) {
+      failure = absl::DeadlineExceededError(
+          absl::StrCat("NCCL ", what, " ", options.tag, ": not done after ",
+                       absl::FormatDuration(options.timeout), " (a peer stopped)"));
+    } else {
+      absl::MutexLock lock(&mu_);
+      failure = aborted_;
+    }
+    if (!failure.ok()) {
+      // The only way to get a stuck NCCL kernel off the device.
+      if (!comm_->aborted) {
+        ncclCommAbort(comm_->comm);
+        comm_->aborted = true;
+      }
+      absl::MutexLock lock(&mu_);
+      if (aborted_.ok()) aborted_ = failure;
+      return failure;
+    }
+    // Short operations finish within a few polls; long ones should not burn a core.
+    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  absl::MutexLock lock(&mu_);
+  ++stats_.operations;
+  stats_.bytes_sent += bytes;
+  stats_.bytes_received += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCollective::AllReduce(absl::Span<const absl::Span<float>> buffers, ReduceOp op,
+                                       const CollectiveOptions& options) {
+  int64_t bytes = 0;
+  for (const absl::Span<float>& b : buffers) bytes += static_cast<int64_t>(b.size() * sizeof(float));
+  // A ring moves 2 (N-1)/N of the data each way.
+  const int64_t moved = size_ > 1 ? bytes * 2 * (size_ - 1) / size_ : 0;
+  return Run("all-reduce", options, moved, [&](cudaStream_t stream) {
+    ncclResult_t r = ncclGroupStart();
+    for (const absl::Span<float>& b : buffers) {
+      if (r != ncclSuccess) break;
+      if (b.empty()) continue;
+      r = ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat, NcclOp(op), comm_->comm, stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  });
+}
+
+absl::Status NcclCollective::Broadcast(absl::Span<float> buffer, int root,
+                                       const CollectiveOptions& options) {
+  return Run("broadcast", options, static_cast<int64_t>(buffer.size() * sizeof(float)),
+             [&](cudaStream_t stream) {
+               return buffer.empty() ? ncclSuccess
+                                     : ncclBroadcast(buffer.data(), buffer.data(), buffer.size(),
+                                                     ncclFloat, root, comm_->comm, stream);
+             });
+}
+
+absl::Status NcclCollective::AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                       const CollectiveOptions& options) {
+  if (output.size() != input.size() * static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("AllGather: output of ", output.size(),
+                                                   " floats for ", size_, " x ", input.size()));
+  }
+  return Run("all-gather", options, static_cast<int64_t>(output.size() * sizeof(float)),
+             [&](cudaStream_t stream) {
+               return input.empty() ? ncclSuccess
+                                    : ncclAllGather(input.data(), output.data(), input.size(),
+                                                    ncclFloat, comm_->comm, stream);
+             });
+}
+
+absl::Status NcclCollective::Barrier(const CollectiveOptions& options) {
+  // NCCL has no barrier; an all-reduce of one float completes on no rank
+  // before every rank has joined it.
+  return Run("barrier", options, sizeof(float), [&](cudaStream_t stream) {
+    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat, ncclSum, comm_->comm, stream);
+  });
+}
+
+void NcclCollective::Abort(const absl::Status& reason) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) {
+    aborted_ = reason.ok() ? absl::AbortedError("NCCL collective aborted") : reason;
+  }
+}
+
+CollectiveStats NcclCollective::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace distrain

@@ -1,0 +1,105 @@
+#ifndef DISTRAIN_WORKER_TENSOR_CUDA_BACKEND_H_
+#define DISTRAIN_WORKER_TENSOR_CUDA_BACKEND_H_
+
+// The CUDA backend of ops.h (docs/architecture.md §6a): what
+// worker/tensor/ops.cc and ops_window.cc call for tensors on a GPU, and
+// worker/model/optimizer.cc for variables on one. Plain C++ over raw device
+// pointers, like the CPU backend's cpu_math.h and cpu/window_ops.h; the
+// callers have checked shapes and sized the outputs. Each function makes
+// `device` current and queues its work on that device's compute stream
+// (device_context.h); nothing waits unless it says so.
+//
+// Where the work happens:
+//   cublas_ops.cc     MatMul (cuBLAS SGEMM)
+//   cudnn_ops.cc      Conv2D, pooling, batch norm, softmax (cuDNN)
+//   elementwise.cu    activations, dropout, bias broadcasts and sums, global
+//                     average pooling, losses and accuracy, optimizer updates
+//                     — own kernels running the functors of
+//                     worker/tensor/elementwise.h, the math the CPU backend
+//                     runs and the unit tests check on any machine.
+// Layouts are ops.h's: images NHWC, kernels HWIO, row-major matrices.
+//
+// Thread-safety: reentrant; library handles are used under the device
+// context's op lock.
+
+#include <cstdint>
+
+#include "common/model_spec.h"
+#include "worker/tensor/ops.h"
+
+namespace distrain::cuda {
+
+// ---- cublas_ops.cc -----------------------------------------------------------
+// c[m, n] = alpha op(a) op(b) + beta c over row-major matrices.
+void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c);
+
+// ---- cudnn_ops.cc --------------------------------------------------------------
+void Conv2DForward(int device, const ops::Window2D& w, const float* x, const float* kernel,
+                   const float* bias, float* y);
+void Conv2DBackwardData(int device, const ops::Window2D& w, const float* dy, const float* kernel,
+                        float* dx);
+void Conv2DBackwardWeights(int device, const ops::Window2D& w, const float* x, const float* dy,
+                           float* dkernel, float* dbias);
+// cuDNN's pooling backward reads the forward input and output, so the
+// workspace is unused (0 floats) on this backend.
+int64_t Pool2DWorkspaceFloats(ops::PoolKind kind, const ops::Window2D& w);
+void Pool2DForward(int device, ops::PoolKind kind, const ops::Window2D& w, const float* x,
+                   float* y, float* workspace);
+void Pool2DBackward(int device, ops::PoolKind kind, const ops::Window2D& w, const float* x,
+                    const float* y, const float* dy, const float* workspace, float* dx);
+void BatchNormForwardTraining(int device, int64_t m, int64_t c, const float* x,
+                              const float* gamma, const float* beta, float epsilon, float* y,
+                              float* batch_mean, float* batch_var);
+void BatchNormForwardInference(int device, int64_t m, int64_t c, const float* x,
+                               const float* gamma, const float* beta, const float* mean,
+                               const float* var, float epsilon, float* y);
+void BatchNormBackward(int device, int64_t m, int64_t c, const float* x, const float* dy,
+                       const float* gamma, const float* batch_mean, const float* batch_var,
+                       float epsilon, float* dx, float* dgamma, float* dbeta);
+// Softmax over each row of x[rows, cols]; y may alias x. Backward from y.
+void SoftmaxForward(int device, int64_t rows, int64_t cols, const float* x, float* y);
+void SoftmaxBackward(int device, int64_t rows, int64_t cols, const float* y, const float* dy,
+                     float* dx);
+
+// ---- elementwise.cu --------------------------------------------------------------
+void Fill(int device, int64_t n, float value, float* dst);
+// y[r, c] += bias[c] / y[r, c] = bias[c] / dbias[c] = sum_r dy[r, c].
+void BiasAdd(int device, int64_t rows, int64_t cols, const float* bias, float* y);
+void BroadcastBias(int device, int64_t rows, int64_t cols, const float* bias, float* y);
+void BiasGrad(int device, int64_t rows, int64_t cols, const float* dy, float* dbias);
+// Every kind but softmax (SoftmaxForward/Backward above); y may alias x, dx
+// may alias dy; x or y may be null where the kind does not read it (as
+// cpu::ActivationBackward).
+void ActivationForward(int device, ActivationKind kind, int64_t n, const float* x, float* y);
+void ActivationBackward(int device, ActivationKind kind, int64_t n, const float* x,
+                        const float* y, const float* dy, float* dx);
+// mask[i] = DropoutMask{stream, threshold, scale}(i); y = x * mask.
+void DropoutForward(int device, int64_t n, uint64_t stream, uint64_t threshold, float scale,
+                    const float* x, float* y, float* mask);
+// out = a * b; out may alias either.
+void Multiply(int device, int64_t n, const float* a, const float* b, float* out);
+void GlobalAveragePool2DForward(int device, int64_t n, int64_t hw, int64_t c, const float* x,
+                                float* y);
+void GlobalAveragePool2DBackward(int device, int64_t n, int64_t hw, int64_t c, const float* dy,
+                                 float* dx);
+
+// Loss over out[batch, width] and host labels, ops::Loss's semantics for
+// every (kind, from_logits): returns the loss summed over the rows (double,
+// summed on the host from per-row values) and the rows the accuracy metric
+// counts; grad, when not null, receives grad_scale * d(row loss)/d(out) on
+// the device. Copies the labels in and the per-row results out, so it waits
+// for the device: the step's one synchronisation point.
+ops::LossSums Loss(int device, LossKind kind, bool from_logits, int64_t batch, int64_t width,
+                   const float* out, const int32_t* host_labels, float grad_scale, float* grad);
+
+// Optimizer updates, the same rules and argument order as cpu_math.h.
+void SgdUpdate(int device, int64_t n, float lr, const float* g, float* w);
+void MomentumUpdate(int device, int64_t n, float lr, float momentum, bool nesterov,
+                    const float* g, float* v, float* w);
+void AdamUpdate(int device, int64_t n, float lr_t, float beta1, float beta2, float epsilon,
+                const float* g, float* m, float* v, float* w);
+
+}  // namespace distrain::cuda
+
+#endif  // DISTRAIN_WORKER_TENSOR_CUDA_BACKEND_H_
