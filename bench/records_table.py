@@ -45,9 +45,28 @@ def ratios(value, path=""):
     return out
 
 
+def allreduce_headline(record):
+    """allreduce_busbw: distrain's speed over each peer's (peer time / distrain
+    time) at 64 MiB, 1 MiB and 4 KiB, for each N, from the raw medians."""
+    rows = [f for f in record.get("figures", []) if isinstance(f, dict) and "distrain_median_s" in f]
+    peers = [side for side in record.get("sides", []) if side != "distrain"]
+    parts = []
+    for size, label in ((64 << 20, "64M"), (1 << 20, "1M"), (4 << 10, "4K")):
+        for peer in peers:
+            by_n = [f"{f['ranks']}:{f[peer + '_median_s'] / f['distrain_median_s']:.2f}"
+                    for f in rows if f.get("bytes") == size and f.get(peer + "_median_s")]
+            if by_n:
+                parts.append(f"{label} x{peer} N " + " ".join(by_n))
+    return "; ".join(parts)
+
+
 def headline(record):
     if record.get("headline"):
         return record["headline"]
+    if record.get("benchmark") == "allreduce_busbw":
+        derived = allreduce_headline(record)
+        if derived:
+            return derived
     parts = [f"{p} {v:.3g}" for p, v in ratios(record.get("figures", record))]
     return "; ".join(parts) if parts else "(no ratio figures; see the record)"
 
