@@ -153,10 +153,6 @@ void ExposeGpus(Json* main, int gpus) {
   }
 }
 
-bool IsTrainingType(ReplicaType type) {
-  return type == ReplicaType::kChief || type == ReplicaType::kWorker;
-}
-
 // A securityContext object of `holder`, made an object if it is not one.
 Json& SecurityContext(Json* holder) {
   Json& sc = (*holder)["securityContext"];
@@ -272,13 +268,10 @@ int TemplateGpus(const nlohmann::json& pod_template) {
 StrategyChoice ResolveStrategy(const api::DistributedTrainingJob& job) {
   const JobConfig& c = job.spec;
   if (c.strategy != StrategyKind::kAuto) return {c.strategy, ""};
-  // The GPUs the Worker template asks for stand for the ones the pod will see
-  // (NCCL asks for at least one); nothing is measured here.
+  // The GPUs the Worker template asks for stand for the ones the pod will see;
+  // nothing is measured here.
   DeviceFacts facts;
   facts.gpus = TemplateGpus(job.Template(ReplicaType::kWorker));
-  if (facts.gpus == 0 && c.training.communication.implementation == CollectiveImplementation::kNccl) {
-    facts.gpus = 1;
-  }
   return ChooseAutoStrategy(c, facts);
 }
 
@@ -306,6 +299,20 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
     }
   }
   if (absl::Status queue = ValidateKueueQueue(job, t.config); !queue.ok()) return queue;
+  // NCCL runs on GPUs the template asks for; the operator never adds a GPU
+  // request of its own, so a job that asks for NCCL without GPUs fails here,
+  // before any pod exists (and so before any pod holds a GPU).
+  if (t.config.training.communication.implementation == CollectiveImplementation::kNccl &&
+      t.config.strategy != StrategyKind::kTPU) {
+    for (ReplicaType type : {ReplicaType::kChief, ReplicaType::kWorker}) {
+      if (t.config.replicas_of(type) == 0 || TemplateGpus(job.Template(type)) > 0) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.training.communication.implementation: NCCL all-reduces between GPUs, but "
+          "spec.replicaSpecs.", ReplicaTypeName(type),
+          ".template requests no nvidia.com/gpu; request one GPU per local replica in its "
+          "main container's resources.limits, or use implementation: Ring to train on CPUs"));
+    }
+  }
   if (t.config.strategy == StrategyKind::kAuto) {
     const StrategyChoice choice = ResolveStrategy(job);
     t.config.strategy = choice.strategy;
@@ -491,14 +498,8 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
     pod["metadata"]["annotations"][kReportsProgressAnnotation] = "true";
   }
 
-  // Devices.
-  int default_gpus = 0;
-  if (IsTrainingType(id.type) &&
-      config.training.communication.implementation == CollectiveImplementation::kNccl &&
-      config.strategy != StrategyKind::kTPU) {
-    default_gpus = std::max(1, config.training.local_replicas);
-  }
-  NormalizeDevice(main, kGpuResource, default_gpus);
+  // Devices: as the template asks, never more.
+  NormalizeDevice(main, kGpuResource, 0);
   NormalizeDevice(main, kTpuResource, 0);
   ExposeGpus(main, ResourceCount(main, kGpuResource));
 

@@ -47,10 +47,10 @@
 //
 // Devices. A job asks for GPUs or TPUs in the main container's resources
 // (nvidia.com/gpu, google.com/tpu; a request alone is copied to the limit and
-// the other way round, as extended resources need both equal). A job that
-// chooses NCCL (spec.training.communication.implementation) without asking
-// for GPUs gets max(1, spec.training.localReplicas) nvidia.com/gpu per
-// training pod, since NCCL cannot run without them. Every pod's main
+// the other way round, as extended resources need both equal). The operator
+// never adds a device request: a job that chooses NCCL
+// (spec.training.communication.implementation) without asking for GPUs in
+// its Chief and Worker templates is an invalid spec (BuildTopology). Every pod's main
 // container gets DISTRAIN_POD_GPUS (the GPUs it holds; the worker refuses to
 // hold GPUs it would not use), and one that holds none gets
 // NVIDIA_VISIBLE_DEVICES=void unless its template sets it, so a CPU pod does
@@ -166,7 +166,7 @@ struct Topology {
 
 // Resolves spec.strategy Auto from what the job asks for (examples/auto.yaml)
 // by the rule table every part shares (common/auto_strategy.h), with the
-// GPUs the Worker template requests (NCCL: at least one) and no measurement.
+// GPUs the Worker template requests and no measurement.
 // Any other strategy is returned unchanged, with an empty reason.
 StrategyChoice ResolveStrategy(const api::DistributedTrainingJob& job);
 

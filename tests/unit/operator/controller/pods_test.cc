@@ -341,7 +341,7 @@ TEST(BuildPodTest, TemplateIsKeptAndTheContractOverridesIt) {
   EXPECT_EQ(plan.services_to_create[0]["spec"]["ports"][0]["port"], 3333);
 }
 
-TEST(BuildPodTest, GpusAreNormalisedAndNcclAsksForThem) {
+TEST(BuildPodTest, GpuRequestsAreNormalised) {
   World mirrored{MakeJob(R"(  strategy: Mirrored
   replicaSpecs:
     Worker:
@@ -357,11 +357,40 @@ TEST(BuildPodTest, GpusAreNormalisedAndNcclAsksForThem) {
   EXPECT_EQ(res["requests"][kGpuResource], 4);
   EXPECT_EQ(res["limits"]["cpu"], "8");
   EXPECT_FALSE(res["requests"].contains("cpu"));
+}
 
-  World nccl{MakeJob(R"(  strategy: MultiWorkerMirrored
+// NCCL runs on the GPUs the templates ask for: the operator adds no device
+// request, and a job asking for NCCL without GPUs in a training template is
+// refused before any pod exists, naming the field and the template.
+TEST(BuildPodTest, NcclWithoutGpusInATrainingTemplateIsAnInvalidSpec) {
+  const std::string without = R"(  strategy: MultiWorkerMirrored
   replicaSpecs:
     Chief: {replicas: 1}
     Worker: {replicas: 1}
+    Evaluator: {replicas: 1}
+  training:
+    localReplicas: 2
+    globalBatchSize: 64
+    communication: {implementation: NCCL}
+)";
+  absl::StatusOr<Topology> refused = BuildTopology(MakeJob(without), ControllerOptions{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::StartsWith("spec.training.communication.implementation: NCCL"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("spec.replicaSpecs.Chief.template requests no nvidia.com/gpu"));
+
+  World nccl{MakeJob(R"(  strategy: MultiWorkerMirrored
+  replicaSpecs:
+    Chief:
+      template:
+        spec:
+          containers: [{name: distrain, resources: {limits: {nvidia.com/gpu: 2}}}]
+    Worker:
+      template:
+        spec:
+          containers: [{name: distrain, resources: {limits: {nvidia.com/gpu: 2}}}]
     Evaluator: {replicas: 1}
   training:
     localReplicas: 2
@@ -375,12 +404,10 @@ TEST(BuildPodTest, GpusAreNormalisedAndNcclAsksForThem) {
     EXPECT_EQ(r["limits"][kGpuResource], 2);
     EXPECT_EQ(r["requests"][kGpuResource], 2);
   }
-  EXPECT_FALSE((*MainContainer(plan.pods_to_create[2]["spec"])).contains("resources"));
+  EXPECT_FALSE((*MainContainer(plan.pods_to_create[2]["spec"])).contains("resources"))
+      << "the evaluator asked for nothing and gets nothing";
 }
 
-// The worker learns how many GPUs its pod holds (it refuses to keep them idle,
-// common/device_use.h), and a pod that holds none does not see the node's GPUs
-// through an image that exposes them all — unless its template chose.
 TEST(BuildPodTest, PodsSayWhatGpusTheyHoldAndCpuPodsSeeNone) {
   World gpus{MakeJob(R"(  strategy: Mirrored
   replicaSpecs:
