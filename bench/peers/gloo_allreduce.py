@@ -8,38 +8,24 @@ gloo over TCP on the loopback interface (GLOO_SOCKET_IFNAME=lo): PyTorch's
 CPU collective, the one DistributedDataParallel uses without GPUs. In place
 on one buffer, call after call, as the distrain and MPI sides do.
 
-Same protocol as the distrain side (bench/allreduce_busbw.cc):
-  1. input value(i, r) = (7 i + 3 r) mod 11; the first all-reduce is checked on
-     every rank against the exact sum;
-  2. `warmup` more calls; rank 0 picks the iteration count (>= target seconds,
-     >= min_iters, <= max_iters), shared by an all-reduce of rank 0's choice;
-  3. each call timed on its own on rank 0; the median is reported.
+Same protocol as the distrain side (peer_protocol.py).
 
 Rank 0 prints one line per size:
   RESULT {"side": "gloo", "ranks": N, "bytes": B, "iters": K, "median_s": T, "mean_s": T}
 Exit 1 (with a message) when a result is wrong.
 """
-import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from peer_protocol import iterations_wanted, parse_args, print_result  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--sizes", default="4096,65536,1048576,16777216,67108864",
-                help="comma-separated byte counts (multiples of 4)")
-ap.add_argument("--warmup", type=int, default=5)
-ap.add_argument("--min-iters", type=int, default=5)
-ap.add_argument("--max-iters", type=int, default=20000)
-ap.add_argument("--target-seconds", type=float, default=0.5)
-ap.add_argument("--timeout-seconds", type=float, default=300)
-args = ap.parse_args()
+args = parse_args()
 
 tf_config = json.loads(os.environ["TF_CONFIG"])
 rank = tf_config["task"]["index"]
@@ -72,10 +58,7 @@ for size_bytes in (int(s) for s in args.sizes.split(",")):
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         dist.all_reduce(work, op=dist.ReduceOp.SUM)
-    per_op = (time.perf_counter() - t0) / max(args.warmup, 1)
-    iters = args.min_iters
-    if per_op > 0:
-        iters = max(iters, min(args.max_iters, int(args.target_seconds / per_op) + 1))
+    iters = iterations_wanted((time.perf_counter() - t0) / max(args.warmup, 1), args)
     share = torch.tensor([float(iters) if rank == 0 else 0.0])
     dist.all_reduce(share, op=dist.ReduceOp.SUM)
     iters = int(share.item())
@@ -87,8 +70,6 @@ for size_bytes in (int(s) for s in args.sizes.split(",")):
         dist.all_reduce(work, op=dist.ReduceOp.SUM)
         times.append(time.perf_counter() - a)
     if rank == 0:
-        print("RESULT " + json.dumps({"side": "gloo", "ranks": world, "bytes": size_bytes,
-                                      "iters": iters, "median_s": statistics.median(times),
-                                      "mean_s": statistics.fmean(times)}), flush=True)
+        print_result("gloo", world, size_bytes, times)
 
 dist.destroy_process_group()

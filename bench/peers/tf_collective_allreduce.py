@@ -9,40 +9,25 @@ ReplicaContext.all_reduce(SUM, t) inside strategy.run inside a tf.function
 (TF lowers it to CollectiveReduceV2 with the ring implementation over its gRPC
 worker service).
 
-Same protocol as the distrain side (bench/allreduce_busbw.cc):
-  1. input value(i, r) = (7 i + 3 r) mod 11; the first all-reduce (which also
-     traces the function) is checked on every rank against the exact sum;
-  2. `warmup` more calls; rank 0 times them and picks the iteration count
-     (>= target seconds, >= min_iters, <= max_iters), shared by an all-reduce
-     where only rank 0 contributes;
-  3. each call timed on its own on rank 0; the median is reported.
-TF's all-reduce is out of place (the input tensor is not modified), so the
-input stays the same for every call.
+Same protocol as the distrain side (peer_protocol.py). TF's all-reduce is
+out of place (the input tensor is not modified), so the input stays the same
+for every call.
 
 Rank 0 prints one line per size:
   RESULT {"side": "tf", "ranks": N, "bytes": B, "iters": K, "median_s": T, "mean_s": T}
 Exit 1 (with a message) when a result is wrong.
 """
-import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from peer_protocol import iterations_wanted, parse_args, print_result  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--sizes", default="4096,65536,1048576,16777216,67108864",
-                help="comma-separated byte counts (multiples of 4)")
-ap.add_argument("--warmup", type=int, default=5)
-ap.add_argument("--min-iters", type=int, default=5)
-ap.add_argument("--max-iters", type=int, default=20000)
-ap.add_argument("--target-seconds", type=float, default=0.5)
-ap.add_argument("--timeout-seconds", type=float, default=300)
-args = ap.parse_args()
+args = parse_args()
 
 tf_config = json.loads(os.environ["TF_CONFIG"])
 rank = tf_config["task"]["index"]
@@ -95,10 +80,7 @@ for size_bytes in (int(s) for s in args.sizes.split(",")):
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         local(all_reduce(x))
-    per_op = (time.perf_counter() - t0) / max(args.warmup, 1)
-    iters = args.min_iters
-    if per_op > 0:
-        iters = max(iters, min(args.max_iters, int(args.target_seconds / per_op) + 1))
+    iters = iterations_wanted((time.perf_counter() - t0) / max(args.warmup, 1), args)
     share = tf.constant([float(iters) if rank == 0 else 0.0])
     iters = int(local(all_reduce(share)).numpy()[0])
 
@@ -109,6 +91,4 @@ for size_bytes in (int(s) for s in args.sizes.split(",")):
         local(all_reduce(x))
         times.append(time.perf_counter() - a)
     if rank == 0:
-        print("RESULT " + json.dumps({"side": "tf", "ranks": world, "bytes": size_bytes, "iters": iters,
-                                      "median_s": statistics.median(times),
-                                      "mean_s": statistics.fmean(times)}), flush=True)
+        print_result("tf", world, size_bytes, times)

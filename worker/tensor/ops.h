@@ -80,6 +80,12 @@ struct Window2D {
   int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1;
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   bool operator==(const Window2D&) const = default;
+  // Every field, in declaration order: the backends' per-geometry caches
+  // key on it.
+  std::array<int64_t, 15> Fields() const {
+    return {batch,    in_h,     in_w,     in_c,       out_h,   out_w,    out_c,    kernel_h,
+            kernel_w, stride_h, stride_w, pad_top, pad_bottom, pad_left, pad_right};
+  }
 };
 Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, int64_t out_c,
                        std::array<int64_t, 2> kernel, std::array<int64_t, 2> strides,

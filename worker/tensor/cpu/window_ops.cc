@@ -67,25 +67,13 @@ enum class PrimKind : int64_t {
 using Key = std::array<int64_t, 19>;
 
 Key WindowKey(PrimKind kind, const Window2D& w, int64_t flag) {
-  return {static_cast<int64_t>(kind),
-          w.batch,
-          w.in_h,
-          w.in_w,
-          w.in_c,
-          w.out_h,
-          w.out_w,
-          w.out_c,
-          w.kernel_h,
-          w.kernel_w,
-          w.stride_h,
-          w.stride_w,
-          w.pad_top,
-          w.pad_bottom,
-          w.pad_left,
-          w.pad_right,
-          flag,
-          omp_get_max_threads(),
-          0};
+  Key key{};
+  key[0] = static_cast<int64_t>(kind);
+  const std::array<int64_t, 15> fields = w.Fields();
+  std::copy(fields.begin(), fields.end(), key.begin() + 1);
+  key[16] = flag;
+  key[17] = omp_get_max_threads();
+  return key;
 }
 
 // A tensor argument the primitive wants in another layout than the caller's

@@ -392,24 +392,12 @@ ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
 using AlgoKey = std::array<int64_t, 18>;
 
 AlgoKey MakeAlgoKey(ConvPass pass, int device, const Window2D& w) {
-  return {static_cast<int64_t>(pass),
-          device,
-          w.batch,
-          w.in_h,
-          w.in_w,
-          w.in_c,
-          w.out_h,
-          w.out_w,
-          w.out_c,
-          w.kernel_h,
-          w.kernel_w,
-          w.stride_h,
-          w.stride_w,
-          w.pad_top,
-          w.pad_bottom,
-          w.pad_left,
-          w.pad_right,
-          0};
+  AlgoKey key{};
+  key[0] = static_cast<int64_t>(pass);
+  key[1] = device;
+  const std::array<int64_t, 15> fields = w.Fields();
+  std::copy(fields.begin(), fields.end(), key.begin() + 2);
+  return key;
 }
 
 struct AlgoCache {
