@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU checks, for a machine with a GPU that cannot build distrain: the
+# GPU-vs-CPU op tests, models trained on a GPU against the CPU, NCCL across
+# the visible GPUs, the CUDA probe (docs/architecture.md §6a).
+#
+#   scripts/gpu-check.sh pack   here, after scripts/build.sh: writes .gpu/
+#                               (git-ignored, ~35 MB): the stripped test
+#                               binary, libcudart, and an xz archive of the
+#                               Debian libraries it links (not the CUDA
+#                               libraries a GPU machine has)
+#   scripts/gpu-check.sh run    there, in a copy of the repo carrying .gpu/:
+#                               unpacks, finds cuBLAS, cuDNN and NCCL on the
+#                               machine (a CUDA toolkit, or the nvidia-* Python
+#                               packages beside an installed PyTorch), runs the
+#                               GPU suites; the log goes to $OUT when set
+#
+# Exit status: the test binary's (0 = every GPU test passed; GoogleTest prints
+# SKIPPED when no GPU was seen, which `run` turns into a failure, since the
+# point is to run them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
+PACK=.gpu
+FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*NcclCollectiveTest*:*CudaProbeTest*'
+
+case "${1:-}" in
+  pack)
+    bin="$BUILD_DIR/tests/worker_unit_tests"
+    [ -x "$bin" ] || { echo "gpu-check: $bin is missing: run scripts/build.sh first" >&2; exit 2; }
+    ldd "$bin" | grep -q libcudart || {
+      echo "gpu-check: $bin is a CPU-only build (no libcudart): nothing to check on a GPU" >&2; exit 2; }
+    rm -rf "$PACK" && mkdir -p "$PACK/lib"
+    strip -o "$PACK/worker_unit_tests" "$bin"
+    # Everything the binary loads except the C runtime (any machine has a
+    # compatible one) and the CUDA libraries a GPU machine brings; libcudart
+    # travels, as it must match the toolkit the kernels were built with.
+    ldd "$bin" | awk '/=>/ {print $3}' |
+      grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+      grep -v -E '/lib(cublas|cublasLt|cudnn|nccl)\.so' |
+      while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
+    tar -cJf "$PACK/lib.tar.xz" -C "$PACK/lib" . && rm -rf "$PACK/lib"
+    du -sh "$PACK"
+    ;;
+  run)
+    [ -f "$PACK/lib.tar.xz" ] || { echo "gpu-check: no $PACK/: run 'scripts/gpu-check.sh pack' here first and carry $PACK" >&2; exit 2; }
+    libs=/tmp/distrain-gpu-libs
+    rm -rf "$libs" && mkdir -p "$libs" && tar -xJf "$PACK/lib.tar.xz" -C "$libs"
+    search="$libs"
+    for dir in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null); do
+      [ -d "$dir" ] && search="$search:$dir"
+    done
+    export LD_LIBRARY_PATH="$search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    out="${OUT:-/tmp}"
+    nvidia-smi -L 2>&1 | tee "$out/gpu-check.log" || true
+    if ldd "$PACK/worker_unit_tests" | grep "not found"; then
+      echo "gpu-check: libraries missing on this machine (above)" | tee -a "$out/gpu-check.log"; exit 3
+    fi
+    set +e
+    "$PACK/worker_unit_tests" --gtest_filter="$FILTER" 2>&1 | tee -a "$out/gpu-check.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    if grep -q "SKIPPED" "$out/gpu-check.log"; then
+      echo "gpu-check: GPU tests were skipped: no GPU seen" | tee -a "$out/gpu-check.log"; exit 4
+    fi
+    exit "$rc"
+    ;;
+  *)
+    sed -n '2,21p' "$0" >&2; exit 2 ;;
+esac
