@@ -4,8 +4,10 @@
 # the visible GPUs, the CUDA probe (docs/architecture.md §6a).
 #
 #   scripts/gpu-check.sh pack   here, after scripts/build.sh: writes .gpu/
-#                               (git-ignored, ~35 MB): the stripped test
-#                               binary, libcudart, and an xz archive of the
+#                               (git-ignored, ~40 MB): the stripped test
+#                               binary and distrain-worker (its --devices
+#                               measures the links Auto decides on),
+#                               libcudart, and an xz archive of the
 #                               Debian libraries it links (not the CUDA
 #                               libraries a GPU machine has)
 #   scripts/gpu-check.sh run    there, in a copy of the repo carrying .gpu/:
@@ -21,20 +23,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 PACK=.gpu
-FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*NcclCollectiveTest*:*CudaProbeTest*'
+FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*NcclCollectiveTest*:*CudaProbeTest*:*TopologyTest*'
 
 case "${1:-}" in
   pack)
     bin="$BUILD_DIR/tests/worker_unit_tests"
-    [ -x "$bin" ] || { echo "gpu-check: $bin is missing: run scripts/build.sh first" >&2; exit 2; }
+    worker="$BUILD_DIR/worker/distrain-worker"
+    for b in "$bin" "$worker"; do
+      [ -x "$b" ] || { echo "gpu-check: $b is missing: run scripts/build.sh first" >&2; exit 2; }
+    done
     ldd "$bin" | grep -q libcudart || {
       echo "gpu-check: $bin is a CPU-only build (no libcudart): nothing to check on a GPU" >&2; exit 2; }
     rm -rf "$PACK" && mkdir -p "$PACK/lib"
     strip -o "$PACK/worker_unit_tests" "$bin"
+    strip -o "$PACK/distrain-worker" "$worker"
     # Everything the binary loads except the C runtime (any machine has a
     # compatible one) and the CUDA libraries a GPU machine brings; libcudart
     # travels, as it must match the toolkit the kernels were built with.
-    ldd "$bin" | awk '/=>/ {print $3}' |
+    { ldd "$bin"; ldd "$worker"; } | awk '/=>/ {print $3}' | sort -u |
       grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
       grep -v -E '/lib(cublas|cublasLt|cudnn|nccl)\.so' |
       while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
@@ -55,6 +61,7 @@ case "${1:-}" in
     if ldd "$PACK/worker_unit_tests" | grep "not found"; then
       echo "gpu-check: libraries missing on this machine (above)" | tee -a "$out/gpu-check.log"; exit 3
     fi
+    "$PACK/distrain-worker" --devices 2>&1 | tee -a "$out/gpu-check.log" || true
     set +e
     "$PACK/worker_unit_tests" --gtest_filter="$FILTER" 2>&1 | tee -a "$out/gpu-check.log"
     rc=${PIPESTATUS[0]}
@@ -65,5 +72,5 @@ case "${1:-}" in
     exit "$rc"
     ;;
   *)
-    sed -n '2,21p' "$0" >&2; exit 2 ;;
+    sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac

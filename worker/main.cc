@@ -44,6 +44,7 @@
 #include "worker/trainer.h"
 #ifdef DISTRAIN_HAVE_CUDA
 #include "worker/tensor/cuda/device_probe.h"
+#include "worker/tensor/cuda/topology.h"
 #endif
 
 namespace {
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
   std::string config_file, tf_config_flag, checkpoint_dir_flag, log_level = "info";
   int metrics_port_flag = -1;
   bool version = false;
+  bool devices = false;
   app.add_option("--config", config_file,
                  "DistributedTrainingJob YAML to read instead of DISTRAIN_JOB_CONFIG");
   app.add_option("--tf-config", tf_config_flag, "TF_CONFIG JSON (overrides the environment)");
@@ -157,6 +159,9 @@ int main(int argc, char** argv) {
                  "checkpoint directory (overrides DISTRAIN_CHECKPOINT_DIR)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   app.add_flag("--version", version, "print the version and exit");
+  app.add_flag("--devices", devices,
+               "measure the GPUs' copy bandwidths (host<->GPU, GPU<->GPU: what Auto decides "
+               "on) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -166,6 +171,14 @@ int main(int argc, char** argv) {
   // distrain run sets each process's share; default one per core), so
   // oneDNN's OpenMP team and OpenBLAS agree. Replica threads set their own.
   ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
+  if (devices) {
+#ifdef DISTRAIN_HAVE_CUDA
+    std::cout << cuda::MeasureTopology().ToString() << "\n";
+#else
+    std::cout << "no GPUs: this is a CPU-only build of distrain\n";
+#endif
+    return kExitOk;
+  }
   if (version) {
     std::cout << "distrain-worker " << DISTRAIN_VERSION << "\n";
 #ifdef DISTRAIN_HAVE_CUDA
