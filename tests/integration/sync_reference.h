@@ -178,22 +178,24 @@ struct SyncCluster {
   }
 };
 
-// OneDevice on SyncJobYaml's job for kReferenceSteps, trained once per test binary.
-inline const std::map<std::string, Tensor>& OneDeviceReference() {
-  static const auto* reference = [] {
-    const std::string dir = FreshTempDir("onedevice_reference");
-    const std::string job =
-        WriteTextFile(dir + "/job.yaml",
-                      SyncJobYaml("OneDevice", "    Worker: {replicas: 1}\n", kReferenceSteps));
-    Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
-                      {{"OPENBLAS_NUM_THREADS", "1"}});
-    auto rc = worker.Wait(120);
-    EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
-    auto* vars = new std::map<std::string, Tensor>(FinalVariables(dir + "/ckpt"));
-    std::filesystem::remove_all(dir);
-    return vars;
-  }();
-  return *reference;
+// OneDevice on SyncJobYaml's job for `steps` (kReferenceSteps unless a test
+// needs a longer job), trained once per test binary and step count.
+inline const std::map<std::string, Tensor>& OneDeviceReference(int steps = kReferenceSteps) {
+  static std::map<int, std::map<std::string, Tensor>>* references =
+      new std::map<int, std::map<std::string, Tensor>>();
+  auto it = references->find(steps);
+  if (it != references->end()) return it->second;
+  const std::string dir = FreshTempDir("onedevice_reference");
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml", SyncJobYaml("OneDevice", "    Worker: {replicas: 1}\n", steps));
+  Subprocess worker({WorkerBinary(), "--config", job, "--checkpoint-dir", dir + "/ckpt"},
+                    {{"OPENBLAS_NUM_THREADS", "1"}});
+  auto rc = worker.Wait(120);
+  EXPECT_TRUE(rc.has_value() && *rc == 0) << worker.output();
+  auto& vars = (*references)[steps];
+  vars = FinalVariables(dir + "/ckpt", steps);
+  std::filesystem::remove_all(dir);
+  return vars;
 }
 
 }  // namespace distrain::testing
