@@ -145,37 +145,44 @@ void FreeFloats(int device, float* block, int64_t count) {
                                               static_cast<size_t>(count) * sizeof(float));
 }
 
-void CopyHostToDevice(int device, const float* host, float* dst, int64_t count) {
+namespace {
+
+// A host<->device transfer piece by piece through the device's pinned
+// staging buffer: the copy engine reads and writes pinned memory at full
+// speed, and the host's memcpy into or out of it is the only extra pass.
+// Each piece waits for its copy, since the next piece (and the next call)
+// reuses the buffer.
+void StagedCopy(int device, const float* host_src, float* host_dst, const float* device_src,
+                float* device_dst, int64_t count) {
   DeviceContext& ctx = DeviceContext::Get(device);
   const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  const bool to_device = device_dst != nullptr;
   absl::MutexLock lock(&ctx.staging_mutex());
-  // Piece by piece through the pinned buffer: the copy engine reads pinned
-  // memory at full speed, and the host's copy into it is the only extra pass.
   for (size_t done = 0; done < bytes;) {
     const size_t piece = std::min(bytes - done, ctx.staging_capacity());
-    void* staging = ctx.Staging(piece);
-    std::memcpy(staging, reinterpret_cast<const char*>(host) + done, piece);
-    DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(dst) + done, staging, piece,
-                                        cudaMemcpyHostToDevice, ctx.compute_stream()));
-    // The staging buffer is reused by the next piece (and the next call).
+    char* staging = static_cast<char*>(ctx.Staging(piece));
+    if (to_device) {
+      std::memcpy(staging, reinterpret_cast<const char*>(host_src) + done, piece);
+      DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(device_dst) + done, staging,
+                                          piece, cudaMemcpyHostToDevice, ctx.compute_stream()));
+    } else {
+      DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(staging, reinterpret_cast<const char*>(device_src) + done,
+                                          piece, cudaMemcpyDeviceToHost, ctx.compute_stream()));
+    }
     DISTRAIN_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+    if (!to_device) std::memcpy(reinterpret_cast<char*>(host_dst) + done, staging, piece);
     done += piece;
   }
 }
 
+}  // namespace
+
+void CopyHostToDevice(int device, const float* host, float* dst, int64_t count) {
+  StagedCopy(device, host, nullptr, nullptr, dst, count);
+}
+
 void CopyDeviceToHost(int device, const float* src, float* host, int64_t count) {
-  DeviceContext& ctx = DeviceContext::Get(device);
-  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
-  absl::MutexLock lock(&ctx.staging_mutex());
-  for (size_t done = 0; done < bytes;) {
-    const size_t piece = std::min(bytes - done, ctx.staging_capacity());
-    void* staging = ctx.Staging(piece);
-    DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(staging, reinterpret_cast<const char*>(src) + done,
-                                        piece, cudaMemcpyDeviceToHost, ctx.compute_stream()));
-    DISTRAIN_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
-    std::memcpy(reinterpret_cast<char*>(host) + done, staging, piece);
-    done += piece;
-  }
+  StagedCopy(device, nullptr, host, src, nullptr, count);
 }
 
 void CopyDeviceToDevice(int src_device, const float* src, int dst_device, float* dst,
