@@ -176,13 +176,22 @@ void Model::Finalize(std::string summary) {
 }
 
 const Tensor& Model::LayerInput(const Tensor& features) {
-  if (!reshape_input_) return features;
+  const bool elsewhere = features.device_id() != device_;
+  if (!reshape_input_ && !elsewhere) return features;
   // Batches arrive flat, [batch, prod(example_shape)]; image layers take
   // [batch, rows, cols, channels], the same elements in the same order.
-  std::vector<int64_t> shape = {features.rank() == 0 ? 0 : features.dim(0)};
-  shape.insert(shape.end(), example_shape_.begin(), example_shape_.end());
-  if (features.shape() == shape) return features;
-  CopyReshaped(features, std::move(shape), &input_);
+  std::vector<int64_t> shape = features.shape();
+  if (reshape_input_) {
+    shape = {features.rank() == 0 ? 0 : features.dim(0)};
+    shape.insert(shape.end(), example_shape_.begin(), example_shape_.end());
+  }
+  if (features.shape() == shape && !elsewhere) return features;
+  // One copy, to the model's device (the batch arrives in host memory: every
+  // strategy and the evaluator feed host tensors; the labels stay there).
+  input_.Resize(features.shape(), device_);
+  ops::Copy(features, &input_);
+  // Resize to the same element count keeps the storage and the elements.
+  input_.Resize(std::move(shape));
   return input_;
 }
 

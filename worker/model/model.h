@@ -47,6 +47,11 @@ class Model {
     return Create(config, std::vector<int64_t>{input_dim}, num_classes, seed);
   }
 
+  // `features` may be on any device: a batch elsewhere than the model (the
+  // host batch of a model on a GPU) is copied to the model's device first,
+  // here and in Evaluate / Predict — the one place inputs reach a replica's
+  // device. Labels are always host memory (the loss reads them there).
+  //
   // Forward + backward on one batch; overwrites every parameter's grad with
   // the gradient of the batch-mean loss. After the parameter grads of a layer
   // are final, calls on_layer_grads_ready(layer_index) — last layer first —
@@ -67,7 +72,8 @@ class Model {
   LossResult Evaluate(const Tensor& features, absl::Span<const int32_t> labels);
   // The model's output in inference mode, as Keras' model.predict returns it
   // (the output layer's activation applied: probabilities after a softmax),
-  // [batch, output...]. Valid until the next call on this model.
+  // [batch, output...], on the model's device. Valid until the next call on
+  // this model.
   const Tensor& Predict(const Tensor& features);
 
   // Trainable variables. Stable order: layers first to last, kernel before bias.
@@ -85,8 +91,8 @@ class Model {
   // parameters() grouped by layer index (empty for parameter-free layers).
   std::vector<std::vector<Parameter*>> parameters_by_layer();
   int num_layers() const { return static_cast<int>(layers_.size()); }
-  // Moves every variable to `device` (a new model is on the host). Feed it
-  // features on the same device; labels stay on the host.
+  // Moves every variable to `device` (a new model is on the host). Features
+  // may stay on the host (TrainStep copies them); labels stay on the host.
   void MoveTo(DeviceId device);
   DeviceId device() const { return device_; }
   // With `factored`, TrainStep leaves each Dense kernel's gradient as its
@@ -136,7 +142,7 @@ class Model {
   std::vector<Tensor> grads_;        // grads_[i] = dL/d(input of layer i)
   bool reshape_input_ = false;       // image models take [batch, rows, cols, channels]
   DeviceId device_;                  // where the variables live
-  Tensor input_;                     // the batch reshaped for them
+  Tensor input_;                     // the batch reshaped for them, on device_
   Tensor grad_logits_;
   Tensor activated_output_;           // output_activation_ applied, for the metric
   std::vector<bool> has_parameters_;  // per layer; saves a vector per layer per step

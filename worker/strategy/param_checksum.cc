@@ -2,14 +2,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 
 uint64_t ParameterChecksum(Model& model) {
   uint64_t hash = 0xcbf29ce484222325ULL;  // FNV-1a offset basis
+  Tensor host;  // a GPU replica's parameter, copied to the host to be hashed
   for (const Parameter* p : model.parameters()) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.data());
-    for (int64_t i = 0; i < p->value.bytes(); ++i) {
+    const Tensor* value = &p->value;
+    if (!value->on_host()) {
+      ops::Copy(*value, &host);
+      value = &host;
+    }
+    const auto* bytes = reinterpret_cast<const unsigned char*>(value->data());
+    for (int64_t i = 0; i < value->bytes(); ++i) {
       hash ^= bytes[i];
       hash *= 0x100000001b3ULL;  // FNV prime
     }

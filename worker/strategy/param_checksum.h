@@ -16,7 +16,8 @@ namespace distrain {
 
 // FNV-1a (64-bit) over the bytes of every parameter value, in
 // Model::parameters() order. Equal iff (with overwhelming probability) the
-// models hold bit-identical parameters.
+// models hold bit-identical parameters. A model on a GPU is hashed from host
+// copies of its parameters, so the value does not depend on the device.
 uint64_t ParameterChecksum(Model& model);
 
 // The checksum of models[0] after checking that every model has the same

@@ -6,13 +6,42 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/tensor/ops.h"
+#include "worker/tensor/ops_dispatch.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/device_memory.h"
+#endif
 
 namespace distrain {
 namespace {
 constexpr char kVariablePrefix[] = "variables/";
 constexpr char kOptimizerPrefix[] = "optimizer/";
 constexpr char kIterationsKey[] = "optimizer_iterations";
+
+// `t` itself when it is on the host, else a host copy in `scratch`.
+const Tensor& OnHost(const Tensor& t, Tensor* scratch) {
+  if (t.on_host()) return t;
+  ops::Copy(t, scratch);  // scratch is a host tensor
+  return *scratch;
+}
 }  // namespace
+
+void CopyFloats(DeviceId from, const float* src, DeviceId to, float* dst, int64_t n) {
+  if (n == 0) return;
+  if (!ops::OnGpu(from) && !ops::OnGpu(to)) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  DISTRAIN_CUDA_ONLY({
+    if (!ops::OnGpu(from)) {
+      cuda::CopyHostToDevice(to.ordinal, src, dst, n);
+    } else if (!ops::OnGpu(to)) {
+      cuda::CopyDeviceToHost(from.ordinal, src, dst, n);
+    } else {
+      cuda::CopyDeviceToDevice(from.ordinal, src, to.ordinal, dst, n);
+    }
+  });
+}
 
 std::vector<Parameter*> AllVariables(Model& model) {
   std::vector<Parameter*> out = model.parameters();
@@ -26,15 +55,18 @@ void AverageStateVariables(const std::vector<Model*>& models, Model& into) {
   for (Model* m : models) states.push_back(m->state_variables());
   std::vector<Parameter*> out = into.state_variables();
   const float inv_n = 1.0f / static_cast<float>(models.size());
+  Tensor scratch;  // a host copy of a GPU replica's variable
   for (size_t i = 0; i < out.size(); ++i) {
     const int64_t n = out[i]->value.size();
     // Sum into a scratch first: `into` may be one of `models`.
-    std::vector<float> sum(states[0][i]->value.data(), states[0][i]->value.data() + n);
+    const Tensor& first = OnHost(states[0][i]->value, &scratch);
+    std::vector<float> sum(first.data(), first.data() + n);
     for (size_t r = 1; r < states.size(); ++r) {
-      const float* v = states[r][i]->value.data();
+      const float* v = OnHost(states[r][i]->value, &scratch).data();
       for (int64_t j = 0; j < n; ++j) sum[j] += v[j];
     }
-    for (int64_t j = 0; j < n; ++j) out[i]->value[j] = sum[j] * inv_n;
+    for (int64_t j = 0; j < n; ++j) sum[j] *= inv_n;
+    CopyFloats(DeviceId::Cpu(), sum.data(), out[i]->value.device_id(), out[i]->value.data(), n);
   }
 }
 
@@ -44,16 +76,16 @@ int64_t StateVariableSize(Model& model) {
   return n;
 }
 
-void PackStateVariables(Model& model, float* out) {
+void PackStateVariables(Model& model, float* out, DeviceId buffer_device) {
   for (Parameter* p : model.state_variables()) {
-    std::memcpy(out, p->value.data(), p->value.bytes());
+    CopyFloats(p->value.device_id(), p->value.data(), buffer_device, out, p->value.size());
     out += p->value.size();
   }
 }
 
-void UnpackStateVariables(const float* in, Model& model) {
+void UnpackStateVariables(const float* in, Model& model, DeviceId buffer_device) {
   for (Parameter* p : model.state_variables()) {
-    std::memcpy(p->value.data(), in, p->value.bytes());
+    CopyFloats(buffer_device, in, p->value.device_id(), p->value.data(), p->value.size());
     in += p->value.size();
   }
 }
@@ -62,7 +94,9 @@ CheckpointState CaptureVariableState(Model& model, const Optimizer& optimizer, i
   CheckpointState state;
   state.step = step;
   for (Parameter* p : AllVariables(model)) {
-    state.tensors.emplace(absl::StrCat(kVariablePrefix, p->name), p->value);
+    Tensor host;  // checkpoints are host tensors, whatever device the model is on
+    ops::Copy(p->value, &host);
+    state.tensors.emplace(absl::StrCat(kVariablePrefix, p->name), std::move(host));
   }
   for (auto& [name, slot] : optimizer.SlotState()) {
     state.tensors.emplace(absl::StrCat(kOptimizerPrefix, name), slot);
@@ -86,7 +120,7 @@ absl::Status RestoreVariableState(const CheckpointState& state, Model& model, Op
           it->second.ShapeString(), " but the model needs ", p->value.ShapeString(),
           "; the model changed since the checkpoint was written — use a new checkpoint directory"));
     }
-    std::memcpy(p->value.data(), it->second.data(), p->value.bytes());
+    ops::Copy(it->second, &p->value);  // to the variable's own device
   }
   std::map<std::string, Tensor> slots;
   for (const auto& [name, tensor] : state.tensors) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model/device_test_util.h"
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/tensor/ops.h"
@@ -30,44 +31,14 @@ int VisibleGpus() {
 #endif
 }
 
-LayerConfig L(LayerKind kind) {
-  LayerConfig l;
-  l.kind = kind;
-  return l;
-}
+using testing::AllClose;
+using testing::GuideCnn;
+LayerConfig L(LayerKind kind) { return testing::LayerOf(kind); }
 LayerConfig Conv(int64_t filters, int64_t k, ActivationKind act, PaddingKind padding) {
-  LayerConfig l = L(LayerKind::kConv2D);
-  l.filters = filters;
-  l.kernel_size = {k, k};
-  l.activation = act;
-  l.padding = padding;
-  return l;
+  return testing::ConvLayer(filters, k, act, padding);
 }
-LayerConfig DenseL(int64_t units, ActivationKind act) {
-  LayerConfig l = L(LayerKind::kDense);
-  l.units = units;
-  l.activation = act;
-  return l;
-}
-LayerConfig Pool(LayerKind kind) {
-  LayerConfig l = L(kind);
-  l.pool_size = {2, 2};
-  return l;
-}
-
-ModelConfig GuideCnn() {
-  ModelConfig c;
-  c.type = "sequential";
-  c.layers = {Conv(32, 3, ActivationKind::kRelu, PaddingKind::kValid),
-              Pool(LayerKind::kMaxPooling2D),
-              Conv(64, 3, ActivationKind::kRelu, PaddingKind::kValid),
-              L(LayerKind::kFlatten),
-              DenseL(64, ActivationKind::kRelu),
-              DenseL(10, ActivationKind::kSoftmax)};
-  c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
-  c.loss.from_logits = true;
-  return c;
-}
+LayerConfig DenseL(int64_t units, ActivationKind act) { return testing::DenseLayer(units, act); }
+LayerConfig Pool(LayerKind kind) { return testing::PoolLayer(kind); }
 
 ModelConfig EveryLayerCnn() {
   ModelConfig c;
@@ -93,22 +64,9 @@ ModelConfig EveryLayerCnn() {
   return c;
 }
 
-struct Batch {
-  Tensor features;
-  std::vector<int32_t> labels;
-};
-
+using Batch = testing::ImageBatch;
 std::vector<Batch> Batches(int steps, int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  std::vector<Batch> out;
-  for (int s = 0; s < steps; ++s) {
-    Batch b{Tensor({n, 28 * 28}), std::vector<int32_t>(n)};
-    for (int64_t i = 0; i < b.features.size(); ++i) b.features[i] = u(gen);
-    for (int32_t& l : b.labels) l = static_cast<int32_t>(gen() % 10);
-    out.push_back(std::move(b));
-  }
-  return out;
+  return testing::ImageBatches(steps, n, seed);
 }
 
 // Trains `config` for batches.size() steps on `device` and returns every
@@ -143,27 +101,6 @@ std::vector<Tensor> Train(const ModelConfig& config, const OptimizerConfig& opti
   return out;
 }
 
-// |a - b| <= tol * max(1, |a|) everywhere; the first violation otherwise.
-::testing::AssertionResult AllClose(const std::vector<Tensor>& want, const std::vector<Tensor>& got,
-                                    double tol) {
-  if (want.size() != got.size()) return ::testing::AssertionFailure() << "variable count differs";
-  for (size_t v = 0; v < want.size(); ++v) {
-    if (!want[v].SameShape(got[v])) {
-      return ::testing::AssertionFailure() << "variable " << v << " shape "
-                                           << want[v].ShapeString() << " vs "
-                                           << got[v].ShapeString();
-    }
-    for (int64_t i = 0; i < want[v].size(); ++i) {
-      const double a = want[v][i], b = got[v][i];
-      if (!(std::abs(a - b) <= tol * std::max(1.0, std::abs(a)))) {
-        return ::testing::AssertionFailure()
-               << "variable " << v << " element " << i << ": CPU " << a << ", GPU " << b;
-      }
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 TEST(ModelDeviceTest, AllCloseFailsOnAPerturbedVariable) {
   std::vector<Tensor> a = {Tensor({3}, {1.0f, -2.0f, 3.0f})};
   std::vector<Tensor> b = a;
@@ -191,6 +128,36 @@ void ExpectGpuTrainsLikeCpu(const ModelConfig& config, OptimizerType type, int s
     EXPECT_NEAR(gpu_losses.back(), cpu_losses.back(), 1e-4 * std::max(1.0, cpu_losses.back()))
         << "GPU:" << g;
   }
+}
+
+// Model::TrainStep copies a host batch to the model's device (the one place
+// features reach a replica's GPU): the same steps fed from the host equal,
+// bit for bit, the steps fed from device memory.
+TEST(ModelDeviceTest, AHostBatchReachesAGpuModelAsADeviceBatchWould) {
+  if (VisibleGpus() == 0) GTEST_SKIP() << "no GPU visible (or a CPU-only build)";
+  const std::vector<Batch> batches = Batches(5, 16, 3);
+  std::vector<std::vector<float>> results;
+  for (bool host_fed : {false, true}) {
+    auto model = Model::Create(GuideCnn(), {28, 28, 1}, 10, /*seed=*/7);
+    ASSERT_TRUE(model.ok()) << model.status();
+    (*model)->MoveTo(DeviceId::Cuda(0));
+    auto optimizer = Optimizer::Create(OptimizerConfig{});
+    ASSERT_TRUE(optimizer.ok());
+    for (const Batch& b : batches) {
+      Tensor on_device(b.features.shape(), DeviceId::Cuda(0));
+      ops::Copy(b.features, &on_device);
+      (*model)->TrainStep(host_fed ? b.features : on_device, b.labels);
+      (*optimizer)->Apply((*model)->parameters());
+    }
+    EXPECT_EQ((*model)->device(), DeviceId::Cuda(0));
+    std::vector<float>& flat = results.emplace_back();
+    for (Parameter* p : (*model)->parameters()) {
+      Tensor host;
+      ops::Copy(p->value, &host);
+      flat.insert(flat.end(), host.span().begin(), host.span().end());
+    }
+  }
+  EXPECT_EQ(results[0], results[1]);
 }
 
 TEST(ModelDeviceTest, TheGuidesCnnTrainsOnEveryGpuLikeOnTheCpuFor100AdamSteps) {
