@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 PACK=.gpu
-FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*NcclCollectiveTest*:*CudaProbeTest*:*TopologyTest*'
+FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*GpuStrategiesTest*:*NcclCollectiveTest*:*CudaProbeTest*:*TopologyTest*'
 
 case "${1:-}" in
   pack)

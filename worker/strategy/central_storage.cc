@@ -11,6 +11,7 @@
 #include "worker/strategy/mirrored.h"
 #include "worker/strategy/variable_state.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 
@@ -47,9 +48,17 @@ absl::Status CentralStorageStrategy::Init(const ClusterSpec& cluster, const JobC
   }
   const TrainingConfig& t = config.training;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto replicas = ResolveLocalReplicas(t, hardware);
+  auto replicas = ResolveLocalReplicas(t, hardware, gpus_, "CentralStorage");
   if (!replicas.ok()) return replicas.status();
   num_replicas_ = *replicas;
+  if (gpus_ > 0) {
+    spdlog::info("CentralStorage: {} local replica(s) on GPU:0..{}{}, {}", num_replicas_,
+                 num_replicas_ - 1,
+                 t.local_replicas > 0 ? "" : " (localReplicas 0: one per visible GPU)",
+                 num_replicas_ == 1 ? "variables and optimizer on GPU:0 (one device)"
+                                    : "variables and optimizer on the host");
+    return absl::OkStatus();
+  }
   // The replicas share the cores; see MirroredStrategy for why this is safe.
   const int blas = ShareBlasThreads(num_replicas_, hardware, &previous_blas_threads_);
   spdlog::info("CentralStorage: {} local replica(s) as threads{}, variables and optimizer on the "
@@ -67,14 +76,24 @@ absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory
   auto opt = Optimizer::Create(optimizer);
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);
-  if (num_replicas_ == 1) return absl::OkStatus();
+  if (num_replicas_ == 1) {
+    // One device holds the variables: the GPU when there is one.
+    host_model_->MoveTo(LocalReplicaDevice(0, gpus_));
+    host_params_ = host_model_->parameters();
+    return absl::OkStatus();
+  }
 
   for (int r = 0; r < num_replicas_; ++r) {
     auto model = factory();
     if (!model.ok()) return model.status();
+    (*model)->MoveTo(LocalReplicaDevice(r, gpus_));
     replica_params_.push_back((*model)->parameters());
     replica_model_ptrs_.push_back(model->get());
     replica_models_.push_back(std::move(*model));
+    if (gpus_ > 0) {
+      std::vector<Tensor>& grads = host_grads_.emplace_back();
+      for (Parameter* p : replica_params_.back()) grads.emplace_back(p->grad.shape());
+    }
   }
   // The factory is deterministic in the seed, but the host copy is the
   // definition of the variables: make that true by construction.
@@ -107,30 +126,34 @@ std::vector<Model*> CentralStorageStrategy::local_models() {
   return out;
 }
 
+const float* CentralStorageStrategy::HostGrad(int replica, int param) const {
+  return host_grads_.empty() ? replica_params_[replica][param]->grad.data()
+                             : host_grads_[replica][param].data();
+}
+
 void CentralStorageStrategy::ReduceToHost(int replica) {
   const float inv_n = 1.0f / static_cast<float>(num_replicas_);
   for (const Segment& seg : reduce_slices_[replica]) {
     float* out = host_params_[seg.param]->grad.data() + seg.begin;
     const int64_t n = seg.end - seg.begin;
     // Replica order is fixed, so the sum is the same whatever the timing.
-    std::memcpy(out, replica_params_[0][seg.param]->grad.data() + seg.begin, n * sizeof(float));
+    std::memcpy(out, HostGrad(0, seg.param) + seg.begin, n * sizeof(float));
     for (int r = 1; r < num_replicas_; ++r) {
-      cpu::Axpy(n, 1.0f, replica_params_[r][seg.param]->grad.data() + seg.begin, out);
+      cpu::Axpy(n, 1.0f, HostGrad(r, seg.param) + seg.begin, out);
     }
     cpu::Scale(n, inv_n, out);
   }
 }
 
 void CentralStorageStrategy::CopyHostToReplica(int replica) {
+  // ops::Copy: a memcpy for a CPU replica, host to device for a GPU one.
   for (size_t i = 0; i < host_params_.size(); ++i) {
-    const Tensor& from = host_params_[i]->value;
-    std::memcpy(replica_params_[replica][i]->value.data(), from.data(), from.bytes());
+    ops::Copy(host_params_[i]->value, &replica_params_[replica][i]->value);
   }
   std::vector<Parameter*> host_state = host_model_->state_variables();
   std::vector<Parameter*> replica_state = replica_models_[replica]->state_variables();
   for (size_t i = 0; i < host_state.size(); ++i) {
-    std::memcpy(replica_state[i]->value.data(), host_state[i]->value.data(),
-                host_state[i]->value.bytes());
+    ops::Copy(host_state[i]->value, &replica_state[i]->value);
   }
 }
 
@@ -152,6 +175,11 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     ctx.num_replicas_in_sync = n;
     ctx.model = replica_models_[r].get();
     results[r] = step_fn(ctx);  // 1.
+    if (!host_grads_.empty()) {  // a GPU replica's gradients, to its host buffers
+      for (size_t i = 0; i < host_grads_[r].size(); ++i) {
+        ops::Copy(replica_params_[r][i]->grad, &host_grads_[r][i]);
+      }
+    }
     barrier_->Wait();
     ReduceToHost(r);  // 2.
     barrier_->Wait();

@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/strategy/local_replicas.h"
 #include "worker/strategy/replica_runner.h"
 #include "worker/strategy/strategy.h"
 
@@ -34,10 +35,20 @@ namespace distrain {
 // With one replica there is nothing to reduce or copy: the host model is the
 // replica's model and a step is exactly OneDeviceStrategy's.
 //
+// On GPUs (docs/architecture.md §6a, "Placement"), as TensorFlow defines it:
+// replica r is GPU r; the variables and the optimizer state stay in host
+// memory. After step 1 each replica copies its gradients to a host buffer of
+// its own, step 2 reduces those buffers in the same fixed order, step 3 is the
+// one host update, and step 4 copies the parameters and state back to every
+// GPU. With ONE GPU the variables live on that GPU (TensorFlow's rule for a
+// single device): the "host model" is moved there and a step equals
+// OneDeviceStrategy's on that GPU.
+//
 // N and BLAS threads: as MirroredStrategy (spec.training.localReplicas; 0 =
-// one per core capped at MirroredStrategy::kMaxAutoReplicas, lowered to a
-// divisor of globalBatchSize; OpenBLAS capped at cores / N while the strategy
-// lives).
+// one per visible GPU, else one per core capped at
+// MirroredStrategy::kMaxAutoReplicas, lowered to a divisor of globalBatchSize;
+// more replicas than GPUs is refused, as TensorFlow puts one replica on each
+// device; OpenBLAS capped at cores / N while the strategy lives).
 //
 // Checkpoints hold the host variables and the optimizer's slots (the same
 // names as every other strategy: worker/strategy/variable_state.h), so a
@@ -47,6 +58,9 @@ namespace distrain {
 // Driven by one thread (see Strategy); internally synchronised by StepBarrier.
 class CentralStorageStrategy : public Strategy {
  public:
+  // `gpus`: kDetectGpus (local_replicas.h) takes the visible GPUs; 0 trains
+  // on CPU threads whatever the machine has (tests).
+  explicit CentralStorageStrategy(int gpus = kDetectGpus) : gpus_(GpusOrDetect(gpus)) {}
   ~CentralStorageStrategy() override;
   const char* name() const override { return "CentralStorage"; }
   absl::Status Init(const ClusterSpec& cluster, const JobConfig& config) override;
@@ -58,7 +72,7 @@ class CentralStorageStrategy : public Strategy {
   absl::Status CreateVariables(const ModelFactory& factory,
                                const OptimizerConfig& optimizer) override;
   absl::StatusOr<StepOutput> Run(const StepFn& step_fn, int64_t examples) override;
-  // The host copy: the job's variables.
+  // The host copy (with one GPU: on that GPU): the job's variables.
   Model* primary_model() override { return host_model_.get(); }
   // The host copy first, then every replica's copy (the consistency hook
   // checks that they are identical after every step).
@@ -93,7 +107,11 @@ class CentralStorageStrategy : public Strategy {
 
   void ReduceToHost(int replica);
   void CopyHostToReplica(int replica);
+  // Replica r's gradient of parameter i in host memory: the replica's own
+  // tensor on CPU, the host buffer it was copied to on a GPU.
+  const float* HostGrad(int replica, int param) const;
 
+  const int gpus_;  // 0: replicas are CPU threads
   int num_replicas_ = 1;
   int previous_blas_threads_ = 0;  // 0: not changed
   std::unique_ptr<Model> host_model_;
@@ -103,6 +121,8 @@ class CentralStorageStrategy : public Strategy {
   std::vector<std::unique_ptr<Model>> replica_models_;
   std::vector<Model*> replica_model_ptrs_;  // replica_models_, for AverageStateVariables
   std::vector<std::vector<Parameter*>> replica_params_;
+  // GPU replicas only: [replica][param] host copies of the replica's grads.
+  std::vector<std::vector<Tensor>> host_grads_;
   std::vector<std::vector<Segment>> reduce_slices_;  // [replica] -> what it reduces
   std::unique_ptr<StepBarrier> barrier_;
   // Declared last: its threads are joined before what they use goes away.

@@ -32,6 +32,11 @@ namespace distrain {
 //      bucket as a MEAN and replaces every replica's copy. The moving average
 //      is linear, so this equals TensorFlow's ON_READ/MEAN variables, which
 //      let each replica's copy drift and average them when read.
+// On GPUs (Options::devices) each replica's model, gradients, optimizer slots
+// and its per-step buffers (`extras_`, `state_before_step_`) live in its GPU's
+// memory, the collectives reduce device spans (NCCL), and only the step's
+// header (stop vote, loss, correct count) crosses to the host; checkpoints
+// and CopyReplicaZeroToOthers go through host copies (variable_state.h).
 // When one replica's reduction fails, every local collective is aborted so the
 // other replicas return at once rather than wait for it; Run then returns the
 // first error. A failed step leaves each replica as it was before the step
@@ -51,6 +56,10 @@ class LocalReplicas {
     int64_t bytes_per_pack = 4 << 20;
     CollectiveOptions collective_options;
     CollectiveMetrics* metrics = nullptr;  // may be null
+    // Replica r's device (empty: every replica on the host). Create moves
+    // each model there; the collectives must take buffers on it (a GPU
+    // replica's collective is an NcclCollective of that GPU).
+    std::vector<DeviceId> devices;
   };
 
   // One replica per element of `collectives` (replica r uses collectives[r]).
@@ -102,11 +111,13 @@ class LocalReplicas {
   Options options_;
   bool stop_vote_ = false;
   bool replica_zero_applied_ = false;
-  // Per replica: [stop vote, loss, correct, packed state variables...],
-  // reduced (MEAN) in place with the last gradient bucket every step.
-  std::vector<std::vector<float>> extras_;
-  // Per replica: its state variables before the step, put back if it fails.
-  std::vector<std::vector<float>> state_before_step_;
+  // Per replica, on its device: [stop vote, loss, correct, packed state
+  // variables...], reduced (MEAN) in place with the last gradient bucket
+  // every step.
+  std::vector<Tensor> extras_;
+  // Per replica, on its device: its state variables before the step, put
+  // back if it fails.
+  std::vector<Tensor> state_before_step_;
   std::vector<Collective*> collectives_;
   std::vector<std::unique_ptr<Model>> models_;
   std::vector<std::unique_ptr<Optimizer>> optimizers_;
@@ -119,11 +130,33 @@ class LocalReplicas {
 // `examples`: the mean loss and the total correct.
 StepOutput CombineReplicaResults(const std::vector<LossResult>& results, int64_t examples);
 
+// The GPUs the single-process strategies place replicas on: in a CUDA build
+// the devices this process sees (cuda::VisibleDeviceCount, which honours
+// CUDA_VISIBLE_DEVICES as the device plugin sets it), else 0.
+int VisibleGpus();
+// A strategy's constructor argument for its GPUs: detect them (VisibleGpus).
+// Tests pass a count instead (0: train on CPU threads on any machine).
+inline constexpr int kDetectGpus = -1;
+inline int GpusOrDetect(int gpus) { return gpus == kDetectGpus ? VisibleGpus() : gpus; }
+
 // The number of local replicas of a single-process strategy (Mirrored,
-// CentralStorage): spec.training.localReplicas, or with 0 DefaultLocalReplicas
-// (mirrored.h) for `hardware_threads`. InvalidArgument, naming both fields,
-// when it does not divide globalBatchSize (each replica takes an equal slice).
-absl::StatusOr<int> ResolveLocalReplicas(const TrainingConfig& training, int hardware_threads);
+// CentralStorage; `strategy` names it in errors) on a host with
+// `visible_gpus` GPUs (docs/architecture.md §6a, "Placement"):
+//   * no GPU: spec.training.localReplicas, or with 0 DefaultLocalReplicas
+//     (mirrored.h) for `hardware_threads` — CPU threads, as always;
+//   * GPUs: one replica per GPU (localReplicas 0: every visible GPU; an
+//     explicit count uses GPUs 0..count-1). More replicas than GPUs is an
+//     InvalidArgument naming spec.training.localReplicas: NCCL cannot put two
+//     ranks on one GPU, and TensorFlow puts one replica on each device.
+// InvalidArgument, naming both fields, when the count does not divide
+// globalBatchSize (each replica takes an equal slice). With GPUs the count is
+// never lowered to a divisor, as on CPU: that would leave GPUs idle.
+absl::StatusOr<int> ResolveLocalReplicas(const TrainingConfig& training, int hardware_threads,
+                                         int visible_gpus = 0, const char* strategy = "Mirrored");
+
+// Where local replica `replica` lives: GPU `replica` when the host has GPUs
+// (ResolveLocalReplicas never makes more replicas than GPUs), else the host.
+DeviceId LocalReplicaDevice(int replica, int visible_gpus);
 
 // Gives each of `replicas` replica threads an equal share (at least one) of
 // the cores for its BLAS calls, so that concurrent replicas do not

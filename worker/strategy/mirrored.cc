@@ -7,6 +7,9 @@
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "worker/tensor/cpu_math.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/collective/nccl/nccl_collective.h"
+#endif
 
 namespace distrain {
 
@@ -31,13 +34,19 @@ absl::Status MirroredStrategy::Init(const ClusterSpec& cluster, const JobConfig&
   }
   const TrainingConfig& t = config.training;
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto replicas = ResolveLocalReplicas(t, hardware);
+  auto replicas = ResolveLocalReplicas(t, hardware, gpus_, "Mirrored");
   if (!replicas.ok()) return replicas.status();
   num_replicas_ = *replicas;
   bytes_per_pack_ = t.communication.bytes_per_pack;
   collective_options_.timeout = absl::Seconds(t.communication.timeout_seconds);
   collective_options_.tag = "gradients";
 
+  if (gpus_ > 0) {
+    spdlog::info("Mirrored: {} local replica(s) on GPU:0..{}{}, gradients all-reduced by NCCL",
+                 num_replicas_, num_replicas_ - 1,
+                 t.local_replicas > 0 ? "" : " (localReplicas 0: one per visible GPU)");
+    return absl::OkStatus();
+  }
   const int blas = ShareBlasThreads(num_replicas_, hardware, &previous_blas_threads_);
   spdlog::info("Mirrored: {} local replica(s) as threads{}, {} BLAS thread(s) each", num_replicas_,
                t.local_replicas > 0 ? "" : " (localReplicas 0: one per core)", blas);
@@ -50,12 +59,29 @@ void MirroredStrategy::AttachMetrics(prometheus::Registry& registry) {
 
 absl::Status MirroredStrategy::CreateVariables(const ModelFactory& factory,
                                                const OptimizerConfig& optimizer) {
-  std::vector<std::string> names;
-  for (int r = 0; r < num_replicas_; ++r) names.push_back(absl::StrCat("local replica ", r));
-  group_ = InProcessCollective::CreateGroup(num_replicas_, std::move(names));
+  group_.clear();
+  LocalReplicas::Options options;
+  if (gpus_ > 0) {
+#ifdef DISTRAIN_HAVE_CUDA
+    // Ranks in device order: replica r is rank r on GPU r.
+    auto nccl = NcclCollective::CreateLocalGroup(num_replicas_);
+    if (!nccl.ok()) return nccl.status();
+    for (auto& c : *nccl) group_.push_back(std::move(c));
+#else
+    return absl::InternalError("Mirrored: GPU replicas in a CPU-only build");  // gpus_ is 0 there
+#endif
+    for (int r = 0; r < num_replicas_; ++r) {
+      options.devices.push_back(LocalReplicaDevice(r, gpus_));
+    }
+  } else {
+    std::vector<std::string> names;
+    for (int r = 0; r < num_replicas_; ++r) names.push_back(absl::StrCat("local replica ", r));
+    for (auto& c : InProcessCollective::CreateGroup(num_replicas_, std::move(names))) {
+      group_.push_back(std::move(c));
+    }
+  }
   std::vector<Collective*> collectives;
   for (auto& c : group_) collectives.push_back(c.get());
-  LocalReplicas::Options options;
   options.first_replica_id = 0;
   options.num_replicas_in_sync = num_replicas_;
   options.bytes_per_pack = bytes_per_pack_;

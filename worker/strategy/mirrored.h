@@ -19,12 +19,20 @@ namespace distrain {
 // while backward continues, and every replica applies the identical update,
 // so the copies never diverge (bit-identical; see LocalReplicas).
 //
-// N = spec.training.localReplicas; 0 means one per local device, which on
-// CPU is one per hardware thread capped at kMaxAutoReplicas (more threads
-// than that only shrink each replica's slice of the batch), lowered to the
-// largest count that divides globalBatchSize.
+// On GPUs (a CUDA build that sees some; docs/architecture.md §6a,
+// "Placement"): replica r is GPU r — its model, gradients and optimizer
+// slots in that GPU's memory — and the gradients are all-reduced (ncclAvg)
+// by an NcclCollective local group instead of InProcessCollective, bucket by
+// bucket as on CPU. NCCL gives every rank the same result, so the copies stay
+// bit-identical there too.
 //
-// BLAS: OpenBLAS's pool is process-wide, so Init caps it at
+// N = spec.training.localReplicas; 0 means one per local device: one per
+// visible GPU, or on CPU one per hardware thread capped at kMaxAutoReplicas
+// (more threads than that only shrink each replica's slice of the batch),
+// lowered to the largest count that divides globalBatchSize. More replicas
+// than GPUs is an error (ResolveLocalReplicas).
+//
+// BLAS (CPU replicas only): OpenBLAS's pool is process-wide, so Init caps it at
 // max(1, cores / N) where cores = min(hardware threads, the pool size this
 // process was given — distrain run sets OPENBLAS_NUM_THREADS per process); the
 // destructor restores the previous size. The thread count changes GEMM
@@ -32,12 +40,15 @@ namespace distrain {
 // update is computed from the all-reduced gradients, so replicas stay
 // bit-identical regardless.
 //
-// Owns its replicas, the in-process collective group and its metrics.
-// Driven by one thread (see Strategy).
+// Owns its replicas, the collective group (in-process or NCCL) and its
+// metrics. Driven by one thread (see Strategy).
 class MirroredStrategy : public Strategy {
  public:
   static constexpr int kMaxAutoReplicas = 8;
 
+  // `gpus`: the GPUs to place replicas on; kDetectGpus (local_replicas.h)
+  // takes the visible ones, 0 trains on CPU threads (tests).
+  explicit MirroredStrategy(int gpus = kDetectGpus) : gpus_(GpusOrDetect(gpus)) {}
   ~MirroredStrategy() override;
   const char* name() const override { return "Mirrored"; }
   absl::Status Init(const ClusterSpec& cluster, const JobConfig& config) override;
@@ -59,12 +70,13 @@ class MirroredStrategy : public Strategy {
   LocalReplicas& replicas() { return *replicas_; }
 
  private:
+  const int gpus_;  // 0: replicas are CPU threads
   int num_replicas_ = 1;
   int64_t bytes_per_pack_ = 4 << 20;
   CollectiveOptions collective_options_;
   int previous_blas_threads_ = 0;  // 0: not changed
   std::unique_ptr<CollectiveMetrics> metrics_;
-  std::vector<std::unique_ptr<InProcessCollective>> group_;
+  std::vector<std::unique_ptr<Collective>> group_;  // InProcessCollective, or NCCL on GPUs
   std::unique_ptr<LocalReplicas> replicas_;  // declared last: borrows group_ and metrics_
 };
 

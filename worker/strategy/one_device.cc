@@ -1,6 +1,7 @@
 #include "worker/strategy/one_device.h"
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 #include "worker/strategy/variable_state.h"
 
 namespace distrain {
@@ -11,6 +12,7 @@ absl::Status OneDeviceStrategy::Init(const ClusterSpec& cluster, const JobConfig
         "OneDevice trains in a single process but TF_CONFIG lists ", cluster.num_training_tasks(),
         " chief/worker tasks; use MultiWorkerMirrored for several workers"));
   }
+  if (gpus_ > 0) spdlog::info("OneDevice: the model on {}", device().ToString());
   return absl::OkStatus();
 }
 
@@ -19,6 +21,7 @@ absl::Status OneDeviceStrategy::CreateVariables(const ModelFactory& factory,
   auto model = factory();
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
+  model_->MoveTo(device());  // the optimizer's slots follow on first use
   auto opt = Optimizer::Create(optimizer);
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);

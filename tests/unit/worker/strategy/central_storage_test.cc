@@ -42,7 +42,7 @@ using testing::Batches;
 
 template <typename S>
 std::unique_ptr<S> Make(const JobConfig& config) {
-  auto s = std::make_unique<S>();
+  auto s = std::make_unique<S>(/*gpus=*/0);  // the CPU path on any machine
   absl::Status init = s->Init(LoneWorker(), config);
   EXPECT_TRUE(init.ok()) << init;
   ModelFactory factory = [&]() {
@@ -174,7 +174,7 @@ TEST(CentralStorageStrategyTest, ZeroLocalReplicasMeansOnePerCoreDividingTheBatc
 }
 
 TEST(CentralStorageStrategyTest, BatchNotDivisibleByReplicasNamesTheFieldAndTheFix) {
-  CentralStorageStrategy s;
+  CentralStorageStrategy s(/*gpus=*/0);
   absl::Status status = s.Init(LoneWorker(), Job(StrategyKind::kCentralStorage, 4, 30));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("spec.training.globalBatchSize: 30"), std::string::npos)
@@ -186,7 +186,7 @@ TEST(CentralStorageStrategyTest, RefusesSeveralTrainingTasks) {
   auto spec =
       ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
   ASSERT_TRUE(spec.ok());
-  CentralStorageStrategy s;
+  CentralStorageStrategy s(/*gpus=*/0);
   absl::Status status = s.Init(*spec, Job(StrategyKind::kCentralStorage, 2));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("MultiWorkerMirrored"), std::string::npos) << status;

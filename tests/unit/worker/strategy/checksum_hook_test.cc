@@ -54,9 +54,9 @@ TEST_P(ChecksumHookTest, AppendsOneLinePerStepForTheTaskEndingAtTheFinalParamete
   ASSERT_TRUE(spec.ok());
   std::unique_ptr<Strategy> strategy;
   if (GetParam() == StrategyKind::kMirrored) {
-    strategy = std::make_unique<MirroredStrategy>();
+    strategy = std::make_unique<MirroredStrategy>(/*gpus=*/0);
   } else {
-    strategy = std::make_unique<OneDeviceStrategy>();
+    strategy = std::make_unique<OneDeviceStrategy>(/*gpus=*/0);
   }
   Trainer trainer(config, *spec, TrainerEnv{}, std::move(strategy));
   std::atomic<bool> stop{false};

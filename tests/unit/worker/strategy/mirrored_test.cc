@@ -43,9 +43,9 @@ using testing::Batches;
 std::unique_ptr<Strategy> Make(const JobConfig& config) {
   std::unique_ptr<Strategy> s;
   if (config.strategy == StrategyKind::kMirrored) {
-    s = std::make_unique<MirroredStrategy>();
+    s = std::make_unique<MirroredStrategy>(/*gpus=*/0);
   } else {
-    s = std::make_unique<OneDeviceStrategy>();
+    s = std::make_unique<OneDeviceStrategy>(/*gpus=*/0);
   }
   EXPECT_TRUE(s->Init(LoneWorker(), config).ok());
   ModelFactory factory = [&]() {
@@ -141,7 +141,7 @@ TEST(MirroredStrategyTest, RefusesSeveralTrainingTasks) {
   auto spec =
       ClusterSpec::Create({{"worker", {"localhost:1", "localhost:2"}}}, TaskId{"worker", 0});
   ASSERT_TRUE(spec.ok());
-  MirroredStrategy s;
+  MirroredStrategy s(/*gpus=*/0);
   absl::Status status = s.Init(*spec, Job(StrategyKind::kMirrored, 2));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("MultiWorkerMirrored"), std::string::npos) << status;
