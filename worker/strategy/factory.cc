@@ -19,6 +19,7 @@ DeviceUseFacts ThisProcessDeviceFacts() {
 #ifdef DISTRAIN_HAVE_CUDA
   facts.cuda_build = true;
   facts.visible_gpus = cuda::Probe().device_count;
+  facts.gpu_strategies = true;  // OneDevice, Mirrored, CentralStorage (device_use.h)
 #endif
   return facts;
 }

@@ -64,9 +64,97 @@ TEST(DeviceUseTest, APodHoldingGpusItWouldNotUseIsRefusedNamingTheRequest) {
   EXPECT_TRUE(absl::StrContains(s.message(), "remove the nvidia.com/gpu request")) << s;
   // Once the build's strategies use GPUs, holding them is the point.
   EXPECT_TRUE(CheckDeviceUse(Job(StrategyKind::kOneDevice, CollectiveImplementation::kAuto),
-                             DeviceUseFacts{true, 2, 2, true})
+                             DeviceUseFacts{true, 1, 1, true})
                   .ok());
 }
+
+TEST(DeviceUseTest, OnlyTheSingleProcessStrategiesTrainOnGpus) {
+  EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kOneDevice));
+  EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kMirrored));
+  EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kCentralStorage));
+  EXPECT_FALSE(StrategyTrainsOnGpus(StrategyKind::kMultiWorkerMirrored));
+  EXPECT_FALSE(StrategyTrainsOnGpus(StrategyKind::kParameterServer));
+}
+
+// Every row of the rule on a CUDA build whose single-process strategies
+// train on GPUs (ThisProcessDeviceFacts of a CUDA build), one case each.
+struct RuleCase {
+  const char* name;
+  StrategyKind strategy;
+  CollectiveImplementation implementation;
+  int local_replicas;
+  DeviceUseFacts facts;
+  absl::StatusCode want;
+  const char* prefix;   // the refusal starts with the field it names
+  const char* message;  // and says why
+};
+
+class DeviceRuleTest : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(DeviceRuleTest, Row) {
+  const RuleCase& c = GetParam();
+  JobConfig job = Job(c.strategy, c.implementation);
+  job.training.local_replicas = c.local_replicas;
+  const absl::Status s = CheckDeviceUse(job, c.facts);
+  EXPECT_EQ(s.code(), c.want) << s;
+  EXPECT_TRUE(absl::StartsWith(s.message(), c.prefix)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), c.message)) << s;
+}
+
+constexpr auto kOk = absl::StatusCode::kOk;
+constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+constexpr auto kPrecondition = absl::StatusCode::kFailedPrecondition;
+constexpr auto kAuto = CollectiveImplementation::kAuto;
+constexpr auto kNccl = CollectiveImplementation::kNccl;
+constexpr char kNcclField[] = "spec.training.communication.implementation: NCCL";
+constexpr char kHolds[] = "spec.replicaSpecs: this pod holds ";
+constexpr char kReplicasField[] = "spec.training.localReplicas: ";
+// {cuda_build, visible, held, gpu_strategies}
+constexpr DeviceUseFacts kGpuPod{true, 2, 2, true};
+constexpr DeviceUseFacts kOneGpuPod{true, 1, 1, true};
+constexpr DeviceUseFacts kGpuHostNoPod{true, 2, 0, true};
+constexpr DeviceUseFacts kBlindGpuPod{true, 0, 2, true};
+
+INSTANTIATE_TEST_SUITE_P(
+    Rows, DeviceRuleTest,
+    ::testing::Values(
+        // GPU strategies on the GPUs the pod holds, NCCL or not.
+        RuleCase{"MirroredNcclOnGpus", StrategyKind::kMirrored, kNccl, 0, kGpuPod, kOk, "", ""},
+        RuleCase{"MirroredOnGpus", StrategyKind::kMirrored, kAuto, 0, kGpuPod, kOk, "", ""},
+        RuleCase{"MirroredOnePerGpuExplicitly", StrategyKind::kMirrored, kAuto, 2, kGpuPod, kOk,
+                 "", ""},
+        RuleCase{"CentralStorageOnGpus", StrategyKind::kCentralStorage, kAuto, 0, kGpuPod, kOk, "",
+                 ""},
+        RuleCase{"OneDeviceOnOneGpu", StrategyKind::kOneDevice, kNccl, 0, kOneGpuPod, kOk, "", ""},
+        // A process outside a pod that sees GPUs: the GPU strategies use
+        // them, the others train on CPU as they always did.
+        RuleCase{"MirroredOnALocalGpuHost", StrategyKind::kMirrored, kAuto, 0, kGpuHostNoPod, kOk,
+                 "", ""},
+        RuleCase{"MwmsOnALocalGpuHostUsesCpu", StrategyKind::kMultiWorkerMirrored, kAuto, 0,
+                 kGpuHostNoPod, kOk, "", ""},
+        // NCCL with strategies that do not train on GPUs.
+        RuleCase{"MwmsNccl", StrategyKind::kMultiWorkerMirrored, kNccl, 0, kGpuPod,
+                 kUnimplemented, kNcclField, "MultiWorkerMirrored are not on GPUs yet"},
+        RuleCase{"PsNccl", StrategyKind::kParameterServer, kNccl, 0, kGpuHostNoPod, kUnimplemented,
+                 kNcclField, "trains ParameterServer on CPU threads only"},
+        // A pod holding GPUs a CPU strategy would leave idle.
+        RuleCase{"MwmsHoldingGpus", StrategyKind::kMultiWorkerMirrored, kAuto, 0, kGpuPod,
+                 kUnimplemented, kHolds, "not on GPUs yet"},
+        RuleCase{"PsHoldingGpus", StrategyKind::kParameterServer, kAuto, 0, kOneGpuPod,
+                 kUnimplemented, kHolds, "remove the nvidia.com/gpu request"},
+        // A pod holding GPUs it cannot see would train on CPU threads.
+        RuleCase{"HeldButInvisible", StrategyKind::kMirrored, kAuto, 0, kBlindGpuPod,
+                 kPrecondition, kHolds, "sees none of them"},
+        RuleCase{"NcclHeldButInvisible", StrategyKind::kMirrored, kNccl, 0, kBlindGpuPod,
+                 kPrecondition, kNcclField, "sees none"},
+        // Fewer replicas than held GPUs.
+        RuleCase{"OneDeviceHoldingTwo", StrategyKind::kOneDevice, kAuto, 0, kGpuPod, kPrecondition,
+                 kHolds, "OneDevice trains on one GPU and would keep 1 idle"},
+        RuleCase{"MirroredBelowTheGpus", StrategyKind::kMirrored, kAuto, 1, kGpuPod, kPrecondition,
+                 kReplicasField, "1 would stay idle"},
+        RuleCase{"CentralStorageBelowTheGpus", StrategyKind::kCentralStorage, kAuto, 1, kGpuPod,
+                 kPrecondition, kReplicasField, "set localReplicas: 0 (one per GPU)"}),
+    [](const ::testing::TestParamInfo<RuleCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace distrain
