@@ -76,35 +76,34 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   # Hopper (H100/H200) and Ampere; override with -DCMAKE_CUDA_ARCHITECTURES=...
   set(CMAKE_CUDA_ARCHITECTURES 80 90)
 endif()
-set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
 enable_language(CUDA)
 # CMake 3.25 predates nvcc's C++20 support in its tables; the backend's
 # headers are the project's C++20 (ops.h, model_spec.h), so teach it the flag.
 set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
 set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 # Not find_package(CUDAToolkit): CMake 3.25's module expects libraries CUDA 13
-# no longer ships (nvToolsExt) and fails; cudart is all the build needs.
-find_library(DISTRAIN_CUDART_LIBRARY NAMES cudart libcudart.so.13
+# no longer ships (nvToolsExt) and fails; cudart is all the build links.
+# The runtime is linked statically: it finds the driver (libcuda, mounted
+# from the node) itself, so a CUDA build starts on any host.
+find_library(DISTRAIN_CUDART_LIBRARY NAMES cudart_static libcudart_static.a
              HINTS "${_distrain_cuda_root}/lib64" "${_distrain_cuda_root}/lib" NO_DEFAULT_PATH REQUIRED)
-add_library(distrain::cudart UNKNOWN IMPORTED)
+find_package(Threads REQUIRED)
+add_library(distrain::cudart STATIC IMPORTED)
 set_target_properties(distrain::cudart PROPERTIES
   IMPORTED_LOCATION "${DISTRAIN_CUDART_LIBRARY}"
-  INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include")
+  INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include"
+  INTERFACE_LINK_LIBRARIES "Threads::Threads;${CMAKE_DL_LIBS};rt")
 
-add_library(distrain::nccl UNKNOWN IMPORTED)
-set_target_properties(distrain::nccl PROPERTIES
-  IMPORTED_LOCATION "${DISTRAIN_NCCL_LIBRARY}"
-  INTERFACE_INCLUDE_DIRECTORIES "${DISTRAIN_NCCL_INCLUDE}")
-
-add_library(distrain::cublas UNKNOWN IMPORTED)
-set_target_properties(distrain::cublas PROPERTIES
-  IMPORTED_LOCATION "${DISTRAIN_CUBLAS_LIBRARY}"
-  INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include")
-
-add_library(distrain::cudnn UNKNOWN IMPORTED)
-set_target_properties(distrain::cudnn PROPERTIES
-  IMPORTED_LOCATION "${DISTRAIN_CUDNN_LIBRARY}"
-  INTERFACE_INCLUDE_DIRECTORIES "${DISTRAIN_CUDNN_INCLUDE}")
+# cuBLAS, cuDNN and NCCL are opened at run time (worker/tensor/cuda/cuda_libraries.h),
+# never linked: the worker's CPU image does not carry them. These targets
+# give their headers, and the files found here as the loader's last resort
+# (so build trees run without LD_LIBRARY_PATH).
+add_library(distrain::cuda_libraries INTERFACE IMPORTED)
+set_target_properties(distrain::cuda_libraries PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include;${DISTRAIN_NCCL_INCLUDE};${DISTRAIN_CUDNN_INCLUDE}"
+  INTERFACE_COMPILE_DEFINITIONS
+    "DISTRAIN_CUBLAS_FILE=\"${DISTRAIN_CUBLAS_LIBRARY}\";DISTRAIN_CUDNN_FILE=\"${DISTRAIN_CUDNN_LIBRARY}\";DISTRAIN_NCCL_FILE=\"${DISTRAIN_NCCL_LIBRARY}\"")
 
 set(DISTRAIN_HAVE_CUDA ON)
 set(DISTRAIN_CUDA_ROOT "${_distrain_cuda_root}")

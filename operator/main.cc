@@ -100,6 +100,13 @@ int main(int argc, char** argv) {
                  "operator's version (a versioned tag, so the kubelet pulls it only when the node "
                  "lacks it; the chart passes its workerImage)")
       ->capture_default_str();
+  options.default_worker_cuda_image =
+      std::string("localhost/distrain/worker-cuda:") + DISTRAIN_VERSION;
+  app.add_option("--worker-cuda-image", options.default_worker_cuda_image,
+                 "image of a replica whose template names none and requests nvidia.com/gpu: "
+                 "the worker's CUDA variant (the CPU image has no cuBLAS, cuDNN or NCCL; the "
+                 "chart passes its workerCudaImage)")
+      ->capture_default_str();
   app.add_option("--cluster-domain", options.cluster_domain,
                  "appended to the replicas' host names in TF_CONFIG (\"cluster.local\" gives "
                  "<job>-worker-0.<ns>.svc.cluster.local), for images whose resolver ignores the DNS "

@@ -486,6 +486,9 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::Create(const ManagerOptions& o
   if (!options.default_worker_image.empty()) {
     impl->controller_options.default_image = options.default_worker_image;
   }
+  if (!options.default_worker_cuda_image.empty()) {
+    impl->controller_options.default_gpu_image = options.default_worker_cuda_image;
+  }
   impl->controller_options.checkpoint_storage = {
       .provision = options.checkpoint_volumes,
       .storage_class = options.checkpoint_storage_class,

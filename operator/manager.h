@@ -74,6 +74,7 @@ struct ManagerOptions {
   int health_port = 8081;  // 0 = off
   // Pod defaults (controller::ControllerOptions); empty keeps its default.
   std::string default_worker_image;
+  std::string default_worker_cuda_image;  // for replicas that request nvidia.com/gpu
   std::string cluster_domain;
   // The PersistentVolumeClaim provisioned per job for its checkpoints
   // (controller/checkpoint_volume.h); off: none, and no informer on

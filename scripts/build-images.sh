@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds distrain's container images with buildah: no Docker engine, no registry.
 #
-#   scripts/build-images.sh [--tag T] [--build-dir DIR] [--oci-archive DIR] [--refresh-base]
+#   scripts/build-images.sh [--tag T] [--build-dir DIR] [--oci-archive DIR] [--refresh-base] [--no-cuda]
 #   scripts/build-images.sh --print-packages     Debian packages the built binaries link (ldd + dpkg -S)
 #   scripts/build-images.sh --print-storage      the buildah global flags this script uses here
 #   scripts/build-images.sh --base-only          step 1 only; prints the base image's name (for
@@ -14,12 +14,17 @@
 #      keyed by a hash of the package list and this recipe, and imported as
 #      localhost/distrain/base:bookworm-<hash> (also tagged :bookworm).
 #   2. localhost/distrain/worker:T   (distrain-worker + distrain) from worker/Containerfile
-#   3. localhost/distrain/operator:T (distrain-operator) from operator/Containerfile;
+#   3. localhost/distrain/worker-cuda:T (a CUDA build only; not with --no-cuda)
+#      from worker/Containerfile.cuda: the worker image plus cuBLAS, cuDNN (with
+#      the sub-libraries libcudnn.so opens at run time, which ldd cannot see)
+#      and NCCL, the libraries distrain-worker opens when it finds GPUs
+#      (worker/tensor/cuda/cuda_libraries.h). The CPU image does not carry them
+#      (~2 GB): the binaries link only the CUDA runtime, statically.
+#   4. localhost/distrain/operator:T (distrain-operator) from operator/Containerfile;
 #      skipped with a note while the build has no operator binary.
-#   Shared libraries the binaries link that no Debian package owns (the CUDA
-#   runtime and NCCL of a CUDA build, from the PyPI wheels) are bundled into
-#   the image under /usr/local/lib/distrain. The GPU driver (libcuda) never is:
-#   the NVIDIA container toolkit mounts the node's driver into the pod.
+#   Shared libraries the binaries link that no Debian package owns are bundled
+#   into the image under /usr/local/lib/distrain. The GPU driver (libcuda)
+#   never is: the NVIDIA container toolkit mounts the node's driver into the pod.
 #
 # Idempotent: with the base cached and imported a rebuild takes seconds (buildah
 # reuses unchanged layers). Needs root (debootstrap, buildah storage).
@@ -57,6 +62,7 @@ TAG=dev
 BUILD_DIR=""
 OCI_DIR=""
 REFRESH_BASE=0
+WITH_CUDA=1
 MODE=build
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,11 +70,12 @@ while [ $# -gt 0 ]; do
     --build-dir) BUILD_DIR="${2:?--build-dir needs a value}"; shift 2 ;;
     --oci-archive) OCI_DIR="${2:?--oci-archive needs a directory}"; shift 2 ;;
     --refresh-base) REFRESH_BASE=1; shift ;;
+    --no-cuda) WITH_CUDA=0; shift ;;
     --print-packages) MODE=packages; shift ;;
     --print-storage) MODE=storage; shift ;;
     --base-only) MODE=base; shift ;;
     --print-base) MODE=base-name; shift ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -172,6 +179,32 @@ if [ "$MODE" = build ]; then
   done
   WORKER_LIBS=$(classify_libs "${WORKER_BINS[@]}")
   check_packages "$WORKER_LIBS"
+  # The CUDA image's libraries: the files CMake found for the loader
+  # (cmake/DistrainCuda.cmake), what they link that Debian does not provide
+  # (cuBLASLt), and every cuDNN sub-library.
+  CUDA_LIB_FILES=()
+  if [ "$WITH_CUDA" = 1 ]; then
+    for var in DISTRAIN_CUBLAS_LIBRARY DISTRAIN_CUDNN_LIBRARY DISTRAIN_NCCL_LIBRARY; do
+      f=$(sed -n "s/^$var:FILEPATH=//p" "$BUILD_DIR/CMakeCache.txt" 2>/dev/null)
+      [ -n "$f" ] && [ "$f" != "$var-NOTFOUND" ] && [ -e "$f" ] && CUDA_LIB_FILES+=("$f")
+    done
+    if [ ${#CUDA_LIB_FILES[@]} = 3 ]; then
+      cudnn_dir=$(dirname "$(readlink -f "${CUDA_LIB_FILES[1]}")")
+      for f in "$cudnn_dir"/libcudnn_*.so.[0-9]*; do
+        [[ "$f" == *.so.[0-9] ]] && CUDA_LIB_FILES+=("$f")
+      done
+    else
+      CUDA_LIB_FILES=()   # a CPU-only build: no CUDA image
+    fi
+  fi
+  if [ ${#CUDA_LIB_FILES[@]} -gt 0 ]; then
+    CUDA_LIBS=$( (classify_libs "${CUDA_LIB_FILES[@]}"
+                  for f in "${CUDA_LIB_FILES[@]}"; do
+                    soname=$(readelf -d "$(readlink -f "$f")" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+                    echo "bundle ${soname:-$(basename "$f")} $f"
+                  done) | sort -u -k1,2)
+    check_packages "$CUDA_LIBS"
+  fi
   if [ -x "${OPERATOR_BINS[0]}" ]; then
     WITH_OPERATOR=1
     OPERATOR_LIBS=$(classify_libs "${OPERATOR_BINS[@]}")
@@ -323,13 +356,14 @@ stage_context() {  # $1: context dir, $2: classify_libs output, rest: binaries
   done <<<"$libs"
 }
 
-build_image() {  # $1: name (worker|operator), $2: Containerfile, $3: classify_libs output, rest: binaries
+EXTRA_BUILD_ARGS=()
+build_image() {  # $1: name (worker|worker-cuda|operator), $2: Containerfile, $3: classify_libs output, rest: binaries
   local name="$1" containerfile="$2" libs="$3" image="localhost/distrain/$1:$TAG"; shift 3
   stage_context "$WORK/$name" "$libs" "$@"
   local previous
   previous=$("${B[@]}" inspect --type image --format '{{.FromImageID}}' "$image" 2>/dev/null || true)
   "${B[@]}" bud --quiet --layers="$LAYERS" --pull=never --isolation chroot \
-    --build-arg BASE="$BASE_IMAGE" --label org.opencontainers.image.version="$TAG" \
+    --build-arg BASE="$BASE_IMAGE" "${EXTRA_BUILD_ARGS[@]}" --label org.opencontainers.image.version="$TAG" \
     -f "$ROOT/$containerfile" -t "$image" "$WORK/$name" >/dev/null
   # The image this tag replaced is now unnamed; drop it so rebuilds do not pile
   # up (on vfs each is a full copy). Fails harmlessly while a container uses it.
@@ -346,6 +380,13 @@ build_image() {  # $1: name (worker|operator), $2: Containerfile, $3: classify_l
 }
 
 build_image worker worker/Containerfile "$WORKER_LIBS" "${WORKER_BINS[@]}"
+if [ ${#CUDA_LIB_FILES[@]} -gt 0 ]; then
+  EXTRA_BUILD_ARGS=(--build-arg WORKER="localhost/distrain/worker:$TAG")
+  build_image worker-cuda worker/Containerfile.cuda "$CUDA_LIBS"
+  EXTRA_BUILD_ARGS=()
+elif [ "$WITH_CUDA" = 1 ]; then
+  log "worker-cuda image: skipped, $BUILD_DIR is a CPU-only build (no CUDA libraries found by CMake)"
+fi
 if [ "$WITH_OPERATOR" = 1 ]; then
   build_image operator operator/Containerfile "$OPERATOR_LIBS" "${OPERATOR_BINS[@]}"
 else

@@ -6,10 +6,11 @@
 #   scripts/gpu-check.sh pack   here, after scripts/build.sh: writes .gpu/
 #                               (git-ignored, ~40 MB): the stripped test
 #                               binary and distrain-worker (its --devices
-#                               measures the links Auto decides on),
-#                               libcudart, and an xz archive of the
-#                               Debian libraries it links (not the CUDA
-#                               libraries a GPU machine has)
+#                               measures the links Auto decides on), and
+#                               an xz archive of the Debian libraries they
+#                               link (the CUDA runtime is linked in; cuBLAS,
+#                               cuDNN and NCCL are opened at run time from
+#                               what the GPU machine has)
 #   scripts/gpu-check.sh run    there, in a copy of the repo carrying .gpu/:
 #                               unpacks, finds cuBLAS, cuDNN and NCCL on the
 #                               machine (a CUDA toolkit, or the nvidia-* Python
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
 PACK=.gpu
-FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*GpuStrategiesTest*:*NcclCollectiveTest*:*CudaProbeTest*:*TopologyTest*'
+FILTER='*OpsDeviceTest*:*ModelDeviceTest*:*GpuStrategiesTest*:*NcclCollectiveTest*:*CudaProbeTest*:*CudaLibrariesTest*:*TopologyTest*'
 
 case "${1:-}" in
   pack)
@@ -32,14 +33,13 @@ case "${1:-}" in
     for b in "$bin" "$worker"; do
       [ -x "$b" ] || { echo "gpu-check: $b is missing: run scripts/build.sh first" >&2; exit 2; }
     done
-    ldd "$bin" | grep -q libcudart || {
-      echo "gpu-check: $bin is a CPU-only build (no libcudart): nothing to check on a GPU" >&2; exit 2; }
+    "$worker" --version | grep -q '^cuda runtime' || {
+      echo "gpu-check: $BUILD_DIR is a CPU-only build: nothing to check on a GPU" >&2; exit 2; }
     rm -rf "$PACK" && mkdir -p "$PACK/lib"
     strip -o "$PACK/worker_unit_tests" "$bin"
     strip -o "$PACK/distrain-worker" "$worker"
-    # Everything the binary loads except the C runtime (any machine has a
-    # compatible one) and the CUDA libraries a GPU machine brings; libcudart
-    # travels, as it must match the toolkit the kernels were built with.
+    # Everything the binaries load except the C runtime (any machine has a
+    # compatible one); the CUDA libraries are not linked (worker/tensor/cuda/cuda_libraries.h).
     { ldd "$bin"; ldd "$worker"; } | awk '/=>/ {print $3}' | sort -u |
       grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
       grep -v -E '/lib(cublas|cublasLt|cudnn|nccl)\.so' |
@@ -61,6 +61,7 @@ case "${1:-}" in
     if ldd "$PACK/worker_unit_tests" | grep "not found"; then
       echo "gpu-check: libraries missing on this machine (above)" | tee -a "$out/gpu-check.log"; exit 3
     fi
+    "$PACK/distrain-worker" --version 2>&1 | tee -a "$out/gpu-check.log" || true
     "$PACK/distrain-worker" --devices 2>&1 | tee -a "$out/gpu-check.log" || true
     set +e
     "$PACK/worker_unit_tests" --gtest_filter="$FILTER" 2>&1 | tee -a "$out/gpu-check.log"

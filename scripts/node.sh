@@ -770,7 +770,8 @@ cmd_load_images() {
     esac
   done
   running containerd || die "the node is not up ($0 up)"
-  local out="$CACHE/images/oci" args=(--tag "$tag") storage name image id archive
+  # The node has no GPU: the CUDA variant of the worker is not built here.
+  local out="$CACHE/images/oci" args=(--tag "$tag" --no-cuda) storage name image id archive
   [ -z "$build_dir" ] || args+=(--build-dir "$build_dir")
   "$ROOT/scripts/build-images.sh" "${args[@]}" >/dev/null || die "scripts/build-images.sh ${args[*]} failed (its messages are above)"
   read -r -a storage < <("$ROOT/scripts/build-images.sh" --print-storage)

@@ -43,6 +43,7 @@
 #include "worker/tensor/ops.h"
 #include "worker/trainer.h"
 #ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/cuda_libraries.h"
 #include "worker/tensor/cuda/device_probe.h"
 #include "worker/tensor/cuda/topology.h"
 #endif
@@ -183,9 +184,9 @@ int main(int argc, char** argv) {
     std::cout << "distrain-worker " << DISTRAIN_VERSION << "\n";
 #ifdef DISTRAIN_HAVE_CUDA
     cuda::DeviceInfo cuda_info = cuda::Probe();
-    std::cout << "cuda runtime " << cuda_info.runtime_version << ", nccl " << cuda_info.nccl_version
-              << ", " << cuda_info.device_count << " GPU(s)"
-              << (cuda_info.error.empty() ? "" : " (" + cuda_info.error + ")") << "\n";
+    std::cout << "cuda runtime " << cuda_info.runtime_version << ", " << cuda_info.device_count
+              << " GPU(s)" << (cuda_info.error.empty() ? "" : " (" + cuda_info.error + ")") << "\n"
+              << "cuda libraries: " << cuda::CudaLibrariesSummary() << "\n";
 #else
     std::cout << "cuda: not built (CPU only)\n";
 #endif
@@ -232,6 +233,17 @@ int main(int argc, char** argv) {
     if (absl::Status use = CheckDeviceUse(*config, *facts); !use.ok()) {
       return Fail(kExitUnsupported, std::string(use.message()));
     }
+#ifdef DISTRAIN_HAVE_CUDA
+    // A process that sees GPUs trains on them, so cuBLAS, cuDNN and NCCL must
+    // load now, not at the first op (cuda_libraries.h): the CPU image has
+    // none of them.
+    if (facts->visible_gpus > 0) {
+      if (absl::Status libs = cuda::LoadCudaLibraries(); !libs.ok()) {
+        return Fail(kExitUnsupported, std::string(libs.message()));
+      }
+      spdlog::info("{} GPU(s); {}", facts->visible_gpus, cuda::CudaLibrariesSummary());
+    }
+#endif
   }
 
   // 2. Cluster spec.

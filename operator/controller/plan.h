@@ -26,6 +26,10 @@ namespace distrain::controller {
 struct ControllerOptions {
   // The image of a replica whose template names none (or has no containers).
   std::string default_image = "localhost/distrain/worker:latest";
+  // The image instead of default_image when that replica's main container
+  // requests nvidia.com/gpu: the worker's CUDA variant, which carries the
+  // cuBLAS, cuDNN and NCCL the CPU image leaves out (worker/Containerfile.cuda).
+  std::string default_gpu_image = "localhost/distrain/worker-cuda:latest";
   // The command of a container the operator adds itself (no template
   // containers); a template's own container keeps its command.
   std::vector<std::string> default_command = {"distrain-worker"};

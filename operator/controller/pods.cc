@@ -428,7 +428,10 @@ nlohmann::json BuildPod(const api::DistributedTrainingJob& job, const Topology& 
   if (main == nullptr) main = &spec["containers"][0];
   if (!main->is_object()) *main = Json::object();
   if (!main->contains("name")) (*main)["name"] = kMainContainerName;
-  if (!main->contains("image") || (*main)["image"] == "") (*main)["image"] = options.default_image;
+  if (!main->contains("image") || (*main)["image"] == "") {
+    (*main)["image"] = ResourceCount(main, kGpuResource) > 0 ? options.default_gpu_image
+                                                             : options.default_image;
+  }
 
   // Environment.
   Json env = main->contains("env") && (*main)["env"].is_array() ? (*main)["env"] : Json::array();

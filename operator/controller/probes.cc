@@ -40,8 +40,10 @@ bool RunsDistrainWorker(const Json& container, const ControllerOptions& options)
     return (slash == std::string::npos ? first : first.substr(slash + 1)) == "distrain-worker";
   }
   const Json& image = container.value("image", Json());
-  return image.is_string() && Repository(image.get<std::string>()) ==
-                                  Repository(options.default_image);
+  if (!image.is_string()) return false;
+  const std::string repository = Repository(image.get<std::string>());
+  return repository == Repository(options.default_image) ||
+         repository == Repository(options.default_gpu_image);
 }
 
 void AddHealthProbes(Json* main, int metrics_port, const ControllerOptions& options) {

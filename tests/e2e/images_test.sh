@@ -7,7 +7,12 @@
 #     operator is skipped, with a note, while the build has no operator binary);
 #   - processes run as uid 65532;
 #   - `distrain run` of examples/onedevice.yaml shrunk to 30 steps trains to
-#     exit 0 inside the worker image, checkpoints written as uid 65532.
+#     exit 0 inside the worker image, checkpoints written as uid 65532;
+#   - for a CUDA build: the CPU worker image carries no cuBLAS, cuDNN or NCCL,
+#     and its worker says so, naming the CUDA image; the worker-cuda image
+#     loads all three from /usr/local/lib/distrain (every function the
+#     backend calls resolves), and every bundled library finds its
+#     dependencies in the image except the driver, which the node mounts.
 # Usage: tests/e2e/images_test.sh [BUILD_DIR]   (default: build). Needs root;
 # exits 77 (ctest: skipped) without it.
 set -euo pipefail
@@ -96,6 +101,38 @@ grep -q 'training complete: steps 30 ' <<<"$out" || { echo "$out"; fail "no 'tra
 owners=$(run_in "$worker" sh -c 'stat -c %u /home/nonroot/ckpt/*' | sort -u)
 [ "$owners" = "$UID_EXPECTED" ] || fail "checkpoints owned by uid(s) '$owners', want $UID_EXPECTED"
 pass "distrain run trained the tiny OneDevice job in $WORKER_IMAGE: $(grep 'training complete' <<<"$out" | sed 's/.*training complete: //')"
+
+# --- worker-cuda ------------------------------------------------------------------
+WORKER_CUDA_IMAGE="localhost/distrain/worker-cuda:$TAG"
+cpu_version=$(run_in "$worker" distrain-worker --version 2>&1)
+if grep -q '^cuda runtime' <<<"$cpu_version"; then
+  bundled=$(run_in "$worker" ls /usr/local/lib/distrain)
+  ! grep -E 'lib(cublas|cudnn|nccl)' <<<"$bundled" ||
+    fail "$WORKER_IMAGE carries CUDA libraries it cannot use: $(tr '\n' ' ' <<<"$bundled")"
+  grep -q 'cuda libraries: libcublas.so.13 (cuBLAS.*is not installed here.*worker-cuda' <<<"$cpu_version" ||
+    fail "the CPU image's worker does not name the CUDA image for GPUs: $cpu_version"
+  pass "$WORKER_IMAGE has no CUDA libraries, and says where they are: $(grep 'cuda libraries' <<<"$cpu_version" | cut -c1-90)..."
+  grep -qx "$WORKER_CUDA_IMAGE" <<<"$images" || fail "a CUDA build, but build-images.sh did not report $WORKER_CUDA_IMAGE"
+  check_config "$WORKER_CUDA_IMAGE" /usr/local/bin/distrain-worker
+  new_container "$WORKER_CUDA_IMAGE"; worker_cuda="$CTR"
+  out=$(run_in "$worker_cuda" distrain-worker --version 2>&1) || fail "distrain-worker --version failed in $WORKER_CUDA_IMAGE: $out"
+  libs_line=$(grep '^cuda libraries: ' <<<"$out") || fail "no 'cuda libraries' line in: $out"
+  for lib in "cuBLAS 13\.[0-9.]* (/usr/local/lib/distrain/libcublas.so.13)" \
+             "cuDNN 9\.[0-9.]* (/usr/local/lib/distrain/libcudnn.so.9)" \
+             "NCCL 2\.[0-9.]* (/usr/local/lib/distrain/libnccl.so.2)"; do
+    grep -q "$lib" <<<"$libs_line" || fail "$WORKER_CUDA_IMAGE: '$lib' not in: $libs_line"
+  done
+  pass "$WORKER_CUDA_IMAGE: $libs_line"
+  unresolved=$(run_in "$worker_cuda" sh -c 'for f in /usr/local/lib/distrain/*; do ldd "$f" | grep "not found" | sed "s|^|$f: |"; done' |
+               grep -v -E 'lib(cuda\.so\.1|nvidia-)' || true)
+  [ -z "$unresolved" ] || fail "$WORKER_CUDA_IMAGE: bundled libraries with dependencies missing from the image: $unresolved"
+  for image in "$WORKER_IMAGE" "$WORKER_CUDA_IMAGE"; do
+    echo "size of $image: $("${B[@]}" images --noheading --format '{{.Size}}' "$image" 2>/dev/null || echo ?)"
+  done
+  pass "$WORKER_CUDA_IMAGE: every bundled library resolves in the image (the driver comes from the node)"
+else
+  echo "SKIP (worker-cuda only): a CPU-only build has no CUDA image"
+fi
 
 # --- operator -------------------------------------------------------------------
 if [ -x "$BUILD_DIR/operator/distrain-operator" ]; then

@@ -139,6 +139,10 @@ grep -qF -- "--worker-image=localhost/distrain/worker:v2" <<<"$wi" && grep -qF -
   fail "image.tag / operator.clusterDomain not passed as --worker-image / --cluster-domain"
 wi="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set workerImage.repository=reg/w --set workerImage.tag=t)"
 grep -qF -- "--worker-image=reg/w:t" <<<"$wi" || fail "workerImage.repository/tag not passed as --worker-image"
+grep -qF -- "--worker-cuda-image=localhost/distrain/worker-cuda:$APP_VERSION" <<<"$out" ||
+  fail "the default worker CUDA image is not localhost/distrain/worker-cuda:$APP_VERSION: $(grep -F -- --worker-cuda-image <<<"$out")"
+wi="$("$HELM" template --kube-version "$KUBE_VERSION" "$REL" "$CHART" -n "$NS" --set workerCudaImage.repository=reg/wc --set workerCudaImage.tag=t2)"
+grep -qF -- "--worker-cuda-image=reg/wc:t2" <<<"$wi" || fail "workerCudaImage.repository/tag not passed as --worker-cuda-image"
 grep -qF -- "--cluster-domain" <<<"$out" && fail "--cluster-domain passed without operator.clusterDomain"
 pass "replicas > 1 get a PodDisruptionBudget and anti-affinity; NetworkPolicy and checkpoint-claim flags and RBAC follow their values; the worker image and cluster domain reach the operator"
 

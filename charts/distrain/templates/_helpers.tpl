@@ -43,3 +43,7 @@ app.kubernetes.io/part-of: distrain
 {{- define "distrain.workerImage" -}}
 {{- printf "%s:%s" .Values.workerImage.repository (default (default .Chart.AppVersion .Values.image.tag) .Values.workerImage.tag) -}}
 {{- end -}}
+
+{{- define "distrain.workerCudaImage" -}}
+{{- printf "%s:%s" .Values.workerCudaImage.repository (default (default .Chart.AppVersion .Values.image.tag) .Values.workerCudaImage.tag) -}}
+{{- end -}}

@@ -22,7 +22,7 @@ namespace {
 
 absl::Status NcclError(const char* what, ncclResult_t result) {
   return absl::UnavailableError(
-      absl::StrCat("NCCL ", what, ": ", ncclGetErrorString(result),
+      absl::StrCat("NCCL ", what, ": ", cuda::Nccl().ncclGetErrorString(result),
                    result == ncclRemoteError ? " (a peer failed)" : ""));
 }
 
@@ -41,7 +41,7 @@ NcclCollective::~NcclCollective() {
   cuda::DeviceContext& ctx = cuda::DeviceContext::Get(device_);
   if (!comm_->aborted) {
     (void)cudaStreamSynchronize(ctx.comm_stream());
-    ncclCommDestroy(comm_->comm);
+    cuda::Nccl().ncclCommDestroy(comm_->comm);
   }
   cudaEventDestroy(comm_->inputs_ready);
   cudaFree(barrier_word_);
@@ -56,7 +56,7 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCollective>>> NcclCollective::Cre
     ordinals[d] = d;
     cuda::DeviceContext::Get(d);  // streams and the device's primary context first
   }
-  if (ncclResult_t r = ncclCommInitAll(comms.data(), devices, ordinals.data()); r != ncclSuccess) {
+  if (ncclResult_t r = cuda::Nccl().ncclCommInitAll(comms.data(), devices, ordinals.data()); r != ncclSuccess) {
     return NcclError("ncclCommInitAll", r);
   }
   std::vector<std::unique_ptr<NcclCollective>> out;
@@ -70,7 +70,7 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCollective>>> NcclCollective::Cre
 
 absl::StatusOr<std::string> NcclCollective::NewUniqueId() {
   ncclUniqueId id;
-  if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+  if (ncclResult_t r = cuda::Nccl().ncclGetUniqueId(&id); r != ncclSuccess) {
     return NcclError("ncclGetUniqueId", r);
   }
   return std::string(id.internal, sizeof(id.internal));
@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::CreateRank(
   std::copy(unique_id.begin(), unique_id.end(), id.internal);
   cuda::DeviceContext::Get(device);
   auto comm = std::make_unique<Comm>();
-  if (ncclResult_t r = ncclCommInitRank(&comm->comm, size, id, rank); r != ncclSuccess) {
+  if (ncclResult_t r = cuda::Nccl().ncclCommInitRank(&comm->comm, size, id, rank); r != ncclSuccess) {
     return NcclError("ncclCommInitRank", r);
   }
   return std::unique_ptr<NcclCollective>(new NcclCollective(std::move(comm), rank, size, device));
@@ -113,7 +113,7 @@ absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& opti
     DISTRAIN_CHECK(state == cudaErrorNotReady)
         << "NCCL " << what << " on GPU:" << device_ << ": " << cudaGetErrorString(state);
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm_->comm, &async);
+    cuda::Nccl().ncclCommGetAsyncError(comm_->comm, &async);
     absl::Status failure;
     if (async != ncclSuccess && async != ncclInProgress) {
       failure = NcclError(what, async);
@@ -128,7 +128,7 @@ absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& opti
     if (!failure.ok()) {
       // The only way to get a stuck NCCL kernel off the device.
       if (!comm_->aborted) {
-        ncclCommAbort(comm_->comm);
+        cuda::Nccl().ncclCommAbort(comm_->comm);
         comm_->aborted = true;
       }
       absl::MutexLock lock(&mu_);
@@ -152,13 +152,13 @@ absl::Status NcclCollective::AllReduce(absl::Span<const absl::Span<float>> buffe
   // A ring moves 2 (N-1)/N of the data each way.
   const int64_t moved = size_ > 1 ? bytes * 2 * (size_ - 1) / size_ : 0;
   return Run("all-reduce", options, moved, [&](cudaStream_t stream) {
-    ncclResult_t r = ncclGroupStart();
+    ncclResult_t r = cuda::Nccl().ncclGroupStart();
     for (const absl::Span<float>& b : buffers) {
       if (r != ncclSuccess) break;
       if (b.empty()) continue;
-      r = ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat, NcclOp(op), comm_->comm, stream);
+      r = cuda::Nccl().ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat, NcclOp(op), comm_->comm, stream);
     }
-    const ncclResult_t end = ncclGroupEnd();
+    const ncclResult_t end = cuda::Nccl().ncclGroupEnd();
     return r != ncclSuccess ? r : end;
   });
 }
@@ -168,7 +168,7 @@ absl::Status NcclCollective::Broadcast(absl::Span<float> buffer, int root,
   return Run("broadcast", options, static_cast<int64_t>(buffer.size() * sizeof(float)),
              [&](cudaStream_t stream) {
                return buffer.empty() ? ncclSuccess
-                                     : ncclBroadcast(buffer.data(), buffer.data(), buffer.size(),
+                                     : cuda::Nccl().ncclBroadcast(buffer.data(), buffer.data(), buffer.size(),
                                                      ncclFloat, root, comm_->comm, stream);
              });
 }
@@ -182,7 +182,7 @@ absl::Status NcclCollective::AllGather(absl::Span<const float> input, absl::Span
   return Run("all-gather", options, static_cast<int64_t>(output.size() * sizeof(float)),
              [&](cudaStream_t stream) {
                return input.empty() ? ncclSuccess
-                                    : ncclAllGather(input.data(), output.data(), input.size(),
+                                    : cuda::Nccl().ncclAllGather(input.data(), output.data(), input.size(),
                                                     ncclFloat, comm_->comm, stream);
              });
 }
@@ -191,7 +191,7 @@ absl::Status NcclCollective::Barrier(const CollectiveOptions& options) {
   // NCCL has no barrier; an all-reduce of one float completes on no rank
   // before every rank has joined it.
   return Run("barrier", options, sizeof(float), [&](cudaStream_t stream) {
-    return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat, ncclSum, comm_->comm, stream);
+    return cuda::Nccl().ncclAllReduce(barrier_word_, barrier_word_, 1, ncclFloat, ncclSum, comm_->comm, stream);
   });
 }
 

@@ -39,7 +39,7 @@ void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   cublasHandle_t handle = ctx.cublas();
   // alpha and beta are host scalars. Set on every call: the mode is handle
   // state, and this file should not depend on no other user having changed it.
-  DISTRAIN_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
 
   if (k == 0) {
     // An empty sum: C = beta * C, as BLAS defines it (and cpu::Gemm gets
@@ -52,7 +52,7 @@ void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
                                           ctx.compute_stream()));
       return;
     }
-    DISTRAIN_CUBLAS_CHECK(cublasSscal_64(handle, m * n, &beta, c, 1));
+    DISTRAIN_CUBLAS_CHECK(Cublas().cublasSscal_64(handle, m * n, &beta, c, 1));
     return;
   }
 
@@ -72,7 +72,7 @@ void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   const int64_t ldb = trans_b ? k : n;
   const int64_t lda = trans_a ? m : k;
   // The 64-bit entry point: no extent or leading dimension has to fit an int.
-  DISTRAIN_CUBLAS_CHECK(cublasSgemm_64(handle, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda,
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSgemm_64(handle, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda,
                                        &beta, c, n));
 }
 

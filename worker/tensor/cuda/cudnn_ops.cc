@@ -101,12 +101,13 @@ constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 
 // A cuDNN descriptor owned for one call (creating one is a small host
 // allocation, far cheaper than the work it describes).
-template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+// Create and Destroy are members of the loaded cuDNN table (cuda_library_api.h).
+template <typename T, auto Create, auto Destroy>
 class Descriptor {
  public:
-  Descriptor() { DISTRAIN_CUDNN_CHECK(Create(&desc_)); }
+  Descriptor() { DISTRAIN_CUDNN_CHECK((Cudnn().*Create)(&desc_)); }
   // Destroying fails only for an invalid descriptor, which this class never holds.
-  ~Descriptor() { (void)Destroy(desc_); }
+  ~Descriptor() { (void)(Cudnn().*Destroy)(desc_); }
   Descriptor(const Descriptor&) = delete;
   Descriptor& operator=(const Descriptor&) = delete;
   T get() const { return desc_; }
@@ -115,15 +116,15 @@ class Descriptor {
   T desc_ = nullptr;
 };
 
-using TensorDescriptor = Descriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
-                                    cudnnDestroyTensorDescriptor>;
-using FilterDescriptor = Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
-                                    cudnnDestroyFilterDescriptor>;
+using TensorDescriptor = Descriptor<cudnnTensorDescriptor_t, &CudnnApi::cudnnCreateTensorDescriptor,
+               &CudnnApi::cudnnDestroyTensorDescriptor>;
+using FilterDescriptor = Descriptor<cudnnFilterDescriptor_t, &CudnnApi::cudnnCreateFilterDescriptor,
+               &CudnnApi::cudnnDestroyFilterDescriptor>;
 using ConvolutionDescriptor =
-    Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
-               cudnnDestroyConvolutionDescriptor>;
-using PoolingDescriptor = Descriptor<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor,
-                                     cudnnDestroyPoolingDescriptor>;
+    Descriptor<cudnnConvolutionDescriptor_t, &CudnnApi::cudnnCreateConvolutionDescriptor,
+               &CudnnApi::cudnnDestroyConvolutionDescriptor>;
+using PoolingDescriptor = Descriptor<cudnnPoolingDescriptor_t, &CudnnApi::cudnnCreatePoolingDescriptor,
+               &CudnnApi::cudnnDestroyPoolingDescriptor>;
 
 // cuDNN's legacy API takes extents as int.
 int Int(int64_t v, const char* what) {
@@ -139,7 +140,7 @@ void SetNhwc(const TensorDescriptor& d, int64_t n, int64_t h, int64_t w, int64_t
                  n * h * w * c <= std::numeric_limits<int>::max())
       << "cuDNN tensor [" << n << ", " << h << ", " << w << ", " << c
       << "] is empty or has 2^31 elements or more";
-  DISTRAIN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetTensor4dDescriptor(d.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
                                                   Int(n, "n"), Int(c, "c"), Int(h, "h"),
                                                   Int(w, "w")));
 }
@@ -227,19 +228,19 @@ struct ConvDescriptors {
     SetNhwc(x, w.batch, cw.in_h, cw.in_w, w.in_c);
     SetNhwc(y, w.batch, w.out_h, w.out_w, w.out_c);
     // NHWC filter format = KRSC: [out, kh, kw, in].
-    DISTRAIN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetFilter4dDescriptor(
         filter.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC, Int(w.out_c, "filters"),
         Int(w.in_c, "channels"), Int(w.kernel_h, "kernel height"), Int(w.kernel_w, "kernel width")));
     // Cross-correlation, as TensorFlow's conv2d; float accumulation.
-    DISTRAIN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetConvolution2dDescriptor(
         conv.get(), Int(cw.pad_h, "padding"), Int(cw.pad_w, "padding"),
         Int(w.stride_h, "stride"), Int(w.stride_w, "stride"), 1, 1, CUDNN_CROSS_CORRELATION,
         CUDNN_DATA_FLOAT));
-    DISTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH));
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH));
     // The output cuDNN derives must be the one Keras' arithmetic gave.
     int n = 0, c = 0, h = 0, wd = 0;
     DISTRAIN_CUDNN_CHECK(
-        cudnnGetConvolution2dForwardOutputDim(conv.get(), x.get(), filter.get(), &n, &c, &h, &wd));
+        Cudnn().cudnnGetConvolution2dForwardOutputDim(conv.get(), x.get(), filter.get(), &n, &c, &h, &wd));
     DISTRAIN_CHECK(n == w.batch && c == w.out_c && h == w.out_h && wd == w.out_w)
         << "cuDNN derives a " << n << "x" << h << "x" << wd << "x" << c << " output for "
         << WindowString(w);
@@ -329,10 +330,10 @@ ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, const std::vector<Perf>& per
 
 ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w) {
   int max_count = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionForwardAlgorithm_v7(
       handle, d.x.get(), d.filter.get(), d.conv.get(), d.y.get(), static_cast<int>(perf.size()),
       &returned, perf.data()));
   perf.resize(static_cast<size_t>(returned));
@@ -341,7 +342,7 @@ ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Win
                    CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
                    CUDNN_CONVOLUTION_FWD_ALGO_DIRECT},
                   [&](int algo, size_t* bytes) {
-                    return cudnnGetConvolutionForwardWorkspaceSize(
+                    return Cudnn().cudnnGetConvolutionForwardWorkspaceSize(
                         handle, d.x.get(), d.filter.get(), d.conv.get(), d.y.get(),
                         static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
                   });
@@ -349,17 +350,17 @@ ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Win
 
 ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w) {
   int max_count = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardDataAlgorithm_v7(
       handle, d.filter.get(), d.y.get(), d.conv.get(), d.x.get(), static_cast<int>(perf.size()),
       &returned, perf.data()));
   perf.resize(static_cast<size_t>(returned));
   // ALGO_0 adds with atomics (non-deterministic); ALGO_1 is the implicit GEMM.
   return PickAlgo(ConvPass::kBackwardData, w, perf, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1},
                   [&](int algo, size_t* bytes) {
-                    return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                    return Cudnn().cudnnGetConvolutionBackwardDataWorkspaceSize(
                         handle, d.filter.get(), d.y.get(), d.conv.get(), d.x.get(),
                         static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
                   });
@@ -368,11 +369,11 @@ ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, cons
 ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
                               const Window2D& w) {
   int max_count = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(
       static_cast<size_t>(std::max(max_count, 1)));
   int returned = 0;
-  DISTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardFilterAlgorithm_v7(
       handle, d.x.get(), d.y.get(), d.conv.get(), d.filter.get(), static_cast<int>(perf.size()),
       &returned, perf.data()));
   perf.resize(static_cast<size_t>(returned));
@@ -380,7 +381,7 @@ ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
   // implicit GEMM.
   return PickAlgo(ConvPass::kBackwardFilter, w, perf, {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1},
                   [&](int algo, size_t* bytes) {
-                    return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                    return Cudnn().cudnnGetConvolutionBackwardFilterWorkspaceSize(
                         handle, d.x.get(), d.y.get(), d.conv.get(), d.filter.get(),
                         static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
                   });
@@ -445,12 +446,12 @@ struct PoolDescriptors {
     const cudnnPoolingMode_t mode = kind == PoolKind::kMax
                                         ? CUDNN_POOLING_MAX_DETERMINISTIC
                                         : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
-    DISTRAIN_CUDNN_CHECK(cudnnSetPooling2dDescriptor(
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetPooling2dDescriptor(
         pool.get(), mode, CUDNN_NOT_PROPAGATE_NAN, Int(w.kernel_h, "window"),
         Int(w.kernel_w, "window"), Int(cw.pad_h, "padding"), Int(cw.pad_w, "padding"),
         Int(w.stride_h, "stride"), Int(w.stride_w, "stride")));
     int n = 0, c = 0, h = 0, wd = 0;
-    DISTRAIN_CUDNN_CHECK(cudnnGetPooling2dForwardOutputDim(pool.get(), x.get(), &n, &c, &h, &wd));
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetPooling2dForwardOutputDim(pool.get(), x.get(), &n, &c, &h, &wd));
     DISTRAIN_CHECK(n == w.batch && c == w.out_c && h == w.out_h && wd == w.out_w)
         << "cuDNN derives a " << n << "x" << h << "x" << wd << "x" << c << " pooling output for "
         << WindowString(w);
@@ -471,7 +472,7 @@ struct BatchNormDescriptors {
   BatchNormDescriptors(int64_t m, int64_t c) {
     SetNhwc(x, m, 1, 1, c);
     DISTRAIN_CUDNN_CHECK(
-        cudnnDeriveBNTensorDescriptor(param.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
+        Cudnn().cudnnDeriveBNTensorDescriptor(param.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
   }
 };
 
@@ -515,7 +516,7 @@ void Conv2DForward(int device, const Window2D& w, const float* x, const float* k
       PadInput(stream, w, 0.0f, x, padded);
       input = padded;
     }
-    DISTRAIN_CUDNN_CHECK(cudnnConvolutionForward(
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnConvolutionForward(
         handle, &kOne, d.x.get(), input, d.filter.get(), filter, d.conv.get(),
         static_cast<cudnnConvolutionFwdAlgo_t>(algo.algo),
         algo.workspace_bytes > 0 ? scratch + workspace_at : nullptr, algo.workspace_bytes,
@@ -547,7 +548,7 @@ void Conv2DBackwardData(int device, const Window2D& w, const float* dy, const fl
   // With explicit padding cuDNN computes the gradient of the padded image,
   // whose border (the padding's own gradient) is then dropped.
   float* target = cw.explicit_pad ? At(scratch, padded_at) : dx;
-  DISTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardData(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnConvolutionBackwardData(
       handle, &kOne, d.filter.get(), filter, d.y.get(), dy, d.conv.get(),
       static_cast<cudnnConvolutionBwdDataAlgo_t>(algo.algo),
       algo.workspace_bytes > 0 ? scratch + workspace_at : nullptr, algo.workspace_bytes, &kZero,
@@ -581,7 +582,7 @@ void Conv2DBackwardWeights(int device, const Window2D& w, const float* x, const 
     // beta = 0: the KRSC gradient is overwritten, never read, so the
     // scratch's old contents do not matter.
     float* dfilter = At(scratch, filter_at);
-    DISTRAIN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnConvolutionBackwardFilter(
         handle, &kOne, d.x.get(), input, d.y.get(), dy, d.conv.get(),
         static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo.algo),
         algo.workspace_bytes > 0 ? scratch + workspace_at : nullptr, algo.workspace_bytes,
@@ -620,7 +621,7 @@ void Pool2DForward(int device, PoolKind kind, const Window2D& w, const float* x,
     PadInput(stream, w, kMaxPoolPad, x, padded);
     input = padded;
   }
-  DISTRAIN_CUDNN_CHECK(cudnnPoolingForward(ctx.cudnn(), d.pool.get(), &kOne, d.x.get(), input,
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnPoolingForward(ctx.cudnn(), d.pool.get(), &kOne, d.x.get(), input,
                                            &kZero, d.y.get(), y));
 }
 
@@ -650,7 +651,7 @@ void Pool2DBackward(int device, PoolKind kind, const Window2D& w, const float* x
     input = padded;
     target = At(scratch, grad_at);
   }
-  DISTRAIN_CUDNN_CHECK(cudnnPoolingBackward(ctx.cudnn(), d.pool.get(), &kOne, d.y.get(), y,
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnPoolingBackward(ctx.cudnn(), d.pool.get(), &kOne, d.y.get(), y,
                                             d.y.get(), dy, d.x.get(), input, &kZero, d.x.get(),
                                             target));
   if (cw.explicit_pad) CropInput(stream, w, target, dx);
@@ -689,7 +690,7 @@ void BatchNormForwardTraining(int device, int64_t m, int64_t c, const float* x,
   // whatever the freshly sized tensors hold (NaN included) cannot leak in.
   DISTRAIN_CUDA_CHECK(cudaMemsetAsync(batch_mean, 0, FloatBytes(c), stream));
   DISTRAIN_CUDA_CHECK(cudaMemsetAsync(batch_var, 0, FloatBytes(c), stream));
-  DISTRAIN_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnBatchNormalizationForwardTraining(
       ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x.get(), x, d.x.get(), y,
       d.param.get(), gamma, beta, /*exponentialAverageFactor=*/1.0, batch_mean, batch_var,
       static_cast<double>(epsilon), /*resultSaveMean=*/nullptr,
@@ -705,7 +706,7 @@ void BatchNormForwardInference(int device, int64_t m, int64_t c, const float* x,
   absl::MutexLock lock(&ctx.op_mutex());
   CheckEpsilon(epsilon);
   const BatchNormDescriptors d(m, c);
-  DISTRAIN_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnBatchNormalizationForwardInference(
       ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x.get(), x, d.x.get(), y,
       d.param.get(), gamma, beta, mean, var, static_cast<double>(epsilon)));
 }
@@ -733,7 +734,7 @@ void BatchNormBackward(int device, int64_t m, int64_t c, const float* x, const f
   float* inv_std = At(GetScratch(ctx, plan), inv_at);
   window_kernels::InverseStd(stream, c, batch_var, epsilon, inv_std);
   // alpha 1, beta 0 for both dx and (dgamma, dbeta): all three overwritten.
-  DISTRAIN_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnBatchNormalizationBackward(
       ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, d.x.get(), x, d.x.get(),
       dy, d.x.get(), dx, d.param.get(), gamma, dgamma, dbeta, static_cast<double>(epsilon),
       batch_mean, inv_std));
@@ -757,7 +758,7 @@ void SoftmaxForward(int device, int64_t rows, int64_t cols, const float* x, floa
     const size_t out_at = plan.Reserve(FloatBytes(rows * cols));
     out = At(GetScratch(ctx, plan), out_at);
   }
-  DISTRAIN_CUDNN_CHECK(cudnnSoftmaxForward(ctx.cudnn(), CUDNN_SOFTMAX_ACCURATE,
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSoftmaxForward(ctx.cudnn(), CUDNN_SOFTMAX_ACCURATE,
                                            CUDNN_SOFTMAX_MODE_CHANNEL, &kOne, d.get(), x, &kZero,
                                            d.get(), out));
   if (out != y) {
@@ -780,7 +781,7 @@ void SoftmaxBackward(int device, int64_t rows, int64_t cols, const float* y, con
     const size_t out_at = plan.Reserve(FloatBytes(rows * cols));
     out = At(GetScratch(ctx, plan), out_at);
   }
-  DISTRAIN_CUDNN_CHECK(cudnnSoftmaxBackward(ctx.cudnn(), CUDNN_SOFTMAX_ACCURATE,
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSoftmaxBackward(ctx.cudnn(), CUDNN_SOFTMAX_ACCURATE,
                                             CUDNN_SOFTMAX_MODE_CHANNEL, &kOne, d.get(), y, d.get(),
                                             dy, &kZero, d.get(), out));
   if (out != dx) {

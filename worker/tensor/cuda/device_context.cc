@@ -62,13 +62,13 @@ DeviceContext::DeviceContext(int device)
   // which a library or a test might use.
   DISTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   DISTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking));
-  DISTRAIN_CUBLAS_CHECK(cublasCreate(&cublas_));
-  DISTRAIN_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasCreate(&cublas_));
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSetStream(cublas_, compute_));
   // FP32 GEMMs stay FP32: TF32 would change results by ~1e-3 relative, and
   // the GPU must equal the CPU within 1e-4 (mixed precision is opt-in).
-  DISTRAIN_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
-  DISTRAIN_CUDNN_CHECK(cudnnCreate(&cudnn_));
-  DISTRAIN_CUDNN_CHECK(cudnnSetStream(cudnn_, compute_));
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnCreate(&cudnn_));
+  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetStream(cudnn_, compute_));
 }
 
 DeviceContext& DeviceContext::Get(int device) {

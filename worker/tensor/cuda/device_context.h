@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/check.h"
 #include "worker/tensor/cuda/caching_allocator.h"
+#include "worker/tensor/cuda/cuda_library_api.h"
 
 #define DISTRAIN_CUDA_CHECK(expr)                                                         \
   do {                                                                                    \
@@ -49,14 +50,14 @@
   do {                                                                                     \
     const cublasStatus_t distrain_cublas_status_ = (expr);                                 \
     DISTRAIN_CHECK(distrain_cublas_status_ == CUBLAS_STATUS_SUCCESS)                       \
-        << #expr << ": " << cublasGetStatusName(distrain_cublas_status_);                  \
+        << #expr << ": " << Cublas().cublasGetStatusName(distrain_cublas_status_);                  \
   } while (0)
 
 #define DISTRAIN_CUDNN_CHECK(expr)                                                         \
   do {                                                                                     \
     const cudnnStatus_t distrain_cudnn_status_ = (expr);                                   \
     DISTRAIN_CHECK(distrain_cudnn_status_ == CUDNN_STATUS_SUCCESS)                         \
-        << #expr << ": " << cudnnGetErrorString(distrain_cudnn_status_);                   \
+        << #expr << ": " << Cudnn().cudnnGetErrorString(distrain_cudnn_status_);                   \
   } while (0)
 
 namespace distrain::cuda {

@@ -1,7 +1,6 @@
 #include "worker/tensor/cuda/device_probe.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 namespace distrain::cuda {
 namespace {
@@ -15,7 +14,6 @@ __global__ void AxpyKernel(float alpha, const float* x, float* y, int n) {
 
 DeviceInfo Probe() {
   DeviceInfo info;
-  ncclGetVersion(&info.nccl_version);
   cudaRuntimeGetVersion(&info.runtime_version);
   cudaError_t err = cudaGetDeviceCount(&info.device_count);
   if (err != cudaSuccess) {

@@ -408,6 +408,46 @@ TEST(BuildPodTest, NcclWithoutGpusInATrainingTemplateIsAnInvalidSpec) {
       << "the evaluator asked for nothing and gets nothing";
 }
 
+// The CPU worker image has no cuBLAS, cuDNN or NCCL: a replica that requests
+// GPUs and names no image gets the CUDA variant, with the same probes; an
+// image the template names is kept.
+TEST(BuildPodTest, GpuReplicasWithoutAnImageGetTheWorkersCudaImage) {
+  World w{MakeJob(R"(  strategy: Mirrored
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            resources: {limits: {nvidia.com/gpu: 2}}
+)")};
+  const Json pod = w.Step().pods_to_create.at(0);
+  const Json* main = MainContainer(pod["spec"]);
+  ASSERT_NE(main, nullptr);
+  EXPECT_EQ((*main)["image"], w.options.default_gpu_image);
+  EXPECT_NE(w.options.default_gpu_image, w.options.default_image);
+  EXPECT_TRUE(main->contains("readinessProbe")) << "the CUDA image runs distrain-worker too";
+  EXPECT_EQ(pod["metadata"]["annotations"].value(kReportsProgressAnnotation, ""), "true");
+
+  World own{MakeJob(R"(  strategy: Mirrored
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            image: registry.example/team/trainer:7
+            resources: {limits: {nvidia.com/gpu: 1}}
+)")};
+  EXPECT_EQ((*MainContainer(own.Step().pods_to_create.at(0)["spec"]))["image"],
+            "registry.example/team/trainer:7");
+
+  World cpu{MakeJob(kMwms)};
+  for (const Json& p : cpu.Step().pods_to_create) {
+    EXPECT_EQ((*MainContainer(p["spec"]))["image"], cpu.options.default_image);
+  }
+}
+
 TEST(BuildPodTest, PodsSayWhatGpusTheyHoldAndCpuPodsSeeNone) {
   World gpus{MakeJob(R"(  strategy: Mirrored
   replicaSpecs:

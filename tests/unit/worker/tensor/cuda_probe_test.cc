@@ -16,7 +16,7 @@ TEST(CudaProbeTest, AxpyKernelRunsOnTheGpu) {
   GTEST_SKIP() << "built without CUDA (DISTRAIN_CUDA=OFF or no toolkit found)";
 #else
   cuda::DeviceInfo info = cuda::Probe();
-  EXPECT_GT(info.nccl_version, 0) << "NCCL is linked, so ncclGetVersion must report a version";
+  EXPECT_GT(info.runtime_version, 0) << "the CUDA runtime is linked, so it knows its version";
   if (info.device_count == 0) GTEST_SKIP() << "no GPU: " << info.error;
   std::vector<float> x(1000), y(1000);
   for (int i = 0; i < 1000; ++i) {
