@@ -86,12 +86,12 @@ set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
 # no longer ships (nvToolsExt) and fails; cudart is all the build links.
 # The runtime is linked statically: it finds the driver (libcuda, mounted
 # from the node) itself, so a CUDA build starts on any host.
-find_library(DISTRAIN_CUDART_LIBRARY NAMES cudart_static libcudart_static.a
+find_library(DISTRAIN_CUDART_STATIC_LIBRARY NAMES cudart_static libcudart_static.a
              HINTS "${_distrain_cuda_root}/lib64" "${_distrain_cuda_root}/lib" NO_DEFAULT_PATH REQUIRED)
 find_package(Threads REQUIRED)
 add_library(distrain::cudart STATIC IMPORTED)
 set_target_properties(distrain::cudart PROPERTIES
-  IMPORTED_LOCATION "${DISTRAIN_CUDART_LIBRARY}"
+  IMPORTED_LOCATION "${DISTRAIN_CUDART_STATIC_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${_distrain_cuda_root}/include"
   INTERFACE_LINK_LIBRARIES "Threads::Threads;${CMAKE_DL_LIBS};rt")
 
