@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +63,35 @@ std::optional<int> MetricsPort(const Json& pod) {
   return std::nullopt;
 }
 
+
+// The labels of a sample, `{a="x",b="y\\"z"}` without the braces, unescaped
+// as the text format escapes them (\\, \", \n); nullopt when malformed.
+std::optional<std::vector<std::pair<std::string, std::string>>> ParseLabels(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> labels;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t eq = text.find('=', i);
+    if (eq == std::string_view::npos || eq + 1 >= text.size() || text[eq + 1] != '"') {
+      return std::nullopt;
+    }
+    std::string name(text.substr(i, eq - i)), value;
+    size_t j = eq + 2;
+    for (; j < text.size() && text[j] != '"'; ++j) {
+      if (text[j] != '\\') {
+        value += text[j];
+        continue;
+      }
+      if (++j == text.size()) return std::nullopt;
+      value += text[j] == 'n' ? '\n' : text[j];
+    }
+    if (j == text.size()) return std::nullopt;  // no closing quote
+    labels.emplace_back(std::move(name), std::move(value));
+    i = j + 1;
+    if (i < text.size() && text[i] == ',') ++i;
+  }
+  return labels;
+}
+
 }  // namespace
 
 ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
@@ -70,7 +102,25 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   std::string line;
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] == '#') continue;
-    // "name value" or "name{labels} value": these metrics carry no labels.
+    constexpr std::string_view kAutoInfo = "distrain_auto_strategy_info{";
+    if (line.compare(0, kAutoInfo.size(), kAutoInfo) == 0) {
+      const size_t close = line.rfind('}');
+      if (close == std::string::npos || close < kAutoInfo.size()) continue;
+      auto labels = ParseLabels(std::string_view(line).substr(kAutoInfo.size(),
+                                                              close - kAutoInfo.size()));
+      if (!labels) continue;
+      std::optional<std::string> strategy, reason;
+      for (auto& [name, value] : *labels) {
+        if (name == "strategy") strategy = value;
+        if (name == "reason") reason = value;
+      }
+      if (strategy && reason && !strategy->empty()) {
+        out.auto_strategy = std::move(strategy);
+        out.auto_reason = std::move(reason);
+      }
+      continue;
+    }
+    // "name value" or "name{labels} value": the others carry no labels.
     const size_t space = line.find(' ');
     if (space == std::string::npos) continue;
     const std::string name = line.substr(0, space);
@@ -92,6 +142,15 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition) {
   // 0 when a process resumes from a checkpoint.
   if (job_step) out.step = job_step;
   return out;
+}
+
+Json MergeStrategy(const Json& current, const ScrapedProgress& scraped) {
+  if (!scraped.auto_strategy) return current;
+  // A page can say anything: bounded, like every other status string.
+  constexpr size_t kMaxReason = 1024;
+  return Json{{"name", scraped.auto_strategy->substr(0, 64)},
+              {"reason", scraped.auto_reason->substr(0, kMaxReason)},
+              {"decidedBy", "worker"}};
 }
 
 Json MergeProgress(const Json& current, const ScrapedProgress& scraped, absl::Time now) {
@@ -157,8 +216,10 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
   // written by the reconcile (controller/final_progress.h), and a scrape
   // from before must not overwrite them (409; the next round skips it).
   auto patch_progress = [&](const std::string& ns, const std::string& name,
-                            const std::string& resource_version, const Json& progress) {
+                            const std::string& resource_version, const Json& progress,
+                            const Json* strategy) {
     Json patch = {{"status", {{"progress", progress}}}};
+    if (strategy != nullptr) patch["status"]["strategy"] = *strategy;
     if (!resource_version.empty()) patch["metadata"] = {{"resourceVersion", resource_version}};
     auto r = client_->Request(
         "PATCH",
@@ -175,7 +236,8 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
   // 1. The master pods of running jobs.
   struct Scrape {
     std::string ns, name, resource_version;
-    Json current;  // the job's status.progress
+    Json current;           // the job's status.progress
+    Json current_strategy;  // its status.strategy
   };
   std::vector<Scrape> scrapes;
   std::vector<ScrapeTarget> targets;
@@ -190,8 +252,10 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
       const std::string ip = Str(pod, "/status/podIP");
       std::optional<int> port = MetricsPort(pod);
       if (Str(pod, "/status/phase") != "Running" || ip.empty() || !port) continue;
+      const Json& status = job.contains("status") && job["status"].is_object() ? job["status"]
+                                                                              : Json::object();
       scrapes.push_back({ns, name, Str(job, "/metadata/resourceVersion"),
-                         job.contains("status") ? job["status"].value("progress", Json()) : Json()});
+                         status.value("progress", Json()), status.value("strategy", Json())});
       targets.push_back({ip, *port, "/metrics"});
     }
   }
@@ -210,9 +274,13 @@ ProgressReporter::RoundStats ProgressReporter::ReportOnce(std::stop_token stop) 
                     targets[i].port, std::string(r.status.message()));
       continue;
     }
-    Json progress = MergeProgress(s.current, ParseProgressMetrics(r.body));
-    if (progress == s.current) continue;
-    patch_progress(s.ns, s.name, s.resource_version, progress);
+    const ScrapedProgress scraped = ParseProgressMetrics(r.body);
+    Json progress = MergeProgress(s.current, scraped);
+    Json strategy = MergeStrategy(s.current_strategy, scraped);
+    const bool strategy_changed = strategy != s.current_strategy;
+    if (progress == s.current && !strategy_changed) continue;
+    patch_progress(s.ns, s.name, s.resource_version, progress,
+                   strategy_changed ? &strategy : nullptr);
   }
   return stats;
 }

@@ -25,12 +25,17 @@
 //      distrain_job_examples_per_second (else distrain_examples_per_second,
 //      which a MultiWorkerMirrored chief reports for its own 1/W share),
 //      distrain_loss, (once the chief has evaluated) distrain_eval_accuracy
-//      and distrain_progress_deadline_seconds from each body.
+//      and distrain_progress_deadline_seconds from each body; with
+//      spec.strategy Auto also distrain_auto_strategy_info{strategy,reason},
+//      what the master chose on the devices it found and the bandwidths it
+//      measured, which the operator could not know when it planned the pods.
 //   3. When the step moved, progress.lastStepTime = now: the clock of the
 //      Stalled condition (controller/stall.h), which the reconcile judges; a
 //      master that answers no scrape (hung, stopped) leaves it where it was.
 //      When they differ from status.progress, merge-patch /status with the new
-//      progress only (the reconciler owns every other status field; a
+//      progress (and status.strategy when the master reported its Auto choice
+//      and it differs, marked decidedBy: worker, which the reconciler then
+//      keeps) only (the reconciler owns every other status field; a
 //      concurrent reconcile that wrote an older status gets a 409 and retries
 //      with this one), with the job's resourceVersion from step 1 as a
 //      precondition, so a job that finished while its scrape was in flight
@@ -68,6 +73,8 @@ namespace distrain {
 struct ScrapedProgress {
   std::optional<double> step, total_steps, examples_per_second, loss, accuracy;
   std::optional<double> progress_deadline;  // distrain_progress_deadline_seconds
+  // distrain_auto_strategy_info's labels: both set, or neither.
+  std::optional<std::string> auto_strategy, auto_reason;
 };
 ScrapedProgress ParseProgressMetrics(const std::string& exposition);
 
@@ -78,6 +85,10 @@ ScrapedProgress ParseProgressMetrics(const std::string& exposition);
 // (controller/stall.h reads both).
 nlohmann::json MergeProgress(const nlohmann::json& current, const ScrapedProgress& scraped,
                              absl::Time now = absl::Now());
+
+// status.strategy after the scrape: {"name", "reason", "decidedBy": "worker"}
+// from the master's Auto choice, else `current` as it was.
+nlohmann::json MergeStrategy(const nlohmann::json& current, const ScrapedProgress& scraped);
 
 struct ProgressReporterOptions {
   absl::Duration interval = absl::Seconds(5);

@@ -213,11 +213,23 @@ int main(int argc, char** argv) {
     return Fail(kExitInvalidConfig,
                 absl::StrCat("invalid job configuration: ", config.status().message()));
   }
-  // 1b. spec.strategy: Auto, on what this process finds (common/auto_strategy.h).
-  // Only GPUs a strategy of this build trains on count for Auto: none yet,
-  // so Auto resolves as on a CPU host (common/auto_strategy.h).
+  // 1b. spec.strategy: Auto, on what this process finds (common/auto_strategy.h):
+  // the visible GPUs and, with more than one, the copy bandwidths between
+  // the host and them and between them, measured now.
+  DeviceFacts auto_facts;
+  std::string auto_reason;
   if (config->strategy == StrategyKind::kAuto) {
-    auto resolved = ResolveAutoStrategy(*config, DeviceFacts{});
+#ifdef DISTRAIN_HAVE_CUDA
+    auto_facts.gpus = ThisProcessDeviceFacts().visible_gpus;
+    if (auto_facts.gpus > 1) {
+      const cuda::MeasuredTopology topology = cuda::MeasureTopology();
+      spdlog::info("Auto: measured {}", topology.ToString());
+      auto_facts.host_device_gbps = topology.host_device_gbps;
+      auto_facts.device_device_gbps = topology.device_device_gbps;
+    }
+#endif
+    auto_reason = ChooseAutoStrategy(*config, auto_facts).reason;
+    auto resolved = ResolveAutoStrategy(*config, auto_facts);
     if (!resolved.ok()) {
       return Fail(kExitInvalidConfig,
                   absl::StrCat("invalid job configuration: ", resolved.status().message()));
@@ -302,6 +314,9 @@ int main(int argc, char** argv) {
 
   // 4. Metrics + health.
   auto registry = std::make_shared<prometheus::Registry>();
+  if (!auto_reason.empty()) {
+    ExportAutoStrategy(*registry, StrategyName(config->strategy), auto_reason, auto_facts);
+  }
   std::unique_ptr<MetricsServer> metrics_server;
   int metrics_port = metrics_port_flag;
   if (metrics_port < 0) {

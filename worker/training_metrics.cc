@@ -1,5 +1,7 @@
 #include "worker/training_metrics.h"
 
+#include "common/auto_strategy.h"
+
 namespace distrain {
 namespace {
 
@@ -78,5 +80,24 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
                                   "else derived from the median step time)")
                             .Register(registry)
                             .Add({})) {}
+
+void ExportAutoStrategy(prometheus::Registry& registry, const std::string& strategy,
+                        const std::string& reason, const DeviceFacts& facts) {
+  prometheus::BuildGauge()
+      .Name("distrain_auto_strategy_info")
+      .Help("spec.strategy Auto: the strategy this process chose and why (value 1)")
+      .Register(registry)
+      .Add({{"strategy", strategy}, {"reason", reason}})
+      .Set(1);
+  if (!facts.host_device_gbps && !facts.device_device_gbps) return;
+  auto& bandwidth = prometheus::BuildGauge()
+                        .Name("distrain_device_copy_gigabytes_per_second")
+                        .Help("Copy bandwidth measured at start for spec.strategy Auto, by link")
+                        .Register(registry);
+  if (facts.host_device_gbps) bandwidth.Add({{"link", "host_device"}}).Set(*facts.host_device_gbps);
+  if (facts.device_device_gbps) {
+    bandwidth.Add({{"link", "device_device"}}).Set(*facts.device_device_gbps);
+  }
+}
 
 }  // namespace distrain

@@ -2,6 +2,7 @@
 #define DISTRAIN_WORKER_TRAINING_METRICS_H_
 
 #include <memory>
+#include <string>
 
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -32,6 +33,12 @@ namespace distrain {
 //                                                  (common/progress_deadline.h); the
 //                                                  operator judges Stalled against the
 //                                                  master's when the spec sets none
+// and, with spec.strategy Auto (ExportAutoStrategy):
+//   distrain_auto_strategy_info{strategy,reason}   gauge 1: what Auto chose in this
+//                                                  process and why; the operator copies
+//                                                  the master's into status.strategy
+//   distrain_device_copy_gigabytes_per_second{link="host_device"|"device_device"}
+//                                        gauge     the copy bandwidths Auto decided on
 // Owns nothing but references into `registry`; prometheus-cpp metrics are
 // thread-safe.
 struct TrainingMetrics {
@@ -53,6 +60,12 @@ struct TrainingMetrics {
   prometheus::Histogram& checkpoint_duration;
   prometheus::Gauge& progress_deadline;
 };
+
+// The Auto metrics above: `strategy` and `reason` as ResolveAutoStrategy gave
+// them (common/auto_strategy.h), the bandwidths of `facts` that were measured.
+struct DeviceFacts;
+void ExportAutoStrategy(prometheus::Registry& registry, const std::string& strategy,
+                        const std::string& reason, const DeviceFacts& facts);
 
 }  // namespace distrain
 

@@ -145,7 +145,8 @@ std::string RenderStatus(const Json& job, const Json& pods, const Json& events,
     std::string strategy = spec.contains("strategy") ? Str(spec, "strategy") : "-";
     if (status.contains("strategy") && status["strategy"].is_object()) {
       const Json& chosen = status["strategy"];
-      absl::StrAppend(&strategy, " -> ", Str(chosen, "name"), " (", Str(chosen, "reason"), ")");
+      absl::StrAppend(&strategy, " -> ", Str(chosen, "name"), " (", Str(chosen, "reason"),
+                      Str(chosen, "decidedBy") == "worker" ? "; measured by the master" : "", ")");
     }
     field("Strategy", strategy);
   }

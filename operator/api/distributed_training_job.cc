@@ -190,6 +190,7 @@ JobStatus ParseStatusWith(const Json& status, Reader* r) {
   if (const Json* chosen = r->Get(status, "strategy")) {
     r->String(*chosen, "name", "status.strategy.name", &s.strategy);
     r->String(*chosen, "reason", "status.strategy.reason", &s.strategy_reason);
+    r->String(*chosen, "decidedBy", "status.strategy.decidedBy", &s.strategy_decided_by);
   }
   return s;
 }
@@ -356,6 +357,7 @@ nlohmann::json StatusToJson(const JobStatus& status) {
   if (!status.selector.empty()) s["selector"] = status.selector;
   if (!status.strategy.empty()) {
     s["strategy"] = {{"name", status.strategy}, {"reason", status.strategy_reason}};
+    if (!status.strategy_decided_by.empty()) s["strategy"]["decidedBy"] = status.strategy_decided_by;
   }
   return s;
 }

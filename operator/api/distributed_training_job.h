@@ -99,6 +99,10 @@ struct ReplicaStatus {
   bool operator==(const ReplicaStatus&) const = default;
 };
 
+// status.strategy.decidedBy.
+inline constexpr char kDecidedByOperator[] = "operator";
+inline constexpr char kDecidedByWorker[] = "worker";
+
 struct JobStatus {
   std::string state;  // the latest condition's type, for the printer column
   std::vector<Condition> conditions;
@@ -115,6 +119,10 @@ struct JobStatus {
   // empty for a strategy the spec names.
   std::string strategy;
   std::string strategy_reason;
+  // Who decided: kDecidedByOperator from the spec when it planned the pods,
+  // kDecidedByWorker once the master reported the choice it made on the
+  // devices and bandwidths it measured (operator/progress_reporter.h).
+  std::string strategy_decided_by;
   bool operator==(const JobStatus&) const = default;
 
   const Condition* FindCondition(const std::string& type) const;

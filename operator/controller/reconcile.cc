@@ -531,9 +531,12 @@ void Reconciler::Finalize() {
   s.replica_statuses = std::move(replicas);
   s.observed_generation = job_.metadata.generation;
   s.selector = api::WorkerSelector(job_.metadata.name);
-  if (job_.spec.strategy == StrategyKind::kAuto) {
+  // Auto: the operator's choice from the spec, until the master reports the
+  // one it made on the devices it found (progress_reporter.h), which stays.
+  if (job_.spec.strategy == StrategyKind::kAuto && s.strategy_decided_by != api::kDecidedByWorker) {
     s.strategy = StrategyName(config.strategy);
     s.strategy_reason = topology_.auto_reason;
+    s.strategy_decided_by = api::kDecidedByOperator;
   }
   // A succeeded job keeps the total its master reported (final_progress.h).
   if ((s.progress.is_null() || s.progress.is_object()) && !s.IsTrue(api::kConditionSucceeded)) {

@@ -48,6 +48,43 @@ TEST(ProgressReporterTest, StepIsTheJobsStepWhenTheChiefGivesIt) {
   EXPECT_DOUBLE_EQ(*old.step, 20);
 }
 
+// spec.strategy Auto on GPUs: the operator plans one pod and cannot measure
+// its links; the master measures them and reports what it chose, which
+// becomes status.strategy (decidedBy: worker). The reason is the worker's
+// words, escaped as the text format escapes label values.
+TEST(ProgressReporterTest, TheMastersAutoChoiceBecomesTheJobsStrategy) {
+  const std::string text =
+      "# TYPE distrain_auto_strategy_info gauge\n"
+      "distrain_auto_strategy_info{reason=\"2 GPUs; CPU<->GPU 51.2 GB/s is faster than "
+      "GPU<->GPU 24.0 GB/s: \\\"variables\\\" on the CPU\\\\\",strategy=\"CentralStorage\"} 1\n"
+      "distrain_steps_total 3\n";
+  ScrapedProgress p = ParseProgressMetrics(text);
+  ASSERT_TRUE(p.auto_strategy && p.auto_reason);
+  EXPECT_EQ(*p.auto_strategy, "CentralStorage");
+  EXPECT_EQ(*p.auto_reason,
+            "2 GPUs; CPU<->GPU 51.2 GB/s is faster than GPU<->GPU 24.0 GB/s: \"variables\" on "
+            "the CPU\\");
+  EXPECT_EQ(*p.step, 3);
+  const nlohmann::json operators = {
+      {"name", "Mirrored"}, {"reason", "2 GPUs (bandwidths not measured)"}, {"decidedBy", "operator"}};
+  const nlohmann::json merged = MergeStrategy(operators, p);
+  EXPECT_EQ(merged["name"], "CentralStorage");
+  EXPECT_EQ(merged["reason"], *p.auto_reason);
+  EXPECT_EQ(merged["decidedBy"], "worker");
+  EXPECT_EQ(MergeStrategy(merged, p), merged) << "nothing new: nothing to write";
+
+  // No Auto metric (a named strategy, an older worker, a user's image) or a
+  // malformed one: status.strategy is left as it was.
+  for (const char* page : {"distrain_steps_total 3\n",
+                           "distrain_auto_strategy_info{strategy=\"Mirrored\"} 1\n",
+                           "distrain_auto_strategy_info{strategy=\"Mirrored\",reason=\"open} 1\n",
+                           "distrain_auto_strategy_info{strategy=Mirrored,reason=\"x\"} 1\n"}) {
+    ScrapedProgress none = ParseProgressMetrics(page);
+    EXPECT_FALSE(none.auto_strategy) << page;
+    EXPECT_EQ(MergeStrategy(operators, none), operators) << page;
+  }
+}
+
 TEST(ProgressReporterTest, AccuracyIsTheChiefsEvaluationOnceItHasOne) {
   ScrapedProgress none = ParseProgressMetrics("distrain_steps_total 5\ndistrain_eval_accuracy 0\n");
   EXPECT_FALSE(MergeProgress(nullptr, none).contains("accuracy"));  // not evaluated yet

@@ -553,6 +553,42 @@ TEST(BuildTopologyTest, AutoThatBreaksTheChosenStrategysRulesIsRejected) {
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("spec.training.globalBatchSize"));
 }
 
+// Auto on a pod with GPUs: the operator can count them but not measure their
+// links, so status.strategy is its plan until the master reports the choice
+// it made on measured bandwidths; from then on the reconcile keeps the
+// master's (decidedBy: worker) instead of writing its own back.
+TEST(AutoStatusTest, TheMastersMeasuredChoiceReplacesTheOperatorsAndStays) {
+  World w{MakeJob(R"(  strategy: Auto
+  replicaSpecs:
+    Worker:
+      template:
+        spec:
+          containers:
+          - name: distrain
+            resources: {limits: {nvidia.com/gpu: 4}}
+)")};
+  Plan first = w.Step();
+  EXPECT_EQ(first.status.strategy, "Mirrored");
+  EXPECT_EQ(first.status.strategy_decided_by, api::kDecidedByOperator);
+  EXPECT_THAT(first.status.strategy_reason, HasSubstr("4 GPUs"));
+
+  // The progress reporter's patch (progress_reporter.h MergeStrategy).
+  w.job.status.strategy = "CentralStorage";
+  w.job.status.strategy_reason = "4 GPUs; CPU<->GPU 51.2 GB/s is faster than GPU<->GPU 24.0 GB/s";
+  w.job.status.strategy_decided_by = api::kDecidedByWorker;
+  Plan later = w.Step();
+  EXPECT_EQ(later.status.strategy, "CentralStorage");
+  EXPECT_EQ(later.status.strategy_decided_by, api::kDecidedByWorker);
+  EXPECT_THAT(later.status.strategy_reason, HasSubstr("51.2 GB/s"));
+
+  // It survives the status's round trip through the API (and the CRD keeps the field).
+  const nlohmann::json object = api::ToJson(w.job);
+  EXPECT_EQ(object["status"]["strategy"]["decidedBy"], "worker");
+  absl::StatusOr<api::DistributedTrainingJob> parsed = api::ParseJob(object);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->status.strategy_decided_by, api::kDecidedByWorker);
+}
+
 TEST(BuildTopologyTest, ClusterHashIgnoresTheEvaluatorButNotWorkers) {
   auto hash = [](const std::string& spec) {
     absl::StatusOr<Topology> t = BuildTopology(MakeJob(spec), ControllerOptions{});
