@@ -52,7 +52,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import BUILD, PEERS_PY, ROOT, append_record, fail, run_group, tf_configs, uptime  # noqa: E402
+from benchlib import (BUILD, PEERS_PY, ROOT, append_record, fail, run_group, tf_configs,  # noqa: E402
+                      torch_python, uptime)
 
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -172,14 +173,6 @@ def run_tf(n, sizes, args):
             "--sizes", ",".join(map(str, sizes)), "--timeout-seconds", str(args.timeout)] + common_flags(args)
     cmds = [(argv, dict(os.environ, TF_CONFIG=cfg, TF_CPP_MIN_LOG_LEVEL="2")) for cfg in tf_configs(n)]
     return parse_results(f"tf N={n}", run_group(f"tf N={n}", cmds, args.side_timeout), sizes)
-
-
-def torch_python():
-    out = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers", "setup_torch.sh")],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        fail(f"cannot install torch for the gloo side:\n{out.stderr[-3000:]}")
-    return out.stdout.strip().splitlines()[-1]
 
 
 def run_gloo(n, sizes, args):

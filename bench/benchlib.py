@@ -65,6 +65,19 @@ def append_record(benchmark, figures, uptime_before, extra=None):
     return path
 
 
+def torch_python():
+    """The python of the PyTorch peers: $DISTRAIN_TORCH_PYTHON (a machine's own
+    torch, e.g. a GPU machine without network), else the venv that
+    bench/peers/setup_torch.sh installs on first use."""
+    if os.environ.get("DISTRAIN_TORCH_PYTHON"):
+        return os.environ["DISTRAIN_TORCH_PYTHON"]
+    out = subprocess.run(["bash", os.path.join(ROOT, "bench", "peers", "setup_torch.sh")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"cannot install torch for the PyTorch peers:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
 def fail(message):
     """Exits naming the bench script that failed (messages start with its own words)."""
     sys.exit(f"{os.path.basename(sys.argv[0])}: {message}")

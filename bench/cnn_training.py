@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CNN training on real MNIST: distrain vs TensorFlow Keras, same run, same data.
+"""CNN training on real MNIST: distrain vs TensorFlow Keras and PyTorch, same run, same data.
 
 The CNN of TensorFlow's distributed-training guide,
   Conv2D(32, 3x3, relu) -> MaxPooling2D(2x2) -> Conv2D(64, 3x3, relu) ->
@@ -8,12 +8,19 @@ The CNN of TensorFlow's distributed-training guide,
 trained on the IDX files of scripts/mnist.sh (8,000 train / 2,000 test digits)
   (a) by TensorFlow Keras model.fit (bench/peers/tf_keras_cnn.py, tensorflow-cpu
       in ~/.cache/distrain/peers-venv, oneDNN on), and
-  (b) by `build/cli/distrain run` on a generated job YAML: side `distrain` is
+  (b) by PyTorch eager (side `torch`, bench/peers/torch_cnn.py: the same model,
+      initialisers, Adam and loss in a plain training loop; torch from
+      bench/peers/setup_torch.sh's venv, or $DISTRAIN_TORCH_PYTHON), and
+  (c) by `build/cli/distrain run` on a generated job YAML: side `distrain` is
       OneDevice (one replica; oneDNN and OpenBLAS share the cores inside each
       op), side `mirrored` is Mirrored with one replica per core (the batch
       split over threads, one core each, gradients all-reduced in process) —
       the same model, data, global batch, optimizer and steps,
-with the same global batch (64 and 256), the same number of steps (`--epochs`
+On a GPU (`--device gpu`: a CUDA build that sees one, and torch with CUDA)
+distrain's OneDevice and Mirrored place their replicas on the visible GPUs
+and PyTorch runs on cuda:0; TensorFlow (tensorflow-cpu) is left out, and so
+are the FP32-peak fractions, which describe the CPU.
+All sides use the same global batch (64 and 256), the same number of steps (`--epochs`
 passes over the training split) and the same warm-up. Per run:
   * examples/s: wall time from the end of warm-up step `warmup` to the end of
     the last step, one interval (TF: Keras batch callbacks; distrain: the
@@ -33,7 +40,8 @@ one thread so that a busy neighbour core does not halve it) times the cores,
 and the nominal peak (cores x FLOP/cycle x TSC clock) for reference. Appends one JSON line to
 bench/records/cnn_training.jsonl and records `uptime` before and after.
 
-  bench/cnn_training.py [--batches 64,256] [--epochs 8] [--repeats 2] [--no-record]
+  bench/cnn_training.py [--batches 64,256] [--epochs 8] [--repeats 2] [--sides distrain,mirrored,tf,torch]
+                       [--device cpu|gpu] [--no-record]
 """
 import argparse
 import datetime
@@ -47,7 +55,9 @@ import sys
 import tempfile
 import time
 
-from benchlib import BUILD, PEERS_PY, ROOT, cpu_info, uptime
+from benchlib import BUILD, PEERS_PY, ROOT, cpu_info, torch_python, uptime
+
+PEERS = ("tf", "torch")
 
 RECORDS = os.path.join(ROOT, "bench", "records", "cnn_training.jsonl")
 
@@ -203,13 +213,14 @@ def stamp(line):
     return datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
 
 
-def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False):
+def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False, device="cpu"):
     with tempfile.TemporaryDirectory() as tmp:
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
             f.write(JOB.format(d=data_dir, batch=batch, steps=steps, log_every=warmup, seed=seed,
                                strategy="Mirrored" if mirrored else "OneDevice",
-                               local_replicas=os.cpu_count() if mirrored else 0))
+                               # On GPUs localReplicas 0 is one replica per visible GPU.
+                               local_replicas=os.cpu_count() if mirrored and device == "cpu" else 0))
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         out, rss = run_measured([os.path.join(BUILD, "cli", "distrain"), "run", "--no-progress",
@@ -229,23 +240,35 @@ def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False):
             "final_train_loss": float(loss.group(1)) if loss else None, "peak_rss_mib": rss}
 
 
-def run_tf(data_dir, batch, steps, warmup, seed):
-    py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")
-    env.pop("TF_CONFIG", None)
-    out, rss = run_measured([py, os.path.join(ROOT, "bench", "peers", "tf_keras_cnn.py"),
+def run_peer_script(name, python, script, data_dir, batch, steps, warmup, seed, env, extra=()):
+    out, rss = run_measured([python, os.path.join(ROOT, "bench", "peers", script),
                              "--train-images", f"{data_dir}/train-images-idx3-ubyte",
                              "--train-labels", f"{data_dir}/train-labels-idx1-ubyte",
                              "--test-images", f"{data_dir}/t10k-images-idx3-ubyte",
                              "--test-labels", f"{data_dir}/t10k-labels-idx1-ubyte",
                              "--batch", str(batch), "--steps", str(steps - warmup),
-                             "--warmup", str(warmup), "--seed", str(seed)], env)
+                             "--warmup", str(warmup), "--seed", str(seed), *extra], env)
     m = re.search(r"^RESULT (\{.*\})$", out, re.M)
     if not m:
-        sys.exit(f"cnn_training: the TensorFlow peer printed no RESULT line:\n{out[-6000:]}")
+        sys.exit(f"cnn_training: the {name} peer printed no RESULT line:\n{out[-6000:]}")
     result = json.loads(m.group(1))
     result["peak_rss_mib"] = rss
     return result
+
+
+def run_torch(data_dir, batch, steps, warmup, seed, device="cpu"):
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    return run_peer_script("PyTorch", torch_python(), "torch_cnn.py", data_dir, batch, steps, warmup,
+                           seed, env, ["--device", "cuda" if device == "gpu" else "cpu"])
+
+
+def run_tf(data_dir, batch, steps, warmup, seed, device="cpu"):
+    py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")
+    env.pop("TF_CONFIG", None)
+    return run_peer_script("TensorFlow", py, "tf_keras_cnn.py", data_dir, batch, steps, warmup,
+                           seed, env)
 
 
 def main():
@@ -254,12 +277,17 @@ def main():
     ap.add_argument("--epochs", type=float, default=8, help="passes over the 8,000 training digits")
     ap.add_argument("--repeats", type=int, default=2, help="alternating distrain/TF rounds per batch")
     ap.add_argument("--sides", default="distrain,mirrored,tf",
-                    help="which sides to run: distrain (OneDevice), mirrored (Mirrored, a replica per core), tf")
+                    help="which sides to run: distrain (OneDevice), mirrored (Mirrored, a replica per core "
+                         "or GPU), tf, torch (installs torch on first use)")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                    help="gpu: distrain on the visible GPUs (a CUDA build), PyTorch on cuda:0; no tf side")
     ap.add_argument("--seed", type=int, default=42, help="round r uses seed + r on both sides")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     ap.add_argument("--note", default="", help="free text stored in the record (e.g. machine load)")
     args = ap.parse_args()
     sides = args.sides.split(",")
+    if args.device == "gpu" and "tf" in sides:
+        sys.exit("cnn_training: --device gpu has no tf side (the peers' TensorFlow is tensorflow-cpu)")
 
     load_before = uptime()
     print(f"uptime: {load_before}", flush=True)
@@ -287,11 +315,11 @@ def main():
         runs = {s: [] for s in sides}
         for r in range(args.repeats):
             for side in sides:
-                fn = {"distrain": run_distrain, "tf": run_tf,
-                      "mirrored": lambda *a: run_distrain(*a, mirrored=True)}[side]
+                fn = {"distrain": run_distrain, "tf": run_tf, "torch": run_torch,
+                      "mirrored": lambda *a, **k: run_distrain(*a, mirrored=True, **k)}[side]
                 # A different seed per round (the same for both sides): the
                 # accuracy means then average over initialisations and orders.
-                result = fn(data_dir, batch, steps, warmup, args.seed + r)
+                result = fn(data_dir, batch, steps, warmup, args.seed + r, device=args.device)
                 runs[side].append(result)
                 acc = result["test_accuracy"]
                 print(f"  batch {batch:4d} round {r + 1}: {side:9s} {result['examples_per_second']:8.0f} "
@@ -310,14 +338,18 @@ def main():
         for side in sides:
             x = summary[side]
             x["gflops"] = x["examples_per_second_best"] * (fwd + bwd) / 1e9
-            x["fraction_of_nominal_peak"] = x["gflops"] * 1e9 / peak_nominal
-            if peak_measured:
-                x["fraction_of_measured_peak"] = x["gflops"] * 1e9 / peak_measured
-        if "tf" in sides:
-            t = summary["tf"]
-            for side in [s for s in sides if s != "tf"]:
+            if args.device == "cpu":
+                x["fraction_of_nominal_peak"] = x["gflops"] * 1e9 / peak_nominal
+                if peak_measured:
+                    x["fraction_of_measured_peak"] = x["gflops"] * 1e9 / peak_measured
+        # Ratios of each distrain side over each peer: keys "<side_>ratio_..."
+        # against TensorFlow (the records' first peer), "<side_>torch_ratio_..."
+        # against PyTorch.
+        for peer in [p for p in PEERS if p in sides]:
+            t = summary[peer]
+            for side in [s for s in sides if s not in PEERS]:
                 d = summary[side]
-                prefix = "" if side == "distrain" else side + "_"
+                prefix = ("" if side == "distrain" else side + "_") + ("" if peer == "tf" else peer + "_")
                 summary[prefix + "ratio_examples_per_second"] = (d["examples_per_second_best"] /
                                                                  t["examples_per_second_best"])
                 summary[prefix + "ratio_peak_rss"] = d["peak_rss_mib"] / t["peak_rss_mib"]
@@ -328,7 +360,7 @@ def main():
     load_after = uptime()
 
     print()
-    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, distrain vs model.fit, "
+    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, on the {args.device}, "
           f"{args.epochs:g} epochs, best of {args.repeats} alternating rounds")
     peak = peak_measured or peak_nominal
     print(f"FP32 peak: {peak / 1e9:.0f} GFLOP/s " + ("(measured: one core's FMA rate x cores)" if peak_measured else
@@ -339,14 +371,16 @@ def main():
             s = c[side]
             acc = s["test_accuracy_mean"]
             print(f"{c['batch']:5d} {side:9} {s['examples_per_second_best']:11.0f} {s['gflops']:8.1f} "
-                  f"{100 * s['gflops'] * 1e9 / peak:7.1f}% {s['peak_rss_mib']:8.0f} "
+                  + (f"{100 * s['gflops'] * 1e9 / peak:7.1f}% " if args.device == "cpu" else "     n/a ")
+                  + f"{s['peak_rss_mib']:8.0f} "
                   + (f"{100 * acc:8.2f}%" if acc is not None else "      n/a"))
-        for side in [s for s in sides if s != "tf" and "tf" in sides]:
-            prefix = "" if side == "distrain" else side + "_"
-            gap = c.get(prefix + "accuracy_gap_points")
-            print(f"{c['batch']:5d} ratio {side}/tf: {c[prefix + 'ratio_examples_per_second']:.2f}x examples/s, "
-                  f"{c[prefix + 'ratio_peak_rss']:.2f}x peak RSS, accuracy gap "
-                  + (f"{gap:+.2f} points" if gap is not None else "n/a"))
+        for peer in [p for p in PEERS if p in sides]:
+            for side in [s for s in sides if s not in PEERS]:
+                prefix = ("" if side == "distrain" else side + "_") + ("" if peer == "tf" else peer + "_")
+                gap = c.get(prefix + "accuracy_gap_points")
+                print(f"{c['batch']:5d} ratio {side}/{peer}: {c[prefix + 'ratio_examples_per_second']:.2f}x "
+                      f"examples/s, {c[prefix + 'ratio_peak_rss']:.2f}x peak RSS, accuracy gap "
+                      + (f"{gap:+.2f} points" if gap is not None else "n/a"))
     print(f"uptime before: {load_before}\nuptime after:  {load_after}")
 
     if not args.no_record:
@@ -361,7 +395,8 @@ def main():
                       os.path.getmtime(os.path.join(BUILD, "worker", "distrain-worker")),
                       datetime.timezone.utc).isoformat(timespec="seconds"),
                   "uptime_before": load_before, "uptime_after": load_after, "epochs": args.epochs,
-                  "repeats": args.repeats, "seed": args.seed, "note": args.note, "configs": configs}
+                  "repeats": args.repeats, "seed": args.seed, "note": args.note, "device": args.device,
+                  "sides": sides, "configs": configs}
         os.makedirs(os.path.dirname(RECORDS), exist_ok=True)
         with open(RECORDS, "a") as f:
             f.write(json.dumps(record) + "\n")

