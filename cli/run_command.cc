@@ -201,9 +201,13 @@ int RunJob(const RunOptions& options) {
     std::cerr << "distrain run: " << options.job_file << ": " << config.status().message() << "\n";
     return kExitInvalidConfig;
   }
-  // spec.strategy: Auto, on this host (common/auto_strategy.h); each worker
-  // process decides the same from the same file and facts.
-  if (auto resolved = ResolveAutoStrategy(*config, DeviceFacts{}); !resolved.ok()) {
+  // spec.strategy: Auto, on this host (common/auto_strategy.h): the GPUs it
+  // sees, for the plan of processes; each worker process decides again from
+  // the same file and the same GPUs, plus the bandwidths it measures, which
+  // only choose between the single-process strategies (one process either way).
+  DeviceFacts host_facts;
+  host_facts.gpus = ThisProcessDeviceFacts().visible_gpus;
+  if (auto resolved = ResolveAutoStrategy(*config, host_facts); !resolved.ok()) {
     std::cerr << "distrain run: " << options.job_file << ": " << resolved.status().message() << "\n";
     return kExitInvalidConfig;
   } else if (!resolved->second.empty()) {

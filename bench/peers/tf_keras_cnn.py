@@ -17,11 +17,11 @@ Then evaluates on the test files and prints one line:
   RESULT {"examples_per_second": ..., "timed_steps": ..., "seconds": ...,
           "test_accuracy": ..., "test_loss": ..., "mean_train_loss": ...}
 """
-import argparse
 import json
 import os
-import struct
 import time
+
+import cnn_peer_args
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -30,26 +30,11 @@ import tensorflow as tf  # noqa: E402
 
 
 def read_idx(path, ndims):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic = struct.unpack(">I", data[:4])[0]
-    if magic != 0x800 | ndims:
-        raise SystemExit(f"{path}: IDX magic {magic:#x}, expected {0x800 | ndims:#x}")
-    dims = struct.unpack(f">{ndims}I", data[4:4 + 4 * ndims])
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndims).reshape(dims)
+    dims, payload = cnn_peer_args.read_idx(path, ndims)
+    return np.frombuffer(payload, np.uint8).reshape(dims)
 
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--train-images", required=True)
-ap.add_argument("--train-labels", required=True)
-ap.add_argument("--test-images", required=True)
-ap.add_argument("--test-labels", required=True)
-ap.add_argument("--batch", type=int, default=64)
-ap.add_argument("--steps", type=int, default=300, help="timed steps")
-ap.add_argument("--warmup", type=int, default=20, help="untimed steps before them")
-ap.add_argument("--lr", type=float, default=1e-3)
-ap.add_argument("--seed", type=int, default=42)
-args = ap.parse_args()
+args = cnn_peer_args.parse_args()
 
 tf.keras.utils.set_random_seed(args.seed)
 x_train = (read_idx(args.train_images, 3).astype(np.float32) / 255.0)[..., None]

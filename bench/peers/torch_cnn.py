@@ -23,10 +23,10 @@ synchronised at both ends). Then evaluates on the test files and prints:
           "test_accuracy": ..., "test_loss": ..., "mean_train_loss": ...,
           "torch": ..., "device": ...}
 """
-import argparse
 import json
-import struct
 import time
+
+import cnn_peer_args
 
 import torch
 import torch.nn.functional as F
@@ -34,27 +34,11 @@ from torch import nn
 
 
 def read_idx(path, ndims):
-    with open(path, "rb") as f:
-        data = f.read()
-    magic = struct.unpack(">I", data[:4])[0]
-    if magic != 0x800 | ndims:
-        raise SystemExit(f"{path}: IDX magic {magic:#x}, expected {0x800 | ndims:#x}")
-    dims = struct.unpack(f">{ndims}I", data[4:4 + 4 * ndims])
-    return torch.frombuffer(bytearray(data[4 + 4 * ndims:]), dtype=torch.uint8).reshape(dims)
+    dims, payload = cnn_peer_args.read_idx(path, ndims)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8).reshape(dims)
 
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--train-images", required=True)
-ap.add_argument("--train-labels", required=True)
-ap.add_argument("--test-images", required=True)
-ap.add_argument("--test-labels", required=True)
-ap.add_argument("--batch", type=int, default=64)
-ap.add_argument("--steps", type=int, default=300, help="timed steps")
-ap.add_argument("--warmup", type=int, default=20, help="untimed steps before them")
-ap.add_argument("--lr", type=float, default=1e-3)
-ap.add_argument("--seed", type=int, default=42)
-ap.add_argument("--device", default="cpu", help="cpu or cuda")
-args = ap.parse_args()
+args = cnn_peer_args.parse_args([("--device", {"default": "cpu", "help": "cpu or cuda"})])
 
 torch.manual_seed(args.seed)
 shuffle = torch.Generator().manual_seed(args.seed)

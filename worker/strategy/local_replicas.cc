@@ -10,9 +10,6 @@
 #include "worker/strategy/mirrored.h"
 #include "worker/strategy/variable_state.h"
 #include "worker/tensor/cpu_math.h"
-#ifdef DISTRAIN_HAVE_CUDA
-#include "worker/tensor/cuda/device_memory.h"
-#endif
 
 namespace distrain {
 
@@ -34,14 +31,6 @@ std::array<float, kExtraHeader> ReadHeader(const Tensor& extras) {
   return header;
 }
 }  // namespace
-
-int VisibleGpus() {
-#ifdef DISTRAIN_HAVE_CUDA
-  return cuda::VisibleDeviceCount();
-#else
-  return 0;
-#endif
-}
 
 DeviceId LocalReplicaDevice(int replica, int visible_gpus) {
   return visible_gpus > 0 ? DeviceId::Cuda(replica) : DeviceId::Cpu();

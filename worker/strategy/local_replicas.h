@@ -130,11 +130,8 @@ class LocalReplicas {
 // `examples`: the mean loss and the total correct.
 StepOutput CombineReplicaResults(const std::vector<LossResult>& results, int64_t examples);
 
-// The GPUs the single-process strategies place replicas on: in a CUDA build
-// the devices this process sees (cuda::VisibleDeviceCount, which honours
-// CUDA_VISIBLE_DEVICES as the device plugin sets it), else 0.
-int VisibleGpus();
-// A strategy's constructor argument for its GPUs: detect them (VisibleGpus).
+// A strategy's constructor argument for its GPUs: detect them (VisibleGpus,
+// worker/tensor/tensor.h: the devices this process sees).
 // Tests pass a count instead (0: train on CPU threads on any machine).
 inline constexpr int kDetectGpus = -1;
 inline int GpusOrDetect(int gpus) { return gpus == kDetectGpus ? VisibleGpus() : gpus; }

@@ -26,6 +26,14 @@ namespace {
 
 }  // namespace
 
+int VisibleGpus() {
+#ifdef DISTRAIN_HAVE_CUDA
+  return cuda::VisibleDeviceCount();
+#else
+  return 0;
+#endif
+}
+
 std::string DeviceId::ToString() const {
   return kind == Device::kCpu ? std::string("CPU") : absl::StrCat("GPU:", ordinal);
 }

@@ -26,6 +26,12 @@ struct DeviceId {
   std::string ToString() const;  // "CPU", "GPU:1"
 };
 
+// The CUDA devices this process sees (cuda::VisibleDeviceCount, which honours
+// CUDA_VISIBLE_DEVICES as the device plugin sets it); 0 in a CPU-only build
+// or without a driver. What the strategies place replicas on and the GPU
+// tests run on.
+int VisibleGpus();
+
 // A dense, row-major float32 tensor on the host or on one CUDA device.
 //
 // Ownership: a Tensor owns its storage (value semantics: copy = deep copy on

@@ -16,20 +16,9 @@
 #include "worker/model/model.h"
 #include "worker/model/optimizer.h"
 #include "worker/tensor/ops.h"
-#ifdef DISTRAIN_HAVE_CUDA
-#include "worker/tensor/cuda/device_memory.h"
-#endif
 
 namespace distrain {
 namespace {
-
-int VisibleGpus() {
-#ifdef DISTRAIN_HAVE_CUDA
-  return cuda::VisibleDeviceCount();
-#else
-  return 0;
-#endif
-}
 
 using testing::AllClose;
 using testing::GuideCnn;

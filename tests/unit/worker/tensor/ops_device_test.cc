@@ -152,13 +152,6 @@ std::string HexBits(float v) {
 
 // ---- Devices -------------------------------------------------------------------
 
-int VisibleGpus() {
-#ifdef DISTRAIN_HAVE_CUDA
-  return cuda::VisibleDeviceCount();
-#else
-  return 0;
-#endif
-}
 
 // The suite's parameters: each CUDA ordinal, or -1 ("no GPU") so that the
 // suite always has an instance, which skips.
