@@ -341,16 +341,22 @@ TEST(BuildPodTest, TemplateIsKeptAndTheContractOverridesIt) {
   EXPECT_EQ(plan.services_to_create[0]["spec"]["ports"][0]["port"], 3333);
 }
 
-TEST(BuildPodTest, GpuRequestsAreNormalised) {
-  World mirrored{MakeJob(R"(  strategy: Mirrored
+// A job of `strategy` with one Worker whose main container lists
+// `resources` (e.g. "{limits: {nvidia.com/gpu: 2}}") and `extra` lines.
+api::DistributedTrainingJob GpuWorkerJob(const std::string& strategy, const std::string& resources,
+                                         const std::string& extra = "") {
+  return MakeJob("  strategy: " + strategy + R"(
   replicaSpecs:
     Worker:
       template:
         spec:
           containers:
           - name: distrain
-            resources: {limits: {nvidia.com/gpu: 4, cpu: "8"}}
-)")};
+)" + extra + "            resources: " + resources + "\n");
+}
+
+TEST(BuildPodTest, GpuRequestsAreNormalised) {
+  World mirrored{GpuWorkerJob("Mirrored", "{limits: {nvidia.com/gpu: 4, cpu: \"8\"}}")};
   Json pod = mirrored.Step().pods_to_create.at(0);
   const Json& res = (*MainContainer(pod["spec"]))["resources"];
   EXPECT_EQ(res["limits"][kGpuResource], 4);
@@ -412,15 +418,7 @@ TEST(BuildPodTest, NcclWithoutGpusInATrainingTemplateIsAnInvalidSpec) {
 // GPUs and names no image gets the CUDA variant, with the same probes; an
 // image the template names is kept.
 TEST(BuildPodTest, GpuReplicasWithoutAnImageGetTheWorkersCudaImage) {
-  World w{MakeJob(R"(  strategy: Mirrored
-  replicaSpecs:
-    Worker:
-      template:
-        spec:
-          containers:
-          - name: distrain
-            resources: {limits: {nvidia.com/gpu: 2}}
-)")};
+  World w{GpuWorkerJob("Mirrored", "{limits: {nvidia.com/gpu: 2}}")};
   const Json pod = w.Step().pods_to_create.at(0);
   const Json* main = MainContainer(pod["spec"]);
   ASSERT_NE(main, nullptr);
@@ -429,16 +427,8 @@ TEST(BuildPodTest, GpuReplicasWithoutAnImageGetTheWorkersCudaImage) {
   EXPECT_TRUE(main->contains("readinessProbe")) << "the CUDA image runs distrain-worker too";
   EXPECT_EQ(pod["metadata"]["annotations"].value(kReportsProgressAnnotation, ""), "true");
 
-  World own{MakeJob(R"(  strategy: Mirrored
-  replicaSpecs:
-    Worker:
-      template:
-        spec:
-          containers:
-          - name: distrain
-            image: registry.example/team/trainer:7
-            resources: {limits: {nvidia.com/gpu: 1}}
-)")};
+  World own{GpuWorkerJob("Mirrored", "{limits: {nvidia.com/gpu: 1}}",
+                         "            image: registry.example/team/trainer:7\n")};
   EXPECT_EQ((*MainContainer(own.Step().pods_to_create.at(0)["spec"]))["image"],
             "registry.example/team/trainer:7");
 
@@ -449,15 +439,7 @@ TEST(BuildPodTest, GpuReplicasWithoutAnImageGetTheWorkersCudaImage) {
 }
 
 TEST(BuildPodTest, PodsSayWhatGpusTheyHoldAndCpuPodsSeeNone) {
-  World gpus{MakeJob(R"(  strategy: Mirrored
-  replicaSpecs:
-    Worker:
-      template:
-        spec:
-          containers:
-          - name: distrain
-            resources: {requests: {nvidia.com/gpu: 2}}
-)")};
+  World gpus{GpuWorkerJob("Mirrored", "{requests: {nvidia.com/gpu: 2}}")};
   const Json gpu_pod = gpus.Step().pods_to_create.at(0);
   EXPECT_EQ(EnvValue(gpu_pod, kPodGpusEnv), "2");
   EXPECT_EQ(EnvValue(gpu_pod, "NVIDIA_VISIBLE_DEVICES"), "<unset>")
@@ -558,15 +540,7 @@ TEST(BuildTopologyTest, AutoThatBreaksTheChosenStrategysRulesIsRejected) {
 // it made on measured bandwidths; from then on the reconcile keeps the
 // master's (decidedBy: worker) instead of writing its own back.
 TEST(AutoStatusTest, TheMastersMeasuredChoiceReplacesTheOperatorsAndStays) {
-  World w{MakeJob(R"(  strategy: Auto
-  replicaSpecs:
-    Worker:
-      template:
-        spec:
-          containers:
-          - name: distrain
-            resources: {limits: {nvidia.com/gpu: 4}}
-)")};
+  World w{GpuWorkerJob("Auto", "{limits: {nvidia.com/gpu: 4}}")};
   Plan first = w.Step();
   EXPECT_EQ(first.status.strategy, "Mirrored");
   EXPECT_EQ(first.status.strategy_decided_by, api::kDecidedByOperator);
