@@ -282,6 +282,52 @@ TEST(ProgressReporterTest, AChiefThatStreamsForeverOrNeverAnswersCostsOnlyItsOwn
   EXPECT_GT(streamed.load(), options.scrape.max_response_bytes);
 }
 
+// spec.strategy Auto: a master that reports the choice it made on its GPUs
+// (worker/training_metrics.h ExportAutoStrategy) gets it into status.strategy
+// with the same patch as its progress; once the status says so, rounds that
+// see the same choice write only progress.
+TEST(ProgressReporterTest, TheMastersAutoChoiceIsPatchedIntoStatusStrategyOnce) {
+  std::atomic<int> requests{0};
+  TestServer chief([&](int fd, const std::atomic<bool>&) {
+    if (!TestServer::ReadRequest(fd)) return;
+    const std::string body = absl::StrCat(
+        "distrain_auto_strategy_info{reason=\"2 GPUs; CPU<->GPU 51.2 GB/s is faster than "
+        "GPU<->GPU 24.0 GB/s: variables on the CPU\",strategy=\"CentralStorage\"} 1\n"
+        "distrain_step ", 10 * ++requests, "\n");
+    TestServer::SendAll(fd, absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                                         "Content-Length: ", body.size(), "\r\n\r\n", body));
+  });
+  Json job = RunningJob("auto");
+  job["status"]["strategy"] = {{"name", "Mirrored"},
+                               {"reason", "2 GPUs (bandwidths not measured): a replica per GPU"},
+                               {"decidedBy", "operator"}};
+  std::vector<Json> patches;
+  kube::testing::ScriptedClient client;
+  client.SetFallback([&](const kube::testing::ScriptedClient::Call& call) {
+    patches.push_back(call.body);
+    job["status"]["progress"] = call.body["status"]["progress"];  // as the API server merges it
+    if (call.body["status"].contains("strategy")) {
+      job["status"]["strategy"] = call.body["status"]["strategy"];
+    }
+    return kube::testing::ScriptedClient::Reply(200, Json::object());
+  });
+  ProgressReporter reporter(&client, {.jobs = [&] { return std::vector<Json>{job}; },
+                                      .pods = [&](const std::string&, const std::string&) {
+                                        return std::vector<Json>{MasterPod(chief.port())};
+                                      }});
+  reporter.ReportOnce();
+  ASSERT_EQ(patches.size(), 1u);
+  EXPECT_EQ(patches[0]["status"]["strategy"]["name"], "CentralStorage");
+  EXPECT_EQ(patches[0]["status"]["strategy"]["decidedBy"], "worker");
+  EXPECT_NE(patches[0]["status"]["strategy"]["reason"].get<std::string>().find("51.2 GB/s"),
+            std::string::npos);
+  EXPECT_EQ(patches[0]["status"]["progress"]["step"], 10);
+  reporter.ReportOnce();
+  ASSERT_EQ(patches.size(), 2u);
+  EXPECT_FALSE(patches[1]["status"].contains("strategy")) << patches[1].dump();
+  EXPECT_EQ(patches[1]["status"]["progress"]["step"], 20);
+}
+
 TEST(ProgressReporterTest, MoreJobsThanConnectionsStillEndWithinTheirOwnDeadlines) {
   // 3 silent jobs and 2 normal ones through 2 connections at a time: the
   // normal ones wait for a free connection, but each scrape's own deadline
