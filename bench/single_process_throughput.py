@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Single-process training throughput: distrain vs TensorFlow Keras, same run.
+"""Single-process training throughput: distrain vs TensorFlow Keras and PyTorch, same run.
 
 Model MLP 784-1024-1024-10 (ReLU), softmax cross-entropy, Adam, float32,
-batch 256, on CPU. Both sides train on in-memory synthetic data of the same
-shape; both are timed over the same number of steps after a warm-up, so data
-generation, start-up and graph tracing are excluded. Peak RSS is the whole
-process's (wait4's ru_maxrss).
+batch 256, on the CPU or (--device gpu) a GPU. Every side trains on in-memory
+synthetic data of the same shape; all are timed over the same number of steps
+after a warm-up, so data generation, start-up and graph tracing are excluded.
+Peak RSS is the whole process's (wait4's ru_maxrss). Sides: distrain
+(distrain-worker, OneDevice: GPU 0 when a CUDA build sees one), tf
+(peers/tf_keras_mlp.py, tensorflow-cpu: CPU only), torch (peers/torch_mlp.py,
+PyTorch eager; torch from bench/peers/setup_torch.sh or $DISTRAIN_TORCH_PYTHON).
 
   bench/single_process_throughput.py [--steps 200] [--warmup 40] [--repeats 2]
+                                     [--sides distrain,tf,torch] [--device cpu|gpu]
 
-Prints each figure, the ratio distrain/TF, and exits 0 (not a pass/fail test);
+Prints each figure, the ratios distrain/peer, and exits 0 (not a pass/fail test);
 appends one JSON line to bench/records/single_process_throughput.jsonl (machine,
 load before and after, every round) unless --no-record.
 """
@@ -26,7 +30,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import append_record, uptime  # noqa: E402
+from benchlib import append_record, torch_python, uptime  # noqa: E402
 
 PEERS_PY = os.path.join(os.path.expanduser(os.environ.get("DISTRAIN_CACHE", "~/.cache/distrain")),
                         "peers-venv", "bin", "python")
@@ -92,35 +96,64 @@ def tf_examples_per_second(steps, warmup):
     return json.loads(m.group(1))["examples_per_second"], rss
 
 
+def torch_examples_per_second(steps, warmup, device):
+    script = os.path.join(ROOT, "bench", "peers", "torch_mlp.py")
+    out, rss, _ = run_measured([torch_python(), script, "--steps", str(steps), "--warmup", str(warmup),
+                                "--device", "cuda" if device == "gpu" else "cpu"])
+    m = re.search(r"^RESULT (\{.*\})$", out, re.M)
+    if not m:
+        sys.exit(f"PyTorch peer printed no RESULT line:\n{out}")
+    return json.loads(m.group(1))["examples_per_second"], rss
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=2, help="alternate the two this many times; best of each")
+    ap.add_argument("--repeats", type=int, default=2, help="alternate the sides this many times; best of each")
+    ap.add_argument("--sides", default="distrain,tf", help="subset of distrain,tf,torch (distrain is required)")
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                    help="gpu: distrain on GPU 0 (a CUDA build that sees one), PyTorch on cuda:0; no tf side")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
+    sides = args.sides.split(",")
+    if "distrain" not in sides:
+        sys.exit("single_process_throughput: --sides must include distrain")
+    if args.device == "gpu" and "tf" in sides:
+        sys.exit("single_process_throughput: --device gpu has no tf side (the peers' TensorFlow is tensorflow-cpu)")
     load_before = uptime()
-    d_rates, d_rss, t_rates, t_rss = [], [], [], []
+    run = {"distrain": lambda: distrain_examples_per_second(args.steps, args.warmup),
+           "tf": lambda: tf_examples_per_second(args.steps, args.warmup),
+           "torch": lambda: torch_examples_per_second(args.steps, args.warmup, args.device)}
+    rates = {s: [] for s in sides}
+    rss = {s: [] for s in sides}
     for i in range(args.repeats):
-        r, rss = distrain_examples_per_second(args.steps, args.warmup)
-        d_rates.append(r)
-        d_rss.append(rss)
-        print(f"  round {i + 1}: distrain {r:9.0f} examples/s, peak RSS {rss:6.0f} MiB", flush=True)
-        r, rss = tf_examples_per_second(args.steps, args.warmup)
-        t_rates.append(r)
-        t_rss.append(rss)
-        print(f"  round {i + 1}: tf-keras {r:9.0f} examples/s, peak RSS {rss:6.0f} MiB", flush=True)
-    d, t = max(d_rates), max(t_rates)
+        for side in sides:
+            r, peak = run[side]()
+            rates[side].append(r)
+            rss[side].append(peak)
+            print(f"  round {i + 1}: {side:9s} {r:9.0f} examples/s, peak RSS {peak:6.0f} MiB", flush=True)
+    best = {s: max(rates[s]) for s in sides}
     print()
-    print("single-process MLP 784-1024-1024-10, batch 256, Adam, float32, CPU "
+    print(f"single-process MLP 784-1024-1024-10, batch 256, Adam, float32, {args.device} "
           f"({os.cpu_count()} cores), {args.steps} timed steps after {args.warmup} warm-up")
     print(f"{'':12}{'examples/s':>12}{'peak RSS MiB':>14}")
-    print(f"{'distrain':12}{d:12.0f}{max(d_rss):14.0f}")
-    print(f"{'tf-keras':12}{t:12.0f}{max(t_rss):14.0f}")
-    print(f"ratio distrain/tf-keras: {d / t:.2f}x examples/s, {max(d_rss) / max(t_rss):.2f}x RSS")
+    for s in sides:
+        print(f"{s:12}{best[s]:12.0f}{max(rss[s]):14.0f}")
+    figures = {"device": args.device}
+    for s in sides:
+        figures[f"{s}_examples_per_s"] = rates[s]
+        figures[f"{s}_rss_mib"] = rss[s]
+    for peer in [s for s in sides if s != "distrain"]:
+        ratio = best["distrain"] / best[peer]
+        figures[f"distrain_over_{peer}"] = ratio
+        print(f"ratio distrain/{peer}: {ratio:.2f}x examples/s, "
+              f"{max(rss['distrain']) / max(rss[peer]):.2f}x RSS")
     print(f"uptime: {uptime()}")
     if not args.no_record:
-        append_record("single_process_throughput",
-                      {"distrain_examples_per_s": d_rates, "tf_examples_per_s": t_rates,
-                       "distrain_rss_mib": d_rss, "tf_rss_mib": t_rss, "distrain_over_tf": d / t},
-                      load_before, {"steps": args.steps, "warmup": args.warmup})
+        append_record("single_process_throughput", figures, load_before,
+                      {"steps": args.steps, "warmup": args.warmup, "sides": sides})
+
+
+if __name__ == "__main__":
+    main()

@@ -18,9 +18,10 @@
 #                               machine (a CUDA toolkit, or the nvidia-* Python
 #                               packages beside an installed PyTorch), runs the
 #                               GPU suites, then (unless GPU_CHECK_BENCH=0)
-#                               bench/cnn_training.py --device gpu against that
-#                               PyTorch; the log and the benchmark's record go
-#                               to $OUT when set
+#                               bench/cnn_training.py and
+#                               bench/single_process_throughput.py with
+#                               --device gpu against that PyTorch; the log and
+#                               the benchmarks' records go to $OUT when set
 #
 # Exit status: the test binary's (0 = every GPU test passed; GoogleTest prints
 # SKIPPED when no GPU was seen, which `run` turns into a failure, since the
@@ -95,6 +96,10 @@ case "${1:-}" in
           --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" --repeats 2 \
           --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
         tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu.jsonl" 2>/dev/null || true
+        DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
+          timeout 120 python3 bench/single_process_throughput.py --device gpu --sides distrain,torch \
+          2>&1 | tee -a "$out/gpu-check.log" || true
+        tail -1 bench/records/single_process_throughput.jsonl > "$out/single_process_throughput-gpu.jsonl" 2>/dev/null || true
       fi
     fi
     exit "$rc"
