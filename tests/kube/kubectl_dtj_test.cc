@@ -178,6 +178,28 @@ TEST_F(KubectlDtjTest, StatusShowsWhatAutoChoseAndWhy) {
       << out;
   EXPECT_THAT(out, HasSubstr("Strategy:    Auto -> MultiWorkerMirrored (2 training tasks (Chief + "
                              "Workers), one per machine"));
+
+  // The master's own choice, as the progress reporter patches it
+  // (operator/progress_reporter.h): the API server keeps decidedBy (the CRD
+  // declares it), the operator's reconciles leave it, the plugin says so.
+  Json patch = {{"status",
+                 {{"strategy",
+                   {{"name", "MultiWorkerMirrored"},
+                    {"reason", "2 training tasks (Chief + Workers), one per machine, as measured"},
+                    {"decidedBy", "worker"}}}}}};
+  r = client_->Request("PATCH", kube::ResourcePath(Jobs(), ns(), "au", "status"), &patch,
+                       "application/merge-patch+json");
+  ASSERT_TRUE(r.ok() && r->ok()) << (r.ok() ? r->message() : std::string(r.status().message()));
+  ASSERT_TRUE(WaitUntil([&] { return Dtj("status au -n " + ns(), &out) == 0 &&
+                                     out.find("measured by the master") != std::string::npos; },
+                        20))
+      << out;
+  EXPECT_THAT(out, HasSubstr("as measured; measured by the master)"));
+  // A reconcile later (a pod phase change) still shows the master's.
+  SetPhase("au-worker-0", "Running");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_EQ(Dtj("status au -n " + ns(), &out), 0);
+  EXPECT_THAT(out, HasSubstr("measured by the master")) << out;
 }
 
 TEST_F(KubectlDtjTest, WaitPrintsTransitionsAndExitsZeroWhenTheJobSucceeds) {
