@@ -310,7 +310,8 @@ d = json.load(open(sys.argv[1]))
 exprs = [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
 names = set(re.findall(r"\b((?:distrain|controller_runtime|workqueue|rest_client|leader_election)_[a-z_]+)", " ".join(exprs)))
 worker = {"distrain_steps_total", "distrain_examples_total", "distrain_loss", "distrain_step_duration_seconds_bucket",
-          "distrain_collective_bytes_total", "distrain_ps_rpc_seconds_bucket"}
+          "distrain_collective_bytes_total", "distrain_ps_rpc_seconds_bucket",
+          "distrain_device_copy_gigabytes_per_second", "distrain_auto_strategy_info"}
 operator = {"controller_runtime_reconcile_total", "workqueue_depth", "rest_client_requests_total", "leader_election_master_status"}
 missing = (worker | operator) - names
 if missing:
