@@ -6,7 +6,8 @@ namespace distrain {
 
 bool StrategyTrainsOnGpus(StrategyKind strategy) {
   return strategy == StrategyKind::kOneDevice || strategy == StrategyKind::kMirrored ||
-         strategy == StrategyKind::kCentralStorage;
+         strategy == StrategyKind::kCentralStorage ||
+         strategy == StrategyKind::kMultiWorkerMirrored;
 }
 
 absl::Status CheckDeviceUse(const JobConfig& config, const DeviceUseFacts& facts) {
@@ -37,10 +38,16 @@ absl::Status CheckDeviceUse(const JobConfig& config, const DeviceUseFacts& facts
     if (!on_gpus) {
       return absl::UnimplementedError(absl::StrCat(
           "spec.training.communication.implementation: NCCL: distrain trains ", strategy,
-          " on CPU threads only (ParameterServer and MultiWorkerMirrored are not on GPUs yet; "
-          "OneDevice, Mirrored and CentralStorage are), so NCCL has no GPU replicas to connect; "
+          " on CPU threads only (ParameterServer is not on GPUs yet; OneDevice, Mirrored, "
+          "CentralStorage and MultiWorkerMirrored are), so NCCL has no GPU replicas to connect; "
           "use implementation: Ring (or Auto), or strategy: Mirrored for the GPUs of one "
           "machine"));
+    }
+    if (config.strategy == StrategyKind::kMultiWorkerMirrored) {
+      return absl::UnimplementedError(
+          "spec.training.communication.implementation: NCCL: MultiWorkerMirrored on GPUs "
+          "all-reduces across workers over its TCP ring, through host memory; NCCL across "
+          "workers is not built yet; use implementation: Ring (or Auto)");
     }
   }
   if (facts.held_gpus == 0) return absl::OkStatus();
@@ -56,8 +63,8 @@ absl::Status CheckDeviceUse(const JobConfig& config, const DeviceUseFacts& facts
   if (!on_gpus) {
     return absl::UnimplementedError(absl::StrCat(
         holds, "distrain trains ", strategy,
-        " on CPU threads only (ParameterServer and MultiWorkerMirrored are not on GPUs yet; "
-        "OneDevice, Mirrored and CentralStorage are) and would keep them idle; remove the "
+        " on CPU threads only (ParameterServer is not on GPUs yet; OneDevice, Mirrored, "
+        "CentralStorage and MultiWorkerMirrored are) and would keep them idle; remove the "
         "nvidia.com/gpu request (and communication.implementation: NCCL, which asks for GPUs) "
         "to train on CPUs, or use strategy: Mirrored for the GPUs of one machine"));
   }

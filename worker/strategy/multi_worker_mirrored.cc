@@ -70,7 +70,13 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   rank_ = *rank;
   num_workers_ = cluster.num_training_tasks();
   chief_ = cluster.is_chief();
-  local_replicas_ = t.local_replicas > 0 ? t.local_replicas : 1;
+  local_replicas_ = t.local_replicas > 0 ? t.local_replicas : (gpus_ > 0 ? gpus_ : 1);
+  if (gpus_ > 0 && local_replicas_ > gpus_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.training.localReplicas: ", local_replicas_, " replicas per worker, but this process "
+        "sees ", gpus_, " GPU(s) and MultiWorkerMirrored puts one replica on each; set "
+        "localReplicas: 0 (one per GPU) or at most ", gpus_));
+  }
   const int64_t in_sync = static_cast<int64_t>(num_workers_) * local_replicas_;
   if (t.global_batch_size % in_sync != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -83,7 +89,7 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   bytes_per_pack_ = t.communication.bytes_per_pack;
   collective_options_.timeout = absl::Seconds(t.communication.timeout_seconds);
   collective_options_.tag = "gradients";
-  if (local_replicas_ > 1) {
+  if (local_replicas_ > 1 && gpus_ == 0) {
     const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int cores = std::max(1, std::min(hardware, cpu::BlasThreads()));
     const int blas = std::max(1, cores / local_replicas_);
@@ -144,9 +150,12 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   // 4.
   rendezvous_->StartWatching([this](const absl::Status& reason) { OnPeerFailure(reason); });
   spdlog::info(
-      "MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s), "
+      "MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s){}, "
       "ring all-reduce, buckets of {} bytes, timeout {}s{}",
-      rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_, bytes_per_pack_,
+      rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_,
+      gpus_ > 0 ? absl::StrCat(" on GPU:0..", local_replicas_ - 1, " (staged through host memory)")
+                : std::string(),
+      bytes_per_pack_,
       t.communication.timeout_seconds,
       elastic_ ? absl::StrCat(", elastic membership (", config.elastic_policy->min_replicas, "..",
                               config.elastic_policy->max_replicas, " workers)")
@@ -175,14 +184,27 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
   // The old collectives live until the end of this function: the replicas
   // drop them first (their communication threads are idle: the failed step
   // has returned).
+  // GPU replicas reach the host collectives through staging, one wrapper
+  // per replica handle.
+  std::vector<std::unique_ptr<HostStagedCollective>> new_staged;
+  if (gpus_ > 0) {
+    for (int l = 0; l < local_replicas_; ++l) {
+      Collective* handle = new_local.empty() ? new_ring.get() : new_local[l].get();
+      new_staged.push_back(
+          std::make_unique<HostStagedCollective>(handle, LocalReplicaDevice(l, gpus_)));
+    }
+  }
   std::shared_ptr<Collective> old_ring;
   std::vector<std::unique_ptr<Collective>> old_local;
+  std::vector<std::unique_ptr<HostStagedCollective>> old_staged;
   {
     absl::MutexLock lock(&mu_);
     old_ring = std::move(ring_);
     old_local = std::move(hierarchical_);
+    old_staged = std::move(staged_);
     ring_ = std::move(new_ring);
     hierarchical_ = std::move(new_local);
+    staged_ = std::move(new_staged);
   }
   if (replicas_ != nullptr) replicas_->ResetCollectives(ReplicaCollectives());
   generation_ = generation;
@@ -214,7 +236,9 @@ void MultiWorkerMirroredStrategy::AdoptMembership() {
 
 std::vector<Collective*> MultiWorkerMirroredStrategy::ReplicaCollectives() {
   std::vector<Collective*> collectives;
-  if (hierarchical_.empty()) {
+  if (!staged_.empty()) {
+    for (auto& c : staged_) collectives.push_back(c.get());
+  } else if (hierarchical_.empty()) {
     collectives.push_back(ring_.get());
   } else {
     for (auto& c : hierarchical_) collectives.push_back(c.get());
@@ -258,6 +282,9 @@ absl::Status MultiWorkerMirroredStrategy::CreateVariables(const ModelFactory& fa
   options.bytes_per_pack = bytes_per_pack_;
   options.collective_options = collective_options_;
   options.metrics = metrics_.get();
+  if (gpus_ > 0) {
+    for (int l = 0; l < local_replicas_; ++l) options.devices.push_back(LocalReplicaDevice(l, gpus_));
+  }
   auto replicas = LocalReplicas::Create(factory, optimizer, std::move(collectives), options);
   if (!replicas.ok()) return replicas.status();
   replicas_ = std::move(*replicas);
@@ -349,9 +376,13 @@ absl::StatusOr<int64_t> MultiWorkerMirroredStrategy::AgreeOnState(int64_t candid
   for (const auto& [name, shape] : slots) total += Tensor::NumElements(shape);
   std::vector<float> buffer(total);
   if (rank_ == root) {
+    // From the captured state (host copies), not the variables, which may
+    // live on a GPU.
     float* out = buffer.data();
-    for (Parameter* p : params)
-      out = std::copy(p->value.data(), p->value.data() + p->value.size(), out);
+    for (Parameter* p : params) {
+      const Tensor& t = state.tensors.at(absl::StrCat(kVariablePrefix, p->name));
+      out = std::copy(t.data(), t.data() + t.size(), out);
+    }
     for (const auto& [name, shape] : slots) {
       const Tensor& t = state.tensors.at(name);
       out = std::copy(t.data(), t.data() + t.size(), out);

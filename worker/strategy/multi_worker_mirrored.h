@@ -11,6 +11,7 @@
 #include "worker/collective/ring.h"
 #include "worker/coordination/rendezvous.h"
 #include "worker/strategy/collective_metrics.h"
+#include "worker/strategy/host_staged_collective.h"
 #include "worker/strategy/local_replicas.h"
 #include "worker/strategy/strategy.h"
 
@@ -116,6 +117,11 @@ namespace distrain {
 // the rendezvous' thread and only aborts collectives.
 class MultiWorkerMirroredStrategy : public Strategy {
  public:
+  // `gpus`: the GPUs of this process to place its local replicas on;
+  // kDetectGpus (local_replicas.h) finds them, 0 trains on CPU threads. On
+  // GPUs every replica's reductions go through host memory to the TCP ring
+  // (HostStagedCollective): localReplicas 0 means one replica per GPU.
+  explicit MultiWorkerMirroredStrategy(int gpus = kDetectGpus) : gpus_(GpusOrDetect(gpus)) {}
   ~MultiWorkerMirroredStrategy() override;
   const char* name() const override { return "MultiWorkerMirrored"; }
   absl::Status Init(const ClusterSpec& cluster, const JobConfig& config) override;
@@ -173,6 +179,9 @@ class MultiWorkerMirroredStrategy : public Strategy {
   std::unique_ptr<Rendezvous> rendezvous_;
   std::shared_ptr<Collective> ring_;                       // across processes
   std::vector<std::unique_ptr<Collective>> hierarchical_;  // L > 1: one per local replica
+  // On GPUs: per local replica, its ring or hierarchical handle behind host staging.
+  std::vector<std::unique_ptr<HostStagedCollective>> staged_;
+  const int gpus_;  // 0: replicas are CPU threads
 
   absl::Mutex mu_;  // orders the watcher's aborts against teardown
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -68,11 +68,11 @@ TEST(DeviceUseTest, APodHoldingGpusItWouldNotUseIsRefusedNamingTheRequest) {
                   .ok());
 }
 
-TEST(DeviceUseTest, OnlyTheSingleProcessStrategiesTrainOnGpus) {
+TEST(DeviceUseTest, EverySynchronousStrategyTrainsOnGpusButNotTheParameterServer) {
   EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kOneDevice));
   EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kMirrored));
   EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kCentralStorage));
-  EXPECT_FALSE(StrategyTrainsOnGpus(StrategyKind::kMultiWorkerMirrored));
+  EXPECT_TRUE(StrategyTrainsOnGpus(StrategyKind::kMultiWorkerMirrored));
   EXPECT_FALSE(StrategyTrainsOnGpus(StrategyKind::kParameterServer));
 }
 
@@ -130,16 +130,17 @@ INSTANTIATE_TEST_SUITE_P(
         // them, the others train on CPU as they always did.
         RuleCase{"MirroredOnALocalGpuHost", StrategyKind::kMirrored, kAuto, 0, kGpuHostNoPod, kOk,
                  "", ""},
-        RuleCase{"MwmsOnALocalGpuHostUsesCpu", StrategyKind::kMultiWorkerMirrored, kAuto, 0,
+        RuleCase{"MwmsOnALocalGpuHost", StrategyKind::kMultiWorkerMirrored, kAuto, 0,
                  kGpuHostNoPod, kOk, "", ""},
-        // NCCL with strategies that do not train on GPUs.
+        RuleCase{"MwmsOnGpus", StrategyKind::kMultiWorkerMirrored, kAuto, 0, kGpuPod, kOk, "", ""},
+        // MultiWorkerMirrored on GPUs reduces across workers over its TCP
+        // ring, so NCCL names what it would need.
         RuleCase{"MwmsNccl", StrategyKind::kMultiWorkerMirrored, kNccl, 0, kGpuPod,
-                 kUnimplemented, kNcclField, "MultiWorkerMirrored are not on GPUs yet"},
+                 kUnimplemented, kNcclField, "NCCL across workers is not built yet"},
+        // NCCL with a strategy that does not train on GPUs.
         RuleCase{"PsNccl", StrategyKind::kParameterServer, kNccl, 0, kGpuHostNoPod, kUnimplemented,
                  kNcclField, "trains ParameterServer on CPU threads only"},
         // A pod holding GPUs a CPU strategy would leave idle.
-        RuleCase{"MwmsHoldingGpus", StrategyKind::kMultiWorkerMirrored, kAuto, 0, kGpuPod,
-                 kUnimplemented, kHolds, "not on GPUs yet"},
         RuleCase{"PsHoldingGpus", StrategyKind::kParameterServer, kAuto, 0, kOneGpuPod,
                  kUnimplemented, kHolds, "remove the nvidia.com/gpu request"},
         // A pod holding GPUs it cannot see would train on CPU threads.
@@ -152,6 +153,8 @@ INSTANTIATE_TEST_SUITE_P(
                  kHolds, "OneDevice trains on one GPU and would keep 1 idle"},
         RuleCase{"MirroredBelowTheGpus", StrategyKind::kMirrored, kAuto, 1, kGpuPod, kPrecondition,
                  kReplicasField, "1 would stay idle"},
+        RuleCase{"MwmsBelowTheGpus", StrategyKind::kMultiWorkerMirrored, kAuto, 1, kGpuPod,
+                 kPrecondition, kReplicasField, "1 would stay idle"},
         RuleCase{"CentralStorageBelowTheGpus", StrategyKind::kCentralStorage, kAuto, 1, kGpuPod,
                  kPrecondition, kReplicasField, "set localReplicas: 0 (one per GPU)"}),
     [](const ::testing::TestParamInfo<RuleCase>& info) { return info.param.name; });
