@@ -349,7 +349,14 @@ absl::StatusOr<Topology> BuildTopology(const api::DistributedTrainingJob& job,
   // ClusterSpec::ToJson's "cluster", so the kubelet's expansion of TF_CONFIG
   // gives ToJson's bytes exactly.
   t.cluster_json = nlohmann::ordered_json::parse(check->ToJson())["cluster"].dump();
-  t.job_config_json = JobConfigToJson(t.config);
+  // spec.strategy Auto reaches the worker as Auto: it decides again with the
+  // same table on what it finds — the GPUs it sees and the bandwidths it
+  // measures, which the operator cannot know. The rows that shape the pods
+  // depend on the replicas only, so its choice always fits the pods planned
+  // here; it reports the choice, which becomes status.strategy.
+  JobConfig passed = t.config;
+  if (job.spec.strategy == StrategyKind::kAuto) passed.strategy = StrategyKind::kAuto;
+  t.job_config_json = JobConfigToJson(passed);
   return t;
 }
 

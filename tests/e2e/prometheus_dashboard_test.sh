@@ -12,14 +12,17 @@
 #      operator runs as a pod on the real node and leads;
 #   2. Prometheus runs with the scrape_configs read back from the installed
 #      ConfigMap (promtool checks it first);
-#   3. a MultiWorkerMirrored job (collectives, membership) and a
+#   3. a MultiWorkerMirrored job, asked for as Auto (collectives, membership,
+#      Auto's choice) and a
 #      ParameterServer job with an Evaluator (ps RPCs, traffic, staleness,
 #      evaluation) train, checkpointing often;
 #   4. every query of every panel and every query variable in
 #      charts/distrain/dashboards/*.json, as Grafana sends it with the
 #      namespace and both jobs selected, returns a finite sample through
 #      /api/v1/query (tests/e2e/dashboard_queries.py); the test fails naming
-#      each empty panel. A query of a series nobody exports must come back
+#      each empty panel. The one panel a CPU node cannot fill (Auto's measured
+#      GPU bandwidths) must still evaluate;
+#   5. the Auto job's status.strategy is its master's choice (decidedBy: worker). A query of a series nobody exports must come back
 #      empty (the checker's own control).
 # Everything runs in one namespace under the restricted Pod Security Standard;
 # the pods run on the real node (scripts/node.sh) and Prometheus, a host
@@ -106,7 +109,7 @@ apiVersion: distrain.io/v1alpha1
 kind: DistributedTrainingJob
 metadata: {name: mwms}
 spec:
-  strategy: MultiWorkerMirrored
+  strategy: Auto            # two training tasks: MultiWorkerMirrored, and the Auto panel fills
   replicaSpecs:
     Chief: {replicas: 1}
     Worker: {replicas: 1}
@@ -151,7 +154,20 @@ t_check=$SECONDS
 python3 "$ROOT/tests/e2e/dashboard_queries.py" --prometheus "$E2E_PROMETHEUS_URL" --timeout "$WAIT_S" \
   --var "namespace=$NS" --var "job=(mwms|ps)" \
   --expect-empty "distrain_steps_total{namespace=\"$NS\", job_name=\"no-such-job\"}" \
+  --no-data-expected "Auto: measured copy bandwidth=measured only by a worker that sees several GPUs" \
   "$ROOT"/charts/distrain/dashboards/*.json || fail "dashboard panels without data (above)"
 echo "ok: every dashboard query has data ($((SECONDS - t_check)) s after the jobs ran)"
+
+# Auto's choice as the master made it reaches the job's status (the operator's
+# progress reporter copies it from the same /metrics).
+decided=""
+for _ in $(seq 1 30); do
+  decided=$(k get dtj mwms -o jsonpath='{.status.strategy.decidedBy}/{.status.strategy.name}' 2>/dev/null)
+  [ "$decided" = "worker/MultiWorkerMirrored" ] && break
+  sleep 1
+done
+[ "$decided" = "worker/MultiWorkerMirrored" ] ||
+  fail "status.strategy of the Auto job is '$decided', want the master's choice: worker/MultiWorkerMirrored"
+echo "ok: status.strategy of the Auto job is the master's choice ($decided)"
 
 echo "PASS ($((SECONDS - start)) s)"

@@ -10,6 +10,7 @@
 
 #include "common/cluster_spec.h"
 #include "common/device_use.h"
+#include "common/auto_strategy.h"
 #include "common/job_config.h"
 #include "operator/controller/checkpoint_volume.h"
 #include "gmock/gmock.h"
@@ -174,10 +175,21 @@ TEST_P(TopologyTest, DesiredPodsServicesAndTfConfig) {
     std::set<std::string> keys;
     for (const auto& [k, v] : tf.items()) keys.insert(k);
     EXPECT_EQ(keys, (std::set<std::string>{"cluster", "task", "environment"}));
-    // DISTRAIN_JOB_CONFIG is what the worker parses, with Auto resolved.
+    // DISTRAIN_JOB_CONFIG is what the worker parses. Auto stays Auto there,
+    // and the worker, seeing the GPUs its pod holds, resolves it to what the
+    // pods were planned for.
     absl::StatusOr<JobConfig> config = ParseJobConfigJson(EnvValue(pod, "DISTRAIN_JOB_CONFIG"));
     ASSERT_TRUE(config.ok()) << config.status();
-    EXPECT_EQ(StrategyName(config->strategy), c.strategy_in_job_config);
+    EXPECT_EQ(config->strategy, w.job.spec.strategy);
+    JobConfig seen = *config;
+    if (seen.strategy == StrategyKind::kAuto) {
+      DeviceFacts facts;
+      facts.gpus = std::stoi(EnvValue(pod, kPodGpusEnv));
+      auto resolved = ResolveAutoStrategy(seen, facts);
+      ASSERT_TRUE(resolved.ok()) << resolved.status();
+      seen = resolved->first;
+    }
+    EXPECT_EQ(StrategyName(seen.strategy), c.strategy_in_job_config);
     EXPECT_TRUE(ValidateJobConfig(*config).ok());
     EXPECT_EQ(config->name, "mnist");
     EXPECT_EQ(config->namespace_, "team-a");
@@ -234,7 +246,16 @@ TEST(TopologyTest, EveryExampleGetsPodsTheWorkerAccepts) {
       absl::StatusOr<JobConfig> config = ParseJobConfigJson(EnvValue(pod, "DISTRAIN_JOB_CONFIG"));
       ASSERT_TRUE(config.ok()) << config.status();
       EXPECT_TRUE(ValidateJobConfig(*config).ok());
-      EXPECT_NE(config->strategy, StrategyKind::kAuto);  // resolved by the operator
+      // Auto reaches the worker as Auto (it decides on its own devices), and
+      // then chooses what the operator planned the pods for.
+      EXPECT_EQ(config->strategy, job->spec.strategy);
+      if (config->strategy == StrategyKind::kAuto) {
+        auto resolved = ResolveAutoStrategy(*config, DeviceFacts{});
+        ASSERT_TRUE(resolved.ok()) << resolved.status();
+        absl::StatusOr<Topology> planned = BuildTopology(*job, ControllerOptions{});
+        ASSERT_TRUE(planned.ok()) << planned.status();
+        EXPECT_EQ(resolved->first.strategy, planned->config.strategy);
+      }
     }
   }
   EXPECT_GE(examples, 7);
