@@ -59,6 +59,9 @@ std::string PairString(const std::array<int64_t, 2>& pair) {
   return absl::StrCat("[", pair[0], ", ", pair[1], "]");
 }
 
+// The most elements one variable or one example's activation may have.
+constexpr int64_t kMaxTensorElements = (int64_t{1} << 31) - 1;
+
 // Product of the dimensions, saturating so that absurd shapes compare as
 // "too many" instead of wrapping.
 int64_t Elements(const std::vector<int64_t>& shape) {
@@ -441,6 +444,31 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       case LayerKind::kActivation:
         out = current;
         break;
+    }
+    // Sizes a process can hold: every variable and every example's output
+    // within int32 indexing (what BLAS, oneDNN and cuDNN's extents take),
+    // so an absurd kernelSize, filters or units is refused here by name
+    // instead of failing an allocation when the model is built.
+    if (out && current) {
+      std::optional<std::pair<int64_t, std::string>> kernel;
+      if (layer.kind == LayerKind::kConv2D && current->size() == 3) {
+        kernel = {{Elements({layer.kernel_size[0], layer.kernel_size[1], (*current)[2],
+                             layer.filters}),
+                   "kernelSize x input channels x filters"}};
+      } else if (layer.kind == LayerKind::kDense) {
+        kernel = {{Elements({Elements(*current), layer.units}), "input features x units"}};
+      }
+      if (kernel && kernel->first > kMaxTensorElements) {
+        issues.Add(i, layer.kind,
+                   absl::StrCat("its kernel would hold ", kernel->first, " floats (",
+                                kernel->second, "), more than the ", kMaxTensorElements,
+                                " one variable may hold; make it smaller"));
+      } else if (Elements(*out) > kMaxTensorElements) {
+        issues.Add(i, layer.kind,
+                   absl::StrCat("its output ", ShapeString(*out), " would hold ",
+                                Elements(*out), " floats per example, more than the ",
+                                kMaxTensorElements, " a tensor may hold; make it smaller"));
+      }
     }
     current = out;
     shapes.push_back(out.value_or(std::vector<int64_t>{}));

@@ -292,6 +292,41 @@ TEST(KerasAxisWindowTest, MatchesKerasOutputShapes) {
   }
 }
 
+// Sizes no process can hold are refused by name before anything is
+// allocated (the keras_json fuzzer found a 77-billion-float Conv2D kernel
+// that reached the allocator).
+TEST(InferLayerShapesTest, VariablesAndActivationsBeyondInt32ElementsAreRefusedByName) {
+  LayerConfig conv = Layer(LayerKind::kConv2D, "c");
+  conv.filters = 8;
+  conv.kernel_size = {3, 3222222222};
+  conv.padding = PaddingKind::kSame;
+  absl::StatusOr<Shapes> huge_kernel = InferLayerShapes({conv}, {28, 28, 1});
+  ASSERT_FALSE(huge_kernel.ok());
+  EXPECT_THAT(std::string(huge_kernel.status().message()),
+              ::testing::HasSubstr("layers[0] (Conv2D): its kernel would hold 77333333328 floats"));
+
+  LayerConfig wide = Layer(LayerKind::kDense, "d");
+  wide.units = int64_t{1} << 30;
+  absl::StatusOr<Shapes> huge_dense = InferLayerShapes({wide}, {784});
+  ASSERT_FALSE(huge_dense.ok());
+  EXPECT_THAT(std::string(huge_dense.status().message()),
+              ::testing::HasSubstr("(input features x units)"));
+
+  LayerConfig many = Layer(LayerKind::kConv2D, "m");
+  many.filters = int64_t{1} << 22;
+  many.kernel_size = {1, 1};
+  absl::StatusOr<Shapes> huge_output = InferLayerShapes({many}, {28, 28, 1});
+  ASSERT_FALSE(huge_output.ok());
+  EXPECT_THAT(std::string(huge_output.status().message()),
+              ::testing::HasSubstr("floats per example"));
+
+  // The guide's CNN is nowhere near.
+  LayerConfig guide = Layer(LayerKind::kConv2D, "g");
+  guide.filters = 32;
+  guide.kernel_size = {3, 3};
+  EXPECT_TRUE(InferLayerShapes({guide}, {28, 28, 1}).ok());
+}
+
 TEST(KerasAxisWindowTest, SamePaddingPutsTheOddElementAfter) {
   // TensorFlow: total = max((out - 1) * s + k - in, 0), before = total / 2.
   struct Case {
