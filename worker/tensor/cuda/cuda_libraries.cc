@@ -68,18 +68,14 @@ Libraries Load() {
         !s.ok()) {
       return s;
     }
+    // Every function of every table; the first that is missing is the error.
     absl::Status resolved;
-#define DISTRAIN_RESOLVE(library, table)                                           \
-  [&](const char* name, auto& member) {                                            \
-    if (resolved.ok()) resolved = Resolve(*libs.library, name, member);            \
-  }
-    auto cublas = DISTRAIN_RESOLVE(cublas, cublas_api);
-    auto cudnn = DISTRAIN_RESOLVE(cudnn, cudnn_api);
-    auto nccl = DISTRAIN_RESOLVE(nccl, nccl_api);
-#undef DISTRAIN_RESOLVE
-#define DISTRAIN_CUBLAS_RESOLVE(function) cublas(#function, libs.cublas_api.function);
-#define DISTRAIN_CUDNN_RESOLVE(function) cudnn(#function, libs.cudnn_api.function);
-#define DISTRAIN_NCCL_RESOLVE(function) nccl(#function, libs.nccl_api.function);
+    auto resolve = [&resolved](const SharedLibrary& library, const char* name, auto& member) {
+      if (resolved.ok()) resolved = Resolve(library, name, member);
+    };
+#define DISTRAIN_CUBLAS_RESOLVE(function) resolve(*libs.cublas, #function, libs.cublas_api.function);
+#define DISTRAIN_CUDNN_RESOLVE(function) resolve(*libs.cudnn, #function, libs.cudnn_api.function);
+#define DISTRAIN_NCCL_RESOLVE(function) resolve(*libs.nccl, #function, libs.nccl_api.function);
     DISTRAIN_CUBLAS_FUNCTIONS(DISTRAIN_CUBLAS_RESOLVE)
     DISTRAIN_CUDNN_FUNCTIONS(DISTRAIN_CUDNN_RESOLVE)
     DISTRAIN_NCCL_FUNCTIONS(DISTRAIN_NCCL_RESOLVE)

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/unit/worker/model/device_test_util.h"
 #include "tests/unit/worker/strategy/local_step_util.h"
@@ -111,6 +112,17 @@ std::vector<Tensor> Tensors(const CheckpointState& state) {
   return ::testing::AssertionSuccess();
 }
 
+// Trains `want` and `got` on the same batches and compares every variable
+// and optimizer slot within 1e-4; `what` names the case in a failure.
+void ExpectTrainsAlike(Strategy& want_strategy, Strategy& got_strategy,
+                       const std::vector<testing::ImageBatch>& batches,
+                       const std::string& what = "") {
+  const CheckpointState want = Train(want_strategy, batches);
+  const CheckpointState got = Train(got_strategy, batches);
+  ASSERT_TRUE(SameNames(want, got));
+  EXPECT_TRUE(testing::AllClose(Tensors(want), Tensors(got), 1e-4)) << what;
+}
+
 // (a)
 TEST(GpuStrategiesTest, OneDeviceOnGpuZeroTrainsLikeOneDeviceOnTheCpu) {
   if (VisibleGpus() == 0) GTEST_SKIP() << "no GPU visible (or a CPU-only build)";
@@ -120,10 +132,7 @@ TEST(GpuStrategiesTest, OneDeviceOnGpuZeroTrainsLikeOneDeviceOnTheCpu) {
   auto gpu = Make(job, kDetectGpus);
   ASSERT_EQ(cpu->primary_model()->device(), DeviceId::Cpu());
   ASSERT_EQ(gpu->primary_model()->device(), DeviceId::Cuda(0));
-  const CheckpointState want = Train(*cpu, batches);
-  const CheckpointState got = Train(*gpu, batches);
-  ASSERT_TRUE(SameNames(want, got));
-  EXPECT_TRUE(testing::AllClose(Tensors(want), Tensors(got), 1e-4));
+  ExpectTrainsAlike(*cpu, *gpu, batches);
 }
 
 // (b) With one GPU this is one replica on an NCCL group of one: still the
@@ -138,10 +147,7 @@ TEST(GpuStrategiesTest, MirroredOnEveryVisibleGpuTrainsLikeOneDeviceOnAGpu) {
   ASSERT_EQ(mirrored->num_local_replicas(), gpus) << "localReplicas 0: one per visible GPU";
   const std::vector<Model*> models = mirrored->local_models();
   for (int r = 0; r < gpus; ++r) EXPECT_EQ(models[r]->device(), DeviceId::Cuda(r));
-  const CheckpointState want = Train(*one, batches);
-  const CheckpointState got = Train(*mirrored, batches);
-  ASSERT_TRUE(SameNames(want, got));
-  EXPECT_TRUE(testing::AllClose(Tensors(want), Tensors(got), 1e-4)) << gpus << " GPU(s)";
+  ExpectTrainsAlike(*one, *mirrored, batches, absl::StrCat(gpus, " GPU(s)"));
 }
 
 // (c) TensorFlow's rule: with one device the variables live on it.
@@ -154,10 +160,7 @@ TEST(GpuStrategiesTest, CentralStorageWithOneGpuIsOneDeviceOnThatGpu) {
   ASSERT_EQ(central->num_local_replicas(), 1);
   EXPECT_EQ(central->primary_model()->device(), DeviceId::Cuda(0))
       << "one GPU: the variables live on it, not on the host";
-  const CheckpointState want = Train(*one, batches);
-  const CheckpointState got = Train(*central, batches);
-  ASSERT_TRUE(SameNames(want, got));
-  EXPECT_TRUE(testing::AllClose(Tensors(want), Tensors(got), 1e-4));
+  ExpectTrainsAlike(*one, *central, batches);
 }
 
 // On every visible GPU: with several, variables and optimizer on the host and
@@ -179,10 +182,7 @@ TEST(GpuStrategiesTest, CentralStorageOnEveryVisibleGpuTrainsLikeOneDeviceOnAGpu
     EXPECT_EQ(models[0]->device(), DeviceId::Cpu());
     for (int r = 0; r < gpus; ++r) EXPECT_EQ(models[r + 1]->device(), DeviceId::Cuda(r));
   }
-  const CheckpointState want = Train(*one, batches);
-  const CheckpointState got = Train(*central, batches);
-  ASSERT_TRUE(SameNames(want, got));
-  EXPECT_TRUE(testing::AllClose(Tensors(want), Tensors(got), 1e-4)) << gpus << " GPU(s)";
+  ExpectTrainsAlike(*one, *central, batches, absl::StrCat(gpus, " GPU(s)"));
 }
 
 // (c) Two replicas on a one-GPU host: refused, as TensorFlow puts one replica
