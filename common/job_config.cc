@@ -96,6 +96,12 @@ constexpr EnumName<OptimizerType> kOptimizerTypes[] = {
     {"momentum", OptimizerType::kMomentum},
     {"adam", OptimizerType::kAdam},
 };
+// Keras' policy names (keras.mixed_precision.set_global_policy).
+constexpr EnumName<Precision> kPrecisions[] = {
+    {"float32", Precision::kFloat32},
+    {"mixed_bfloat16", Precision::kMixedBfloat16},
+    {"mixed_float16", Precision::kMixedFloat16},
+};
 constexpr EnumName<CollectiveImplementation> kImplementations[] = {
     {"Auto", CollectiveImplementation::kAuto},
     {"Ring", CollectiveImplementation::kRing},
@@ -1398,6 +1404,7 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.evalEverySteps", DISTRAIN_REF(training.eval_every_steps), Min(0)),
       Field("training.localReplicas", DISTRAIN_REF(training.local_replicas), Min(0)),
       Field("training.maxStaleness", DISTRAIN_REF(training.max_staleness), Min(0)),
+      EnumField("training.precision", DISTRAIN_REF(training.model.precision), kPrecisions),
   };
   return *kFields;
 }
@@ -1799,6 +1806,15 @@ const char* StrategyName(StrategyKind kind) {
   return name ? name : "Unknown";
 }
 
+const char* PrecisionName(Precision precision) {
+  const char* name = ToName(kPrecisions, precision);
+  return name ? name : "Unknown";
+}
+
+std::optional<Precision> ParsePrecisionName(const std::string& name) {
+  return FromName(kPrecisions, name);
+}
+
 std::optional<StrategyKind> ParseStrategyName(const std::string& name) {
   return FromName(kStrategies, name);
 }
@@ -2170,6 +2186,15 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
         issues.Add("spec.replicaSpecs.Chief.replicas",
                    "ParameterServer needs exactly 1 Chief (the coordinator), got 0; add Chief: "
                    "{replicas: 1}");
+      }
+      // Dynamic loss scaling needs every update to see the scale its
+      // gradient was computed with; asynchronous pushes from workers with
+      // their own scales would mix them.
+      if (config.training.model.precision == Precision::kMixedFloat16) {
+        issues.Add("spec.training.precision",
+                   "mixed_float16 needs dynamic loss scaling, which distrain runs only in the "
+                   "synchronous strategies; use mixed_bfloat16 (no loss scaling needed) or a "
+                   "synchronous strategy");
       }
       break;
     case StrategyKind::kTPU:

@@ -50,6 +50,18 @@ struct ReplicaSpec {
   bool operator==(const ReplicaSpec&) const = default;
 };
 
+// spec.training.precision: Keras' dtype policy for every layer. float32:
+// everything in FP32. mixed_bfloat16 / mixed_float16: variables and the
+// optimizer stay FP32; layers compute in the 16-bit type (their inputs,
+// kernels and outputs rounded to it, products accumulated in FP32), the
+// loss is FP32; mixed_float16 adds Keras' dynamic loss scaling
+// (worker/model/loss_scale.h). Lives with the model because a Keras file
+// records it per layer.
+enum class Precision { kFloat32, kMixedBfloat16, kMixedFloat16 };
+
+const char* PrecisionName(Precision precision);  // "mixed_bfloat16"
+std::optional<Precision> ParsePrecisionName(const std::string& name);
+
 // spec.training.model (common/model_spec.h): a Keras layer stack, or the
 // mlp shorthand.
 struct ModelConfig {
@@ -60,6 +72,7 @@ struct ModelConfig {
   std::string activation = "relu";       // mlp: only "relu"
   std::vector<LayerConfig> layers;       // sequential; names assigned (AssignLayerNames)
   LossConfig loss;
+  Precision precision = Precision::kFloat32;  // spec.training.precision
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -62,7 +62,8 @@ std::vector<int64_t> Conv2D::OutputShape(const std::vector<int64_t>& input_shape
 
 void Conv2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   window_ = Window(input.shape());
-  ops::Conv2DForward(window_, input, kernel_.value, use_bias_ ? &bias_.value : nullptr, output);
+  const Tensor& kernel = ComputeKernel(kernel_.value, &kernel_compute_);
+  ops::Conv2DForward(window_, input, kernel, use_bias_ ? &bias_.value : nullptr, output, compute_);
   if (!activation_.is_linear()) activation_.Forward(*output, output);
   input_ = &input;
 }
@@ -75,11 +76,16 @@ void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
   const Tensor* dz = &grad_output;
   if (!activation_.is_linear()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
+    RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
   ops::Conv2DBackwardWeights(window_, *input_, *dz, &kernel_.grad,
-                             use_bias_ ? &bias_.grad : nullptr);
-  if (grad_input != nullptr) ops::Conv2DBackwardData(window_, *dz, kernel_.value, grad_input);
+                             use_bias_ ? &bias_.grad : nullptr, compute_);
+  if (grad_input != nullptr) {
+    // The rounded kernel of this step's Forward (the variable has not changed since).
+    const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
+    ops::Conv2DBackwardData(window_, *dz, kernel, grad_input, compute_);
+  }
 }
 
 // ---- Pooling2D ------------------------------------------------------------

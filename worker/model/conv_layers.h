@@ -50,6 +50,7 @@ class Conv2D : public Layer {
   const Tensor* input_ = nullptr;  // borrowed until Backward
   ops::Window2D window_;           // of the last Forward
   Tensor grad_pre_activation_;
+  Tensor kernel_compute_;  // the kernel rounded, under mixed precision
 };
 
 // MaxPooling2D / AveragePooling2D(pool_size, strides, padding). Average

@@ -32,6 +32,16 @@ Dense::Dense(std::string name, int64_t in_features, int64_t out_features, uint64
                       &kernel_.value);
 }
 
+const Tensor& Layer::ComputeKernel(const Tensor& kernel, Tensor* copy) const {
+  if (compute_ == ComputeType::kFloat32) return kernel;
+  ops::RoundTo(compute_, kernel, copy);
+  return *copy;
+}
+
+void Layer::RoundToComputeType(Tensor* t) const {
+  if (compute_ != ComputeType::kFloat32) ops::RoundTo(compute_, *t, t);
+}
+
 std::vector<Parameter*> Dense::parameters() {
   if (use_bias_) return {&kernel_, &bias_};
   return {&kernel_};
@@ -51,8 +61,9 @@ void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) 
   // Bias first, then one GEMM accumulating onto it (beta = 1): a single pass
   // over the output instead of GEMM + a separate bias pass.
   if (use_bias_) ops::BroadcastBias(bias_.value, output);
-  ops::MatMul(false, false, batch, out, in, 1.0f, input, kernel_.value, use_bias_ ? 1.0f : 0.0f,
-              output);
+  const Tensor& kernel = ComputeKernel(kernel_.value, &kernel_compute_);
+  ops::MatMul(false, false, batch, out, in, 1.0f, input, kernel, use_bias_ ? 1.0f : 0.0f, output,
+              compute_);
   if (!activation_.is_linear()) activation_.Forward(*output, output);
   input_ = &input;
   grad_output_ = nullptr;
@@ -72,16 +83,19 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
   const Tensor* dz = &grad_output;
   if (!activation_.is_linear()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
+    RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
   grad_output_ = dz;
   if (!factored_) {
-    ops::MatMul(true, false, in, out, batch, 1.0f, input, *dz, 0.0f, &kernel_.grad);
+    ops::MatMul(true, false, in, out, batch, 1.0f, input, *dz, 0.0f, &kernel_.grad, compute_);
   }
   if (use_bias_) ops::BiasGrad(*dz, &bias_.grad);
   if (grad_input != nullptr) {
     grad_input->Resize({batch, in}, dz->device_id());
-    ops::MatMul(false, true, batch, in, out, 1.0f, *dz, kernel_.value, 0.0f, grad_input);
+    // The rounded kernel of this step's Forward (the variable has not changed since).
+    const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
+    ops::MatMul(false, true, batch, in, out, 1.0f, *dz, kernel, 0.0f, grad_input, compute_);
   }
 }
 

@@ -86,6 +86,24 @@ class Layer {
   // outputs on their inputs' device.
   virtual void MoveTo(DeviceId device);
   virtual std::optional<GradFactors> KernelGradFactors() const { return std::nullopt; }
+
+  // The type the layer's matrix products and convolutions compute in (the
+  // model's precision, ComputeType). Under a 16-bit type the model hands
+  // every layer inputs and output gradients already rounded to it, and a
+  // layer with a kernel multiplies by a rounded copy of it — Keras' cast of
+  // the float32 variable — and rounds any other operand it forms itself.
+  void set_compute_type(ComputeType type) { compute_ = type; }
+  ComputeType compute_type() const { return compute_; }
+
+ protected:
+  // The kernel as the products read it: the variable itself under float32,
+  // else `copy` rounded to the compute type.
+  const Tensor& ComputeKernel(const Tensor& kernel, Tensor* copy) const;
+  // Rounds a tensor the layer formed itself to the compute type (a no-op
+  // under float32).
+  void RoundToComputeType(Tensor* t) const;
+
+  ComputeType compute_ = ComputeType::kFloat32;
 };
 
 // Keras' Dense on [batch, in]: y = activation(x W + b), W: [in, out]
@@ -119,6 +137,7 @@ class Dense : public Layer {
   const Tensor* input_ = nullptr;        // borrowed from the caller until Backward
   const Tensor* grad_output_ = nullptr;  // dL/d(x W + b) of the last Backward, for the factors
   Tensor grad_pre_activation_;           // dL/d(x W + b) when there is an activation
+  Tensor kernel_compute_;                // the kernel rounded, under mixed precision
   bool factored_ = false;
 };
 

@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
   model->num_classes_ = num_classes;
   model->seed_ = seed;
   model->loss_ = config.loss;
+  model->precision_ = config.precision;
 
   if (!sequential) {
     if (config.activation != "relu") {
@@ -163,20 +164,57 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
   return model;
 }
 
+ComputeType ComputeTypeOf(Precision precision) {
+  switch (precision) {
+    case Precision::kMixedBfloat16:
+      return ComputeType::kBfloat16;
+    case Precision::kMixedFloat16:
+      return ComputeType::kFloat16;
+    case Precision::kFloat32:
+      break;
+  }
+  return ComputeType::kFloat32;
+}
+
 void Model::Finalize(std::string summary) {
   activations_.resize(layers_.size());
   grads_.resize(layers_.size());
   first_parameter_layer_ = num_layers();
+  compute_ = ComputeTypeOf(precision_);
   for (int i = 0; i < num_layers(); ++i) {
     const bool has = !layers_[i]->parameters().empty();
     has_parameters_.push_back(has);
     if (has && first_parameter_layer_ == num_layers()) first_parameter_layer_ = i;
+    layers_[i]->set_compute_type(compute_);
+    // Layers that only rearrange their inputs' values (both ways) or select
+    // among them (forward) output rounded values already.
+    const std::string kind = layers_[i]->class_name();
+    const bool rearranges = kind == "Flatten" || kind == "Reshape";
+    const bool mixed = compute_ != ComputeType::kFloat32;
+    rounds_output_.push_back(mixed && !rearranges && kind != "MaxPooling2D");
+    rounds_grad_input_.push_back(mixed && !rearranges);
   }
   summary_ = absl::StrCat(summary, " (", num_parameters(), " params)");
 }
 
 const Tensor& Model::LayerInput(const Tensor& features) {
   const bool elsewhere = features.device_id() != device_;
+  if (compute_ != ComputeType::kFloat32) {
+    // Keras casts a mixed-precision model's input to the compute type.
+    if (elsewhere) {
+      input_.Resize(features.shape(), device_);
+      ops::Copy(features, &input_);
+      ops::RoundTo(compute_, input_, &input_);
+    } else {
+      ops::RoundTo(compute_, features, &input_);
+    }
+    if (reshape_input_) {
+      std::vector<int64_t> shape = {features.rank() == 0 ? 0 : features.dim(0)};
+      shape.insert(shape.end(), example_shape_.begin(), example_shape_.end());
+      input_.Resize(std::move(shape));
+    }
+    return input_;
+  }
   if (!reshape_input_ && !elsewhere) return features;
   // Batches arrive flat, [batch, prod(example_shape)]; image layers take
   // [batch, rows, cols, channels], the same elements in the same order.
@@ -207,6 +245,7 @@ const Tensor& Model::RunForward(const Tensor& features, const ForwardContext& ct
   for (size_t i = 0; i < layers_.size(); ++i) {
     if (before_layer_forward) before_layer_forward(static_cast<int>(i));
     layers_[i]->Forward(*x, &activations_[i], ctx);
+    if (rounds_output_[i]) ops::RoundTo(compute_, activations_[i], &activations_[i]);
     x = &activations_[i];
   }
   return *x;
@@ -215,8 +254,9 @@ const Tensor& Model::RunForward(const Tensor& features, const ForwardContext& ct
 LossResult Model::ComputeLoss(const Tensor& output, absl::Span<const int32_t> labels,
                               Tensor* grad) {
   const int64_t batch = output.rank() == 0 ? 0 : output.dim(0);
-  // The batch mean: every row's gradient carries 1 / batch.
-  const float scale = batch > 0 ? 1.0f / static_cast<float>(batch) : 0.0f;
+  // The batch mean: every row's gradient carries 1 / batch (times the loss
+  // scale of mixed_float16).
+  const float scale = batch > 0 ? loss_scale_ / static_cast<float>(batch) : 0.0f;
   ops::LossSums sums = ops::Loss(loss_.kind, from_logits_, output, labels, scale, grad);
   if (output_activation_ != ActivationKind::kLinear) {
     ops::ActivationForward(output_activation_, output, &activated_output_);
@@ -238,6 +278,10 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
   const Tensor& output = RunForward(features, ctx, before_layer_forward);
   const LossResult result = ComputeLoss(output, labels, &grad_logits_);
   last_train_loss_ = result;
+  const bool mixed = compute_ != ComputeType::kFloat32;
+  // Under mixed precision every gradient is a 16-bit value, as Keras' cast
+  // ops make them: the loss's float32 gradient enters the model rounded.
+  if (mixed) ops::RoundTo(compute_, grad_logits_, &grad_logits_);
   const Tensor* grad = &grad_logits_;
   for (int i = num_layers() - 1; i >= first_parameter_layer_; --i) {
     // grads_[i] = dL/d(input of layer i); not needed from the first layer
@@ -245,6 +289,12 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
     // (the largest one for a 784-wide input).
     Tensor* grad_input = i > first_parameter_layer_ ? &grads_[i] : nullptr;
     layers_[i]->Backward(*grad, grad_input);
+    if (mixed) {
+      if (grad_input != nullptr && rounds_grad_input_[i]) {
+        ops::RoundTo(compute_, *grad_input, grad_input);
+      }
+      for (Parameter* p : layers_[i]->parameters()) ops::RoundTo(compute_, p->grad, &p->grad);
+    }
     if (on_layer_grads_ready && has_parameters_[i]) on_layer_grads_ready(i);
     grad = grad_input;
   }

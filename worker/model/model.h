@@ -103,6 +103,16 @@ class Model {
   // Layer i's kernel-gradient factors, valid from on_layer_grads_ready(i)
   // until the next TrainStep; nullopt when not factored or no such layer.
   std::optional<GradFactors> kernel_grad_factors(int layer) const;
+  // spec.training.precision, and the type it computes in (float32 for the
+  // float32 policy; bfloat16 / float16 for the mixed ones, whose variables
+  // stay float32 while every activation and gradient holds 16-bit values).
+  Precision precision() const { return precision_; }
+  ComputeType compute_type() const { return compute_; }
+  // The factor TrainStep multiplies the loss gradient by (mixed_float16's
+  // dynamic loss scale, Optimizer::loss_scale; 1 otherwise). The parameter
+  // grads TrainStep leaves are scaled by it; the optimizer unscales them.
+  void set_loss_scale(float scale) { loss_scale_ = scale; }
+  float loss_scale() const { return loss_scale_; }
   // Scalar count of every variable, trainable and not (Keras' count_params).
   int64_t num_parameters() const;
   // One line: "mlp 784-128-10 (101770 params)" or "sequential conv2d[26,26,32]
@@ -151,7 +161,18 @@ class Model {
   // its largest GEMM this way).
   int first_parameter_layer_ = 0;
   std::string summary_;
+  Precision precision_ = Precision::kFloat32;
+  ComputeType compute_ = ComputeType::kFloat32;
+  // Per layer: whether its output / the gradient of its input is rounded to
+  // compute_ — under mixed precision every layer's but those that only
+  // rearrange values (and, forward, max pooling, which selects them).
+  std::vector<bool> rounds_output_;
+  std::vector<bool> rounds_grad_input_;
+  float loss_scale_ = 1.0f;
 };
+
+// The type a precision policy computes in.
+ComputeType ComputeTypeOf(Precision precision);
 
 }  // namespace distrain
 

@@ -17,7 +17,8 @@
 
 namespace distrain {
 
-void Optimizer::Apply(absl::Span<Parameter* const> params) {
+bool Optimizer::Apply(absl::Span<Parameter* const> params) {
+  if (loss_scale_ != nullptr && !loss_scale_->Update(params)) return false;
   ++iterations_;
   for (Parameter* p : params) {
     DISTRAIN_CHECK(p->grad.SameShape(p->value))
@@ -31,6 +32,29 @@ void Optimizer::Apply(absl::Span<Parameter* const> params) {
       ApplyDense(p->name, p->value.span(), p->grad.span(), iterations_);
     }
   }
+  return true;
+}
+
+void Optimizer::EnableDynamicLossScale(int64_t growth_steps) {
+  loss_scale_ = std::make_unique<DynamicLossScale>(growth_steps);
+}
+
+std::map<std::string, Tensor> Optimizer::SlotState() const {
+  std::map<std::string, Tensor> slots = RuleSlotState();
+  if (loss_scale_ != nullptr) loss_scale_->AddState(&slots);
+  return slots;
+}
+
+absl::Status Optimizer::RestoreState(const std::map<std::string, Tensor>& slots,
+                                     int64_t iterations) {
+  std::map<std::string, Tensor> rule_slots;
+  for (const auto& [name, tensor] : slots) {
+    if (!DynamicLossScale::IsStateKey(name)) rule_slots.emplace(name, tensor);
+  }
+  if (loss_scale_ != nullptr) {
+    if (absl::Status s = loss_scale_->RestoreState(slots); !s.ok()) return s;
+  }
+  return RestoreRuleState(rule_slots, iterations);
 }
 
 namespace {
@@ -178,9 +202,9 @@ class SgdOptimizer : public Optimizer {
     DISTRAIN_CUDA_ONLY(
         cuda::SgdUpdate(value->device_id().ordinal, value->size(), lr_, grad.data(), value->data()));
   }
-  std::map<std::string, Tensor> SlotState() const override { return {}; }
-  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
-                            int64_t iterations) override {
+  std::map<std::string, Tensor> RuleSlotState() const override { return {}; }
+  absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
+                                int64_t iterations) override {
     if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
     if (absl::Status s = slots_.Restore(slots, "sgd"); !s.ok()) return s;
     iterations_ = iterations;
@@ -213,9 +237,9 @@ class MomentumOptimizer : public Optimizer {
                                             momentum_, nesterov_, grad.data(), s[0].data(),
                                             value->data()));
   }
-  std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
-  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
-                            int64_t iterations) override {
+  std::map<std::string, Tensor> RuleSlotState() const override { return slots_.State(); }
+  absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
+                                int64_t iterations) override {
     if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
     if (absl::Status s = slots_.Restore(slots, "momentum"); !s.ok()) return s;
     iterations_ = iterations;
@@ -252,9 +276,9 @@ class AdamOptimizer : public Optimizer {
                                         CorrectedRate(iteration), beta1_, beta2_, epsilon_,
                                         grad.data(), s[0].data(), s[1].data(), value->data()));
   }
-  std::map<std::string, Tensor> SlotState() const override { return slots_.State(); }
-  absl::Status RestoreState(const std::map<std::string, Tensor>& slots,
-                            int64_t iterations) override {
+  std::map<std::string, Tensor> RuleSlotState() const override { return slots_.State(); }
+  absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
+                                int64_t iterations) override {
     if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
     if (absl::Status s = slots_.Restore(slots, "adam"); !s.ok()) return s;
     iterations_ = iterations;
@@ -277,6 +301,15 @@ class AdamOptimizer : public Optimizer {
 };
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
+                                                             Precision precision) {
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer = Create(config);
+  if (optimizer.ok() && precision == Precision::kMixedFloat16) {
+    (*optimizer)->EnableDynamicLossScale();
+  }
+  return optimizer;
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config) {
   // Only the fields the chosen rule reads are checked; the others keep their

@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "common/job_config.h"
 #include "worker/model/layer.h"
+#include "worker/model/loss_scale.h"
 
 namespace distrain {
 
@@ -24,11 +25,25 @@ namespace distrain {
 class Optimizer {
  public:
   static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config);
+  // The optimizer of a model trained under `precision`: with dynamic loss
+  // scaling for mixed_float16, as Keras' compile() wraps it.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(const OptimizerConfig& config,
+                                                           Precision precision);
   virtual ~Optimizer() = default;
 
   // One step over all params (their grad fields), each on its own device;
-  // iterations() += 1.
-  void Apply(absl::Span<Parameter* const> params);
+  // iterations() += 1. With dynamic loss scaling the grads are the scaled
+  // ones: Apply unscales them first, or skips the step (no variable, slot or
+  // iterations() changes) when they overflowed — see loss_scale.h. Returns
+  // whether the step was applied.
+  bool Apply(absl::Span<Parameter* const> params);
+
+  // Turns on Keras' LossScaleOptimizer around this optimizer (mixed_float16).
+  void EnableDynamicLossScale(int64_t growth_steps = DynamicLossScale::kGrowthSteps);
+  // The factor the model multiplies the loss gradient by: the dynamic scale,
+  // or 1 without loss scaling.
+  float loss_scale() const { return loss_scale_ ? loss_scale_->scale() : 1.0f; }
+  const DynamicLossScale* dynamic_loss_scale() const { return loss_scale_.get(); }
   // Update one variable with the given 1-based iteration (Adam's t). Slots
   // are created zero-filled on first use, sized like `value`.
   void ApplyDense(const std::string& name, absl::Span<float> value, absl::Span<const float> grad,
@@ -51,13 +66,24 @@ class Optimizer {
 
   int64_t iterations() const { return iterations_; }
   // Slot tensors for checkpoints, named "<param>/<slot>" (e.g.
-  // "dense_0/kernel/m"); restoring them makes the next step bit-identical to
-  // an uninterrupted run.
-  virtual std::map<std::string, Tensor> SlotState() const = 0;
-  virtual absl::Status RestoreState(const std::map<std::string, Tensor>& slots, int64_t iterations) = 0;
+  // "dense_0/kernel/m"), and the loss scale's state when there is one;
+  // restoring them makes the next step bit-identical to an uninterrupted
+  // run. A loss scale's keys in a checkpoint are ignored by an optimizer
+  // without one (the job's precision changed), and a loss scale missing
+  // from one starts afresh.
+  std::map<std::string, Tensor> SlotState() const;
+  absl::Status RestoreState(const std::map<std::string, Tensor>& slots, int64_t iterations);
 
  protected:
+  // The update rule's own slots (SlotState without the loss scale).
+  virtual std::map<std::string, Tensor> RuleSlotState() const = 0;
+  virtual absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
+                                        int64_t iterations) = 0;
+
   int64_t iterations_ = 0;
+
+ private:
+  std::unique_ptr<DynamicLossScale> loss_scale_;
 };
 
 }  // namespace distrain

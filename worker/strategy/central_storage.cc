@@ -73,7 +73,7 @@ absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory
   if (!host.ok()) return host.status();
   host_model_ = std::move(*host);
   host_params_ = host_model_->parameters();
-  auto opt = Optimizer::Create(optimizer);
+  auto opt = Optimizer::Create(optimizer, host_model_->precision());
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);
   if (num_replicas_ == 1) {
@@ -161,6 +161,7 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
   if (num_replicas_ == 1) {
     ReplicaContext ctx;
     ctx.model = host_model_.get();
+    host_model_->set_loss_scale(optimizer_->loss_scale());
     LossResult result = step_fn(ctx);
     optimizer_->Apply(host_params_);
     return StepOutput{result.loss, result.correct, examples};
@@ -174,6 +175,7 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     ctx.num_local_replicas = n;
     ctx.num_replicas_in_sync = n;
     ctx.model = replica_models_[r].get();
+    replica_models_[r]->set_loss_scale(optimizer_->loss_scale());
     results[r] = step_fn(ctx);  // 1.
     if (!host_grads_.empty()) {  // a GPU replica's gradients, to its host buffers
       for (size_t i = 0; i < host_grads_[r].size(); ++i) {

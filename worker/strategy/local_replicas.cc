@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<LocalReplicas>> LocalReplicas::Create(
     auto model = factory();
     if (!model.ok()) return model.status();
     (*model)->MoveTo(device(r));  // the optimizer's slots follow on first use
-    auto opt = Optimizer::Create(optimizer);
+    auto opt = Optimizer::Create(optimizer, (*model)->precision());
     if (!opt.ok()) return opt.status();
     set->models_.push_back(std::move(*model));
     set->optimizers_.push_back(std::move(*opt));
@@ -133,6 +133,7 @@ absl::StatusOr<StepOutput> LocalReplicas::Run(const StepFn& step_fn, int64_t exa
     const bool has_state = extras.size() > static_cast<int64_t>(kExtraHeader);
     if (has_state) PackStateVariables(model, state_before_step_[r].data(), device);
     reducer.BeginStep();
+    model.set_loss_scale(optimizers_[r]->loss_scale());
     results[r] = step_fn(ctx);
     stage_state();
     statuses[r] = reducer.FinishStep();

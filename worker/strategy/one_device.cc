@@ -22,7 +22,7 @@ absl::Status OneDeviceStrategy::CreateVariables(const ModelFactory& factory,
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   model_->MoveTo(device());  // the optimizer's slots follow on first use
-  auto opt = Optimizer::Create(optimizer);
+  auto opt = Optimizer::Create(optimizer, model_->precision());
   if (!opt.ok()) return opt.status();
   optimizer_ = std::move(*opt);
   return absl::OkStatus();
@@ -31,6 +31,7 @@ absl::Status OneDeviceStrategy::CreateVariables(const ModelFactory& factory,
 absl::StatusOr<StepOutput> OneDeviceStrategy::Run(const StepFn& step_fn, int64_t examples) {
   ReplicaContext ctx;
   ctx.model = model_.get();
+  model_->set_loss_scale(optimizer_->loss_scale());
   LossResult result = step_fn(ctx);
   optimizer_->Apply(model_->parameters());
   return StepOutput{result.loss, result.correct, examples};

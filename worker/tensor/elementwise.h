@@ -99,6 +99,65 @@ struct DropoutMask {
   }
 };
 
+// ---- Mixed precision ---------------------------------------------------------
+// A float32 rounded to the nearest value of a 16-bit type and kept as a
+// float32 (every bfloat16 and float16 value is exactly a float32), so
+// tensors keep one storage type while their values are the 16-bit type's.
+// Round to nearest, ties to even, as every conversion instruction does
+// (cvtneps2bf16, __float2bfloat16_rn, __float2half_rn); NaN stays NaN.
+
+DISTRAIN_HOST_DEVICE inline uint32_t FloatBits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  return bits;
+#endif
+}
+DISTRAIN_HOST_DEVICE inline float BitsFloat(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float x;
+  __builtin_memcpy(&x, &bits, sizeof x);
+  return x;
+#endif
+}
+
+// bfloat16: float32's exponent, 7 mantissa bits. Values beyond its largest
+// finite value by half an ulp or more round to infinity, as in hardware.
+struct RoundToBfloat16 {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    uint32_t bits = FloatBits(x);
+    if ((bits & 0x7f800000u) == 0x7f800000u) {  // inf stays; NaN stays NaN (quiet)
+      return (bits & 0x007fffffu) != 0 ? BitsFloat((bits | 0x00400000u) & 0xffff0000u) : x;
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // a carry into the exponent is the right rounding
+    return BitsFloat(bits & 0xffff0000u);
+  }
+};
+
+// float16 (IEEE binary16): 5 exponent bits, 10 mantissa bits, largest
+// finite 65504, subnormals down to 2^-24. From 65520 (the tie between 65504
+// and the next power of two, 65536, which float16 cannot hold) up: infinity
+// — the overflow dynamic loss scaling exists to catch.
+struct RoundToFloat16 {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    const float a = fabsf(x);
+    if (!(a < 65520.0f)) return a == a ? copysignf(__builtin_huge_valf(), x) : x;
+    float r;
+    if (a < 6.103515625e-05f) {  // below 2^-14: the subnormal grid, multiples of 2^-24
+      r = rintf(a * 16777216.0f) * 5.9604644775390625e-08f;  // both scalings are exact
+    } else {  // a normal float16: keep 10 of float32's 23 mantissa bits
+      uint32_t bits = FloatBits(a);
+      bits += 0x0fffu + ((bits >> 13) & 1u);
+      r = BitsFloat(bits & ~0x1fffu);
+    }
+    return copysignf(r, x);
+  }
+};
+
 // ---- Loss pieces (per element; labels as float targets) ------------------------
 // Keras clips probabilities to [kProbEpsilon, 1 - kProbEpsilon]
 // (keras.backend.epsilon()), and tf.clip_by_value passes the gradient only

@@ -7,8 +7,11 @@
 
 #include "worker/tensor/ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 
 #include "common/check.h"
 #include "worker/tensor/cpu/elementwise_cpu.h"
@@ -31,16 +34,18 @@ int64_t LastDim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1
 // ---- Matrix products and broadcasts ----------------------------------------
 
 void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const Tensor& a, const Tensor& b, float beta, Tensor* c) {
+            const Tensor& a, const Tensor& b, float beta, Tensor* c, ComputeType compute) {
   const DeviceId d = CallDevice({&a, &b, c});
   DISTRAIN_CHECK(a.size() >= m * k && b.size() >= k * n && c->size() >= m * n)
       << "MatMul m=" << m << " n=" << n << " k=" << k << " on a " << a.ShapeString() << ", b "
       << b.ShapeString() << ", c " << c->ShapeString();
   if (OnGpu(d)) {
     DISTRAIN_CUDA_ONLY(cuda::Gemm(d.ordinal, trans_a, trans_b, m, n, k, alpha, a.data(), b.data(),
-                                  beta, c->data()));
+                                  beta, c->data(), compute));
     return;
   }
+  // FP32 products of 16-bit values are exact, so the CPU's SGEMM already
+  // computes what tensor cores do (up to the order of the FP32 sums).
   cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a.data(), b.data(), beta, c->data());
 }
 
@@ -159,6 +164,58 @@ void DropoutBackward(const Tensor& mask, const Tensor& dy, Tensor* dx) {
     return;
   }
   cpu::Multiply(dy.size(), dy.data(), mask.data(), dx->data());
+}
+
+// ---- Mixed precision ---------------------------------------------------------
+
+void RoundTo(ComputeType type, const Tensor& x, Tensor* y) {
+  const DeviceId d = x.device_id();
+  if (y != &x) y->Resize(x.shape(), d);
+  if (type == ComputeType::kFloat32) {
+    if (y != &x) Copy(x, y);
+    return;
+  }
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::RoundTo(d.ordinal, type, x.size(), x.data(), y->data()));
+    return;
+  }
+  if (type == ComputeType::kBfloat16) {
+    cpu::RoundToBfloat16(x.size(), x.data(), y->data());
+  } else {
+    cpu::RoundToFloat16(x.size(), x.data(), y->data());
+  }
+}
+
+void Scale(float factor, Tensor* t) {
+  if (OnGpu(t->device_id())) {
+    DISTRAIN_CUDA_ONLY(cuda::Scale(t->device_id().ordinal, t->size(), factor, t->data()));
+    return;
+  }
+  cpu::Scale(t->size(), factor, t->data());
+}
+
+bool AllFinite(absl::Span<const Tensor* const> tensors) {
+  bool finite = true;
+#ifdef DISTRAIN_HAVE_CUDA
+  // Per device: one flag every kernel of that device may clear, read once.
+  std::vector<int> gpu_ordinals;
+  for (const Tensor* t : tensors) {
+    if (OnGpu(t->device_id())) gpu_ordinals.push_back(t->device_id().ordinal);
+  }
+  std::sort(gpu_ordinals.begin(), gpu_ordinals.end());
+  gpu_ordinals.erase(std::unique(gpu_ordinals.begin(), gpu_ordinals.end()), gpu_ordinals.end());
+  for (int ordinal : gpu_ordinals) {
+    std::vector<std::pair<const float*, int64_t>> buffers;
+    for (const Tensor* t : tensors) {
+      if (t->device_id() == DeviceId::Cuda(ordinal)) buffers.emplace_back(t->data(), t->size());
+    }
+    finite = cuda::AllFinite(ordinal, buffers) && finite;
+  }
+#endif
+  for (const Tensor* t : tensors) {
+    if (t->on_host()) finite = cpu::AllFinite(t->size(), t->data()) && finite;
+  }
+  return finite;
 }
 
 // ---- Losses ----------------------------------------------------------------

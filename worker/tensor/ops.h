@@ -42,8 +42,11 @@ namespace distrain::ops {
 // c[m, n] = alpha * op(a) * op(b) + beta * c on the first m*k / k*n / m*n
 // elements of the tensors' storage (tensors of any rank are viewed as the
 // row-major matrices the caller names). beta == 0 ignores c's contents.
+// `compute`: what a and b hold (ComputeType); under a 16-bit type the caller
+// has rounded both to it, and a GPU multiplies them on tensor cores.
 void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const Tensor& a, const Tensor& b, float beta, Tensor* c);
+            const Tensor& a, const Tensor& b, float beta, Tensor* c,
+            ComputeType compute = ComputeType::kFloat32);
 // y[..., c] += bias[c] over the last axis (size bias.size()).
 void BiasAdd(const Tensor& bias, Tensor* y);
 // y[..., c] = bias[c] (before a MatMul with beta = 1).
@@ -92,14 +95,16 @@ Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, 
                        PaddingKind padding);
 
 // y[N, OH, OW, F] = conv(x[N, H, W, C], kernel[KH, KW, C, F]) + bias[F];
-// bias may be null. Cross-correlation, as TensorFlow's conv2d.
+// bias may be null. Cross-correlation, as TensorFlow's conv2d. `compute` as
+// MatMul's: the tensor inputs of each call hold values of that type.
 void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
-                   Tensor* y);
+                   Tensor* y, ComputeType compute = ComputeType::kFloat32);
 // dx[N, H, W, C] from dy[N, OH, OW, F] and the kernel.
-void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx);
+void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx,
+                        ComputeType compute = ComputeType::kFloat32);
 // dkernel[KH, KW, C, F] (overwritten) and, when not null, dbias[F].
 void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
-                           Tensor* dbias);
+                           Tensor* dbias, ComputeType compute = ComputeType::kFloat32);
 
 enum class PoolKind { kMax, kAverage };
 // y[N, OH, OW, C]. Max pooling never selects padding; average pooling
@@ -146,6 +151,18 @@ struct LossSums {
 // grad is not null it receives d(loss_sum * grad_scale)/d(output).
 LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
               absl::Span<const int32_t> labels, float grad_scale, Tensor* grad);
+
+// ---- Mixed precision (worker/model/loss_scale.h, Model) --------------------
+
+// y = x with every element rounded to the nearest value of `type`
+// (elementwise.h: RoundToBfloat16 / RoundToFloat16; float16 overflows to
+// infinity); kFloat32 copies. y may alias x.
+void RoundTo(ComputeType type, const Tensor& x, Tensor* y);
+// t *= factor.
+void Scale(float factor, Tensor* t);
+// Whether every element of every tensor is finite. The tensors may live on
+// different devices; waits for each device once.
+bool AllFinite(absl::Span<const Tensor* const> tensors);
 
 // ---- Device transfers -------------------------------------------------------
 

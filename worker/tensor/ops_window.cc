@@ -74,7 +74,7 @@ Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, 
 }
 
 void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
-                   Tensor* y) {
+                   Tensor* y, ComputeType compute) {
   CheckWindow(w);
   CheckShape(x, InShape(w), "Conv2D input");
   CheckShape(kernel, KernelShape(w), "Conv2D kernel");
@@ -84,13 +84,15 @@ void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, con
   y->Resize(OutShape(w), d);
   const float* b = bias != nullptr ? bias->data() : nullptr;
   if (OnGpu(d)) {
-    DISTRAIN_CUDA_ONLY(cuda::Conv2DForward(d.ordinal, w, x.data(), kernel.data(), b, y->data()));
+    DISTRAIN_CUDA_ONLY(cuda::Conv2DForward(d.ordinal, w, x.data(), kernel.data(), b, y->data(),
+                                             compute));
     return;
   }
   cpu::Conv2DForward(w, x.data(), kernel.data(), b, y->data());
 }
 
-void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx) {
+void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx,
+                        ComputeType compute) {
   CheckWindow(w);
   CheckShape(dy, OutShape(w), "Conv2D output gradient");
   CheckShape(kernel, KernelShape(w), "Conv2D kernel");
@@ -99,14 +101,14 @@ void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kerne
   dx->Resize(InShape(w), d);
   if (OnGpu(d)) {
     DISTRAIN_CUDA_ONLY(
-        cuda::Conv2DBackwardData(d.ordinal, w, dy.data(), kernel.data(), dx->data()));
+        cuda::Conv2DBackwardData(d.ordinal, w, dy.data(), kernel.data(), dx->data(), compute));
     return;
   }
   cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data());
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
-                           Tensor* dbias) {
+                           Tensor* dbias, ComputeType compute) {
   CheckWindow(w);
   CheckShape(x, InShape(w), "Conv2D input");
   CheckShape(dy, OutShape(w), "Conv2D output gradient");
@@ -116,7 +118,8 @@ void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy,
   float* db = dbias != nullptr ? dbias->data() : nullptr;
   if (OnGpu(d)) {
     DISTRAIN_CUDA_ONLY(
-        cuda::Conv2DBackwardWeights(d.ordinal, w, x.data(), dy.data(), dkernel->data(), db));
+        cuda::Conv2DBackwardWeights(d.ordinal, w, x.data(), dy.data(), dkernel->data(), db,
+                                    compute));
     return;
   }
   cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(), db);

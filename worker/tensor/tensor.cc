@@ -12,6 +12,18 @@
 #endif
 
 namespace distrain {
+
+const char* ComputeTypeName(ComputeType type) {
+  switch (type) {
+    case ComputeType::kFloat32:
+      return "float32";
+    case ComputeType::kBfloat16:
+      return "bfloat16";
+    case ComputeType::kFloat16:
+      return "float16";
+  }
+  return "unknown";
+}
 namespace {
 
 // Allocation, release and copies of CUDA storage; without a CUDA build no

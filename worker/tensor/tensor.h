@@ -26,6 +26,15 @@ struct DeviceId {
   std::string ToString() const;  // "CPU", "GPU:1"
 };
 
+// The values a float32 tensor of a mixed-precision model holds, and what a
+// matrix product or convolution may compute in (ops::MatMul, ops::Conv2D*):
+// kFloat32, or every value exactly a bfloat16 / float16 (ops::RoundTo) —
+// storage stays float32 either way. Under a 16-bit type a GPU backend runs
+// its products on tensor cores, whose conversion of such inputs is exact;
+// every backend accumulates in float32. docs/architecture.md §6a.
+enum class ComputeType { kFloat32, kBfloat16, kFloat16 };
+const char* ComputeTypeName(ComputeType type);  // "bfloat16"
+
 // The CUDA devices this process sees (cuda::VisibleDeviceCount, which honours
 // CUDA_VISIBLE_DEVICES as the device plugin sets it); 0 in a CPU-only build
 // or without a driver. What the strategies place replicas on and the GPU

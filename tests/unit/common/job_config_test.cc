@@ -149,6 +149,7 @@ spec:
     logEverySteps: 10
     evalEverySteps: 100
     localReplicas: 2
+    precision: mixed_bfloat16
 status:
   state: Running
   progress: {step: 3}
@@ -220,6 +221,7 @@ TEST(JobConfigTest, ParsesEveryField) {
   EXPECT_EQ(t.log_every_steps, 10);
   EXPECT_EQ(t.eval_every_steps, 100);
   EXPECT_EQ(t.local_replicas, 2);
+  EXPECT_EQ(t.model.precision, Precision::kMixedBfloat16);
   // Cross-field rules hold too (128 = (1 + 3) x 2 x 16; 2 <= 3 <= 5 workers).
   EXPECT_TRUE(ValidateJobConfig(c).ok()) << ValidateJobConfig(c);
 }
@@ -360,6 +362,9 @@ std::vector<BadDocCase> BadDocs() {
        "values are case-sensitive: write \"Mirrored\""},
       {"MisspelledTraining", JobYaml("trainig: {}"),
        "spec.trainig: unknown field; did you mean \"training\"?"},
+      {"BadPrecision", JobYaml("training: {precision: bfloat16}"),
+       "spec.training.precision: must be one of \"float32\", \"mixed_bfloat16\", "
+       "\"mixed_float16\", got \"bfloat16\""},
       {"BadSuccessPolicy", JobYaml("successPolicy: AllWorker"),
        "spec.successPolicy: must be one of \"Default\", \"AllWorkers\", got \"AllWorker\""},
 
@@ -715,6 +720,19 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"CsvWithFiles",
                  "training: {dataset: {type: csv, trainFiles: [a.csv], evalFiles: [b.csv]}}", ""},
         RuleCase{"NcclIsAccepted", "training: {communication: {implementation: NCCL}}", ""},
+        RuleCase{"MixedFloat16Synchronous",
+                 "strategy: MultiWorkerMirrored\nreplicaSpecs: {Worker: {replicas: 2}}\n"
+                 "training: {precision: mixed_float16, globalBatchSize: 64}",
+                 ""},
+        RuleCase{"MixedBfloat16ParameterServer",
+                 "strategy: ParameterServer\nreplicaSpecs: {Chief: {replicas: 1}, Worker: "
+                 "{replicas: 2}, PS: {replicas: 1}}\ntraining: {precision: mixed_bfloat16}",
+                 ""},
+        RuleCase{"MixedFloat16ParameterServerIsRefused",
+                 "strategy: ParameterServer\nreplicaSpecs: {Chief: {replicas: 1}, Worker: "
+                 "{replicas: 2}, PS: {replicas: 1}}\ntraining: {precision: mixed_float16}",
+                 "spec.training.precision: mixed_float16 needs dynamic loss scaling, which "
+                 "distrain runs only in the synchronous strategies; use mixed_bfloat16"},
         RuleCase{"OneDeviceTwoWorkers",
                  "strategy: OneDevice\nreplicaSpecs: {Worker: {replicas: 2}}",
                  "spec.replicaSpecs.Worker.replicas: OneDevice runs in one pod and needs exactly 1 "

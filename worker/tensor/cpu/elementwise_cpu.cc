@@ -54,6 +54,22 @@ void SoftmaxGradRows(int64_t rows, int64_t cols, const float* y, const float* dy
 
 }  // namespace
 
+void RoundToBfloat16(int64_t n, const float* x, float* y) {
+  Map(n, elementwise::RoundToBfloat16(), x, y);
+}
+
+void RoundToFloat16(int64_t n, const float* x, float* y) {
+  Map(n, elementwise::RoundToFloat16(), x, y);
+}
+
+bool AllFinite(int64_t n, const float* x) {
+  // x - x is 0 for every finite x and NaN for inf and NaN; summing without a
+  // branch lets the loop vectorise, and NaN survives any sum.
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
+  return acc == 0.0f;
+}
+
 void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
                        float* y) {
   const int64_t n = rows * cols;

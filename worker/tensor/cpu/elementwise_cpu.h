@@ -30,6 +30,12 @@ void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const f
 // mask[i] = f(i); y = x * mask. y may alias x.
 void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,
                     float* mask);
+// y = x rounded to bfloat16 / float16 values (elementwise.h); y may alias x.
+void RoundToBfloat16(int64_t n, const float* x, float* y);
+void RoundToFloat16(int64_t n, const float* x, float* y);
+// Whether no element is NaN or infinite.
+bool AllFinite(int64_t n, const float* x);
+
 // dx = dy * mask. dx may alias dy.
 void Multiply(int64_t n, const float* a, const float* b, float* out);
 

@@ -23,6 +23,8 @@
 // context's op lock.
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "common/model_spec.h"
 #include "worker/tensor/ops.h"
@@ -30,17 +32,20 @@
 namespace distrain::cuda {
 
 // ---- cublas_ops.cc -----------------------------------------------------------
-// c[m, n] = alpha op(a) op(b) + beta c over row-major matrices.
+// c[m, n] = alpha op(a) op(b) + beta c over row-major matrices. Under a
+// 16-bit `compute` (a and b hold only such values) on tensor cores.
 void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, const float* b, float beta, float* c);
+          const float* a, const float* b, float beta, float* c, ComputeType compute);
 
 // ---- cudnn_ops.cc --------------------------------------------------------------
+// Under a 16-bit `compute` the convolutions may use tensor cores (TF32 on
+// float data, exact for 16-bit values); under kFloat32 FP32 FMA only.
 void Conv2DForward(int device, const ops::Window2D& w, const float* x, const float* kernel,
-                   const float* bias, float* y);
+                   const float* bias, float* y, ComputeType compute);
 void Conv2DBackwardData(int device, const ops::Window2D& w, const float* dy, const float* kernel,
-                        float* dx);
+                        float* dx, ComputeType compute);
 void Conv2DBackwardWeights(int device, const ops::Window2D& w, const float* x, const float* dy,
-                           float* dkernel, float* dbias);
+                           float* dkernel, float* dbias, ComputeType compute);
 // cuDNN's pooling backward reads the forward input and output, so the
 // workspace is unused (0 floats) on this backend.
 int64_t Pool2DWorkspaceFloats(ops::PoolKind kind, const ops::Window2D& w);
@@ -77,6 +82,13 @@ void ActivationBackward(int device, ActivationKind kind, int64_t n, const float*
 // mask[i] = DropoutMask{stream, threshold, scale}(i); y = x * mask.
 void DropoutForward(int device, int64_t n, uint64_t stream, uint64_t threshold, float scale,
                     const float* x, float* y, float* mask);
+// y = x rounded to `type` (elementwise.h's RoundTo functors); y may alias x.
+void RoundTo(int device, ComputeType type, int64_t n, const float* x, float* y);
+// x *= factor.
+void Scale(int device, int64_t n, float factor, float* x);
+// Whether every element of every (pointer, count) buffer is finite: one
+// kernel per buffer into one flag, then one wait for the device.
+bool AllFinite(int device, const std::vector<std::pair<const float*, int64_t>>& buffers);
 // out = a * b; out may alias either.
 void Multiply(int device, int64_t n, const float* a, const float* b, float* out);
 void GlobalAveragePool2DForward(int device, int64_t n, int64_t hw, int64_t c, const float* x,

@@ -13,8 +13,13 @@
 //
 // Precision: FP32 in, FP32 accumulate, FP32 out. The handle was put in
 // CUBLAS_PEDANTIC_MATH by DeviceContext, which rules out TF32 and every
-// other reduced-precision shortcut; nothing here changes the math mode, so
-// the GPU stays within the 1e-4 of the CPU that the tests hold it to.
+// other reduced-precision shortcut, so the GPU stays within the 1e-4 of the
+// CPU that the tests hold it to. A mixed-precision product (ComputeType
+// bfloat16 or float16, whose operands the caller rounded to that type) goes
+// through cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_16BF / _16F: tensor
+// cores convert the float operands to the 16-bit type — exactly, since they
+// already hold its values — and accumulate in FP32. The handle is switched
+// to the default math mode for that call and back to pedantic after it.
 //
 // Thread-safety: reentrant. The device's cuBLAS handle is used under its
 // context's op lock; the work is queued on the compute stream and not
@@ -31,7 +36,7 @@
 namespace distrain::cuda {
 
 void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, const float* b, float beta, float* c) {
+          const float* a, const float* b, float beta, float* c, ComputeType compute) {
   DeviceContext& ctx = DeviceContext::Get(device);
   DISTRAIN_CHECK(m >= 0 && n >= 0 && k >= 0) << "Gemm m=" << m << " n=" << n << " k=" << k;
   if (m == 0 || n == 0) return;
@@ -71,9 +76,21 @@ void Gemm(int device, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t 
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int64_t ldb = trans_b ? k : n;
   const int64_t lda = trans_a ? m : k;
-  // The 64-bit entry point: no extent or leading dimension has to fit an int.
-  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSgemm_64(handle, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda,
-                                       &beta, c, n));
+  // The 64-bit entry points: no extent or leading dimension has to fit an int.
+  if (compute == ComputeType::kFloat32) {
+    DISTRAIN_CUBLAS_CHECK(Cublas().cublasSgemm_64(handle, op_b, op_a, n, m, k, &alpha, b, ldb, a,
+                                                  lda, &beta, c, n));
+    return;
+  }
+  const cublasComputeType_t tensor_core_type = compute == ComputeType::kBfloat16
+                                                   ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                   : CUBLAS_COMPUTE_32F_FAST_16F;
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  const cublasStatus_t status = Cublas().cublasGemmEx_64(
+      handle, op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta, c,
+      CUDA_R_32F, n, tensor_core_type, CUBLAS_GEMM_DEFAULT);
+  DISTRAIN_CUBLAS_CHECK(Cublas().cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH));
+  DISTRAIN_CUBLAS_CHECK(status);
 }
 
 }  // namespace distrain::cuda

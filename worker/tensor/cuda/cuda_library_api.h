@@ -22,8 +22,9 @@
 namespace distrain::cuda {
 
 #define DISTRAIN_CUBLAS_FUNCTIONS(X)                                                        \
-  X(cublasCreate_v2) X(cublasGetProperty) X(cublasGetStatusName) X(cublasSetMathMode)       \
-  X(cublasSetPointerMode_v2) X(cublasSetStream_v2) X(cublasSgemm_v2_64) X(cublasSscal_v2_64)
+  X(cublasCreate_v2) X(cublasGemmEx_64) X(cublasGetProperty) X(cublasGetStatusName)        \
+  X(cublasSetMathMode) X(cublasSetPointerMode_v2) X(cublasSetStream_v2) X(cublasSgemm_v2_64)  \
+  X(cublasSscal_v2_64)
 
 #define DISTRAIN_CUDNN_FUNCTIONS(X)                                                         \
   X(cudnnBatchNormalizationBackward) X(cudnnBatchNormalizationForwardInference)             \

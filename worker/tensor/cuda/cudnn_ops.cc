@@ -38,7 +38,11 @@
 // Precision: FP32 throughout. Convolutions run with CUDNN_FMA_MATH, not
 // CUDNN_DEFAULT_MATH: on Ampere and later the default mode lets cuDNN pick
 // TF32 tensor-core kernels for float data (10-bit mantissa products, ~1e-3
-// relative), while FMA_MATH restricts it to FP32 FMA kernels. Among the
+// relative), while FMA_MATH restricts it to FP32 FMA kernels. Mixed
+// precision is the exception: its convolutions (ComputeType bfloat16 or
+// float16) read tensors that hold only 16-bit values, which TF32's 8-bit
+// exponent and 10-bit mantissa represent exactly, so they run with
+// CUDNN_TENSOR_OP_MATH — tensor cores, FP32 accumulation, the same products. Among the
 // algorithms the heuristics offer, the GEMM-based ones are preferred: FFT
 // and Winograd convolutions are deterministic but round differently enough
 // (transforms of the whole tile) to be a risk for the 1e-4 the GPU must
@@ -224,7 +228,7 @@ struct ConvDescriptors {
   FilterDescriptor filter;
   ConvolutionDescriptor conv;
 
-  ConvDescriptors(const Window2D& w, const CudnnWindow& cw) {
+  ConvDescriptors(const Window2D& w, const CudnnWindow& cw, ComputeType compute) {
     SetNhwc(x, w.batch, cw.in_h, cw.in_w, w.in_c);
     SetNhwc(y, w.batch, w.out_h, w.out_w, w.out_c);
     // NHWC filter format = KRSC: [out, kh, kw, in].
@@ -236,7 +240,8 @@ struct ConvDescriptors {
         conv.get(), Int(cw.pad_h, "padding"), Int(cw.pad_w, "padding"),
         Int(w.stride_h, "stride"), Int(w.stride_w, "stride"), 1, 1, CUDNN_CROSS_CORRELATION,
         CUDNN_DATA_FLOAT));
-    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetConvolutionMathType(conv.get(), CUDNN_FMA_MATH));
+    DISTRAIN_CUDNN_CHECK(Cudnn().cudnnSetConvolutionMathType(
+        conv.get(), compute == ComputeType::kFloat32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     // The output cuDNN derives must be the one Keras' arithmetic gave.
     int n = 0, c = 0, h = 0, wd = 0;
     DISTRAIN_CUDNN_CHECK(
@@ -287,15 +292,20 @@ struct ConvAlgo {
 //   3. the first deterministic FP32 algorithm of any kind, with a warning.
 // `workspace(algo, &bytes)` asks cuDNN for an algorithm's workspace; it
 // fails for algorithms the geometry does not support.
+// Under a 16-bit `compute`, "FP32" reads "FP32 or TF32 tensor cores"
+// (never ALLOW_CONVERSION, whose float16 conversion would round bfloat16
+// values).
 template <typename Perf, typename Workspace>
-ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, const std::vector<Perf>& perf,
-                  std::initializer_list<int> exact, const Workspace& workspace) {
+ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, ComputeType compute,
+                  const std::vector<Perf>& perf, std::initializer_list<int> exact,
+                  const Workspace& workspace) {
   const auto fits = [&](int algo, size_t* bytes) {
     return workspace(algo, bytes) == CUDNN_STATUS_SUCCESS && *bytes <= kMaxWorkspaceBytes;
   };
-  const auto deterministic_fp32 = [](const Perf& p) {
+  const bool tensor_cores = compute != ComputeType::kFloat32;
+  const auto deterministic_fp32 = [tensor_cores](const Perf& p) {
     return p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC &&
-           p.mathType != CUDNN_TENSOR_OP_MATH &&
+           (tensor_cores || p.mathType != CUDNN_TENSOR_OP_MATH) &&
            p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
   };
   const auto is_exact = [&](int algo) {
@@ -328,7 +338,8 @@ ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, const std::vector<Perf>& per
   return {};
 }
 
-ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w) {
+ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w,
+                      ComputeType compute) {
   int max_count = 0;
   DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<size_t>(std::max(max_count, 1)));
@@ -337,7 +348,7 @@ ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Win
       handle, d.x.get(), d.filter.get(), d.conv.get(), d.y.get(), static_cast<int>(perf.size()),
       &returned, perf.data()));
   perf.resize(static_cast<size_t>(returned));
-  return PickAlgo(ConvPass::kForward, w, perf,
+  return PickAlgo(ConvPass::kForward, w, compute, perf,
                   {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
                    CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
                    CUDNN_CONVOLUTION_FWD_ALGO_DIRECT},
@@ -348,7 +359,8 @@ ConvAlgo ChooseForward(cudnnHandle_t handle, const ConvDescriptors& d, const Win
                   });
 }
 
-ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w) {
+ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, const Window2D& w,
+                           ComputeType compute) {
   int max_count = 0;
   DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<size_t>(std::max(max_count, 1)));
@@ -358,7 +370,7 @@ ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, cons
       &returned, perf.data()));
   perf.resize(static_cast<size_t>(returned));
   // ALGO_0 adds with atomics (non-deterministic); ALGO_1 is the implicit GEMM.
-  return PickAlgo(ConvPass::kBackwardData, w, perf, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1},
+  return PickAlgo(ConvPass::kBackwardData, w, compute, perf, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1},
                   [&](int algo, size_t* bytes) {
                     return Cudnn().cudnnGetConvolutionBackwardDataWorkspaceSize(
                         handle, d.filter.get(), d.y.get(), d.conv.get(), d.x.get(),
@@ -367,7 +379,7 @@ ConvAlgo ChooseBackwardData(cudnnHandle_t handle, const ConvDescriptors& d, cons
 }
 
 ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
-                              const Window2D& w) {
+                              const Window2D& w, ComputeType compute) {
   int max_count = 0;
   DISTRAIN_CUDNN_CHECK(Cudnn().cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(
@@ -379,7 +391,7 @@ ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
   perf.resize(static_cast<size_t>(returned));
   // ALGO_0 and ALGO_3 add with atomics (non-deterministic); ALGO_1 is the
   // implicit GEMM.
-  return PickAlgo(ConvPass::kBackwardFilter, w, perf, {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1},
+  return PickAlgo(ConvPass::kBackwardFilter, w, compute, perf, {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1},
                   [&](int algo, size_t* bytes) {
                     return Cudnn().cudnnGetConvolutionBackwardFilterWorkspaceSize(
                         handle, d.x.get(), d.y.get(), d.conv.get(), d.filter.get(),
@@ -390,14 +402,15 @@ ConvAlgo ChooseBackwardFilter(cudnnHandle_t handle, const ConvDescriptors& d,
 // The algorithm cache: (pass, device, the Window2D's fields) -> choice. The
 // device is part of the key because devices of one process may differ in
 // kind, and cuDNN's ranking with them.
-using AlgoKey = std::array<int64_t, 18>;
+using AlgoKey = std::array<int64_t, 19>;
 
-AlgoKey MakeAlgoKey(ConvPass pass, int device, const Window2D& w) {
+AlgoKey MakeAlgoKey(ConvPass pass, int device, ComputeType compute, const Window2D& w) {
   AlgoKey key{};
   key[0] = static_cast<int64_t>(pass);
   key[1] = device;
+  key[2] = static_cast<int64_t>(compute);
   const std::array<int64_t, 15> fields = w.Fields();
-  std::copy(fields.begin(), fields.end(), key.begin() + 2);
+  std::copy(fields.begin(), fields.end(), key.begin() + 3);
   return key;
 }
 
@@ -416,8 +429,9 @@ AlgoCache& Algos() {
 // milliseconds); two devices racing on one key both choose, and the first
 // stored wins, so every later call sees one answer.
 template <typename Choose>
-ConvAlgo CachedAlgo(ConvPass pass, int device, const Window2D& w, const Choose& choose) {
-  const AlgoKey key = MakeAlgoKey(pass, device, w);
+ConvAlgo CachedAlgo(ConvPass pass, int device, ComputeType compute, const Window2D& w,
+                    const Choose& choose) {
+  const AlgoKey key = MakeAlgoKey(pass, device, compute, w);
   AlgoCache& cache = Algos();
   {
     absl::MutexLock lock(&cache.mu);
@@ -492,16 +506,16 @@ constexpr float kZero = 0.0f;
 // ---- Convolution -------------------------------------------------------------------
 
 void Conv2DForward(int device, const Window2D& w, const float* x, const float* kernel,
-                   const float* bias, float* y) {
+                   const float* bias, float* y, ComputeType compute) {
   DeviceContext& ctx = DeviceContext::Get(device);
   {
     absl::MutexLock lock(&ctx.op_mutex());
     const cudaStream_t stream = ctx.compute_stream();
     const cudnnHandle_t handle = ctx.cudnn();
     const CudnnWindow cw = ForCudnn(w);
-    const ConvDescriptors d(w, cw);
-    const ConvAlgo algo = CachedAlgo(ConvPass::kForward, device, w,
-                                     [&] { return ChooseForward(handle, d, w); });
+    const ConvDescriptors d(w, cw, compute);
+    const ConvAlgo algo = CachedAlgo(ConvPass::kForward, device, compute, w,
+                                     [&] { return ChooseForward(handle, d, w, compute); });
     ScratchPlan plan;
     const size_t filter_at = plan.Reserve(FilterBytes(w));
     const size_t padded_at = plan.Reserve(PaddedInputBytes(w, cw));
@@ -528,15 +542,15 @@ void Conv2DForward(int device, const Window2D& w, const float* x, const float* k
 }
 
 void Conv2DBackwardData(int device, const Window2D& w, const float* dy, const float* kernel,
-                        float* dx) {
+                        float* dx, ComputeType compute) {
   DeviceContext& ctx = DeviceContext::Get(device);
   absl::MutexLock lock(&ctx.op_mutex());
   const cudaStream_t stream = ctx.compute_stream();
   const cudnnHandle_t handle = ctx.cudnn();
   const CudnnWindow cw = ForCudnn(w);
-  const ConvDescriptors d(w, cw);
-  const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardData, device, w,
-                                   [&] { return ChooseBackwardData(handle, d, w); });
+  const ConvDescriptors d(w, cw, compute);
+  const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardData, device, compute, w,
+                                   [&] { return ChooseBackwardData(handle, d, w, compute); });
   ScratchPlan plan;
   const size_t filter_at = plan.Reserve(FilterBytes(w));
   const size_t padded_at = plan.Reserve(PaddedInputBytes(w, cw));
@@ -557,16 +571,16 @@ void Conv2DBackwardData(int device, const Window2D& w, const float* dy, const fl
 }
 
 void Conv2DBackwardWeights(int device, const Window2D& w, const float* x, const float* dy,
-                           float* dkernel, float* dbias) {
+                           float* dkernel, float* dbias, ComputeType compute) {
   DeviceContext& ctx = DeviceContext::Get(device);
   {
     absl::MutexLock lock(&ctx.op_mutex());
     const cudaStream_t stream = ctx.compute_stream();
     const cudnnHandle_t handle = ctx.cudnn();
     const CudnnWindow cw = ForCudnn(w);
-    const ConvDescriptors d(w, cw);
-    const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardFilter, device, w,
-                                     [&] { return ChooseBackwardFilter(handle, d, w); });
+    const ConvDescriptors d(w, cw, compute);
+    const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardFilter, device, compute, w,
+                                     [&] { return ChooseBackwardFilter(handle, d, w, compute); });
     ScratchPlan plan;
     const size_t filter_at = plan.Reserve(FilterBytes(w));
     const size_t padded_at = plan.Reserve(PaddedInputBytes(w, cw));

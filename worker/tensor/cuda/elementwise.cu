@@ -611,6 +611,62 @@ void DropoutForward(int device, int64_t n, uint64_t stream, uint64_t threshold, 
           Dropout{elementwise::DropoutMask{stream, threshold, scale}, x, y, mask});
 }
 
+namespace {
+
+struct ScaleBy {
+  float factor;
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x * factor; }
+};
+
+// Raises *flag when x[i] is NaN or infinite; every writer writes the same
+// value, so the race between them is benign.
+struct FlagNonFinite {
+  const float* x;
+  int* flag;
+  __device__ void operator()(int64_t i) const {
+    if (!isfinite(x[i])) *flag = 1;
+  }
+};
+
+}  // namespace
+
+void RoundTo(int device, ComputeType type, int64_t n, const float* x, float* y) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  switch (type) {
+    case ComputeType::kBfloat16:
+      Map1(ctx.compute_stream(), n, elementwise::RoundToBfloat16(), x, y);
+      return;
+    case ComputeType::kFloat16:
+      Map1(ctx.compute_stream(), n, elementwise::RoundToFloat16(), x, y);
+      return;
+    case ComputeType::kFloat32:
+      CopyUnlessSame(ctx.compute_stream(), n, x, y);
+      return;
+  }
+}
+
+void Scale(int device, int64_t n, float factor, float* x) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  Map1(ctx.compute_stream(), n, ScaleBy{factor}, x, x);
+}
+
+bool AllFinite(int device, const std::vector<std::pair<const float*, int64_t>>& buffers) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  const cudaStream_t stream = ctx.compute_stream();
+  int flag = 0;
+  {
+    absl::MutexLock lock(&ctx.op_mutex());
+    int* d_flag = static_cast<int*>(ctx.Scratch(sizeof(int)));
+    DISTRAIN_CUDA_CHECK(cudaMemsetAsync(d_flag, 0, sizeof(int), stream));
+    for (const auto& [x, n] : buffers) ForEach(stream, n, FlagNonFinite{x, d_flag});
+    DISTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(&flag, d_flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  }
+  // The scratch is stream-ordered, so the lock need not cover the wait.
+  DISTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return flag == 0;
+}
+
 void Multiply(int device, int64_t n, const float* a, const float* b, float* out) {
   DeviceContext& ctx = DeviceContext::Get(device);
   Map2(ctx.compute_stream(), n, Product(), a, b, out);
