@@ -3,6 +3,7 @@
 //     model.predict equals distrain's predictions on the same real MNIST
 //     digits (<= 1e-5), for the guide's CNN and for a model with Dropout and
 //     BatchNormalization trained by two MultiWorkerMirrored processes;
+//   * a mixed_bfloat16 model loads under Keras' mixed_bfloat16 policy;
 //   * Keras' own model.to_json() -> `distrain import-keras` -> train ->
 //     export -> load in Keras closes the loop with the same architecture and
 //     parameter count.
@@ -365,6 +366,105 @@ t.tofile(out + "/x.f32")
   EXPECT_LT(std::stod(m[1]), 0.6) << out;
   ASSERT_TRUE(std::regex_search(out, m, std::regex("eval_accuracy ([0-9.]+)"))) << out;
   EXPECT_GT(std::stod(m[1]), 0.8) << out;
+  std::filesystem::remove_all(dir);
+}
+
+// spec.training.precision travels as Keras' own dtype policy: TensorFlow
+// loads a mixed_bfloat16 export with every layer under mixed_bfloat16 and
+// float32 variables, and predicts what distrain predicts to bfloat16's
+// precision. No job needed: one training step makes the variables.
+TEST(KerasInteropTest, MixedBfloat16ExportLoadsUnderKerasMixedPolicy) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_mixed_bfloat16");
+  KerasModelSpec spec;
+  spec.model.type = "sequential";
+  LayerConfig conv;
+  conv.kind = LayerKind::kConv2D;
+  conv.filters = 8;
+  conv.kernel_size = {3, 3};
+  conv.activation = ActivationKind::kRelu;
+  LayerConfig pool;
+  pool.kind = LayerKind::kMaxPooling2D;
+  LayerConfig flatten;
+  flatten.kind = LayerKind::kFlatten;
+  LayerConfig hidden;
+  hidden.kind = LayerKind::kDense;
+  hidden.units = 32;
+  hidden.activation = ActivationKind::kRelu;
+  LayerConfig output = hidden;
+  output.units = 10;
+  output.activation = ActivationKind::kSoftmax;
+  spec.model.layers = {conv, pool, flatten, hidden, output};
+  spec.model.precision = Precision::kMixedBfloat16;
+  spec.example_shape = {28, 28, 1};
+  spec.num_classes = 10;
+
+  auto data = LoadIdxDataset(MnistDir() + "/t10k-images-idx3-ubyte",
+                             MnistDir() + "/t10k-labels-idx1-ubyte", 1.0f / 255);
+  ASSERT_TRUE(data.ok()) << data.status();
+  Tensor batch({kPredictExamples, 784});
+  std::vector<int32_t> labels(kPredictExamples);
+  for (int i = 0; i < kPredictExamples; ++i) {
+    (*data)->Get(i, batch.data() + static_cast<int64_t>(i) * 784, &labels[i]);
+  }
+  auto model = Model::Create(spec.model, spec.example_shape, spec.num_classes, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto optimizer = Optimizer::Create(spec.optimizer);
+  ASSERT_TRUE(optimizer.ok());
+  (*model)->TrainStep(batch, labels);
+  (*optimizer)->Apply((*model)->parameters());
+  const std::string exported = dir + "/mixed.keras";
+  ASSERT_TRUE(ExportKerasModel(spec, CaptureVariableState(**model, **optimizer, 1), exported).ok());
+  const Tensor& predictions = (*model)->Predict(batch);
+  std::ofstream(dir + "/x.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(batch.data()), batch.size() * sizeof(float));
+  std::ofstream(dir + "/p.f32", std::ios::binary)
+      .write(reinterpret_cast<const char*>(predictions.data()), predictions.size() * sizeof(float));
+
+  const std::string script = WriteTextFile(dir + "/policies.py", R"PY(
+import json, sys
+import numpy as np
+import keras
+model = keras.saving.load_model(sys.argv[1])
+x = np.fromfile(sys.argv[2], dtype=np.float32).reshape((-1, 28, 28, 1))
+ours = np.fromfile(sys.argv[3], dtype=np.float32).reshape((x.shape[0], -1))
+theirs = np.asarray(model.predict(x, verbose=0), dtype=np.float32)
+print("RESULT " + json.dumps({
+    "policies": [l.dtype_policy.name for l in model.layers],
+    "variable_dtypes": sorted({str(v.dtype) for v in model.weights}),
+    "max_abs_diff": float(np.max(np.abs(ours - theirs))),
+}))
+# The mixed-precision guide's model, for the import direction: the global
+# policy, and a float32 softmax at the end.
+keras.config.set_dtype_policy("mixed_bfloat16")
+guide = keras.Sequential([
+    keras.Input(shape=(784,)),
+    keras.layers.Dense(64, activation="relu"),
+    keras.layers.Dense(10),
+    keras.layers.Activation("softmax", dtype="float32"),
+])
+open(sys.argv[4], "w").write(guide.to_json())
+)PY");
+  Subprocess py({python, script, exported, dir + "/x.f32", dir + "/p.f32", dir + "/guide.json"},
+                {{"TF_CPP_MIN_LOG_LEVEL", "3"}, {"CUDA_VISIBLE_DEVICES", ""}});
+  auto rc = py.Wait(300);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << py.output();
+  const std::string out = py.output();
+  const size_t at = out.rfind("RESULT ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const nlohmann::json r =
+      nlohmann::json::parse(out.substr(at + 7, out.find('\n', at) - at - 7));
+  std::cout << "mixed_bfloat16: " << r.dump() << "\n";
+  EXPECT_EQ(r["policies"], nlohmann::json(std::vector<std::string>(5, "mixed_bfloat16")));
+  EXPECT_EQ(r["variable_dtypes"], nlohmann::json({"float32"}));
+  // Probabilities from bfloat16 logits (8 significant bits) on both sides.
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-2) << r.dump();
+
+  std::ifstream guide_in(dir + "/guide.json");
+  const std::string guide((std::istreambuf_iterator<char>(guide_in)), {});
+  auto imported = ImportKerasModelJson(guide);
+  ASSERT_TRUE(imported.ok()) << imported.status() << "\n" << guide;
+  EXPECT_EQ(imported->model.precision, Precision::kMixedBfloat16) << guide;
   std::filesystem::remove_all(dir);
 }
 

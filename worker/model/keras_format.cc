@@ -78,10 +78,14 @@ Json BatchShape(const std::vector<int64_t>& shape) {
   return out;
 }
 
-Json DTypePolicy() {
+// spec.training.precision as Keras 3 serializes a layer's dtype policy:
+// mixed policies are plain DTypePolicy objects carrying the mixed name
+// (variables float32, compute in the 16-bit type), exactly what
+// keras.config.set_dtype_policy("mixed_bfloat16") makes every layer write.
+Json DTypePolicy(Precision precision) {
   return {{"module", "keras"},
           {"class_name", "DTypePolicy"},
-          {"config", {{"name", "float32"}}},
+          {"config", {{"name", PrecisionName(precision)}}},
           {"registered_name", nullptr}};
 }
 
@@ -113,9 +117,11 @@ void AddKernelArguments(const LayerConfig& layer, Json* c) {
 }
 
 // One layer's config as Keras' get_config() writes it, restricted to keys
-// every Keras 3 release accepts (from_config rejects unknown keywords).
-Json KerasLayerConfig(const LayerConfig& layer) {
-  Json c = {{"name", layer.name}, {"trainable", true}, {"dtype", DTypePolicy()}};
+// every Keras 3 release accepts (from_config rejects unknown keywords). The
+// InputLayer's "dtype" is the input tensor's type, not a policy: float32
+// under every policy, as Keras writes it.
+Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
+  Json c = {{"name", layer.name}, {"trainable", true}, {"dtype", DTypePolicy(precision)}};
   switch (layer.kind) {
     case LayerKind::kInput:
       return {{"batch_shape", BatchShape(layer.shape)},
@@ -287,17 +293,19 @@ absl::StatusOr<std::string> KerasConfigJson(const KerasModelSpec& spec) {
       InferLayerShapes(layers, spec.example_shape);
   if (!shapes.ok()) return shapes.status();
 
+  const Precision precision = spec.model.precision;
   Json keras_layers = Json::array();
   if (layers.empty() || layers.front().kind != LayerKind::kInput) {
     LayerConfig input;
     input.kind = LayerKind::kInput;
     input.name = "input_layer";
     input.shape = spec.example_shape;
-    keras_layers.push_back(Serialized("keras.layers", "InputLayer", KerasLayerConfig(input)));
+    keras_layers.push_back(
+        Serialized("keras.layers", "InputLayer", KerasLayerConfig(input, precision)));
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     Json entry = Serialized("keras.layers", KerasClassName(layers[i].kind),
-                            KerasLayerConfig(layers[i]));
+                            KerasLayerConfig(layers[i], precision));
     if (layers[i].kind != LayerKind::kInput) {
       entry["build_config"] = {
           {"input_shape", BatchShape(i == 0 ? spec.example_shape : (*shapes)[i - 1])}};
@@ -310,7 +318,7 @@ absl::StatusOr<std::string> KerasConfigJson(const KerasModelSpec& spec) {
       {"config",
        {{"name", "sequential"},
         {"trainable", true},
-        {"dtype", DTypePolicy()},
+        {"dtype", DTypePolicy(precision)},  // as under Keras' global policy
         {"layers", std::move(keras_layers)}}},
       {"registered_name", nullptr},
       {"build_config", {{"input_shape", BatchShape(spec.example_shape)}}},
@@ -721,6 +729,103 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
   }
 }
 
+// One layer's dtype policy, as the JSON spells it.
+struct LayerPolicy {
+  size_t index = 0;         // in config.layers
+  std::string field;        // "layers[3].dtype (Dense 'dense_1')"
+  Precision precision = Precision::kFloat32;
+  bool output_activation = false;  // an Activation whose float32 output distrain's loss matches
+};
+
+std::string AcceptedPolicyNames() { return "float32, mixed_bfloat16 or mixed_float16"; }
+
+// A layer's "dtype" in each form Keras writes it: Keras 3's serialized
+// DTypePolicy ({"class_name": "DTypePolicy", "config": {"name": ...}}; early
+// 3.x releases call it FloatDTypePolicy), Keras 2's bare name ("float32")
+// or its Policy object for mixed policies. nullopt when the layer names
+// none (Keras then applies its global policy, float32 unless set) or when
+// the policy is one distrain cannot train (a problem is recorded).
+std::optional<Precision> ReadDTypePolicy(const Json& config, const std::string& field,
+                                         ImportIssues* issues) {
+  auto it = config.find("dtype");
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  std::string name;
+  if (it->is_string()) {
+    name = it->get<std::string>();
+  } else if (it->is_object()) {
+    auto cls = it->find("class_name");
+    const std::string class_name =
+        cls != it->end() && cls->is_string() ? cls->get<std::string>() : "";
+    auto policy_config = it->find("config");
+    const bool named = policy_config != it->end() && policy_config->is_object() &&
+                       policy_config->contains("name") && (*policy_config)["name"].is_string();
+    if ((class_name == "DTypePolicy" || class_name == "FloatDTypePolicy" ||
+         class_name == "Policy") &&
+        named) {
+      name = (*policy_config)["name"].get<std::string>();
+    } else if (absl::StrContains(class_name, "Quantized") || class_name == "DTypePolicyMap") {
+      issues->Add(absl::StrCat(field, " is a quantized policy (", class_name,
+                               "); distrain trains float32 variables only: import the model "
+                               "before keras' model.quantize(), with dtype ",
+                               AcceptedPolicyNames()));
+      return std::nullopt;
+    } else {
+      issues->Add(absl::StrCat(field, " must be a Keras dtype policy (a name, or {\"class_name\": "
+                               "\"DTypePolicy\", \"config\": {\"name\": ...}}), got ",
+                               it->dump()));
+      return std::nullopt;
+    }
+  } else {
+    issues->Add(absl::StrCat(field, " must be a Keras dtype policy name, got ", it->dump()));
+    return std::nullopt;
+  }
+  if (std::optional<Precision> precision = ParsePrecisionName(name)) return precision;
+  if (name == "bfloat16" || name == "float16") {
+    // Keras' plain 16-bit policies store the variables in 16 bits too;
+    // distrain's keep float32 master copies, which is Keras' mixed_ policy.
+    issues->Add(absl::StrCat(
+        field, " is ", name, ", which keeps the variables in ", name,
+        " as well; distrain keeps float32 variables and computes in ", name,
+        ", which is Keras' mixed_", name, ": build the layer with dtype=\"mixed_", name,
+        "\" (or keras.config.set_dtype_policy(\"mixed_", name, "\")) and import again"));
+  } else {
+    issues->Add(absl::StrCat(field, " is ", name, "; distrain supports the dtype policies ",
+                             AcceptedPolicyNames()));
+  }
+  return std::nullopt;
+}
+
+// spec.training.precision from the layers' policies. distrain trains a model
+// under one policy, so the layers must agree, with the exception Keras'
+// mixed-precision guide makes itself: a float32 Activation (softmax, sigmoid
+// or linear) after the last mixed layer, which keeps the output in float32.
+// distrain computes the loss in float32 from the 16-bit outputs anyway, so
+// that model trains the same way under the mixed policy.
+Precision ResolvePrecision(const std::vector<LayerPolicy>& policies, ImportIssues* issues) {
+  const LayerPolicy* mixed = nullptr;
+  size_t last_mixed = 0;
+  for (const LayerPolicy& p : policies) {
+    if (p.precision == Precision::kFloat32) continue;
+    if (mixed == nullptr) mixed = &p;
+    last_mixed = p.index;
+  }
+  if (mixed == nullptr) return Precision::kFloat32;
+  const std::string want = PrecisionName(mixed->precision);
+  bool agree = true;
+  for (const LayerPolicy& p : policies) {
+    if (p.precision == mixed->precision) continue;
+    if (p.precision == Precision::kFloat32 && p.output_activation && p.index > last_mixed) continue;
+    agree = false;
+    issues->Add(absl::StrCat(
+        p.field, " is ", PrecisionName(p.precision), " but ", mixed->field, " is ", want,
+        "; distrain trains the whole model under one policy (spec.training.precision), and only a "
+        "float32 Activation (softmax, sigmoid or linear) after the last mixed layer may differ: "
+        "build this layer with dtype=\"", want, "\" (or the whole model under "
+        "keras.config.set_dtype_policy(\"", want, "\")) and import again"));
+  }
+  return agree ? mixed->precision : Precision::kFloat32;
+}
+
 std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* issues,
                                              std::vector<std::string>* warnings) {
   auto it = compile.find("optimizer");
@@ -831,6 +936,7 @@ absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
   KerasImport out;
   out.model.type = "sequential";
   ImportIssues issues;
+  std::vector<LayerPolicy> policies;
   const Json& layers = config["layers"];
   for (size_t i = 0; i < layers.size(); ++i) {
     const Json& entry = layers[i];
@@ -857,9 +963,23 @@ absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
     layer.name = name;
     LayerReader reader(layer_config, where, &issues, &out.warnings);
     ReadLayer(*kind, reader, &layer);
+    // An InputLayer's dtype is its tensor's type, not a policy.
+    if (*kind != LayerKind::kInput) {
+      const std::string field =
+          absl::StrCat("layers[", i, "].dtype (", keras_class,
+                       name.empty() ? "" : absl::StrCat(" '", name, "'"), ")");
+      if (std::optional<Precision> p = ReadDTypePolicy(layer_config, field, &issues)) {
+        const bool output_activation =
+            *kind == LayerKind::kActivation && (layer.activation == ActivationKind::kSoftmax ||
+                                                layer.activation == ActivationKind::kSigmoid ||
+                                                layer.activation == ActivationKind::kLinear);
+        policies.push_back({i, field, *p, output_activation});
+      }
+    }
     if (*kind == LayerKind::kInput) out.input_shape = layer.shape;
     out.model.layers.push_back(std::move(layer));
   }
+  out.model.precision = ResolvePrecision(policies, &issues);
   if (out.input_shape.empty() && config.contains("build_input_shape")) {
     // A Sequential built without an Input still records the shape it was built for.
     LayerReader reader(config, "Sequential", &issues, &out.warnings);
@@ -1064,6 +1184,10 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
     if (imported.optimizer->type == OptimizerType::kMomentum) unused = {"beta1", "beta2", "epsilon"};
     for (const std::string& key : unused) optimizer.erase(key);
     absl::StrAppend(&out, "optimizer: ", FlowYaml(optimizer), "\n");
+  }
+  if (imported.model.precision != Precision::kFloat32) {
+    absl::StrAppend(&out, "precision: ", PrecisionName(imported.model.precision),
+                    "  # the layers' Keras dtype policy\n");
   }
   return out;
 }

@@ -60,7 +60,8 @@ absl::StatusOr<KerasModelSpec> KerasModelSpecFromCheckpoint(const CheckpointStat
 
 // A Keras Sequential's JSON as spec.training blocks.
 struct KerasImport {
-  ModelConfig model;                         // type sequential, named layers
+  ModelConfig model;                         // type sequential, named layers; precision from
+                                             // the layers' dtype policies (one for all)
   std::optional<OptimizerConfig> optimizer;  // from compile_config, when present
   bool has_loss = false;                     // compile_config named a loss
   std::vector<int64_t> input_shape;          // the InputLayer's, empty if none
@@ -81,8 +82,8 @@ struct KerasFileImport {
 absl::StatusOr<KerasFileImport> ImportKerasFile(const std::string& path);
 
 // The imported blocks as YAML to paste under spec.training (model: and, when
-// present, optimizer:), headed by a comment with the source and the
-// parameter count.
+// present, optimizer: and a mixed precision:), headed by a comment with the
+// source and the parameter count.
 std::string KerasImportYaml(const KerasImport& imported, const std::string& source);
 
 }  // namespace distrain

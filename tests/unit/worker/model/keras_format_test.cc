@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -369,6 +371,171 @@ TEST(KerasArchiveTest, ZipReaderReadsStoredAndDeflatedAndRejectsDamage) {
     ASSERT_FALSE(truncated.ok()) << cut;
     EXPECT_THAT(truncated.status().message(), HasSubstr("not a readable zip"));
   }
+}
+
+// ---------------------------------------------------------------------------
+// spec.training.precision <-> each layer's Keras dtype policy.
+
+Json Keras3Policy(const std::string& name) {
+  return {{"module", "keras"},
+          {"class_name", "DTypePolicy"},
+          {"config", {{"name", name}}},
+          {"registered_name", nullptr}};
+}
+
+// The guide's CNN with every layer but the InputLayer under `policy`.
+Json GuideCnnWithPolicy(const Json& policy) {
+  Json json = GuideCnnJson();
+  for (size_t i = 1; i < json["config"]["layers"].size(); ++i) {
+    json["config"]["layers"][i]["config"]["dtype"] = policy;
+  }
+  return json;
+}
+
+TEST_F(KerasExportTest, MixedModelWritesItsPolicyOnEveryLayerButTheInput) {
+  KerasModelSpec spec = Spec();
+  spec.model.precision = Precision::kMixedBfloat16;
+  auto config = KerasConfigJson(spec);
+  ASSERT_TRUE(config.ok()) << config.status();
+  const Json json = Json::parse(*config);
+  const Json& layers = json["config"]["layers"];
+  ASSERT_EQ(layers.size(), 5u);
+  EXPECT_EQ(layers[0]["class_name"], "InputLayer");
+  EXPECT_EQ(layers[0]["config"]["dtype"], "float32") << "the input tensor's type, as in Keras";
+  for (size_t i = 1; i < layers.size(); ++i) {
+    EXPECT_EQ(layers[i]["config"]["dtype"], Keras3Policy("mixed_bfloat16")) << layers[i].dump();
+  }
+  EXPECT_EQ(json["config"]["dtype"], Keras3Policy("mixed_bfloat16"));
+
+  // float32 stays as before.
+  auto plain = KerasConfigJson(Spec());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(Json::parse(*plain)["config"]["layers"][1]["config"]["dtype"], Keras3Policy("float32"));
+
+  // The exported file imports back under the same policy.
+  const std::string path = dir_ + "/mixed.keras";
+  ASSERT_TRUE(ExportKerasModel(spec, TrainedState(spec), path).ok());
+  auto file = ImportKerasFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->imported.model.precision, Precision::kMixedBfloat16);
+  EXPECT_THAT(KerasImportYaml(file->imported, path), HasSubstr("\nprecision: mixed_bfloat16"));
+
+  // `distrain export CHECKPOINT_DIR` reads the policy from the recorded job.
+  JobConfig job;
+  job.training.model = spec.model;
+  CheckpointState state;
+  state.metadata[kCheckpointJobConfigKey] = JobConfigToJson(job);
+  state.metadata[kCheckpointExampleShapeKey] = "6,6,1";
+  state.metadata[kCheckpointNumClassesKey] = "3";
+  auto recorded = KerasModelSpecFromCheckpoint(state);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+  EXPECT_EQ(recorded->model.precision, Precision::kMixedBfloat16);
+}
+
+TEST(KerasImportTest, EveryKerasSpellingOfAPolicyIsRead) {
+  struct Case {
+    Json policy;
+    Precision want;
+  };
+  const Case cases[] = {
+      {Keras3Policy("mixed_bfloat16"), Precision::kMixedBfloat16},
+      {Keras3Policy("mixed_float16"), Precision::kMixedFloat16},
+      {Keras3Policy("float32"), Precision::kFloat32},
+      // Keras 2: a bare name for float policies, a Policy object for mixed ones.
+      {"float32", Precision::kFloat32},
+      {"mixed_bfloat16", Precision::kMixedBfloat16},
+      {{{"class_name", "Policy"}, {"config", {{"name", "mixed_float16"}}}},
+       Precision::kMixedFloat16},
+      // Early Keras 3 releases.
+      {{{"class_name", "FloatDTypePolicy"}, {"config", {{"name", "mixed_bfloat16"}}}},
+       Precision::kMixedBfloat16},
+  };
+  for (const Case& c : cases) {
+    auto imported = ImportKerasModelJson(GuideCnnWithPolicy(c.policy).dump());
+    ASSERT_TRUE(imported.ok()) << c.policy.dump() << ": " << imported.status();
+    EXPECT_EQ(imported->model.precision, c.want) << c.policy.dump();
+  }
+}
+
+TEST(KerasImportTest, MixedPolicyBecomesPrecisionInTheBlockAndParsesBack) {
+  auto imported = ImportKerasModelJson(GuideCnnWithPolicy(Keras3Policy("mixed_bfloat16")).dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("\nprecision: mixed_bfloat16"));
+  std::string indented;
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
+  auto parsed = ParseJobYaml(
+      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
+      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
+      indented);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
+  EXPECT_EQ(parsed->training.model.precision, Precision::kMixedBfloat16);
+  EXPECT_EQ(parsed->training.model.layers, imported->model.layers);
+  // A float32 model's block says nothing about precision.
+  auto plain = ImportKerasModelJson(GuideCnnJson().dump());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_THAT(KerasImportYaml(*plain, "model.json"), ::testing::Not(HasSubstr("precision")));
+}
+
+// Keras' mixed-precision guide ends the model with
+// Activation("softmax", dtype="float32"): accepted, under the mixed policy.
+TEST(KerasImportTest, GuideFloat32OutputActivationIsAcceptedUnderTheMixedPolicy) {
+  Json json = GuideCnnWithPolicy(Keras3Policy("mixed_float16"));
+  json["config"]["layers"][4]["config"]["activation"] = "linear";
+  json["config"]["layers"].push_back(
+      {{"class_name", "Activation"},
+       {"config",
+        {{"name", "predictions"}, {"activation", "softmax"}, {"dtype", Keras3Policy("float32")}}}});
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->model.precision, Precision::kMixedFloat16);
+  EXPECT_EQ(imported->model.layers.back().kind, LayerKind::kActivation);
+}
+
+TEST(KerasImportTest, DisagreeingMiddleLayerIsRefusedNamingTheField) {
+  Json json = GuideCnnWithPolicy(Keras3Policy("mixed_bfloat16"));
+  json["config"]["layers"][3]["config"]["dtype"] = Keras3Policy("float32");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_THAT(imported.status().message(),
+              AllOf(HasSubstr("layers[3].dtype (Flatten 'flatten') is float32"),
+                    HasSubstr("layers[1].dtype"), HasSubstr("mixed_bfloat16"),
+                    HasSubstr("spec.training.precision"),
+                    HasSubstr("dtype=\"mixed_bfloat16\"")));
+  // Two mixed policies disagree too.
+  json["config"]["layers"][3]["config"]["dtype"] = Keras3Policy("mixed_float16");
+  imported = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_THAT(imported.status().message(), HasSubstr("layers[3].dtype"));
+  // A float32 Dense at the end is not an output Activation.
+  json = GuideCnnWithPolicy(Keras3Policy("mixed_bfloat16"));
+  json["config"]["layers"][4]["config"]["dtype"] = "float32";
+  imported = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(imported.ok());
+  EXPECT_THAT(imported.status().message(), HasSubstr("layers[4].dtype (Dense 'dense')"));
+}
+
+TEST(KerasImportTest, PlainSixteenBitAndUnknownPoliciesAreRefused) {
+  for (const char* name : {"bfloat16", "float16"}) {
+    auto imported = ImportKerasModelJson(GuideCnnWithPolicy(Keras3Policy(name)).dump());
+    ASSERT_FALSE(imported.ok()) << name;
+    EXPECT_THAT(imported.status().message(),
+                AllOf(HasSubstr(absl::StrCat("layers[1].dtype (Conv2D 'conv2d') is ", name)),
+                      HasSubstr("float32 variables"),
+                      HasSubstr(absl::StrCat("dtype=\"mixed_", name, "\""))));
+  }
+  auto int8 = ImportKerasModelJson(GuideCnnWithPolicy("int8").dump());
+  ASSERT_FALSE(int8.ok());
+  EXPECT_THAT(int8.status().message(),
+              AllOf(HasSubstr("layers[1].dtype (Conv2D 'conv2d') is int8"),
+                    HasSubstr("float32, mixed_bfloat16 or mixed_float16")));
+  auto quantized = ImportKerasModelJson(
+      GuideCnnWithPolicy({{"class_name", "QuantizedDTypePolicy"},
+                          {"config", {{"mode", "int8"}, {"source_name", "float32"}}}})
+          .dump());
+  ASSERT_FALSE(quantized.ok());
+  EXPECT_THAT(quantized.status().message(), HasSubstr("quantized"));
 }
 
 // Found by tests/fuzz/keras_json_fuzz (corpus regression-null-layer-name): a
