@@ -258,6 +258,16 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
                strategy_->name(), strategy_->primary_model()->Summary(),
                strategy_->num_replicas_in_sync(), strategy_->input_shard_index(),
                strategy_->num_input_shards(), strategy_->num_local_replicas());
+  if (tc.model.precision != Precision::kFloat32) {
+    const Model& model = *strategy_->primary_model();
+    spdlog::info("precision {}: float32 variables and optimizer, {} activations and gradients{}{}",
+                 PrecisionName(tc.model.precision), ComputeTypeName(model.compute_type()),
+                 tc.model.precision == Precision::kMixedFloat16 ? ", dynamic loss scaling" : "",
+                 model.device().kind == Device::kCpu
+                     ? "; on the CPU the products run on float32 kernels: the numerics of "
+                       "mixed precision without its speed (tensor cores are a GPU's)"
+                     : "; products on tensor cores");
+  }
 
   // 3. Resume from the newest valid checkpoint.
   std::unique_ptr<CheckpointManager> checkpoints;
@@ -477,14 +487,24 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       window_examples = 0;
       window_steps = 0;
       if (env_.metrics) {
+        if (const Model* m = strategy_->primary_model(); m != nullptr) {
+          env_.metrics->loss_scale.Set(m->loss_scale());
+        }
         env_.metrics->examples_per_second.Set(examples_per_second);
         env_.metrics->job_examples_per_second.Set(examples_per_second *
                                                   strategy_->num_input_shards());
       }
       const double accuracy = out->job_accuracy.value_or(
           out->examples > 0 ? static_cast<double>(out->correct) / out->examples : 0.0);
-      spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,
-                   out->loss, accuracy, examples_per_second);
+      const Model* primary = strategy_->primary_model();
+      if (tc.model.precision == Precision::kMixedFloat16 && primary != nullptr) {
+        spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f} loss scale {:g}",
+                     step, tc.steps, out->loss, accuracy, examples_per_second,
+                     primary->loss_scale());
+      } else {
+        spdlog::info("step {}/{} loss {:.4f} accuracy {:.4f} examples/s {:.0f}", step, tc.steps,
+                     out->loss, accuracy, examples_per_second);
+      }
       WriteStatus("Running", step, last_loss, examples_per_second, nullptr, "");
       std::vector<Scalar> scalars;
       // A ParameterServer coordinator step in which no closure finished has

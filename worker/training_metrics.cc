@@ -79,7 +79,15 @@ TrainingMetrics::TrainingMetrics(prometheus::Registry& registry)
                                   "its /healthz fails (spec.runPolicy.progressDeadlineSeconds, "
                                   "else derived from the median step time)")
                             .Register(registry)
-                            .Add({})) {}
+                            .Add({})),
+      loss_scale(prometheus::BuildGauge()
+                     .Name("distrain_loss_scale")
+                     .Help("The dynamic loss scale of the latest step (spec.training.precision: "
+                           "mixed_float16; halves on every skipped step); 1 without loss scaling")
+                     .Register(registry)
+                     .Add({})) {
+  loss_scale.Set(1.0);
+}
 
 void ExportAutoStrategy(prometheus::Registry& registry, const std::string& strategy,
                         const std::string& reason, const DeviceFacts& facts) {

@@ -30,6 +30,8 @@ namespace distrain {
 //   distrain_eval_accuracy / _eval_loss  gauge     latest evaluation
 //   distrain_checkpoint_duration_seconds histogram time to write a checkpoint
 //   distrain_progress_deadline_seconds   gauge     the progress deadline this process applies
+//   distrain_loss_scale                  gauge     mixed_float16's dynamic loss scale of the
+//                                                  latest step (1 without loss scaling)
 //                                                  (common/progress_deadline.h); the
 //                                                  operator judges Stalled against the
 //                                                  master's when the spec sets none
@@ -59,6 +61,7 @@ struct TrainingMetrics {
   prometheus::Gauge& eval_loss;
   prometheus::Histogram& checkpoint_duration;
   prometheus::Gauge& progress_deadline;
+  prometheus::Gauge& loss_scale;
 };
 
 // The Auto metrics above: `strategy` and `reason` as ResolveAutoStrategy gave

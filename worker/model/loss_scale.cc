@@ -23,7 +23,7 @@ bool DynamicLossScale::Update(absl::Span<Parameter* const> params) {
     step_counter_ = 0;
     scale_ /= 2.0f;
     ++skipped_steps_;
-    spdlog::info("mixed_float16: non-finite gradients at loss scale {}; step skipped, loss "
+    spdlog::debug("mixed_float16: non-finite gradients at loss scale {}; step skipped, loss "
                  "scale now {}",
                  scale_ * 2.0f, scale_);
     return false;

@@ -127,14 +127,16 @@ DISTRAIN_HOST_DEVICE inline float BitsFloat(uint32_t bits) {
 
 // bfloat16: float32's exponent, 7 mantissa bits. Values beyond its largest
 // finite value by half an ulp or more round to infinity, as in hardware.
+// Both functors are branch-free (selects only), so the CPU loops vectorise.
 struct RoundToBfloat16 {
   DISTRAIN_HOST_DEVICE float operator()(float x) const {
-    uint32_t bits = FloatBits(x);
-    if ((bits & 0x7f800000u) == 0x7f800000u) {  // inf stays; NaN stays NaN (quiet)
-      return (bits & 0x007fffffu) != 0 ? BitsFloat((bits | 0x00400000u) & 0xffff0000u) : x;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // a carry into the exponent is the right rounding
-    return BitsFloat(bits & 0xffff0000u);
+    const uint32_t bits = FloatBits(x);
+    // A carry out of the mantissa into the exponent is the right rounding,
+    // and turns the largest values into infinity; infinity stays.
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    // A NaN stays a NaN (quiet), even one whose payload is in the low bits.
+    const uint32_t nan = (bits | 0x00400000u) & 0xffff0000u;
+    return BitsFloat((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
   }
 };
 
@@ -145,16 +147,16 @@ struct RoundToBfloat16 {
 struct RoundToFloat16 {
   DISTRAIN_HOST_DEVICE float operator()(float x) const {
     const float a = fabsf(x);
-    if (!(a < 65520.0f)) return a == a ? copysignf(__builtin_huge_valf(), x) : x;
-    float r;
-    if (a < 6.103515625e-05f) {  // below 2^-14: the subnormal grid, multiples of 2^-24
-      r = rintf(a * 16777216.0f) * 5.9604644775390625e-08f;  // both scalings are exact
-    } else {  // a normal float16: keep 10 of float32's 23 mantissa bits
-      uint32_t bits = FloatBits(a);
-      bits += 0x0fffu + ((bits >> 13) & 1u);
-      r = BitsFloat(bits & ~0x1fffu);
-    }
-    return copysignf(r, x);
+    // A normal float16: keep 10 of float32's 23 mantissa bits.
+    const uint32_t bits = FloatBits(a);
+    const float normal = BitsFloat((bits + 0x0fffu + ((bits >> 13) & 1u)) & ~0x1fffu);
+    // Below 2^-14, the subnormal grid (multiples of 2^-24): adding 0.5, whose
+    // float32 ulp is 2^-24, rounds to it; subtracting it again is exact.
+    const float subnormal = (a + 0.5f) - 0.5f;
+    float r = a < 6.103515625e-05f ? subnormal : normal;
+    r = a >= 65520.0f ? __builtin_huge_valf() : r;
+    r = copysignf(r, x);
+    return a == a ? r : x;  // NaN stays NaN
   }
 };
 

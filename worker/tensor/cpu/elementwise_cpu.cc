@@ -54,11 +54,16 @@ void SoftmaxGradRows(int64_t rows, int64_t cols, const float* y, const float* dy
 
 }  // namespace
 
-void RoundToBfloat16(int64_t n, const float* x, float* y) {
+// Mixed precision rounds every activation and gradient: wide registers
+// where the CPU has them (the functors are branch-free, so each clone
+// vectorises; integer and float selects round the same in every width).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToBfloat16(
+    int64_t n, const float* x, float* y) {
   Map(n, elementwise::RoundToBfloat16(), x, y);
 }
 
-void RoundToFloat16(int64_t n, const float* x, float* y) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToFloat16(
+    int64_t n, const float* x, float* y) {
   Map(n, elementwise::RoundToFloat16(), x, y);
 }
 

@@ -139,6 +139,22 @@ TEST(MixedPrecisionOpsTest, RoundToIsIdempotentAndMayRunInPlace) {
   for (int64_t i = 0; i < x.size(); ++i) EXPECT_EQ(copy[i], x[i]);
 }
 
+// The CPU loops run vectorised clones of the functors (AVX-512, AVX2,
+// SSE2, whichever the CPU has): every bit pattern still rounds as the
+// scalar functor does.
+TEST(MixedPrecisionOpsTest, RoundToOverATensorIsTheFunctorOnEveryElement) {
+  std::mt19937 gen(13);
+  Tensor x({1 << 18});
+  for (int64_t i = 0; i < x.size(); ++i) x[i] = std::bit_cast<float>(static_cast<uint32_t>(gen()));
+  Tensor bf, half;
+  ops::RoundTo(ComputeType::kBfloat16, x, &bf);
+  ops::RoundTo(ComputeType::kFloat16, x, &half);
+  for (int64_t i = 0; i < x.size(); ++i) {
+    ASSERT_TRUE(SameFloat(bf[i], elementwise::RoundToBfloat16()(x[i]))) << std::hexfloat << x[i];
+    ASSERT_TRUE(SameFloat(half[i], elementwise::RoundToFloat16()(x[i]))) << std::hexfloat << x[i];
+  }
+}
+
 TEST(MixedPrecisionOpsTest, AllFiniteFindsOneBadElementInAnyTensor) {
   Tensor a({100}, 1.0f), b({7}, -2.0f);
   EXPECT_TRUE(ops::AllFinite({&a, &b}));

@@ -10,6 +10,7 @@
 #include "worker/strategy/one_device.h"
 #include "worker/strategy/param_checksum.h"
 #include "worker/tensor/cpu_math.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 namespace {
@@ -95,6 +96,46 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, MirroredMatchesOneDeviceTest,
                            return std::string(info.param == OptimizerType::kAdam ? "Adam"
                                                                                  : "Momentum");
                          });
+
+// Under mixed_float16 each replica keeps its own loss scale; they all see
+// the all-reduced gradients, so they skip the same overflowing steps and
+// stay bit-identical. Variables x8 make the first steps overflow float16 at
+// the initial scale of 2^15. The job still trains, and tracks OneDevice
+// under the same policy (not bit for bit: each replica rounds its own
+// quarter of the batch's gradients to float16).
+TEST(MirroredStrategyTest, MixedFloat16ReplicasSkipTheSameStepsAndStayIdentical) {
+  constexpr int kSteps = 40;
+  Batches data(32, kSteps);
+  JobConfig mirrored_job = Job(StrategyKind::kMirrored, 4, OptimizerType::kMomentum);
+  mirrored_job.training.model.precision = Precision::kMixedFloat16;
+  JobConfig one_job = Job(StrategyKind::kOneDevice, 0, OptimizerType::kMomentum);
+  one_job.training.model.precision = Precision::kMixedFloat16;
+  auto mirrored = Make(mirrored_job);
+  auto one = Make(one_job);
+  for (Model* m : mirrored->local_models()) {
+    for (Parameter* p : m->parameters()) ops::Scale(8.0f, &p->value);
+  }
+  for (Parameter* p : one->primary_model()->parameters()) ops::Scale(8.0f, &p->value);
+  double first_loss = 0, last_loss = 0, one_last_loss = 0;
+  int unchanged_steps = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const float before = mirrored->primary_model()->parameters()[0]->value[0];
+    auto m = Step(*mirrored, data.features[s], data.labels[s]);
+    auto o = Step(*one, data.features[s], data.labels[s]);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(o.ok()) << o.status();
+    auto checksum = ReplicaChecksum(mirrored->local_models());
+    ASSERT_TRUE(checksum.ok()) << "after step " << s << ": " << checksum.status();
+    unchanged_steps += mirrored->primary_model()->parameters()[0]->value[0] == before;
+    if (s == 0) first_loss = m->loss;
+    last_loss = m->loss;
+    one_last_loss = o->loss;
+  }
+  EXPECT_GT(unchanged_steps, 0) << "no step overflowed; the test lost its point";
+  EXPECT_LT(unchanged_steps, 10);
+  EXPECT_LT(last_loss, first_loss * 0.8) << "the model did not train";
+  EXPECT_NEAR(last_loss, one_last_loss, 0.1 * one_last_loss);
+}
 
 TEST(MirroredStrategyTest, OneReplicaIsExactlyOneDevice) {
   Batches data(32, 5);
