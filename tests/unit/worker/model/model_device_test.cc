@@ -66,7 +66,7 @@ std::vector<Tensor> Train(const ModelConfig& config, const OptimizerConfig& opti
   auto model = Model::Create(config, {28, 28, 1}, 10, /*seed=*/7);
   EXPECT_TRUE(model.ok()) << model.status();
   (*model)->MoveTo(device);
-  auto optimizer = Optimizer::Create(optimizer_config);
+  auto optimizer = Optimizer::Create(optimizer_config, config.precision);
   EXPECT_TRUE(optimizer.ok()) << optimizer.status();
   int64_t step = 0;
   for (const Batch& b : batches) {
@@ -74,6 +74,7 @@ std::vector<Tensor> Train(const ModelConfig& config, const OptimizerConfig& opti
     ops::Copy(b.features, &features);
     StepContext ctx;
     ctx.step = step++;
+    (*model)->set_loss_scale((*optimizer)->loss_scale());
     const LossResult r = (*model)->TrainStep(features, b.labels, {}, {}, ctx);
     losses->push_back(r.loss);
     (*optimizer)->Apply((*model)->parameters());
@@ -155,6 +156,32 @@ TEST(ModelDeviceTest, TheGuidesCnnTrainsOnEveryGpuLikeOnTheCpuFor100AdamSteps) {
 
 TEST(ModelDeviceTest, ACnnWithEveryLayerKindTrainsOnEveryGpuLikeOnTheCpu) {
   ExpectGpuTrainsLikeCpu(EveryLayerCnn(), OptimizerType::kMomentum, 30);
+}
+
+// Mixed precision on a GPU (tensor-core products) trains as on the CPU
+// (float32 products of the same 16-bit values). Not within 1e-4: the two
+// sum the products in different orders, and a sum that lands near a
+// rounding boundary of the 16-bit type then rounds one ulp apart (2^-8
+// relative for bfloat16), so the bound is the 16-bit types' own scale.
+TEST(ModelDeviceTest, MixedPrecisionTrainsOnEveryGpuLikeOnTheCpu) {
+  const int gpus = VisibleGpus();
+  if (gpus == 0) GTEST_SKIP() << "no GPU visible (or a CPU-only build)";
+  OptimizerConfig optimizer;  // Adam, 1e-3
+  const std::vector<Batch> batches = Batches(30, 32, 12);
+  for (Precision precision : {Precision::kMixedBfloat16, Precision::kMixedFloat16}) {
+    SCOPED_TRACE(PrecisionName(precision));
+    ModelConfig config = GuideCnn();
+    config.precision = precision;
+    std::vector<double> cpu_losses;
+    const std::vector<Tensor> cpu = Train(config, optimizer, batches, DeviceId::Cpu(), &cpu_losses);
+    for (int g = 0; g < gpus; ++g) {
+      std::vector<double> gpu_losses;
+      const std::vector<Tensor> gpu =
+          Train(config, optimizer, batches, DeviceId::Cuda(g), &gpu_losses);
+      EXPECT_TRUE(AllClose(cpu, gpu, 1e-2)) << "GPU:" << g;
+      EXPECT_NEAR(gpu_losses.back(), cpu_losses.back(), 0.02 * cpu_losses.back()) << "GPU:" << g;
+    }
+  }
 }
 
 }  // namespace

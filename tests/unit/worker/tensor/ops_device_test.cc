@@ -477,6 +477,78 @@ TEST_P(OpsDeviceTest, Conv2DForwardAndBackwardWithAndWithoutBias) {
   }
 }
 
+// ---- Mixed precision ------------------------------------------------------------
+
+// The rounding kernels run the CPU's functors: bit-identical on every bit
+// pattern (NaNs as NaNs); AllFinite finds one bad element among many.
+TEST_P(OpsDeviceTest, RoundToIsBitIdenticalAndAllFiniteFindsOneBadElement) {
+  const Tensor x = RandomBits({5, 4099}, 900);
+  for (ComputeType type : {ComputeType::kBfloat16, ComputeType::kFloat16}) {
+    SCOPED_TRACE(ComputeTypeName(type));
+    Tensor y, y_d = Poisoned(x.shape());
+    RoundTo(type, x, &y);
+    RoundTo(type, ToGpu(x), &y_d);
+    EXPECT_TRUE(BitIdenticalToCpu(y, y_d));
+    Tensor in_place = ToGpu(x);
+    RoundTo(type, in_place, &in_place);
+    EXPECT_TRUE(BitIdenticalToCpu(y, in_place));
+  }
+  Tensor a = Uniform({3, 1000}, 901, -1, 1), b = Uniform({4097}, 902, -1, 1);
+  Tensor a_d = ToGpu(a), b_d = ToGpu(b);
+  EXPECT_TRUE(AllFinite({&a_d, &b_d}));
+  b[4096] = std::numeric_limits<float>::infinity();
+  b_d = ToGpu(b);
+  EXPECT_FALSE(AllFinite({&a_d, &b_d}));
+  EXPECT_FALSE(AllFinite({&a, &b_d}));  // host and device tensors together
+  Tensor s_d = ToGpu(a);
+  Scale(0.5f, &s_d);
+  Scale(0.5f, &a);
+  EXPECT_TRUE(BitIdenticalToCpu(a, s_d));
+}
+
+// Under a 16-bit compute type, products of inputs holding 16-bit values run
+// on tensor cores (cuBLAS FAST_16BF / FAST_16F, cuDNN TENSOR_OP_MATH): the
+// conversion is exact and the accumulation float32, so they still match the
+// CPU's float32 products within 1e-4.
+TEST_P(OpsDeviceTest, TensorCoreProductsOfRoundedInputsMatchTheCpu) {
+  uint32_t seed = 950;
+  for (ComputeType type : {ComputeType::kBfloat16, ComputeType::kFloat16}) {
+    SCOPED_TRACE(ComputeTypeName(type));
+    const auto rounded = [&](std::vector<int64_t> shape, float lo, float hi) {
+      Tensor t = Uniform(std::move(shape), ++seed, lo, hi);
+      RoundTo(type, t, &t);
+      return t;
+    };
+    for (const GemmShape& g : {GemmShape{64, 10, 576, 1.0f}, GemmShape{257, 129, 1029, 1.0f}}) {
+      for (bool ta : {false, true}) {
+        const Tensor a = rounded(ta ? std::vector<int64_t>{g.k, g.m} : std::vector{g.m, g.k}, -1, 1);
+        const Tensor b = rounded({g.k, g.n}, -1, 1);
+        Tensor c({g.m, g.n}), cd = Poisoned({g.m, g.n});
+        MatMul(ta, false, g.m, g.n, g.k, g.alpha, a, b, 0.0f, &c);
+        MatMul(ta, false, g.m, g.n, g.k, g.alpha, ToGpu(a), ToGpu(b), 0.0f, &cd, type);
+        EXPECT_TRUE(MatchesCpu(c, cd)) << "m=" << g.m << " n=" << g.n << " k=" << g.k;
+      }
+    }
+    const Window2D w = KerasWindow2D(16, 28, 28, 8, 32, {3, 3}, {1, 1}, PaddingKind::kValid);
+    const std::vector<int64_t> kshape = {w.kernel_h, w.kernel_w, w.in_c, w.out_c};
+    const Tensor x = rounded(InShape(w), -1, 1);
+    const Tensor kernel = rounded(kshape, -0.25f, 0.25f);
+    const Tensor dy = rounded(OutShape(w), -1, 1);
+    Tensor y, y_d = Poisoned(OutShape(w));
+    Conv2DForward(w, x, kernel, nullptr, &y);
+    Conv2DForward(w, ToGpu(x), ToGpu(kernel), nullptr, &y_d, type);
+    EXPECT_TRUE(MatchesCpu(y, y_d)) << "forward";
+    Tensor dk, dk_d = Poisoned(kshape);
+    Conv2DBackwardWeights(w, x, dy, &dk, nullptr);
+    Conv2DBackwardWeights(w, ToGpu(x), ToGpu(dy), &dk_d, nullptr, type);
+    EXPECT_TRUE(MatchesCpu(dk, dk_d)) << "backward weights";
+    Tensor dx, dx_d = Poisoned(InShape(w));
+    Conv2DBackwardData(w, dy, kernel, &dx);
+    Conv2DBackwardData(w, ToGpu(dy), ToGpu(kernel), &dx_d, type);
+    EXPECT_TRUE(MatchesCpu(dx, dx_d)) << "backward data";
+  }
+}
+
 TEST_P(OpsDeviceTest, Pool2DMaxAndAverageForwardAndBackward) {
   ASSERT_TRUE(std::any_of(std::begin(kPoolCases), std::end(kPoolCases),
                           [](const WindowCase& c) { return Asymmetric(c.Window()); }))
