@@ -41,7 +41,11 @@ and the nominal peak (cores x FLOP/cycle x TSC clock) for reference. Appends one
 bench/records/cnn_training.jsonl and records `uptime` before and after.
 
   bench/cnn_training.py [--batches 64,256] [--epochs 8] [--repeats 2] [--sides distrain,mirrored,tf,torch]
-                       [--device cpu|gpu] [--no-record]
+                       [--device cpu|gpu] [--precision float32|mixed_bfloat16|mixed_float16]
+                       [--no-record]
+`--precision` trains every side under that mixed-precision policy (distrain:
+spec.training.precision; TF: Keras' global policy; PyTorch: autocast, and a
+GradScaler for float16).
 """
 import argparse
 import datetime
@@ -87,6 +91,7 @@ spec:
       evalLabelFiles: [{d}/t10k-labels-idx1-ubyte]
       numClasses: 10
     optimizer: {{type: adam, learningRate: 0.001}}
+    precision: {precision}
     globalBatchSize: {batch}
     steps: {steps}
     logEverySteps: {log_every}
@@ -213,11 +218,13 @@ def stamp(line):
     return datetime.datetime.fromisoformat(m.group(1)).timestamp() if m else None
 
 
-def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False, device="cpu"):
+def run_distrain(data_dir, batch, steps, warmup, seed, mirrored=False, device="cpu",
+                 precision="float32"):
     with tempfile.TemporaryDirectory() as tmp:
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
             f.write(JOB.format(d=data_dir, batch=batch, steps=steps, log_every=warmup, seed=seed,
+                               precision=precision,
                                strategy="Mirrored" if mirrored else "OneDevice",
                                # On GPUs localReplicas 0 is one replica per visible GPU.
                                local_replicas=os.cpu_count() if mirrored and device == "cpu" else 0))
@@ -256,19 +263,20 @@ def run_peer_script(name, python, script, data_dir, batch, steps, warmup, seed, 
     return result
 
 
-def run_torch(data_dir, batch, steps, warmup, seed, device="cpu"):
+def run_torch(data_dir, batch, steps, warmup, seed, device="cpu", precision="float32"):
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     return run_peer_script("PyTorch", torch_python(), "torch_cnn.py", data_dir, batch, steps, warmup,
-                           seed, env, ["--device", "cuda" if device == "gpu" else "cpu"])
+                           seed, env, ["--device", "cuda" if device == "gpu" else "cpu",
+                                       "--precision", precision])
 
 
-def run_tf(data_dir, batch, steps, warmup, seed, device="cpu"):
+def run_tf(data_dir, batch, steps, warmup, seed, device="cpu", precision="float32"):
     py = PEERS_PY if os.path.exists(PEERS_PY) else sys.executable
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1")
     env.pop("TF_CONFIG", None)
     return run_peer_script("TensorFlow", py, "tf_keras_cnn.py", data_dir, batch, steps, warmup,
-                           seed, env)
+                           seed, env, ["--precision", precision])
 
 
 def main():
@@ -282,6 +290,10 @@ def main():
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
                     help="gpu: distrain on the visible GPUs (a CUDA build), PyTorch on cuda:0; no tf side")
     ap.add_argument("--seed", type=int, default=42, help="round r uses seed + r on both sides")
+    ap.add_argument("--precision", default="float32",
+                    choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                    help="spec.training.precision for distrain; Keras' global policy for TF; "
+                         "autocast (+ GradScaler for float16) for PyTorch")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     ap.add_argument("--note", default="", help="free text stored in the record (e.g. machine load)")
     args = ap.parse_args()
@@ -319,7 +331,8 @@ def main():
                       "mirrored": lambda *a, **k: run_distrain(*a, mirrored=True, **k)}[side]
                 # A different seed per round (the same for both sides): the
                 # accuracy means then average over initialisations and orders.
-                result = fn(data_dir, batch, steps, warmup, args.seed + r, device=args.device)
+                result = fn(data_dir, batch, steps, warmup, args.seed + r, device=args.device,
+                            precision=args.precision)
                 runs[side].append(result)
                 acc = result["test_accuracy"]
                 print(f"  batch {batch:4d} round {r + 1}: {side:9s} {result['examples_per_second']:8.0f} "
@@ -360,7 +373,8 @@ def main():
     load_after = uptime()
 
     print()
-    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, on the {args.device}, "
+    print(f"guide CNN on MNIST ({num_train} train / 2000 test digits), Adam 1e-3, {args.precision}, "
+          f"on the {args.device}, "
           f"{args.epochs:g} epochs, best of {args.repeats} alternating rounds")
     peak = peak_measured or peak_nominal
     print(f"FP32 peak: {peak / 1e9:.0f} GFLOP/s " + ("(measured: one core's FMA rate x cores)" if peak_measured else
@@ -396,6 +410,7 @@ def main():
                       datetime.timezone.utc).isoformat(timespec="seconds"),
                   "uptime_before": load_before, "uptime_after": load_after, "epochs": args.epochs,
                   "repeats": args.repeats, "seed": args.seed, "note": args.note, "device": args.device,
+                  "precision": args.precision,
                   "sides": sides, "configs": configs}
         os.makedirs(os.path.dirname(RECORDS), exist_ok=True)
         with open(RECORDS, "a") as f:

@@ -17,6 +17,9 @@ def parse_args(extra=()):
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps before them")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--precision", default="float32",
+                    choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                    help="Keras' dtype policy names; each peer maps them to its own mixed precision")
     for flag, kwargs in extra:
         ap.add_argument(flag, **kwargs)
     return ap.parse_args()

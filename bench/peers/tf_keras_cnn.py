@@ -37,6 +37,9 @@ def read_idx(path, ndims):
 args = cnn_peer_args.parse_args()
 
 tf.keras.utils.set_random_seed(args.seed)
+# Keras' own mixed precision: every layer computes in the 16-bit type, and
+# compile() wraps the optimizer in a LossScaleOptimizer for mixed_float16.
+tf.keras.mixed_precision.set_global_policy(args.precision)
 x_train = (read_idx(args.train_images, 3).astype(np.float32) / 255.0)[..., None]
 y_train = read_idx(args.train_labels, 1).astype(np.int32)
 x_test = (read_idx(args.test_images, 3).astype(np.float32) / 255.0)[..., None]

@@ -63,6 +63,18 @@ for m in model.modules():
         nn.init.zeros_(m.bias)
 model.to(device)
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-7)
+# Mixed precision the way PyTorch users write it: autocast around the forward
+# pass and the loss (float32 parameters, 16-bit products), and a GradScaler
+# (dynamic loss scaling, 2^16 initial) for float16.
+autocast_dtype = {"mixed_bfloat16": torch.bfloat16, "mixed_float16": torch.float16}.get(args.precision)
+scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "mixed_float16")
+
+
+def forward_loss(x, y):
+    if autocast_dtype is None:
+        return F.cross_entropy(model(x), y)
+    with torch.autocast(device.type, dtype=autocast_dtype):
+        return F.cross_entropy(model(x), y)
 
 
 def batches():
@@ -99,9 +111,10 @@ for step in range(total):
     x = x.to(device, non_blocking=True)
     y = y.to(device, non_blocking=True)
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    optimizer.step()
+    loss = forward_loss(x, y)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
     losses.append(loss.detach())
 sync()
 seconds = time.perf_counter() - start
@@ -111,7 +124,11 @@ with torch.no_grad():
     correct, loss_sum = 0, 0.0
     for i in range(0, len(y_test), 500):
         x, y = x_test[i:i + 500].to(device), y_test[i:i + 500].to(device)
-        out = model(x)
+        if autocast_dtype is None:
+            out = model(x)
+        else:
+            with torch.autocast(device.type, dtype=autocast_dtype):
+                out = model(x).float()
         loss_sum += F.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(1) == y).sum().item()
 print("RESULT " + json.dumps({

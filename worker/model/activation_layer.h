@@ -24,6 +24,8 @@ class Activation : public Layer {
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  bool OutputKeepsInputValues() const override { return state_.keeps_values(); }
+  bool InputGradKeepsOutputGradValues() const override { return state_.keeps_values(); }
 
  private:
   std::string name_;

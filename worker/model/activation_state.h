@@ -22,6 +22,11 @@ class ActivationState {
   explicit ActivationState(ActivationKind kind) : kind_(kind) {}
   ActivationKind kind() const { return kind_; }
   bool is_linear() const { return kind_ == ActivationKind::kLinear; }
+  // Whether f keeps its input's values (or gives 0) both ways: linear and
+  // ReLU, whose gradient is dy or 0. Mixed precision skips rounding there.
+  bool keeps_values() const {
+    return kind_ == ActivationKind::kLinear || kind_ == ActivationKind::kRelu;
+  }
   // y = f(x), remembering what Backward reads. y may be &x (in place). The
   // caller keeps x and y unchanged until Backward.
   void Forward(const Tensor& x, Tensor* y);

@@ -76,7 +76,8 @@ void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
   const Tensor* dz = &grad_output;
   if (!activation_.is_linear()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
-    RoundToComputeType(&grad_pre_activation_);
+    // ReLU's gradient keeps the rounded values; the others' need rounding.
+    if (!activation_.keeps_values()) RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
   ops::Conv2DBackwardWeights(window_, *input_, *dz, &kernel_.grad,

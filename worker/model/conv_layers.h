@@ -68,6 +68,14 @@ class Pooling2D : public Layer {
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  // Max pooling selects; its gradient goes to one input per window, so it
+  // keeps the values unless windows overlap (stride < pool size), where an
+  // input may collect the sum of several.
+  bool OutputKeepsInputValues() const override { return kind_ == ops::PoolKind::kMax; }
+  bool InputGradKeepsOutputGradValues() const override {
+    return kind_ == ops::PoolKind::kMax && strides_[0] >= pool_size_[0] &&
+           strides_[1] >= pool_size_[1];
+  }
 
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;

@@ -87,6 +87,13 @@ class Layer {
   virtual void MoveTo(DeviceId device);
   virtual std::optional<GradFactors> KernelGradFactors() const { return std::nullopt; }
 
+  // What mixed precision may skip (Model rounds every other layer's output
+  // and input gradient): whether each output element is one of the input's
+  // (or 0) — a layer that only rearranges or selects values — and whether
+  // each input-gradient element is one of the output gradient's (or 0).
+  virtual bool OutputKeepsInputValues() const { return false; }
+  virtual bool InputGradKeepsOutputGradValues() const { return false; }
+
   // The type the layer's matrix products and convolutions compute in (the
   // model's precision, ComputeType). Under a 16-bit type the model hands
   // every layer inputs and output gradients already rounded to it, and a

@@ -186,13 +186,10 @@ void Model::Finalize(std::string summary) {
     has_parameters_.push_back(has);
     if (has && first_parameter_layer_ == num_layers()) first_parameter_layer_ = i;
     layers_[i]->set_compute_type(compute_);
-    // Layers that only rearrange their inputs' values (both ways) or select
-    // among them (forward) output rounded values already.
-    const std::string kind = layers_[i]->class_name();
-    const bool rearranges = kind == "Flatten" || kind == "Reshape";
+    // Layers that only rearrange or select values pass rounded ones on.
     const bool mixed = compute_ != ComputeType::kFloat32;
-    rounds_output_.push_back(mixed && !rearranges && kind != "MaxPooling2D");
-    rounds_grad_input_.push_back(mixed && !rearranges);
+    rounds_output_.push_back(mixed && !layers_[i]->OutputKeepsInputValues());
+    rounds_grad_input_.push_back(mixed && !layers_[i]->InputGradKeepsOutputGradValues());
   }
   summary_ = absl::StrCat(summary, " (", num_parameters(), " params)");
 }

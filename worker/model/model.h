@@ -165,7 +165,7 @@ class Model {
   ComputeType compute_ = ComputeType::kFloat32;
   // Per layer: whether its output / the gradient of its input is rounded to
   // compute_ — under mixed precision every layer's but those that only
-  // rearrange values (and, forward, max pooling, which selects them).
+  // rearrange or select values (Layer::OutputKeepsInputValues).
   std::vector<bool> rounds_output_;
   std::vector<bool> rounds_grad_input_;
   float loss_scale_ = 1.0f;

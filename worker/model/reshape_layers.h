@@ -20,6 +20,8 @@ class ReshapeBase : public Layer {
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  bool OutputKeepsInputValues() const override { return true; }
+  bool InputGradKeepsOutputGradValues() const override { return true; }
 
  protected:
   explicit ReshapeBase(std::string name) : name_(std::move(name)) {}

@@ -88,7 +88,7 @@ void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, con
                                              compute));
     return;
   }
-  cpu::Conv2DForward(w, x.data(), kernel.data(), b, y->data());
+  cpu::Conv2DForward(w, x.data(), kernel.data(), b, y->data(), compute);
 }
 
 void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kernel, Tensor* dx,
@@ -104,7 +104,7 @@ void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kerne
         cuda::Conv2DBackwardData(d.ordinal, w, dy.data(), kernel.data(), dx->data(), compute));
     return;
   }
-  cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data());
+  cpu::Conv2DBackwardData(w, dy.data(), kernel.data(), dx->data(), compute);
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
@@ -122,7 +122,7 @@ void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy,
                                     compute));
     return;
   }
-  cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(), db);
+  cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(), db, compute);
 }
 
 void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,

@@ -28,12 +28,20 @@ namespace distrain::cpu::internal {
 // kChosenWeights: images stay nhwc, oneDNN picks the kernel's layout only
 // (a reorder of a few KiB per call instead of whole activations).
 enum class ConvLayout { kPlain, kChosen, kChosenWeights };
+// `bf16`: the float inputs hold bfloat16 values (mixed_bfloat16); they are
+// converted (exactly) into bfloat16 staging copies and the convolution runs
+// on oneDNN's bfloat16 kernels, accumulating and writing float32. Only where
+// NativeBf16Convolutions().
 void ConvForwardOnednn(const ops::Window2D& w, const float* x, const float* kernel,
-                       const float* bias, float* y, ConvLayout layout);
+                       const float* bias, float* y, ConvLayout layout, bool bf16 = false);
 void ConvBackwardDataOnednn(const ops::Window2D& w, const float* dy, const float* kernel,
-                            float* dx, ConvLayout layout);
+                            float* dx, ConvLayout layout, bool bf16 = false);
 void ConvBackwardWeightsOnednn(const ops::Window2D& w, const float* x, const float* dy,
-                               float* dkernel, float* dbias, ConvLayout layout);
+                               float* dkernel, float* dbias, ConvLayout layout, bool bf16 = false);
+// Whether this CPU has bfloat16 dot-product instructions oneDNN uses
+// (AVX512-BF16 or AMX). Elsewhere oneDNN would emulate them, slower than
+// float32, so mixed_bfloat16 stays on the float32 kernels there.
+bool NativeBf16Convolutions();
 
 void ConvForwardGemm(const ops::Window2D& w, const float* x, const float* kernel,
                      const float* bias, float* y);

@@ -9,6 +9,12 @@
 // buffer per thread, so primitives never allocate while running and two
 // threads never share scratch.
 //
+// mixed_bfloat16 (ComputeType kBfloat16) on a CPU with bfloat16 dot products
+// runs the convolutions on oneDNN's bfloat16 kernels: the float inputs,
+// which already hold bfloat16 values, are staged into bfloat16 copies (an
+// exact conversion, by the same staging reorders as layouts use); the
+// outputs stay float32.
+//
 // Layouts: the callers' tensors are always plain (nhwc, hwio). Convolutions
 // may let oneDNN choose the layout of some arguments (internal::ConvLayout);
 // those are reordered into and out of a per-thread staging area around the
@@ -48,8 +54,9 @@ const dnnl::engine& Engine() {
   return *engine;
 }
 
-memory::desc Md(const memory::dims& dims, Tag tag) {
-  return memory::desc(dims, memory::data_type::f32, tag);
+memory::desc Md(const memory::dims& dims, Tag tag,
+                memory::data_type type = memory::data_type::f32) {
+  return memory::desc(dims, type, tag);
 }
 
 // The geometry a cached primitive was made for. Fixed-size so hashing it
@@ -201,25 +208,39 @@ struct ConvDescs {
   memory::dims strides, pad_l, pad_r;
 };
 
-// The descriptors over the callers' buffers (nhwc, hwio), or with
+// Which of a pass's tensors are bfloat16 for the primitive: its inputs
+// (forward: src and weights; backward-data: diff_dst and weights;
+// backward-weights: src and diff_dst); outputs and bias are always float32.
+enum class ConvPass { kForward, kBackwardData, kBackwardWeights };
+
+// The descriptors over the callers' buffers (nhwc, hwio, float32), or with
 // format_tag::any for the tensors whose layout oneDNN may choose under
-// `layout`.
+// `layout`, and bfloat16 for the pass's inputs when `bf16`.
 ConvDescs MakeConvDescs(const Window2D& w,
-                        internal::ConvLayout layout = internal::ConvLayout::kPlain) {
+                        internal::ConvLayout layout = internal::ConvLayout::kPlain,
+                        bool bf16 = false, ConvPass pass = ConvPass::kForward) {
   const bool any_data = layout == internal::ConvLayout::kChosen;
   const bool any_weights = layout != internal::ConvLayout::kPlain;
-  return {Md({w.batch, w.in_c, w.in_h, w.in_w}, any_data ? Tag::any : Tag::nhwc),
-          Md({w.out_c, w.in_c, w.kernel_h, w.kernel_w}, any_weights ? Tag::any : Tag::hwio),
+  using T = memory::data_type;
+  const T src = bf16 && pass != ConvPass::kBackwardData ? T::bf16 : T::f32;
+  const T weights = bf16 && pass != ConvPass::kBackwardWeights ? T::bf16 : T::f32;
+  const T dst = bf16 && pass != ConvPass::kForward ? T::bf16 : T::f32;
+  return {Md({w.batch, w.in_c, w.in_h, w.in_w}, any_data ? Tag::any : Tag::nhwc, src),
+          Md({w.out_c, w.in_c, w.kernel_h, w.kernel_w}, any_weights ? Tag::any : Tag::hwio,
+             weights),
           Md({w.out_c}, Tag::x),
-          Md({w.batch, w.out_c, w.out_h, w.out_w}, any_data ? Tag::any : Tag::nhwc),
+          Md({w.batch, w.out_c, w.out_h, w.out_w}, any_data ? Tag::any : Tag::nhwc, dst),
           {w.stride_h, w.stride_w},
           {w.pad_top, w.pad_left},
           {w.pad_bottom, w.pad_right}};
 }
 
+// The forward primitive, and the hint every backward pass is created from
+// (with the same data types, so oneDNN pairs them with matching kernels).
 dnnl::convolution_forward::primitive_desc ConvForwardPd(const Window2D& w, bool bias,
-                                                        internal::ConvLayout layout) {
-  const ConvDescs d = MakeConvDescs(w, layout);
+                                                        internal::ConvLayout layout,
+                                                        bool bf16 = false) {
+  const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kForward);
   const auto desc =
       bias ? dnnl::convolution_forward::desc(
                  dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src,
@@ -248,19 +269,28 @@ void Stage(Cached* c, int arg, bool output, const memory::desc& plain,
 }
 
 // Key flag bits for the convolutions.
-int64_t ConvFlag(bool bias, internal::ConvLayout layout) {
-  return (bias ? 1 : 0) | static_cast<int64_t>(layout) << 1;
+int64_t ConvFlag(bool bias, internal::ConvLayout layout, bool bf16) {
+  return (bias ? 1 : 0) | static_cast<int64_t>(layout) << 1 | (bf16 ? 1 : 0) << 3;
 }
 
 }  // namespace
 
 namespace internal {
 
+bool NativeBf16Convolutions() {
+  static const bool native = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
+}
+
 void ConvForwardOnednn(const Window2D& w, const float* x, const float* kernel, const float* bias,
-                       float* y, ConvLayout layout) {
+                       float* y, ConvLayout layout, bool bf16) {
   ThreadState& s = State();
-  const Cached& c = s.Get(WindowKey(PrimKind::kConvFwd, w, ConvFlag(bias != nullptr, layout)), [&] {
-    const auto pd = ConvForwardPd(w, bias != nullptr, layout);
+  const Key key = WindowKey(PrimKind::kConvFwd, w, ConvFlag(bias != nullptr, layout, bf16));
+  const Cached& c = s.Get(key, [&] {
+    const auto pd = ConvForwardPd(w, bias != nullptr, layout, bf16);
     Cached c{dnnl::convolution_forward(pd), pd.scratchpad_desc(), {}, {}, 0};
     const ConvDescs plain = MakeConvDescs(w);
     Stage(&c, DNNL_ARG_SRC, false, plain.src, pd.src_desc());
@@ -278,15 +308,15 @@ void ConvForwardOnednn(const Window2D& w, const float* x, const float* kernel, c
 }
 
 void ConvBackwardDataOnednn(const Window2D& w, const float* dy, const float* kernel, float* dx,
-                            ConvLayout layout) {
+                            ConvLayout layout, bool bf16) {
   ThreadState& s = State();
-  const Cached& c = s.Get(WindowKey(PrimKind::kConvBwdData, w, ConvFlag(false, layout)), [&] {
-    const ConvDescs d = MakeConvDescs(w, layout);
+  const Cached& c = s.Get(WindowKey(PrimKind::kConvBwdData, w, ConvFlag(false, layout, bf16)), [&] {
+    const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kBackwardData);
     const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                      d.weights, d.dst, d.strides, d.pad_l,
                                                      d.pad_r);
-    const dnnl::convolution_backward_data::primitive_desc pd(desc, UserScratch(), Engine(),
-                                                             ConvForwardPd(w, false, layout));
+    const dnnl::convolution_backward_data::primitive_desc pd(
+        desc, UserScratch(), Engine(), ConvForwardPd(w, false, layout, bf16));
     Cached c{dnnl::convolution_backward_data(pd), pd.scratchpad_desc(), {}, {}, 0};
     const ConvDescs plain = MakeConvDescs(w);
     Stage(&c, DNNL_ARG_DIFF_DST, false, plain.dst, pd.diff_dst_desc());
@@ -301,12 +331,12 @@ void ConvBackwardDataOnednn(const Window2D& w, const float* dy, const float* ker
 }
 
 void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* dy,
-                               float* dkernel, float* dbias, ConvLayout layout) {
+                               float* dkernel, float* dbias, ConvLayout layout, bool bf16) {
   ThreadState& s = State();
   const bool with_bias = dbias != nullptr;
   const Cached& c =
-      s.Get(WindowKey(PrimKind::kConvBwdWeights, w, ConvFlag(with_bias, layout)), [&] {
-        const ConvDescs d = MakeConvDescs(w, layout);
+      s.Get(WindowKey(PrimKind::kConvBwdWeights, w, ConvFlag(with_bias, layout, bf16)), [&] {
+        const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kBackwardWeights);
         const auto desc = with_bias ? dnnl::convolution_backward_weights::desc(
                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                           d.bias, d.dst, d.strides, d.pad_l, d.pad_r)
@@ -314,7 +344,7 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                           d.dst, d.strides, d.pad_l, d.pad_r);
         const dnnl::convolution_backward_weights::primitive_desc pd(
-            desc, UserScratch(), Engine(), ConvForwardPd(w, with_bias, layout));
+            desc, UserScratch(), Engine(), ConvForwardPd(w, with_bias, layout, bf16));
         Cached c{dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(), {}, {}, 0};
         const ConvDescs plain = MakeConvDescs(w);
         Stage(&c, DNNL_ARG_SRC, false, plain.src, pd.src_desc());
@@ -346,20 +376,27 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
 // layout and im2col's transpose (one GEMM with K = filters, then a scatter)
 // was 2x faster. These are relations between algorithms, not tuned
 // constants; re-run the benchmark on a new machine kind.
+// Under mixed_bfloat16 with native bfloat16 dot products, every pass runs
+// on oneDNN's bfloat16 kernels (the single-channel backward-data too: its
+// float32 detour above was about oneDNN's float32 kernels).
 void Conv2DForward(const Window2D& w, const float* x, const float* kernel, const float* bias,
-                   float* y) {
-  internal::ConvForwardOnednn(w, x, kernel, bias, y, internal::ConvLayout::kChosenWeights);
+                   float* y, ComputeType compute) {
+  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+  internal::ConvForwardOnednn(w, x, kernel, bias, y, internal::ConvLayout::kChosenWeights, bf16);
 }
 
-void Conv2DBackwardData(const Window2D& w, const float* dy, const float* kernel, float* dx) {
-  if (w.in_c == 1) return internal::ConvBackwardDataGemm(w, dy, kernel, dx);
-  internal::ConvBackwardDataOnednn(w, dy, kernel, dx, internal::ConvLayout::kChosenWeights);
+void Conv2DBackwardData(const Window2D& w, const float* dy, const float* kernel, float* dx,
+                        ComputeType compute) {
+  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+  if (w.in_c == 1 && !bf16) return internal::ConvBackwardDataGemm(w, dy, kernel, dx);
+  internal::ConvBackwardDataOnednn(w, dy, kernel, dx, internal::ConvLayout::kChosenWeights, bf16);
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, float* dkernel,
-                           float* dbias) {
+                           float* dbias, ComputeType compute) {
+  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
   internal::ConvBackwardWeightsOnednn(w, x, dy, dkernel, dbias,
-                                     internal::ConvLayout::kChosenWeights);
+                                     internal::ConvLayout::kChosenWeights, bf16);
 }
 
 // ---- Pooling ---------------------------------------------------------------

@@ -28,14 +28,17 @@
 
 namespace distrain::cpu {
 
-// y = conv(x, kernel) + bias (bias may be null).
+// y = conv(x, kernel) + bias (bias may be null). `compute` as ops.h's: under
+// kBfloat16 the inputs hold bfloat16 values, and a CPU with bfloat16 dot
+// products runs the pass on oneDNN's bfloat16 kernels (float32 out).
 void Conv2DForward(const ops::Window2D& w, const float* x, const float* kernel, const float* bias,
-                   float* y);
+                   float* y, ComputeType compute = ComputeType::kFloat32);
 // dx from dy and the kernel; dx is overwritten.
-void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* kernel, float* dx);
+void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* kernel, float* dx,
+                        ComputeType compute = ComputeType::kFloat32);
 // dkernel (overwritten) and, when not null, dbias (overwritten).
 void Conv2DBackwardWeights(const ops::Window2D& w, const float* x, const float* dy, float* dkernel,
-                           float* dbias);
+                           float* dbias, ComputeType compute = ComputeType::kFloat32);
 
 // The number of floats Pool2DForward's workspace must hold (0 for average
 // pooling, which needs none).

@@ -17,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/tensor/cpu/conv_kernels.h"
+#include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/ops.h"
 
 namespace distrain::ops {
@@ -317,6 +318,51 @@ TEST_P(ConvTest, EveryImplementationMatchesReference) {
   in::ConvBackwardWeightsGemm(g, x.data(), r.data(), dk.data(), db.data());
   ExpectNear(dk, dk_ref, 1e-4, "gemm dkernel");
   ExpectNear(db, db_ref, 1e-5, "gemm dbias");
+}
+
+// mixed_bfloat16 on a CPU with bfloat16 dot products: convolutions of
+// inputs that hold bfloat16 values run on oneDNN's bfloat16 kernels and give
+// the float32 kernels' results (the products are exact either way; only the
+// order of the float32 sums differs), in every pass, with and without bias,
+// the single-channel backward-data included.
+TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
+  namespace in = cpu::internal;
+  if (!in::NativeBf16Convolutions()) {
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 or AMX; mixed_bfloat16 stays on float32 kernels";
+  }
+  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
+    Tensor t = Random(std::move(shape), seed);
+    ops::RoundTo(ComputeType::kBfloat16, t, &t);
+    return t;
+  };
+  for (const Window2D& g : {KerasWindow2D(8, 28, 28, 1, 32, {3, 3}, {1, 1}, PaddingKind::kValid),
+                            KerasWindow2D(8, 13, 13, 32, 64, {3, 3}, {1, 1}, PaddingKind::kValid),
+                            KerasWindow2D(3, 9, 7, 5, 6, {3, 2}, {2, 1}, PaddingKind::kSame)}) {
+    SCOPED_TRACE(::testing::Message() << "in_c " << g.in_c << " out_c " << g.out_c);
+    const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 50);
+    const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 51);
+    const Tensor b = Random({g.out_c}, 52);
+    const Tensor r = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 53);
+    Tensor want(r.shape()), got(r.shape());
+    cpu::Conv2DForward(g, x.data(), k.data(), b.data(), want.data());
+    cpu::Conv2DForward(g, x.data(), k.data(), b.data(), got.data(), ComputeType::kBfloat16);
+    ExpectNear(got, ToDouble(want), 1e-5, "forward");
+    want.Resize(x.shape());
+    got.Resize(x.shape());
+    cpu::Conv2DBackwardData(g, r.data(), k.data(), want.data());
+    cpu::Conv2DBackwardData(g, r.data(), k.data(), got.data(), ComputeType::kBfloat16);
+    ExpectNear(got, ToDouble(want), 1e-5, "dx");
+    want.Resize(k.shape());
+    got.Resize(k.shape());
+    Tensor db_want(b.shape()), db_got(b.shape());
+    cpu::Conv2DBackwardWeights(g, x.data(), r.data(), want.data(), db_want.data());
+    cpu::Conv2DBackwardWeights(g, x.data(), r.data(), got.data(), db_got.data(),
+                               ComputeType::kBfloat16);
+    // Sums over every image and position (5,408 terms for the first
+    // geometry), so the two summation orders drift further apart.
+    ExpectNear(got, ToDouble(want), 2e-4, "dkernel");
+    ExpectNear(db_got, ToDouble(db_want), 2e-4, "dbias");
+  }
 }
 
 TEST(ConvGemmTest, SeveralIm2colBlocksMatchOnednn) {
