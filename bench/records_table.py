@@ -90,7 +90,14 @@ def render():
                 except json.JSONDecodeError as e:
                     sys.exit(f"{os.path.relpath(path, ROOT)}:{n}: not JSON ({e})")
                 m = r.get("machine", {})
-                rows.append((r.get("benchmark", os.path.basename(path)), r.get("time", "?"),
+                # What the run measured beyond its benchmark's default: the
+                # device and the precision policy, when not the CPU / float32.
+                variant = [v for v in (r.get("device"), r.get("precision"))
+                           if v not in (None, "cpu", "float32")]
+                name = r.get("benchmark", os.path.basename(path))
+                if variant:
+                    name += f" ({', '.join(variant)})"
+                rows.append((name, r.get("time", "?"),
                              r.get("commit", "?"),
                              f"{m.get('model', '?')}, {m.get('isa', '?')}, {m.get('cores', '?')} cores",
                              f"{load(r.get('uptime_before'))} → {load(r.get('uptime_after'))}",

@@ -19,7 +19,8 @@
 #                               packages beside an installed PyTorch), runs the
 #                               GPU suites, MultiWorkerMirrored's example on the
 #                               GPU against the CPU, then (unless GPU_CHECK_BENCH=0)
-#                               bench/cnn_training.py and
+#                               bench/cnn_training.py (float32, then
+#                               mixed_bfloat16 on tensor cores) and
 #                               bench/single_process_throughput.py with
 #                               --device gpu against that PyTorch; the log and
 #                               the benchmarks' records go to $OUT when set
@@ -112,6 +113,13 @@ case "${1:-}" in
           --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" --repeats 2 \
           --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
         tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu.jsonl" 2>/dev/null || true
+        # Mixed precision on tensor cores, against PyTorch's autocast.
+        DISTRAIN_CACHE="$PWD/$PACK/cache" DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
+          timeout "${GPU_CHECK_BENCH_SECONDS:-240}" python3 bench/cnn_training.py --device gpu \
+          --precision mixed_bfloat16 --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" \
+          --repeats 2 --batches 256 \
+          --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
+        tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu-mixed_bfloat16.jsonl" 2>/dev/null || true
         DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
           timeout 120 python3 bench/single_process_throughput.py --device gpu --sides distrain,torch \
           2>&1 | tee -a "$out/gpu-check.log" || true
