@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/job_identity.h"
 #include "common/cluster_spec.h"
 #include "common/exit_codes.h"
@@ -99,8 +100,35 @@ absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& conf
   int cores = options.cpu_cores > 0 ? options.cpu_cores
                                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int blas_threads = std::max(1, cores / std::max(1, total));
+  // NCCL across workers: training process t gets GPUs [t * per, (t + 1) * per).
+  std::vector<std::vector<std::string>> gpu_slices;
+  if (config.strategy == StrategyKind::kMultiWorkerMirrored &&
+      config.training.communication.implementation == CollectiveImplementation::kNccl) {
+    const int processes =
+        config.replicas_of(ReplicaType::kChief) + config.replicas_of(ReplicaType::kWorker);
+    const int gpus = static_cast<int>(options.gpu_ids.size());
+    const int per = config.training.local_replicas > 0 ? config.training.local_replicas
+                                                       : std::max(1, gpus / std::max(1, processes));
+    if (processes * per > gpus) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec.training.communication.implementation: NCCL puts one rank on each GPU, and ",
+          processes, " MultiWorkerMirrored process(es) x ", per, " local replica(s) need ",
+          processes * per, " GPUs, but this machine shows distrain run ", gpus,
+          "; use implementation: Ring (or Auto) to share the GPUs through host memory, or fewer "
+          "replicas"));
+    }
+    for (int t = 0; t < processes; ++t) {
+      gpu_slices.emplace_back(options.gpu_ids.begin() + t * per,
+                              options.gpu_ids.begin() + (t + 1) * per);
+    }
+  }
   const std::string job_json = JobConfigToJson(config);
+  int training_process = 0;
   for (LocalReplica& r : replicas) {
+    if (!gpu_slices.empty() &&
+        (r.type == ReplicaType::kChief || r.type == ReplicaType::kWorker)) {
+      r.env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(gpu_slices[training_process++], ",");
+    }
     auto spec = ClusterSpec::Create(jobs, TaskId{ReplicaTaskType(r.type), r.index});
     if (!spec.ok()) return spec.status();
     r.env["TF_CONFIG"] = spec->ToJson();

@@ -24,12 +24,19 @@ struct LocalClusterOptions {
   std::string work_dir;        // status files live here
   std::string checkpoint_dir;  // DISTRAIN_CHECKPOINT_DIR for every replica
   int cpu_cores = 0;           // 0: detect; spreads BLAS threads over the replicas
+  // The GPUs `distrain run` sees, as CUDA_VISIBLE_DEVICES names them to a
+  // child (its own list when set, else "0".."n-1"). MultiWorkerMirrored with
+  // implementation: NCCL gives each training process its own slice of them,
+  // as the device plugin gives each pod its own GPUs (NCCL puts one rank on
+  // a GPU); every other job leaves CUDA_VISIBLE_DEVICES as it is.
+  std::vector<std::string> gpu_ids;
 };
 
 // Lays out the job on this machine: one free loopback port per task for
 // TF_CONFIG, one for metrics, replicas in TF_CONFIG order (chief, worker, ps,
 // evaluator). Ports are reserved by binding them all before releasing any, so
-// no two tasks share one.
+// no two tasks share one. FAILED_PRECONDITION (naming the field) when
+// MultiWorkerMirrored's NCCL needs more GPUs than options.gpu_ids holds.
 absl::StatusOr<std::vector<LocalReplica>> PlanLocalCluster(const JobConfig& config,
                                                            const LocalClusterOptions& options);
 

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
@@ -241,10 +243,22 @@ int RunJob(const RunOptions& options) {
   cluster_options.work_dir = work_dir;
   cluster_options.checkpoint_dir =
       options.checkpoint_dir.empty() ? work_dir + "/checkpoints" : options.checkpoint_dir;
+  // The GPUs a child may be given, in CUDA_VISIBLE_DEVICES' own terms.
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
+    for (absl::string_view id : absl::StrSplit(visible, ',', absl::SkipWhitespace())) {
+      if (static_cast<int>(cluster_options.gpu_ids.size()) < host_facts.gpus) {
+        cluster_options.gpu_ids.emplace_back(absl::StripAsciiWhitespace(id));
+      }
+    }
+  } else {
+    for (int g = 0; g < host_facts.gpus; ++g) cluster_options.gpu_ids.push_back(absl::StrCat(g));
+  }
   auto replicas = PlanLocalCluster(*config, cluster_options);
   if (!replicas.ok()) {
-    std::cerr << "distrain run: " << replicas.status().message() << "\n";
-    return kExitInternal;
+    std::cerr << "distrain run: " << options.job_file << ": " << replicas.status().message()
+              << "\n";
+    return replicas.status().code() == absl::StatusCode::kFailedPrecondition ? kExitUnsupported
+                                                                            : kExitInternal;
   }
   if (absl::Status s = WriteLocalCredentials(*config, work_dir, &*replicas); !s.ok()) {
     std::cerr << "distrain run: job credentials: " << s.message() << "\n";

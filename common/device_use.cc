@@ -43,12 +43,6 @@ absl::Status CheckDeviceUse(const JobConfig& config, const DeviceUseFacts& facts
           "use implementation: Ring (or Auto), or strategy: Mirrored for the GPUs of one "
           "machine"));
     }
-    if (config.strategy == StrategyKind::kMultiWorkerMirrored) {
-      return absl::UnimplementedError(
-          "spec.training.communication.implementation: NCCL: MultiWorkerMirrored on GPUs "
-          "all-reduces across workers over its TCP ring, through host memory; NCCL across "
-          "workers is not built yet; use implementation: Ring (or Auto)");
-    }
   }
   if (facts.held_gpus == 0) return absl::OkStatus();
   const std::string holds =

@@ -29,8 +29,10 @@ struct DeviceUseFacts {
 
 // The strategies that place replicas on GPUs when the process sees some (and
 // the build has gpu_strategies): OneDevice (GPU 0), Mirrored (one replica per
-// GPU, NCCL between them) and CentralStorage (one replica per GPU, variables
-// on the host). ParameterServer and MultiWorkerMirrored train on CPU threads.
+// GPU, NCCL between them), CentralStorage (one replica per GPU, variables on
+// the host) and MultiWorkerMirrored (one replica per GPU of each worker; NCCL
+// across workers with implementation: NCCL, else the TCP ring through host
+// memory). ParameterServer trains on CPU threads.
 bool StrategyTrainsOnGpus(StrategyKind strategy);
 
 // OK, or UNIMPLEMENTED / FAILED_PRECONDITION naming the field to change:

@@ -101,6 +101,24 @@ case "${1:-}" in
       echo "gpu-check: FAIL MultiWorkerMirrored on the GPU: final loss '$gpu_loss', on CPU '$cpu_loss'" | tee -a "$out/gpu-check.log"
       [ "$rc" != 0 ] || rc=5
     fi
+    # NCCL across workers: the same job with implementation: NCCL, each
+    # process on its own GPU (distrain run slices CUDA_VISIBLE_DEVICES);
+    # NCCL allows one rank per GPU, so it needs as many GPUs as processes.
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    processes=$(python3 -c "import re,sys; t=open('$mwms_job').read(); print(sum(int(n) for n in re.findall(r'replicas: (\\d+)', t)))")
+    if [ "${gpus:-0}" -ge "$processes" ]; then
+      nccl_job=$(mktemp --suffix=.yaml)
+      sed -e 's/implementation: Ring .*/implementation: NCCL/' "$mwms_job" >"$nccl_job"
+      nccl_loss=$("$PACK/build/cli/distrain" run --no-progress "$nccl_job" 2>&1 | tee -a "$out/gpu-check.log" | final_loss)
+      if python3 -c "import sys; g, c = float('$nccl_loss'), float('$cpu_loss'); sys.exit(abs(g - c) > 1e-3 * max(1.0, abs(c)))" 2>/dev/null; then
+        echo "gpu-check: PASS MultiWorkerMirrored over NCCL on $processes GPUs: final loss $nccl_loss, on CPU $cpu_loss" | tee -a "$out/gpu-check.log"
+      else
+        echo "gpu-check: FAIL MultiWorkerMirrored over NCCL: final loss '$nccl_loss', on CPU '$cpu_loss'" | tee -a "$out/gpu-check.log"
+        [ "$rc" != 0 ] || rc=5
+      fi
+    else
+      echo "gpu-check: NOT RUN MultiWorkerMirrored over NCCL: $processes processes need $processes GPUs, this machine has ${gpus:-0}" | tee -a "$out/gpu-check.log"
+    fi
     # The GPU benchmark: distrain on the GPU against PyTorch eager on the
     # same GPU, same model, data, batch and steps (bench/cnn_training.py).
     if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then

@@ -14,7 +14,7 @@
 //      nothing);
 //   3. copy the result back (host -> device).
 // The cost is two PCIe crossings of every gradient per step, on top of the
-// network's; NCCL across workers would avoid them and is not built yet. On
+// network's; implementation: NCCL (MultiWorkerMirrored's NCCL ranks) avoids them. On
 // the CPU (device CPU) the copies are memcpys, which is how its tests run.
 //
 // Ownership: borrows the inner collective (it must outlive this; the

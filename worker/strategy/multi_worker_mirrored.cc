@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/net.h"
 #include "nlohmann/json.hpp"
@@ -16,6 +17,10 @@
 #include "worker/collective/ring.h"
 #include "worker/collective/tcp_socket.h"
 #include "worker/tensor/cpu_math.h"
+
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/collective/nccl/nccl_collective.h"
+#endif
 
 namespace distrain {
 namespace {
@@ -84,6 +89,7 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
         in_sync, " replicas in sync (", num_workers_, " tasks x ", local_replicas_,
         " local replicas); use a multiple of ", in_sync));
   }
+  use_nccl_ = gpus_ > 0 && t.communication.implementation == CollectiveImplementation::kNccl;
   recovery_policy_ = config.run_policy.recovery_policy;
   recovery_timeout_ = absl::Seconds(config.run_policy.recovery_timeout_seconds.value_or(300));
   bytes_per_pack_ = t.communication.bytes_per_pack;
@@ -151,10 +157,12 @@ absl::Status MultiWorkerMirroredStrategy::Init(const ClusterSpec& cluster,
   rendezvous_->StartWatching([this](const absl::Status& reason) { OnPeerFailure(reason); });
   spdlog::info(
       "MultiWorkerMirrored: rank {} of {} ({}), generation {}, {} local replica(s){}, "
-      "ring all-reduce, buckets of {} bytes, timeout {}s{}",
+      "{} all-reduce, buckets of {} bytes, timeout {}s{}",
       rank_, num_workers_, cluster.task().ToString(), generation, local_replicas_,
-      gpus_ > 0 ? absl::StrCat(" on GPU:0..", local_replicas_ - 1, " (staged through host memory)")
+      gpus_ > 0 ? absl::StrCat(" on GPU:0..", local_replicas_ - 1,
+                               use_nccl_ ? "" : " (staged through host memory)")
                 : std::string(),
+      use_nccl_ ? absl::StrCat("NCCL (", num_workers_ * local_replicas_, " ranks)") : "ring",
       bytes_per_pack_,
       t.communication.timeout_seconds,
       elastic_ ? absl::StrCat(", elastic membership (", config.elastic_policy->min_replicas, "..",
@@ -171,7 +179,12 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
   if (!ring.ok()) return ring.status();
   std::shared_ptr<Collective> new_ring(std::move(*ring));
   std::vector<std::unique_ptr<Collective>> new_local;
-  if (local_replicas_ > 1) {
+  std::vector<std::unique_ptr<Collective>> new_nccl;
+  if (use_nccl_) {
+    auto ranks = FormNcclRanks(prefix);
+    if (!ranks.ok()) return ranks.status();
+    new_nccl = std::move(*ranks);
+  } else if (local_replicas_ > 1) {
     std::vector<std::string> local_names;
     for (int l = 0; l < local_replicas_; ++l) {
       local_names.push_back(absl::StrCat(task_name_, " local replica ", l));
@@ -187,7 +200,7 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
   // GPU replicas reach the host collectives through staging, one wrapper
   // per replica handle.
   std::vector<std::unique_ptr<HostStagedCollective>> new_staged;
-  if (gpus_ > 0) {
+  if (gpus_ > 0 && !use_nccl_) {
     for (int l = 0; l < local_replicas_; ++l) {
       Collective* handle = new_local.empty() ? new_ring.get() : new_local[l].get();
       new_staged.push_back(
@@ -197,14 +210,17 @@ absl::Status MultiWorkerMirroredStrategy::FormCollectives(int64_t generation) {
   std::shared_ptr<Collective> old_ring;
   std::vector<std::unique_ptr<Collective>> old_local;
   std::vector<std::unique_ptr<HostStagedCollective>> old_staged;
+  std::vector<std::unique_ptr<Collective>> old_nccl;
   {
     absl::MutexLock lock(&mu_);
     old_ring = std::move(ring_);
     old_local = std::move(hierarchical_);
     old_staged = std::move(staged_);
+    old_nccl = std::move(nccl_);
     ring_ = std::move(new_ring);
     hierarchical_ = std::move(new_local);
     staged_ = std::move(new_staged);
+    nccl_ = std::move(new_nccl);
   }
   if (replicas_ != nullptr) replicas_->ResetCollectives(ReplicaCollectives());
   generation_ = generation;
@@ -234,9 +250,41 @@ void MultiWorkerMirroredStrategy::AdoptMembership() {
   }
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<Collective>>>
+MultiWorkerMirroredStrategy::FormNcclRanks(const std::string& prefix) {
+#ifdef DISTRAIN_HAVE_CUDA
+  // The id is 128 opaque bytes; the store carries text, so it travels as hex.
+  const std::string key = absl::StrCat(prefix, "/nccl_unique_id");
+  std::string id;
+  if (rank_ == 0) {
+    absl::StatusOr<std::string> fresh = NcclCollective::NewUniqueId();
+    if (!fresh.ok()) return fresh.status();
+    id = *fresh;
+    if (absl::Status s = rendezvous_->store().Set(key, absl::BytesToHexString(id)); !s.ok()) {
+      return s;
+    }
+  } else {
+    absl::StatusOr<std::string> hex = rendezvous_->store().Get(key, ring_options_.setup_timeout);
+    if (!hex.ok()) return ExplainFailure(hex.status());
+    id = absl::HexStringToBytes(*hex);
+  }
+  auto ranks = NcclCollective::CreateRanks(id, rank_ * local_replicas_,
+                                           num_workers_ * local_replicas_, local_replicas_);
+  if (!ranks.ok()) return ExplainFailure(ranks.status());
+  std::vector<std::unique_ptr<Collective>> out;
+  for (auto& r : *ranks) out.push_back(std::move(r));
+  return out;
+#else
+  (void)prefix;
+  return absl::InternalError("MultiWorkerMirrored: NCCL in a CPU-only build");  // gpus_ is 0 there
+#endif
+}
+
 std::vector<Collective*> MultiWorkerMirroredStrategy::ReplicaCollectives() {
   std::vector<Collective*> collectives;
-  if (!staged_.empty()) {
+  if (!nccl_.empty()) {
+    for (auto& c : nccl_) collectives.push_back(c.get());
+  } else if (!staged_.empty()) {
     for (auto& c : staged_) collectives.push_back(c.get());
   } else if (hierarchical_.empty()) {
     collectives.push_back(ring_.get());
@@ -257,6 +305,7 @@ void MultiWorkerMirroredStrategy::OnPeerFailure(const absl::Status& reason) {
   if (closing_) return;
   if (ring_ != nullptr) ring_->Abort(reason);
   for (auto& c : hierarchical_) c->Abort(reason);
+  for (auto& c : nccl_) c->Abort(reason);
 }
 
 absl::Status MultiWorkerMirroredStrategy::ExplainFailure(const absl::Status& error) {

@@ -28,14 +28,19 @@ namespace distrain {
 //
 // Protocol:
 //   Init
-//   1. communication.implementation: Auto/Ring -> ring over TCP; NCCL is
-//      refused by CreateStrategy until the GPU replicas land
-//      (common/device_use.h).
+//   1. communication.implementation: Auto/Ring -> ring over TCP (GPU
+//      replicas reach it through host staging); NCCL (GPU processes only,
+//      common/device_use.h) -> one NCCL communicator over every GPU replica
+//      of every process, the ring kept for the state broadcasts of step 5.
 //   2. Rendezvous through the coordination service the chief hosts (late
 //      tasks are waited for up to the rendezvous deadline).
 //   3. RingCollective across the processes, bootstrapped through the
 //      rendezvous Store under "mwms/g<generation>"; with L > 1 local replicas
 //      a HierarchicalCollective on top (local reduce -> ring -> local broadcast).
+//      With NCCL: rank 0 publishes a fresh ncclUniqueId (hex) under
+//      "mwms/g<generation>/nccl_unique_id", and each process joins its L
+//      ranks (process rank x L + l on its GPU l) in one NCCL group; a new
+//      generation (recovery, resize) makes new communicators from a new id.
 //   4. Membership watcher: when the coordinator reports a dead peer, every
 //      collective is aborted with that reason (Unavailable, naming the peer
 //      and its address), so blocked operations return at once and the step
@@ -153,6 +158,8 @@ class MultiWorkerMirroredStrategy : public Strategy {
   // (elastic: it may differ from TF_CONFIG's and from the previous one).
   void AdoptMembership();
   std::vector<Collective*> ReplicaCollectives();
+  // Step 3 with NCCL: this process's ranks of generation `prefix`.
+  absl::StatusOr<std::vector<std::unique_ptr<Collective>>> FormNcclRanks(const std::string& prefix);
   // Step 5 / R4: `candidate_step` is -1 for a process that holds no state of
   // a previous generation. Returns the agreed step.
   absl::StatusOr<int64_t> AgreeOnState(int64_t candidate_step, int64_t local_start_step);
@@ -181,6 +188,10 @@ class MultiWorkerMirroredStrategy : public Strategy {
   std::vector<std::unique_ptr<Collective>> hierarchical_;  // L > 1: one per local replica
   // On GPUs: per local replica, its ring or hierarchical handle behind host staging.
   std::vector<std::unique_ptr<HostStagedCollective>> staged_;
+  // implementation: NCCL: per local replica, its rank of the job-wide NCCL
+  // communicator (NcclCollective; empty otherwise).
+  std::vector<std::unique_ptr<Collective>> nccl_;
+  bool use_nccl_ = false;
   const int gpus_;  // 0: replicas are CPU threads
 
   absl::Mutex mu_;  // orders the watcher's aborts against teardown

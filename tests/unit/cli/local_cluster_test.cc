@@ -59,6 +59,49 @@ TEST(LocalClusterTest, WorkerZeroCoordinatesWithoutAChief) {
   EXPECT_FALSE(IsCoordinator(c, (*plan)[1]));
 }
 
+// NCCL across workers puts one rank on a GPU: `distrain run` gives each
+// MultiWorkerMirrored process its own GPUs (as the device plugin gives each
+// pod its own), in the ids the parent's CUDA_VISIBLE_DEVICES uses; too few
+// GPUs is refused naming the field; other jobs keep the parent's view.
+TEST(LocalClusterTest, NcclAcrossWorkersGivesEachTrainingProcessItsOwnGpus) {
+  JobConfig c;
+  c.name = "mwms";
+  c.strategy = StrategyKind::kMultiWorkerMirrored;
+  c.replicas[ReplicaType::kChief].replicas = 1;
+  c.replicas[ReplicaType::kWorker].replicas = 1;
+  c.replicas[ReplicaType::kEvaluator].replicas = 1;
+  c.training.communication.implementation = CollectiveImplementation::kNccl;
+  LocalClusterOptions options{"/tmp/w", "/tmp/w/ckpt", 2};
+  options.gpu_ids = {"4", "5", "6", "7"};
+  auto plan = PlanLocalCluster(c, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 3u);
+  EXPECT_EQ((*plan)[0].env.at("CUDA_VISIBLE_DEVICES"), "4,5");  // chief: 2 of 4 GPUs each
+  EXPECT_EQ((*plan)[1].env.at("CUDA_VISIBLE_DEVICES"), "6,7");
+  EXPECT_EQ((*plan)[2].env.count("CUDA_VISIBLE_DEVICES"), 0u);  // the evaluator
+
+  c.training.local_replicas = 1;
+  plan = PlanLocalCluster(c, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ((*plan)[0].env.at("CUDA_VISIBLE_DEVICES"), "4");
+  EXPECT_EQ((*plan)[1].env.at("CUDA_VISIBLE_DEVICES"), "5");
+
+  options.gpu_ids = {"0"};
+  plan = PlanLocalCluster(c, options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(plan.status().message().find(
+                "spec.training.communication.implementation: NCCL puts one rank on each GPU, and "
+                "2 MultiWorkerMirrored process(es) x 1 local replica(s) need 2 GPUs"),
+            std::string::npos)
+      << plan.status();
+
+  c.training.communication.implementation = CollectiveImplementation::kRing;
+  plan = PlanLocalCluster(c, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (const LocalReplica& r : *plan) EXPECT_EQ(r.env.count("CUDA_VISIBLE_DEVICES"), 0u);
+}
+
 struct RestartCase {
   std::string name;
   StrategyKind strategy;

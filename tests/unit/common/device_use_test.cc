@@ -133,10 +133,8 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"MwmsOnALocalGpuHost", StrategyKind::kMultiWorkerMirrored, kAuto, 0,
                  kGpuHostNoPod, kOk, "", ""},
         RuleCase{"MwmsOnGpus", StrategyKind::kMultiWorkerMirrored, kAuto, 0, kGpuPod, kOk, "", ""},
-        // MultiWorkerMirrored on GPUs reduces across workers over its TCP
-        // ring, so NCCL names what it would need.
-        RuleCase{"MwmsNccl", StrategyKind::kMultiWorkerMirrored, kNccl, 0, kGpuPod,
-                 kUnimplemented, kNcclField, "NCCL across workers is not built yet"},
+        // MultiWorkerMirrored on GPUs: NCCL across workers, one rank per GPU.
+        RuleCase{"MwmsNccl", StrategyKind::kMultiWorkerMirrored, kNccl, 0, kGpuPod, kOk, "", ""},
         // NCCL with a strategy that does not train on GPUs.
         RuleCase{"PsNccl", StrategyKind::kParameterServer, kNccl, 0, kGpuHostNoPod, kUnimplemented,
                  kNcclField, "trains ParameterServer on CPU threads only"},

@@ -92,6 +92,47 @@ absl::StatusOr<std::unique_ptr<NcclCollective>> NcclCollective::CreateRank(
   return std::unique_ptr<NcclCollective>(new NcclCollective(std::move(comm), rank, size, device));
 }
 
+absl::StatusOr<std::vector<std::unique_ptr<NcclCollective>>> NcclCollective::CreateRanks(
+    const std::string& unique_id, int first_rank, int size, int devices) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof(id.internal)) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL unique id of ", unique_id.size(),
+                                                   " bytes, want ", sizeof(id.internal)));
+  }
+  if (devices < 1 || first_rank < 0 || first_rank + devices > size) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL ranks ", first_rank, "..",
+                                                   first_rank + devices - 1, " of ", size));
+  }
+  std::copy(unique_id.begin(), unique_id.end(), id.internal);
+  for (int d = 0; d < devices; ++d) cuda::DeviceContext::Get(d);
+  std::vector<ncclComm_t> comms(devices, nullptr);
+  const ncclResult_t started = cuda::Nccl().ncclGroupStart();
+  if (started != ncclSuccess) return NcclError("ncclGroupStart", started);
+  ncclResult_t first_error = ncclSuccess;
+  for (int d = 0; d < devices; ++d) {
+    DISTRAIN_CUDA_CHECK(cudaSetDevice(d));  // the communicator binds the current device
+    const ncclResult_t r =
+        cuda::Nccl().ncclCommInitRank(&comms[d], size, id, first_rank + d);
+    if (r != ncclSuccess && first_error == ncclSuccess) first_error = r;
+  }
+  const ncclResult_t ended = cuda::Nccl().ncclGroupEnd();
+  if (first_error == ncclSuccess) first_error = ended;
+  if (first_error != ncclSuccess) {
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) cuda::Nccl().ncclCommAbort(c);
+    }
+    return NcclError("ncclCommInitRank", first_error);
+  }
+  std::vector<std::unique_ptr<NcclCollective>> out;
+  for (int d = 0; d < devices; ++d) {
+    auto comm = std::make_unique<Comm>();
+    comm->comm = comms[d];
+    out.push_back(std::unique_ptr<NcclCollective>(
+        new NcclCollective(std::move(comm), first_rank + d, size, d)));
+  }
+  return out;
+}
+
 template <typename Enqueue>
 absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& options,
                                  int64_t bytes, Enqueue enqueue) {

@@ -21,8 +21,8 @@
 //
 // Groups: NcclCollective::CreateLocalGroup makes one communicator per visible
 // device of this process (ncclCommInitAll: Mirrored's replicas);
-// CreateRank joins a group across processes from a unique id the caller
-// distributes (MultiWorkerMirrored's rendezvous store).
+// CreateRank / CreateRanks join a group across processes from a unique id
+// the caller distributes (MultiWorkerMirrored's rendezvous store).
 //
 // Ownership: each instance owns its communicator. Thread-safety: the
 // Collective contract — one thread drives operations, Abort from any thread.
@@ -50,6 +50,12 @@ class NcclCollective : public Collective {
   static absl::StatusOr<std::unique_ptr<NcclCollective>> CreateRank(const std::string& unique_id,
                                                                     int rank, int size,
                                                                     int device);
+  // This process's ranks first_rank .. first_rank + devices - 1 of `size`, on
+  // its devices 0 .. devices - 1, created in one NCCL group (one thread
+  // cannot create them one after another: each creation waits for all
+  // ranks). MultiWorkerMirrored's replicas, one per GPU of each worker.
+  static absl::StatusOr<std::vector<std::unique_ptr<NcclCollective>>> CreateRanks(
+      const std::string& unique_id, int first_rank, int size, int devices);
   ~NcclCollective() override;
 
   int rank() const override { return rank_; }

@@ -114,3 +114,44 @@ TEST(NcclCollectiveTest, AnAbortedCollectiveFailsItsNextCallWithTheReason) {
 
 }  // namespace
 }  // namespace distrain
+
+namespace distrain {
+namespace {
+
+// MultiWorkerMirrored's NCCL: ranks made from a unique id that travels as
+// bytes, several of them in one NCCL group (CreateRanks), here every visible
+// GPU of this process joined as ranks 0..n-1, which is what each worker does
+// for its own GPUs. The sum reaches every rank. Needs a GPU; with one it is a
+// group of one rank (NCCL allows one rank per GPU, so ranks of separate
+// processes need separate GPUs: the multi-process case needs two).
+TEST(NcclCollectiveTest, RanksFromAUniqueIdSumAcrossTheGroup) {
+#ifndef DISTRAIN_HAVE_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const int n = cuda::VisibleDeviceCount();
+  if (n == 0) GTEST_SKIP() << "no GPU visible";
+  absl::StatusOr<std::string> id = NcclCollective::NewUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_FALSE(NcclCollective::CreateRanks("short", 0, n, n).ok());  // a damaged id
+  auto ranks = NcclCollective::CreateRanks(*id, 0, n, n);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  ASSERT_EQ(static_cast<int>(ranks->size()), n);
+  std::vector<std::vector<float>> sums(n);
+  std::vector<absl::Status> status(n);
+  OnEveryRank(n, [&](int r) {
+    EXPECT_EQ((*ranks)[r]->rank(), r);
+    EXPECT_EQ((*ranks)[r]->size(), n);
+    Tensor a = OnDevice(r, {1.0f * (r + 1), 2.0f, 3.0f});
+    status[r] = (*ranks)[r]->AllReduce(absl::MakeSpan(a.data(), a.size()), ReduceOp::kSum,
+                                       CollectiveOptions{});
+    if (status[r].ok()) sums[r] = ToHost(a);
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(sums[r], (std::vector<float>{n * (n + 1) / 2.0f, 2.0f * n, 3.0f * n}));
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace distrain
