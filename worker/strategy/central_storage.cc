@@ -12,8 +12,19 @@
 #include "worker/strategy/variable_state.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
+#ifdef DISTRAIN_HAVE_CUDA
+#include "worker/tensor/cuda/device_memory.h"
+#endif
 
 namespace distrain {
+
+void CentralStorageStrategy::PinnedDeleter::operator()(float* p) const {
+#ifdef DISTRAIN_HAVE_CUDA
+  cuda::FreePinnedFloats(p);
+#else
+  (void)p;  // never allocated: GPU replicas need a CUDA build
+#endif
+}
 
 void CentralStorageStrategy::StepBarrier::Wait() {
   absl::MutexLock lock(&mu_);
@@ -90,18 +101,28 @@ absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory
     replica_params_.push_back((*model)->parameters());
     replica_model_ptrs_.push_back(model->get());
     replica_models_.push_back(std::move(*model));
-    if (gpus_ > 0) {
-      std::vector<Tensor>& grads = host_grads_.emplace_back();
-      for (Parameter* p : replica_params_.back()) grads.emplace_back(p->grad.shape());
+  }
+  int64_t total = 0;
+  for (Parameter* p : host_params_) {
+    param_offsets_.push_back(total);
+    total += p->value.size();
+  }
+  if (gpus_ > 0) {
+#ifdef DISTRAIN_HAVE_CUDA
+    for (int r = 0; r < num_replicas_; ++r) {
+      pinned_grads_.emplace_back(cuda::AllocatePinnedFloats(total));
     }
+    pinned_params_.reset(cuda::AllocatePinnedFloats(total));
+#else
+    return absl::InternalError("CentralStorage: GPU replicas in a CPU-only build");
+#endif
   }
   // The factory is deterministic in the seed, but the host copy is the
   // definition of the variables: make that true by construction.
+  PackHostParams();
   for (int r = 0; r < num_replicas_; ++r) CopyHostToReplica(r);
 
   // Split the concatenation of every parameter's elements into N ranges.
-  int64_t total = 0;
-  for (Parameter* p : host_params_) total += p->value.size();
   reduce_slices_.assign(num_replicas_, {});
   for (int r = 0; r < num_replicas_; ++r) {
     const int64_t slice_begin = total * r / num_replicas_;
@@ -127,8 +148,30 @@ std::vector<Model*> CentralStorageStrategy::local_models() {
 }
 
 const float* CentralStorageStrategy::HostGrad(int replica, int param) const {
-  return host_grads_.empty() ? replica_params_[replica][param]->grad.data()
-                             : host_grads_[replica][param].data();
+  return pinned_grads_.empty() ? replica_params_[replica][param]->grad.data()
+                               : pinned_grads_[replica].get() + param_offsets_[param];
+}
+
+void CentralStorageStrategy::PackHostParams() {
+  if (pinned_params_ == nullptr) return;
+  for (size_t i = 0; i < host_params_.size(); ++i) {
+    const Tensor& v = host_params_[i]->value;
+    std::memcpy(pinned_params_.get() + param_offsets_[i], v.data(), v.bytes());
+  }
+}
+
+void CentralStorageStrategy::CopyGradsToHost(int replica) {
+#ifdef DISTRAIN_HAVE_CUDA
+  const int device = LocalReplicaDevice(replica, gpus_).ordinal;
+  for (size_t i = 0; i < replica_params_[replica].size(); ++i) {
+    const Tensor& g = replica_params_[replica][i]->grad;
+    cuda::CopyDeviceToPinnedAsync(device, g.data(), pinned_grads_[replica].get() + param_offsets_[i],
+                                  g.size());
+  }
+  cuda::Synchronize(device);
+#else
+  (void)replica;
+#endif
 }
 
 void CentralStorageStrategy::ReduceToHost(int replica) {
@@ -146,9 +189,23 @@ void CentralStorageStrategy::ReduceToHost(int replica) {
 }
 
 void CentralStorageStrategy::CopyHostToReplica(int replica) {
-  // ops::Copy: a memcpy for a CPU replica, host to device for a GPU one.
-  for (size_t i = 0; i < host_params_.size(); ++i) {
-    ops::Copy(host_params_[i]->value, &replica_params_[replica][i]->value);
+  if (pinned_params_ != nullptr) {
+#ifdef DISTRAIN_HAVE_CUDA
+    // Queued, not waited for: the replica's next kernels are behind them on
+    // its stream, and pinned_params_ changes only after every replica has
+    // waited for its stream again (step 1 of the next step).
+    const int device = LocalReplicaDevice(replica, gpus_).ordinal;
+    for (size_t i = 0; i < host_params_.size(); ++i) {
+      Tensor& v = replica_params_[replica][i]->value;
+      cuda::CopyPinnedToDeviceAsync(device, pinned_params_.get() + param_offsets_[i], v.data(),
+                                    v.size());
+    }
+#endif
+  } else {
+    // A memcpy per parameter for a CPU replica.
+    for (size_t i = 0; i < host_params_.size(); ++i) {
+      ops::Copy(host_params_[i]->value, &replica_params_[replica][i]->value);
+    }
   }
   std::vector<Parameter*> host_state = host_model_->state_variables();
   std::vector<Parameter*> replica_state = replica_models_[replica]->state_variables();
@@ -177,17 +234,14 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     ctx.model = replica_models_[r].get();
     replica_models_[r]->set_loss_scale(optimizer_->loss_scale());
     results[r] = step_fn(ctx);  // 1.
-    if (!host_grads_.empty()) {  // a GPU replica's gradients, to its host buffers
-      for (size_t i = 0; i < host_grads_[r].size(); ++i) {
-        ops::Copy(replica_params_[r][i]->grad, &host_grads_[r][i]);
-      }
-    }
+    if (!pinned_grads_.empty()) CopyGradsToHost(r);  // a GPU replica's, to its host buffer
     barrier_->Wait();
     ReduceToHost(r);  // 2.
     barrier_->Wait();
     if (r == 0) {  // 3.
       optimizer_->Apply(host_params_);
       AverageStateVariables(replica_model_ptrs_, *host_model_);
+      PackHostParams();
     }
     barrier_->Wait();
     CopyHostToReplica(r);  // 4.
@@ -201,6 +255,7 @@ absl::StatusOr<CheckpointState> CentralStorageStrategy::SaveState(int64_t step) 
 
 absl::Status CentralStorageStrategy::RestoreState(const CheckpointState& state) {
   if (absl::Status s = RestoreVariableState(state, *host_model_, *optimizer_); !s.ok()) return s;
+  PackHostParams();
   for (int r = 0; r < static_cast<int>(replica_models_.size()); ++r) CopyHostToReplica(r);
   return absl::OkStatus();
 }

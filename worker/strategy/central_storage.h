@@ -106,9 +106,15 @@ class CentralStorageStrategy : public Strategy {
   };
 
   void ReduceToHost(int replica);
+  // GPU replicas: the host variables into pinned_params_, which every
+  // replica's CopyHostToReplica reads.
+  void PackHostParams();
   void CopyHostToReplica(int replica);
+  // Step 1 on a GPU: the replica's gradients into its pinned buffer, queued
+  // parameter by parameter, one wait at the end.
+  void CopyGradsToHost(int replica);
   // Replica r's gradient of parameter i in host memory: the replica's own
-  // tensor on CPU, the host buffer it was copied to on a GPU.
+  // tensor on CPU, its slice of the pinned buffer it was copied to on a GPU.
   const float* HostGrad(int replica, int param) const;
 
   const int gpus_;  // 0: replicas are CPU threads
@@ -121,8 +127,16 @@ class CentralStorageStrategy : public Strategy {
   std::vector<std::unique_ptr<Model>> replica_models_;
   std::vector<Model*> replica_model_ptrs_;  // replica_models_, for AverageStateVariables
   std::vector<std::vector<Parameter*>> replica_params_;
-  // GPU replicas only: [replica][param] host copies of the replica's grads.
-  std::vector<std::vector<Tensor>> host_grads_;
+  // GPU replicas only (several): page-locked host memory, so the copies of
+  // step 1 and 4 are queued without staging or a wait per parameter. Every
+  // parameter's elements at param_offsets_[i] of the concatenation.
+  struct PinnedDeleter {
+    void operator()(float* p) const;
+  };
+  using PinnedFloats = std::unique_ptr<float, PinnedDeleter>;
+  std::vector<PinnedFloats> pinned_grads_;  // [replica]: its gradients
+  PinnedFloats pinned_params_;              // the host variables after the update
+  std::vector<int64_t> param_offsets_;
   std::vector<std::vector<Segment>> reduce_slices_;  // [replica] -> what it reduces
   std::unique_ptr<StepBarrier> barrier_;
   // Declared last: its threads are joined before what they use goes away.

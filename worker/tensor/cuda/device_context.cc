@@ -206,6 +206,34 @@ void CopyDeviceToDevice(int src_device, const float* src, int dst_device, float*
   DISTRAIN_CUDA_CHECK(cudaStreamSynchronize(dst_ctx.compute_stream()));
 }
 
+float* AllocatePinnedFloats(int64_t count) {
+  void* block = nullptr;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
+  const cudaError_t err = cudaMallocHost(&block, bytes);
+  DISTRAIN_CHECK(err == cudaSuccess)
+      << "cannot lock " << bytes << " bytes of host memory for GPU transfers: "
+      << cudaGetErrorString(err);
+  return static_cast<float*>(block);
+}
+
+void FreePinnedFloats(float* block) {
+  if (block != nullptr) (void)cudaFreeHost(block);
+}
+
+void CopyDeviceToPinnedAsync(int device, const float* src, float* pinned_dst, int64_t count) {
+  if (count <= 0) return;
+  DeviceContext& ctx = DeviceContext::Get(device);
+  DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(pinned_dst, src, static_cast<size_t>(count) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, ctx.compute_stream()));
+}
+
+void CopyPinnedToDeviceAsync(int device, const float* pinned_src, float* dst, int64_t count) {
+  if (count <= 0) return;
+  DeviceContext& ctx = DeviceContext::Get(device);
+  DISTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, pinned_src, static_cast<size_t>(count) * sizeof(float),
+                                      cudaMemcpyHostToDevice, ctx.compute_stream()));
+}
+
 void FillFloats(int device, float* dst, int64_t count, float value) {
   Fill(device, count, value, dst);
 }

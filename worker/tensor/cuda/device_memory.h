@@ -38,6 +38,18 @@ void CopyDeviceToDevice(int src_device, const float* src, int dst_device, float*
                         int64_t count);
 void FillFloats(int device, float* dst, int64_t count, float value);
 
+// Page-locked host memory (cudaMallocHost): the copy engine reads and writes
+// it directly, so transfers to and from it are queued without a staging pass
+// and without waiting. CHECK-fails when the host cannot lock that much.
+float* AllocatePinnedFloats(int64_t count);
+void FreePinnedFloats(float* block);
+// Transfers between device memory and pinned host memory, queued on the
+// device's compute stream after everything before them; they return at once.
+// Until Synchronize(device) returns, the host must not read `pinned_dst`, nor
+// change `pinned_src`.
+void CopyDeviceToPinnedAsync(int device, const float* src, float* pinned_dst, int64_t count);
+void CopyPinnedToDeviceAsync(int device, const float* pinned_src, float* dst, int64_t count);
+
 // Waits until everything queued on the device's streams has run.
 void Synchronize(int device);
 
