@@ -24,6 +24,7 @@
 #include "worker/model/event_file_writer.h"
 #include "worker/model/keras_format.h"
 #include "worker/strategy/param_checksum.h"
+#include "worker/tensor/ops.h"
 
 namespace distrain {
 namespace {
@@ -258,15 +259,21 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
                strategy_->name(), strategy_->primary_model()->Summary(),
                strategy_->num_replicas_in_sync(), strategy_->input_shard_index(),
                strategy_->num_input_shards(), strategy_->num_local_replicas());
-  if (tc.model.precision != Precision::kFloat32) {
-    const Model& model = *strategy_->primary_model();
+  if (const Model* model = strategy_->primary_model();
+      model != nullptr && tc.model.precision != Precision::kFloat32) {
+    const char* where = "; on this CPU the products run on float32 kernels: the numerics of "
+                        "mixed precision without its speed";
+    if (model->device().kind != Device::kCpu) {
+      where = "; products on tensor cores";
+    } else if (model->compute_type() == ComputeType::kBfloat16 &&
+               ops::CpuHasBfloat16Convolutions()) {
+      where = "; on this CPU the convolutions run on oneDNN's bfloat16 kernels, the matrix "
+              "products on float32 ones";
+    }
     spdlog::info("precision {}: float32 variables and optimizer, {} activations and gradients{}{}",
-                 PrecisionName(tc.model.precision), ComputeTypeName(model.compute_type()),
+                 PrecisionName(tc.model.precision), ComputeTypeName(model->compute_type()),
                  tc.model.precision == Precision::kMixedFloat16 ? ", dynamic loss scaling" : "",
-                 model.device().kind == Device::kCpu
-                     ? "; on the CPU the products run on float32 kernels: the numerics of "
-                       "mixed precision without its speed (tensor cores are a GPU's)"
-                     : "; products on tensor cores");
+                 where);
   }
 
   // 3. Resume from the newest valid checkpoint.

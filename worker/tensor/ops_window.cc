@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "worker/tensor/cpu/conv_kernels.h"
 #include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
@@ -72,6 +73,8 @@ Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, 
   w.pad_right = cols.pad_after;
   return w;
 }
+
+bool CpuHasBfloat16Convolutions() { return cpu::internal::NativeBf16Convolutions(); }
 
 void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
                    Tensor* y, ComputeType compute) {
