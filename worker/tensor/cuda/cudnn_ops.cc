@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,8 +104,8 @@ constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 
 // ---- Descriptors -----------------------------------------------------------------
 
-// A cuDNN descriptor owned for one call (creating one is a small host
-// allocation, far cheaper than the work it describes).
+// A cuDNN descriptor, owned by one call (pooling, batch norm) or by the
+// convolution descriptor cache (CachedDescriptors).
 // Create and Destroy are members of the loaded cuDNN table (cuda_library_api.h).
 template <typename T, auto Create, auto Destroy>
 class Descriptor {
@@ -445,6 +446,26 @@ ConvAlgo CachedAlgo(ConvPass pass, int device, ComputeType compute, const Window
   return cache.algos.try_emplace(key, chosen).first->second;
 }
 
+// The descriptors of one (device, compute type, geometry), made on first use
+// and kept until exit: making and checking them is four cuDNN calls and a
+// host allocation per descriptor on every pass otherwise. They serve all
+// three passes. A device's descriptors are only used under its op lock (the
+// device is in the key), and the map's own mutex is taken inside it, as the
+// algorithm cache's is.
+const ConvDescriptors& CachedDescriptors(int device, ComputeType compute, const Window2D& w,
+                                         const CudnnWindow& cw) {
+  struct Cache {
+    absl::Mutex mu;
+    absl::flat_hash_map<AlgoKey, std::unique_ptr<ConvDescriptors>> map ABSL_GUARDED_BY(mu);
+  };
+  static Cache* cache = new Cache();  // never destroyed: used until exit
+  const AlgoKey key = MakeAlgoKey(ConvPass::kForward, device, compute, w);
+  absl::MutexLock lock(&cache->mu);
+  std::unique_ptr<ConvDescriptors>& slot = cache->map[key];
+  if (slot == nullptr) slot = std::make_unique<ConvDescriptors>(w, cw, compute);
+  return *slot;  // stable: the map moves the pointer, not the descriptors
+}
+
 // ---- Pooling ----------------------------------------------------------------------
 
 struct PoolDescriptors {
@@ -513,7 +534,7 @@ void Conv2DForward(int device, const Window2D& w, const float* x, const float* k
     const cudaStream_t stream = ctx.compute_stream();
     const cudnnHandle_t handle = ctx.cudnn();
     const CudnnWindow cw = ForCudnn(w);
-    const ConvDescriptors d(w, cw, compute);
+    const ConvDescriptors& d = CachedDescriptors(device, compute, w, cw);
     const ConvAlgo algo = CachedAlgo(ConvPass::kForward, device, compute, w,
                                      [&] { return ChooseForward(handle, d, w, compute); });
     ScratchPlan plan;
@@ -548,7 +569,7 @@ void Conv2DBackwardData(int device, const Window2D& w, const float* dy, const fl
   const cudaStream_t stream = ctx.compute_stream();
   const cudnnHandle_t handle = ctx.cudnn();
   const CudnnWindow cw = ForCudnn(w);
-  const ConvDescriptors d(w, cw, compute);
+  const ConvDescriptors& d = CachedDescriptors(device, compute, w, cw);
   const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardData, device, compute, w,
                                    [&] { return ChooseBackwardData(handle, d, w, compute); });
   ScratchPlan plan;
@@ -578,7 +599,7 @@ void Conv2DBackwardWeights(int device, const Window2D& w, const float* x, const 
     const cudaStream_t stream = ctx.compute_stream();
     const cudnnHandle_t handle = ctx.cudnn();
     const CudnnWindow cw = ForCudnn(w);
-    const ConvDescriptors d(w, cw, compute);
+    const ConvDescriptors& d = CachedDescriptors(device, compute, w, cw);
     const ConvAlgo algo = CachedAlgo(ConvPass::kBackwardFilter, device, compute, w,
                                      [&] { return ChooseBackwardFilter(handle, d, w, compute); });
     ScratchPlan plan;
