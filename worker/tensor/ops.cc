@@ -15,6 +15,7 @@
 
 #include "common/check.h"
 #include "worker/tensor/cpu/elementwise_cpu.h"
+#include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/elementwise.h"
 #include "worker/tensor/ops_dispatch.h"
@@ -25,6 +26,11 @@
 
 namespace distrain::ops {
 namespace {
+
+// Below this many multiply-adds the bfloat16 GEMM's operand staging costs
+// more than its faster products save (the guide CNN's 64x10 output layer
+// stays on SGEMM, its 7744x64 hidden layer does not).
+constexpr int64_t kMinBf16GemmMacs = int64_t{1} << 18;
 
 // The size of the last axis, for ops that work per row.
 int64_t LastDim(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1); }
@@ -44,8 +50,15 @@ void MatMul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float a
                                   beta, c->data(), compute));
     return;
   }
-  // FP32 products of 16-bit values are exact, so the CPU's SGEMM already
-  // computes what tensor cores do (up to the order of the FP32 sums).
+  // Under bfloat16 on a CPU with bfloat16 dot products, products large enough
+  // to pay for staging the operands run on oneDNN's bfloat16 GEMM. Otherwise
+  // FP32 products of 16-bit values are exact, so the CPU's SGEMM computes what
+  // tensor cores do (up to the order of the FP32 sums).
+  if (compute == ComputeType::kBfloat16 && m * n * k >= kMinBf16GemmMacs &&
+      CpuHasBfloat16Convolutions()) {
+    cpu::GemmBf16(trans_a, trans_b, m, n, k, alpha, a.data(), b.data(), beta, c->data());
+    return;
+  }
   cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a.data(), b.data(), beta, c->data());
 }
 

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -70,6 +71,7 @@ enum class PrimKind : int64_t {
   kBnFwdTraining,
   kBnFwdInference,
   kBnBwd,
+  kMatmulBf16,
 };
 using Key = std::array<int64_t, 19>;
 
@@ -397,6 +399,51 @@ void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, f
   const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
   internal::ConvBackwardWeightsOnednn(w, x, dy, dkernel, dbias,
                                      internal::ConvLayout::kChosenWeights, bf16);
+}
+
+// ---- bfloat16 matrix products (mixed_bfloat16) -----------------------------------
+
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, const float* b, float beta, float* c) {
+  ThreadState& s = State();
+  Key key{};
+  key[0] = static_cast<int64_t>(PrimKind::kMatmulBf16);
+  key[1] = m;
+  key[2] = n;
+  key[3] = k;
+  key[4] = (trans_a ? 1 : 0) | (trans_b ? 2 : 0);
+  key[5] = std::bit_cast<uint32_t>(alpha);  // both scalars are baked into the primitive
+  key[6] = std::bit_cast<uint32_t>(beta);
+  key[17] = omp_get_max_threads();
+  // The callers' row-major buffers as strided f32 descriptors: a transposed
+  // operand is the same buffer read with swapped strides.
+  const memory::desc a_plain({m, k}, memory::data_type::f32,
+                             trans_a ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc b_plain({k, n}, memory::data_type::f32,
+                             trans_b ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc c_plain({m, n}, memory::data_type::f32, memory::dims{n, 1});
+  const Cached& cached = s.Get(key, [&] {
+    const dnnl::matmul::desc desc(memory::desc({m, k}, memory::data_type::bf16, Tag::any),
+                                  memory::desc({k, n}, memory::data_type::bf16, Tag::any),
+                                  c_plain);
+    dnnl::primitive_attr attr = UserScratch();
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+    Cached c{dnnl::matmul(pd), pd.scratchpad_desc(), {}, {}, 0};
+    // The f32 operands are staged into bfloat16 copies in oneDNN's layout:
+    // exact, since they hold bfloat16 values.
+    Stage(&c, DNNL_ARG_SRC, false, a_plain, pd.src_desc());
+    Stage(&c, DNNL_ARG_WEIGHTS, false, b_plain, pd.weights_desc());
+    return c;
+  });
+  s.Run(cached, {{DNNL_ARG_SRC, memory(a_plain, Engine(), Mut(a))},
+                 {DNNL_ARG_WEIGHTS, memory(b_plain, Engine(), Mut(b))},
+                 {DNNL_ARG_DST, memory(c_plain, Engine(), c)}});
 }
 
 // ---- Pooling ---------------------------------------------------------------

@@ -40,6 +40,13 @@ void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* ke
 void Conv2DBackwardWeights(const ops::Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias, ComputeType compute = ComputeType::kFloat32);
 
+// c[m, n] = alpha op(a) op(b) + beta c (cpu::Gemm's semantics) for a and b
+// holding bfloat16 values, on oneDNN's bfloat16 matrix product (operands
+// staged to bfloat16 exactly, float32 accumulation and output). Only where
+// CpuHasBfloat16Convolutions (ops.h): elsewhere oneDNN would emulate it.
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, const float* b, float beta, float* c);
+
 // The number of floats Pool2DForward's workspace must hold (0 for average
 // pooling, which needs none).
 int64_t Pool2DWorkspaceFloats(ops::PoolKind kind, const ops::Window2D& w);

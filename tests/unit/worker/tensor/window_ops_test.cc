@@ -5,6 +5,8 @@
 // a weighted-sum loss, and the padding semantics TensorFlow has.
 
 #include <algorithm>
+#include <utility>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -18,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "worker/tensor/cpu/conv_kernels.h"
 #include "worker/tensor/cpu/window_ops.h"
+#include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
 
 namespace distrain::ops {
@@ -362,6 +365,41 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
     // geometry), so the two summation orders drift further apart.
     ExpectNear(got, ToDouble(want), 2e-4, "dkernel");
     ExpectNear(db_got, ToDouble(db_want), 2e-4, "dbias");
+  }
+}
+
+// The bfloat16 matrix product (Dense layers under mixed_bfloat16) equals
+// SGEMM on bfloat16 inputs, for every transpose, alpha and beta.
+TEST(ConvBf16Test, Bfloat16GemmMatchesSgemmOnBfloat16Inputs) {
+  if (!cpu::internal::NativeBf16Convolutions()) {
+    GTEST_SKIP() << "this CPU has no AVX512-BF16 or AMX; mixed_bfloat16 stays on SGEMM";
+  }
+  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
+    Tensor t = Random(std::move(shape), seed);
+    ops::RoundTo(ComputeType::kBfloat16, t, &t);
+    return t;
+  };
+  uint32_t seed = 70;
+  for (const auto& [m, n, k] : {std::array<int64_t, 3>{128, 64, 7744},
+                                std::array<int64_t, 3>{7744, 64, 128},
+                                std::array<int64_t, 3>{33, 17, 65}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (const auto& [alpha, beta] :
+             {std::pair{1.0f, 0.0f}, std::pair{1.0f, 1.0f}, std::pair{0.5f, -2.0f}}) {
+          SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k << " ta " << ta << " tb "
+                                            << tb << " alpha " << alpha << " beta " << beta);
+          const Tensor a = rounded(ta ? std::vector<int64_t>{k, m} : std::vector{m, k}, ++seed);
+          const Tensor b = rounded(tb ? std::vector<int64_t>{n, k} : std::vector{k, n}, ++seed);
+          const Tensor c0 = Random({m, n}, ++seed);
+          Tensor want = c0, got = c0;
+          cpu::Gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, want.data());
+          cpu::GemmBf16(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, got.data());
+          // Sums of up to 7,744 products of magnitude up to 4.
+          ExpectNear(got, ToDouble(want), 2e-4, "gemm");
+        }
+      }
+    }
   }
 }
 
