@@ -267,8 +267,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       where = "; products on tensor cores";
     } else if (model->compute_type() == ComputeType::kBfloat16 &&
                ops::CpuHasBfloat16Convolutions()) {
-      where = "; on this CPU the convolutions run on oneDNN's bfloat16 kernels, the matrix "
-              "products on float32 ones";
+      where = "; on this CPU the convolutions and large matrix products run on oneDNN's "
+              "bfloat16 kernels";
     }
     spdlog::info("precision {}: float32 variables and optimizer, {} activations and gradients{}{}",
                  PrecisionName(tc.model.precision), ComputeTypeName(model->compute_type()),

@@ -160,9 +160,9 @@ LossSums Loss(LossKind kind, bool from_logits, const Tensor& output,
 void RoundTo(ComputeType type, const Tensor& x, Tensor* y);
 // t *= factor.
 void Scale(float factor, Tensor* t);
-// Whether this CPU runs bfloat16 convolutions on bfloat16 dot-product
-// instructions (AVX512-BF16 or AMX), which mixed_bfloat16 then uses; without
-// them the CPU computes 16-bit values on float32 kernels.
+// Whether this CPU runs bfloat16 convolutions and matrix products on bfloat16
+// dot-product instructions (AVX512-BF16 or AMX), which mixed_bfloat16 then
+// uses; without them the CPU computes 16-bit values on float32 kernels.
 bool CpuHasBfloat16Convolutions();
 // Whether every element of every tensor is finite. The tensors may live on
 // different devices; waits for each device once.
