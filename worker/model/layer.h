@@ -93,6 +93,10 @@ class Layer {
   // each input-gradient element is one of the output gradient's (or 0).
   virtual bool OutputKeepsInputValues() const { return false; }
   virtual bool InputGradKeepsOutputGradValues() const { return false; }
+  // Whether the layer computes in float32 whatever the policy, as Keras'
+  // BatchNormalization does: its output is still rounded, its parameter
+  // gradients are not.
+  virtual bool ComputesInFloat32() const { return false; }
 
   // The type the layer's matrix products and convolutions compute in (the
   // model's precision, ComputeType). Under a 16-bit type the model hands

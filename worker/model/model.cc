@@ -290,7 +290,9 @@ LossResult Model::TrainStep(const Tensor& features, absl::Span<const int32_t> la
       if (grad_input != nullptr && rounds_grad_input_[i]) {
         ops::RoundTo(compute_, *grad_input, grad_input);
       }
-      for (Parameter* p : layers_[i]->parameters()) ops::RoundTo(compute_, p->grad, &p->grad);
+      if (!layers_[i]->ComputesInFloat32()) {
+        for (Parameter* p : layers_[i]->parameters()) ops::RoundTo(compute_, p->grad, &p->grad);
+      }
     }
     if (on_layer_grads_ready && has_parameters_[i]) on_layer_grads_ready(i);
     grad = grad_input;

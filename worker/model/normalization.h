@@ -28,6 +28,7 @@ class BatchNormalization : public Layer {
   // Forward is a bug).
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
+  bool ComputesInFloat32() const override { return true; }
   std::vector<Parameter*> state_variables() override { return {&moving_mean_, &moving_variance_}; }
   void MoveTo(DeviceId device) override;
 
