@@ -62,6 +62,7 @@ struct Flags {
   int stage_slices = 0;             // 0: RingOptions' default
   int socket_buffer_bytes = -1;     // -1: RingOptions' default
   int64_t small_allreduce_bytes = -1;
+  int64_t halving_doubling_bytes = -1;
 };
 
 double Now() {
@@ -205,6 +206,7 @@ int Run(const Flags& flags) {
   if (flags.stage_slices > 0) ring_options.stage_slices = flags.stage_slices;
   if (flags.socket_buffer_bytes >= 0) ring_options.socket_buffer_bytes = flags.socket_buffer_bytes;
   if (flags.small_allreduce_bytes >= 0) ring_options.small_allreduce_bytes = flags.small_allreduce_bytes;
+  if (flags.halving_doubling_bytes >= 0) ring_options.halving_doubling_bytes = flags.halving_doubling_bytes;
   absl::StatusOr<std::unique_ptr<RingCollective>> created =
       RingCollective::Create(rv.store(), rv.rank(), rv.size(), ring_options);
   if (!created.ok()) {
@@ -257,6 +259,8 @@ int main(int argc, char** argv) {
                  "RingOptions::socket_buffer_bytes (-1: default, 0: kernel autotuning)");
   app.add_option("--small-allreduce-bytes", flags.small_allreduce_bytes,
                  "RingOptions::small_allreduce_bytes (-1: default)");
+  app.add_option("--halving-doubling-bytes", flags.halving_doubling_bytes,
+                 "RingOptions::halving_doubling_bytes (-1: default)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,6 +1,8 @@
 #include "worker/collective/mesh_algorithms.h"
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
@@ -236,72 +238,167 @@ absl::Status MeshAlgorithms::Exchange(int to, const char* out, int64_t out_bytes
   return absl::OkStatus();
 }
 
-absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
-                                               int64_t elements, ReduceOp op,
-                                               absl::Time deadline) {
-  const int rank = transport_.rank();
+int MeshAlgorithms::RealRank(int vrank) const {
   const int size = transport_.size();
-  // work = work_[0, E), incoming = work_[E, 2E).
-  work_.resize(static_cast<size_t>(elements) * 2);
-  float* work = work_.data();
-  float* incoming = work_.data() + elements;
-  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
-  {
-    float* p = work;
-    for (const absl::Span<float>& b : buffers) {
-      if (!b.empty()) std::memcpy(p, b.data(), b.size() * sizeof(float));
-      p += b.size();
-    }
-  }
-  char* const out = reinterpret_cast<char*>(work);
-  char* const in = reinterpret_cast<char*>(incoming);
   int pof2 = 1;
   while (pof2 * 2 <= size) pof2 *= 2;
   const int rest = size - pof2;
-  int vrank;
-  // 1. Fold pairs down to a power of two.
-  if (rank < 2 * rest) {
-    if (rank % 2 == 0) {
-      if (absl::Status s = Exchange(rank + 1, out, bytes, -1, nullptr, 0, deadline); !s.ok()) {
-        return s;
-      }
-      vrank = -1;
-    } else {
-      if (absl::Status s = Exchange(-1, nullptr, 0, rank - 1, in, bytes, deadline); !s.ok()) {
-        return s;
-      }
-      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
-      vrank = rank / 2;
-    }
-  } else {
-    vrank = rank - rest;
+  return vrank < rest ? vrank * 2 + 1 : vrank + rest;
+}
+
+void MeshAlgorithms::Gather(absl::Span<const absl::Span<float>> buffers, int64_t elements) {
+  work_.resize(static_cast<size_t>(elements) * 2);
+  float* p = work_.data();
+  for (const absl::Span<float>& b : buffers) {
+    if (!b.empty()) std::memcpy(p, b.data(), b.size() * sizeof(float));
+    p += b.size();
   }
-  // 2. Recursive doubling.
-  if (vrank >= 0) {
-    for (int mask = 1; mask < pof2; mask <<= 1) {
-      const int vpartner = vrank ^ mask;
-      const int partner = vpartner < rest ? vpartner * 2 + 1 : vpartner + rest;
-      if (absl::Status s = Exchange(partner, out, bytes, partner, in, bytes, deadline); !s.ok()) {
-        return s;
-      }
-      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
-    }
-  }
-  // 3. Hand the result back to the folded ranks.
-  if (rank < 2 * rest) {
-    absl::Status s = rank % 2 == 1 ? Exchange(rank - 1, out, bytes, -1, nullptr, 0, deadline)
-                                   : Exchange(-1, nullptr, 0, rank + 1, out, bytes, deadline);
-    if (!s.ok()) return s;
-  }
-  if (op == ReduceOp::kMean) {
-    collective_internal::DivideInPlace(work, static_cast<size_t>(elements),
-                                       static_cast<float>(size));
-  }
-  const float* p = work;
+}
+
+void MeshAlgorithms::Scatter(absl::Span<const absl::Span<float>> buffers) const {
+  const float* p = work_.data();
   for (const absl::Span<float>& b : buffers) {
     if (!b.empty()) std::memcpy(b.data(), p, b.size() * sizeof(float));
     p += b.size();
   }
+}
+
+absl::StatusOr<int> MeshAlgorithms::Fold(float* work, float* incoming, int64_t elements,
+                                         absl::Time deadline) {
+  const int rank = transport_.rank();
+  const int size = transport_.size();
+  int pof2 = 1;
+  while (pof2 * 2 <= size) pof2 *= 2;
+  const int rest = size - pof2;
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  if (rank >= 2 * rest) return rank - rest;
+  if (rank % 2 == 0) {
+    if (absl::Status s = Exchange(rank + 1, reinterpret_cast<const char*>(work), bytes, -1,
+                                  nullptr, 0, deadline);
+        !s.ok()) {
+      return s;
+    }
+    return -1;
+  }
+  if (absl::Status s = Exchange(-1, nullptr, 0, rank - 1, reinterpret_cast<char*>(incoming),
+                                bytes, deadline);
+      !s.ok()) {
+    return s;
+  }
+  collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+  return rank / 2;
+}
+
+absl::Status MeshAlgorithms::Unfold(float* work, int64_t elements, absl::Time deadline) {
+  const int rank = transport_.rank();
+  const int size = transport_.size();
+  int pof2 = 1;
+  while (pof2 * 2 <= size) pof2 *= 2;
+  const int rest = size - pof2;
+  if (rank >= 2 * rest) return absl::OkStatus();
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  char* const data = reinterpret_cast<char*>(work);
+  return rank % 2 == 1 ? Exchange(rank - 1, data, bytes, -1, nullptr, 0, deadline)
+                       : Exchange(-1, nullptr, 0, rank + 1, data, bytes, deadline);
+}
+
+absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
+                                               int64_t elements, ReduceOp op,
+                                               absl::Time deadline) {
+  // work = work_[0, E), incoming = work_[E, 2E).
+  Gather(buffers, elements);
+  float* work = work_.data();
+  float* incoming = work_.data() + elements;
+  const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
+  int pof2 = 1;
+  while (pof2 * 2 <= transport_.size()) pof2 *= 2;
+  // 1.
+  absl::StatusOr<int> vrank = Fold(work, incoming, elements, deadline);
+  if (!vrank.ok()) return vrank.status();
+  // 2. Recursive doubling.
+  if (*vrank >= 0) {
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int partner = RealRank(*vrank ^ mask);
+      if (absl::Status s = Exchange(partner, reinterpret_cast<const char*>(work), bytes, partner,
+                                    reinterpret_cast<char*>(incoming), bytes, deadline);
+          !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
+    }
+  }
+  // 3.
+  if (absl::Status s = Unfold(work, elements, deadline); !s.ok()) return s;
+  if (op == ReduceOp::kMean) {
+    collective_internal::DivideInPlace(work, static_cast<size_t>(elements),
+                                       static_cast<float>(transport_.size()));
+  }
+  Scatter(buffers);
+  return absl::OkStatus();
+}
+
+absl::Status MeshAlgorithms::HalvingDoublingAllReduce(
+    absl::Span<const absl::Span<float>> buffers, int64_t elements, ReduceOp op,
+    absl::Time deadline) {
+  Gather(buffers, elements);
+  float* work = work_.data();
+  float* incoming = work_.data() + elements;
+  int pof2 = 1;
+  while (pof2 * 2 <= transport_.size()) pof2 *= 2;
+  const auto bytes_of = [](int64_t n) { return n * static_cast<int64_t>(sizeof(float)); };
+  // 1.
+  absl::StatusOr<int> vrank = Fold(work, incoming, elements, deadline);
+  if (!vrank.ok()) return vrank.status();
+  if (*vrank >= 0) {
+    // 2. Halving: [lo, hi) is the segment this rank still reduces; `levels`
+    // remembers each step's whole segment for step 3 to retrace.
+    int64_t lo = 0, hi = elements;
+    std::vector<std::pair<int64_t, int64_t>> levels;
+    for (int d = pof2 / 2; d >= 1; d /= 2) {
+      const int partner = RealRank(*vrank ^ d);
+      const int64_t mid = lo + (hi - lo) / 2;
+      const bool lower = (*vrank & d) == 0;
+      const int64_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
+      const int64_t send_lo = lower ? mid : lo, send_hi = lower ? hi : mid;
+      if (absl::Status s = Exchange(partner, reinterpret_cast<const char*>(work + send_lo),
+                                    bytes_of(send_hi - send_lo), partner,
+                                    reinterpret_cast<char*>(incoming),
+                                    bytes_of(keep_hi - keep_lo), deadline);
+          !s.ok()) {
+        return s;
+      }
+      collective_internal::AddInto(work + keep_lo, incoming,
+                                   static_cast<size_t>(keep_hi - keep_lo));
+      levels.emplace_back(lo, hi);
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+    // 3. This rank's block is final: divide it, then double back.
+    if (op == ReduceOp::kMean) {
+      collective_internal::DivideInPlace(work + lo, static_cast<size_t>(hi - lo),
+                                         static_cast<float>(transport_.size()));
+    }
+    for (int d = 1; d < pof2; d *= 2) {
+      const auto [level_lo, level_hi] = levels.back();
+      levels.pop_back();
+      const int partner = RealRank(*vrank ^ d);
+      // The partner holds the other half of this level's segment.
+      const int64_t other_lo = lo == level_lo ? hi : level_lo;
+      const int64_t other_hi = lo == level_lo ? level_hi : lo;
+      if (absl::Status s = Exchange(partner, reinterpret_cast<const char*>(work + lo),
+                                    bytes_of(hi - lo), partner,
+                                    reinterpret_cast<char*>(work + other_lo),
+                                    bytes_of(other_hi - other_lo), deadline);
+          !s.ok()) {
+        return s;
+      }
+      lo = level_lo;
+      hi = level_hi;
+    }
+  }
+  // 4.
+  if (absl::Status s = Unfold(work, elements, deadline); !s.ok()) return s;
+  Scatter(buffers);
   return absl::OkStatus();
 }
 

@@ -35,6 +35,20 @@
 //   checking for up to busy_poll whether the answer is already there
 //   (RingOptions::busy_poll).
 //
+// HalvingDoublingAllReduce (Rabenseifner's; medium payloads):
+//   1. Fold pairs down to a power of two, as DoublingAllReduce's step 1.
+//   2. Recursive halving (a reduce-scatter): at distance pof2/2, then /4 ...
+//      1, a rank sends the half of its current segment that the partner
+//      keeps and adds the partner's copy of the half it keeps, so after
+//      log2(pof2) exchanges it holds one 1/pof2 block of the sum.
+//   3. It divides its block for MEAN, then recursive doubling (an
+//      all-gather) in the reverse order: it sends its reduced segment and
+//      receives the partner's, until every rank has the whole vector —
+//      bit-identical, since each block was summed by one rank only.
+//   4. The folded ranks get the result back, as DoublingAllReduce's step 3.
+//   The ring's bytes in 2 log2(pof2) exchanges instead of 2(N - 1) steps:
+//   on oversubscribed cores each step costs a wake-up of every rank.
+//
 // Ownership: owns its scratch; keeps references to the transport and the
 // operation. Thread-safety: the operation thread only.
 
@@ -42,6 +56,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "worker/collective/collective.h"
@@ -65,8 +80,22 @@ class MeshAlgorithms {
   // doubling.
   absl::Status DoublingAllReduce(absl::Span<const absl::Span<float>> buffers, int64_t elements,
                                  ReduceOp op, absl::Time deadline);
+  // Medium all-reduce by recursive halving and doubling.
+  absl::Status HalvingDoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
+                                        int64_t elements, ReduceOp op, absl::Time deadline);
 
  private:
+  // Steps 1 and 3 of both all-reduces: the largest power of two <= size, the
+  // ranks beyond it folded into their odd partners. Fold returns this rank's
+  // virtual rank among the pof2, or -1 when it sat out.
+  absl::StatusOr<int> Fold(float* work, float* incoming, int64_t elements, absl::Time deadline);
+  absl::Status Unfold(float* work, int64_t elements, absl::Time deadline);
+  // The real rank of virtual rank `vrank`.
+  int RealRank(int vrank) const;
+  // Copies the buffers into work_[0, elements) (sized 2 x elements) / back.
+  void Gather(absl::Span<const absl::Span<float>> buffers, int64_t elements);
+  void Scatter(absl::Span<const absl::Span<float>> buffers) const;
+
   // One pairwise step: sends the header + `out_bytes` from `out` to rank
   // `to` and receives a header + `in_bytes` into `in` from rank `from`
   // (either may be -1).

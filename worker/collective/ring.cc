@@ -184,6 +184,10 @@ absl::Status RingCollective::AllReduce(absl::Span<const absl::Span<float>> buffe
     return Finish(mesh_ != nullptr ? mesh_->DoublingAllReduce(buffers, elements, op, deadline)
                                    : GatherAllReduce(buffers, elements, op, deadline));
   }
+  const bool power_of_two = (size_ & (size_ - 1)) == 0;
+  if (mesh_ != nullptr && size_ >= 4 && power_of_two && bytes <= options_.halving_doubling_bytes) {
+    return Finish(mesh_->HalvingDoublingAllReduce(buffers, elements, op, deadline));
+  }
   data_.Clear();
   for (const auto& b : buffers) data_.Add(b.data(), static_cast<int64_t>(b.size() * sizeof(float)));
   return Finish(ring_all_reduce_->Run(data_, op, deadline));

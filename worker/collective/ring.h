@@ -32,6 +32,9 @@
 //       every other rank).
 //   Without the mesh, small AllReduces ring-all-gather the whole vectors
 //   (N-1 hops) and sum them in rank order on every rank.
+//   Medium path (small_allreduce_bytes < payload <= halving_doubling_bytes,
+//   mesh on, N a power of two >= 4): AllReduce by recursive halving and
+//   doubling, 2 log2 N pairwise exchanges of the ring's bytes.
 //
 // Failures: every wait is bounded by the operation's deadline and woken by
 // Abort(). DeadlineExceeded names the peer this rank waited for (on the ring
@@ -116,6 +119,19 @@ struct RingOptions {
   // crossover (2 and 4 processes): recursive doubling wins at 64 KiB (32 vs
   // 55-64 us, 133 vs 251-299 us), the ring at 128 KiB and above.
   int64_t small_allreduce_bytes = 64 << 10;
+  // Payloads above small_allreduce_bytes and up to this many bytes take
+  // recursive halving and doubling (MeshAlgorithms::HalvingDoublingAllReduce)
+  // instead of the ring, in groups of a power of two >= 4 ranks with a mesh;
+  // 0 disables it. Measured with 4 processes on the 2-core Zen 5 VM
+  // (bench/allreduce_busbw.py --distrain-args --halving-doubling-bytes, two
+  // alternating rounds): 184-200 against 254-290 us at 256 KiB, 273-277
+  // against 403-500 us at 512 KiB, a tie at 1 MiB (868-890 against
+  // 864-1020 us), the ring ahead from 2 MiB (1.57-1.91 against 2.06-2.11 ms):
+  // 2 log2(N) wake-ups of every rank instead of 2(N - 1) pay while the
+  // segments are small, the ring's chunked pipeline once they are not. With
+  // 2 ranks both make one exchange each way and the ring pipelines it; 3
+  // ranks would pay a fold.
+  int64_t halving_doubling_bytes = 512 << 10;
   // Groups of up to this many ranks also open a direct connection between
   // every pair of ranks, for one-hop small operations; 0 disables the mesh.
   int mesh_max_ranks = 16;

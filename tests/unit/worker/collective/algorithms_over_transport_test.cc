@@ -159,6 +159,29 @@ TEST(AlgorithmsOverInMemoryTransportTest, RecursiveDoublingFoldsNonPowersOfTwo) 
   }
 }
 
+// Halving and doubling: odd sizes split unevenly at every level, powers of
+// two and not (folded), through pipes smaller than one segment; every rank
+// ends bit-identical and exact.
+TEST(AlgorithmsOverInMemoryTransportTest, HalvingDoublingReducesEveryGroupAndOddSize) {
+  for (int n : {2, 3, 4, 5, 7, 8}) {
+    for (int64_t elements : {1, 3, 301, 4099}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+        SCOPED_TRACE(absl::StrCat(n, " ranks, ", elements, " elements"));
+        InMemoryNetwork net(n, 128, 40, /*fully_connected=*/true);
+        std::vector<std::vector<float>> data = Inputs(n, elements);
+        ExpectOk(RunRanks(net, n, [&](Rank& rank, int r) {
+          Begin(rank, OpKind::kAllReduce, op, elements * 4);
+          MeshAlgorithms mesh(*rank.transport, rank.op, absl::Microseconds(20));
+          absl::Span<float> span = absl::MakeSpan(data[r]);
+          return mesh.HalvingDoublingAllReduce({&span, 1}, elements, op, Deadline());
+        }));
+        ASSERT_FALSE(HasFailure());
+        ExpectReduced(data, op);
+      }
+    }
+  }
+}
+
 TEST(AlgorithmsOverInMemoryTransportTest, OneHopBroadcastReachesEveryRank) {
   constexpr int kRanks = 4;
   constexpr int kRoot = 2;

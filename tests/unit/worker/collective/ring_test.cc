@@ -87,6 +87,7 @@ struct PathCase {
   const char* name;
   int64_t small_bytes;
   int mesh_max_ranks;
+  int64_t halving_doubling_bytes = 0;  // > 0: medium payloads halve and double
 };
 
 void PrintTo(const PathCase& c, std::ostream* os) { *os << c.name; }
@@ -97,6 +98,7 @@ class RingPathTest : public ::testing::TestWithParam<PathCase> {
     RingOptions options = Options(n);
     options.small_allreduce_bytes = GetParam().small_bytes;
     options.mesh_max_ranks = GetParam().mesh_max_ranks;
+    options.halving_doubling_bytes = GetParam().halving_doubling_bytes;
     return options;
   }
 };
@@ -224,7 +226,8 @@ TEST_P(RingPathTest, OperationsInterleaveOnTheSameLinks) {
 INSTANTIATE_TEST_SUITE_P(
     Paths, RingPathTest,
     ::testing::Values(PathCase{"BandwidthPathOnly", -1, 16}, PathCase{"SmallViaMesh", 32768, 16},
-                      PathCase{"SmallViaRingAllGather", 32768, 0}),
+                      PathCase{"SmallViaRingAllGather", 32768, 0},
+                      PathCase{"EveryAllReduceHalvesAndDoubles", -1, 16, int64_t{1} << 40}),
     [](const ::testing::TestParamInfo<PathCase>& info) { return std::string(info.param.name); });
 
 TEST(RingCollectiveTest, ReductionReassemblesFloatsSplitAcrossReads) {
