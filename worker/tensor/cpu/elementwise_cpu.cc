@@ -1,5 +1,8 @@
 #include "worker/tensor/cpu/elementwise_cpu.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
@@ -14,6 +17,32 @@ namespace {
 template <typename F>
 void Map(int64_t n, F f, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+}
+
+// Runs fn(begin, end) over [0, n) split across the calling thread's OpenMP
+// team — its share of the cores (ops::SetCpuThreadsForThisThread): all of
+// them for OneDevice, one per replica thread for Mirrored, so nothing is
+// oversubscribed — once a pass is long enough to pay for waking the team.
+// Only for element-wise work, where the split cannot change a result.
+// Measured on the guide CNN at batch 256 (2-core Zen 5): ReLU, its gradient
+// and the mixed-precision rounding were a fifth of the busy time, on one core.
+constexpr int64_t kParallelElements = int64_t{1} << 16;
+template <typename Fn>
+void ParallelRange(int64_t n, const Fn& fn) {
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || n < kParallelElements) {
+    fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t parts = omp_get_num_threads();
+    // Whole cache lines per thread, so no two threads write one line.
+    const int64_t chunk = ((n + parts - 1) / parts + 15) / 16 * 16;
+    const int64_t begin = std::min(n, chunk * omp_get_thread_num());
+    const int64_t end = std::min(n, begin + chunk);
+    if (begin < end) fn(begin, end);
+  }
 }
 
 template <typename F>
@@ -57,14 +86,24 @@ void SoftmaxGradRows(int64_t rows, int64_t cols, const float* y, const float* dy
 // Mixed precision rounds every activation and gradient: wide registers
 // where the CPU has them (the functors are branch-free, so each clone
 // vectorises; integer and float selects round the same in every width).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToBfloat16(
+namespace {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToBfloat16Range(
     int64_t n, const float* x, float* y) {
   Map(n, elementwise::RoundToBfloat16(), x, y);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToFloat16(
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToFloat16Range(
     int64_t n, const float* x, float* y) {
   Map(n, elementwise::RoundToFloat16(), x, y);
+}
+}  // namespace
+
+void RoundToBfloat16(int64_t n, const float* x, float* y) {
+  ParallelRange(n, [&](int64_t b, int64_t e) { RoundToBfloat16Range(e - b, x + b, y + b); });
+}
+
+void RoundToFloat16(int64_t n, const float* x, float* y) {
+  ParallelRange(n, [&](int64_t b, int64_t e) { RoundToFloat16Range(e - b, x + b, y + b); });
 }
 
 bool AllFinite(int64_t n, const float* x) {
@@ -83,7 +122,8 @@ void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const fl
       if (y != x) Map(n, [](float v) { return v; }, x, y);
       return;
     case ActivationKind::kRelu:
-      Relu(n, x, y);  // cpu_math's mask-and kernel, same results as elementwise::Relu
+      // cpu_math's mask-and kernel, same results as elementwise::Relu.
+      ParallelRange(n, [&](int64_t b, int64_t e) { Relu(e - b, x + b, y + b); });
       return;
     case ActivationKind::kSigmoid:
       Map(n, elementwise::Sigmoid(), x, y);
@@ -109,7 +149,7 @@ void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const f
       if (dx != dy) Map(n, [](float v) { return v; }, dy, dx);
       return;
     case ActivationKind::kRelu:
-      ReluGrad(n, y, dy, dx);
+      ParallelRange(n, [&](int64_t b, int64_t e) { ReluGrad(e - b, y + b, dy + b, dx + b); });
       return;
     case ActivationKind::kSigmoid:
       Map2(n, elementwise::SigmoidGrad(), y, dy, dx);
