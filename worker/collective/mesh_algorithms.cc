@@ -238,10 +238,21 @@ absl::Status MeshAlgorithms::Exchange(int to, const char* out, int64_t out_bytes
   return absl::OkStatus();
 }
 
+namespace {
+
+// The ranks the recursive algorithms run on: the largest power of two <= n
+// (the others are folded in first).
+int PowerOfTwoAtMost(int n) {
+  int pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  return pof2;
+}
+
+}  // namespace
+
 int MeshAlgorithms::RealRank(int vrank) const {
   const int size = transport_.size();
-  int pof2 = 1;
-  while (pof2 * 2 <= size) pof2 *= 2;
+  const int pof2 = PowerOfTwoAtMost(size);
   const int rest = size - pof2;
   return vrank < rest ? vrank * 2 + 1 : vrank + rest;
 }
@@ -267,8 +278,7 @@ absl::StatusOr<int> MeshAlgorithms::Fold(float* work, float* incoming, int64_t e
                                          absl::Time deadline) {
   const int rank = transport_.rank();
   const int size = transport_.size();
-  int pof2 = 1;
-  while (pof2 * 2 <= size) pof2 *= 2;
+  const int pof2 = PowerOfTwoAtMost(size);
   const int rest = size - pof2;
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
   if (rank >= 2 * rest) return rank - rest;
@@ -292,8 +302,7 @@ absl::StatusOr<int> MeshAlgorithms::Fold(float* work, float* incoming, int64_t e
 absl::Status MeshAlgorithms::Unfold(float* work, int64_t elements, absl::Time deadline) {
   const int rank = transport_.rank();
   const int size = transport_.size();
-  int pof2 = 1;
-  while (pof2 * 2 <= size) pof2 *= 2;
+  const int pof2 = PowerOfTwoAtMost(size);
   const int rest = size - pof2;
   if (rank >= 2 * rest) return absl::OkStatus();
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
@@ -310,8 +319,7 @@ absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float
   float* work = work_.data();
   float* incoming = work_.data() + elements;
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
-  int pof2 = 1;
-  while (pof2 * 2 <= transport_.size()) pof2 *= 2;
+  const int pof2 = PowerOfTwoAtMost(transport_.size());
   // 1.
   absl::StatusOr<int> vrank = Fold(work, incoming, elements, deadline);
   if (!vrank.ok()) return vrank.status();
@@ -343,8 +351,7 @@ absl::Status MeshAlgorithms::HalvingDoublingAllReduce(
   Gather(buffers, elements);
   float* work = work_.data();
   float* incoming = work_.data() + elements;
-  int pof2 = 1;
-  while (pof2 * 2 <= transport_.size()) pof2 *= 2;
+  const int pof2 = PowerOfTwoAtMost(transport_.size());
   const auto bytes_of = [](int64_t n) { return n * static_cast<int64_t>(sizeof(float)); };
   // 1.
   absl::StatusOr<int> vrank = Fold(work, incoming, elements, deadline);
