@@ -63,6 +63,7 @@ struct Flags {
   int socket_buffer_bytes = -1;     // -1: RingOptions' default
   int64_t small_allreduce_bytes = -1;
   int64_t halving_doubling_bytes = -1;
+  int64_t busy_poll_us = -1;        // -1: RingOptions' default
 };
 
 double Now() {
@@ -207,6 +208,7 @@ int Run(const Flags& flags) {
   if (flags.socket_buffer_bytes >= 0) ring_options.socket_buffer_bytes = flags.socket_buffer_bytes;
   if (flags.small_allreduce_bytes >= 0) ring_options.small_allreduce_bytes = flags.small_allreduce_bytes;
   if (flags.halving_doubling_bytes >= 0) ring_options.halving_doubling_bytes = flags.halving_doubling_bytes;
+  if (flags.busy_poll_us >= 0) ring_options.busy_poll = absl::Microseconds(flags.busy_poll_us);
   absl::StatusOr<std::unique_ptr<RingCollective>> created =
       RingCollective::Create(rv.store(), rv.rank(), rv.size(), ring_options);
   if (!created.ok()) {
@@ -261,6 +263,7 @@ int main(int argc, char** argv) {
                  "RingOptions::small_allreduce_bytes (-1: default)");
   app.add_option("--halving-doubling-bytes", flags.halving_doubling_bytes,
                  "RingOptions::halving_doubling_bytes (-1: default)");
+  app.add_option("--busy-poll-us", flags.busy_poll_us, "RingOptions::busy_poll in microseconds (-1: default)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,6 @@
 #include "worker/collective/mesh_algorithms.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -33,8 +34,11 @@ int HeaderAndPayload(const OpHeader* header, const char* payload, int64_t payloa
 }  // namespace
 
 MeshAlgorithms::MeshAlgorithms(Transport& transport, const Operation& op,
-                               absl::Duration busy_poll)
-    : transport_(transport), op_(op), busy_poll_(busy_poll) {
+                               absl::Duration busy_poll, int64_t slice_bytes)
+    : transport_(transport),
+      op_(op),
+      busy_poll_(busy_poll),
+      slice_bytes_(std::max<int64_t>(slice_bytes / sizeof(float), 16) * sizeof(float)) {
   DISTRAIN_CHECK(transport.fully_connected());
   const int size = transport.size();
   in_headers_.resize(size);
@@ -154,9 +158,26 @@ absl::Status MeshAlgorithms::OneHop(const char* out, char* const* in, int64_t by
 }
 
 absl::Status MeshAlgorithms::Exchange(int to, const char* out, int64_t out_bytes, int from,
-                                      char* in, int64_t in_bytes, absl::Time deadline) {
+                                      char* in, int64_t in_bytes, absl::Time deadline,
+                                      float* accumulate) {
   const int64_t out_total = to >= 0 ? kOpHeaderBytes + out_bytes : 0;
   const int64_t in_total = from >= 0 ? kOpHeaderBytes + in_bytes : 0;
+  // Payload bytes already added into `accumulate`; a receive asks for no
+  // more than the piece after them, so each piece is added while cached.
+  int64_t added = 0;
+  const auto receive_end = [&] {
+    return accumulate == nullptr ? in_total
+                                 : kOpHeaderBytes + std::min(in_bytes, added + slice_bytes_);
+  };
+  const auto add_arrived = [&](int64_t got) {
+    const int64_t arrived = got - kOpHeaderBytes;
+    if (accumulate == nullptr || arrived < std::min(in_bytes, added + slice_bytes_)) return;
+    const size_t from_float = static_cast<size_t>(added) / sizeof(float);
+    collective_internal::AddInto(accumulate + from_float,
+                                 reinterpret_cast<const float*>(in) + from_float,
+                                 static_cast<size_t>(arrived - added) / sizeof(float));
+    added = arrived;
+  };
   Link* const send = to >= 0 ? transport_.SendLink(to) : nullptr;
   Link* const receive = from >= 0 ? transport_.ReceiveLink(from) : nullptr;
   int64_t sent = 0, got = 0;
@@ -199,21 +220,25 @@ absl::Status MeshAlgorithms::Exchange(int to, const char* out, int64_t out_bytes
     const bool block = sent == out_total && got < in_total && !recv_ready;
     if (got < in_total && (recv_ready || block)) {
       IoSlice slices[2];
-      const int count = HeaderAndPayload(&exchange_in_header_, in, in_bytes, got, slices);
+      const int64_t end = receive_end();
+      const int count =
+          HeaderAndPayload(&exchange_in_header_, in, end - kOpHeaderBytes, got, slices);
       const absl::Span<const IoSlice> wanted_slices(slices, static_cast<size_t>(count));
-      const int64_t wanted = in_total - got;
+      const int64_t wanted = end - got;
       const IoResult r =
           block ? receive->Receive(wanted_slices, deadline) : receive->TryReceive(wanted_slices);
       if (r.code == IoResult::kMoved) {
         const bool had_header = got >= kOpHeaderBytes;
         got += r.bytes;
         recv_ready = r.bytes == wanted;
+        spun = false;  // the rest may follow as quickly
         if (!had_header && got >= kOpHeaderBytes) {
           if (absl::Status h = op_.CheckHeader(exchange_in_header_, transport_.name(from));
               !h.ok()) {
             return h;
           }
         }
+        if (got >= kOpHeaderBytes) add_arrived(got);
       } else if (r.code == IoResult::kWouldBlock) {
         recv_ready = false;
       } else if (r.code == IoResult::kTimedOut) {
@@ -257,17 +282,25 @@ int MeshAlgorithms::RealRank(int vrank) const {
   return vrank < rest ? vrank * 2 + 1 : vrank + rest;
 }
 
-void MeshAlgorithms::Gather(absl::Span<const absl::Span<float>> buffers, int64_t elements) {
+MeshAlgorithms::Workspace MeshAlgorithms::Prepare(absl::Span<const absl::Span<float>> buffers,
+                                                   int64_t elements) {
+  if (buffers.size() == 1) {
+    work_.resize(static_cast<size_t>(elements));
+    return Workspace{buffers[0].data(), work_.data(), false};
+  }
   work_.resize(static_cast<size_t>(elements) * 2);
   float* p = work_.data();
   for (const absl::Span<float>& b : buffers) {
     if (!b.empty()) std::memcpy(p, b.data(), b.size() * sizeof(float));
     p += b.size();
   }
+  return Workspace{work_.data(), work_.data() + elements, true};
 }
 
-void MeshAlgorithms::Scatter(absl::Span<const absl::Span<float>> buffers) const {
-  const float* p = work_.data();
+void MeshAlgorithms::Finish(const Workspace& space,
+                            absl::Span<const absl::Span<float>> buffers) const {
+  if (!space.gathered) return;
+  const float* p = space.work;
   for (const absl::Span<float>& b : buffers) {
     if (!b.empty()) std::memcpy(b.data(), p, b.size() * sizeof(float));
     p += b.size();
@@ -291,11 +324,10 @@ absl::StatusOr<int> MeshAlgorithms::Fold(float* work, float* incoming, int64_t e
     return -1;
   }
   if (absl::Status s = Exchange(-1, nullptr, 0, rank - 1, reinterpret_cast<char*>(incoming),
-                                bytes, deadline);
+                                bytes, deadline, work);
       !s.ok()) {
     return s;
   }
-  collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
   return rank / 2;
 }
 
@@ -314,10 +346,9 @@ absl::Status MeshAlgorithms::Unfold(float* work, int64_t elements, absl::Time de
 absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float>> buffers,
                                                int64_t elements, ReduceOp op,
                                                absl::Time deadline) {
-  // work = work_[0, E), incoming = work_[E, 2E).
-  Gather(buffers, elements);
-  float* work = work_.data();
-  float* incoming = work_.data() + elements;
+  const Workspace space = Prepare(buffers, elements);
+  float* const work = space.work;
+  float* const incoming = space.incoming;
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(float));
   const int pof2 = PowerOfTwoAtMost(transport_.size());
   // 1.
@@ -332,6 +363,7 @@ absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float
           !s.ok()) {
         return s;
       }
+      // Not added while arriving: `work` is still being sent.
       collective_internal::AddInto(work, incoming, static_cast<size_t>(elements));
     }
   }
@@ -341,16 +373,16 @@ absl::Status MeshAlgorithms::DoublingAllReduce(absl::Span<const absl::Span<float
     collective_internal::DivideInPlace(work, static_cast<size_t>(elements),
                                        static_cast<float>(transport_.size()));
   }
-  Scatter(buffers);
+  Finish(space, buffers);
   return absl::OkStatus();
 }
 
 absl::Status MeshAlgorithms::HalvingDoublingAllReduce(
     absl::Span<const absl::Span<float>> buffers, int64_t elements, ReduceOp op,
     absl::Time deadline) {
-  Gather(buffers, elements);
-  float* work = work_.data();
-  float* incoming = work_.data() + elements;
+  const Workspace space = Prepare(buffers, elements);
+  float* const work = space.work;
+  float* const incoming = space.incoming;
   const int pof2 = PowerOfTwoAtMost(transport_.size());
   const auto bytes_of = [](int64_t n) { return n * static_cast<int64_t>(sizeof(float)); };
   // 1.
@@ -367,15 +399,15 @@ absl::Status MeshAlgorithms::HalvingDoublingAllReduce(
       const bool lower = (*vrank & d) == 0;
       const int64_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
       const int64_t send_lo = lower ? mid : lo, send_hi = lower ? hi : mid;
+      // The kept half is added while it arrives: only the other half is
+      // being sent.
       if (absl::Status s = Exchange(partner, reinterpret_cast<const char*>(work + send_lo),
                                     bytes_of(send_hi - send_lo), partner,
                                     reinterpret_cast<char*>(incoming),
-                                    bytes_of(keep_hi - keep_lo), deadline);
+                                    bytes_of(keep_hi - keep_lo), deadline, work + keep_lo);
           !s.ok()) {
         return s;
       }
-      collective_internal::AddInto(work + keep_lo, incoming,
-                                   static_cast<size_t>(keep_hi - keep_lo));
       levels.emplace_back(lo, hi);
       lo = keep_lo;
       hi = keep_hi;
@@ -405,7 +437,7 @@ absl::Status MeshAlgorithms::HalvingDoublingAllReduce(
   }
   // 4.
   if (absl::Status s = Unfold(work, elements, deadline); !s.ok()) return s;
-  Scatter(buffers);
+  Finish(space, buffers);
   return absl::OkStatus();
 }
 

@@ -34,13 +34,17 @@
 //   receive itself (Link::Receive) instead of in Wait + receive, after
 //   checking for up to busy_poll whether the answer is already there
 //   (RingOptions::busy_poll).
+//   A single caller span is worked on in place; several are gathered into
+//   one vector first and copied back at the end.
 //
 // HalvingDoublingAllReduce (Rabenseifner's; medium payloads):
 //   1. Fold pairs down to a power of two, as DoublingAllReduce's step 1.
 //   2. Recursive halving (a reduce-scatter): at distance pof2/2, then /4 ...
 //      1, a rank sends the half of its current segment that the partner
-//      keeps and adds the partner's copy of the half it keeps, so after
-//      log2(pof2) exchanges it holds one 1/pof2 block of the sum.
+//      keeps and adds the partner's copy of the half it keeps, a
+//      slice_bytes piece at a time as the pieces arrive (Exchange's
+//      `accumulate`), so after log2(pof2) exchanges it holds one 1/pof2
+//      block of the sum.
 //   3. It divides its block for MEAN, then recursive doubling (an
 //      all-gather) in the reverse order: it sends its reduced segment and
 //      receives the partner's, until every rank has the whole vector —
@@ -68,7 +72,10 @@ namespace distrain {
 class MeshAlgorithms {
  public:
   // `transport` must be fully connected.
-  MeshAlgorithms(Transport& transport, const Operation& op, absl::Duration busy_poll);
+  // `slice_bytes` (RingOptions::chunk_bytes): a reducing exchange adds what
+  // arrived in pieces of this size, while the rest is still on its way.
+  MeshAlgorithms(Transport& transport, const Operation& op, absl::Duration busy_poll,
+                 int64_t slice_bytes);
 
   // One-hop exchange: `bytes` from `out` (after the header) to every peer,
   // and each peer p's bytes into in[p] (size() pointers); with sender >= 0
@@ -92,21 +99,33 @@ class MeshAlgorithms {
   absl::Status Unfold(float* work, int64_t elements, absl::Time deadline);
   // The real rank of virtual rank `vrank`.
   int RealRank(int vrank) const;
-  // Copies the buffers into work_[0, elements) (sized 2 x elements) / back.
-  void Gather(absl::Span<const absl::Span<float>> buffers, int64_t elements);
-  void Scatter(absl::Span<const absl::Span<float>> buffers) const;
+  // The vector an all-reduce works on and `elements` floats of scratch for
+  // what partners send: the caller's buffer itself when it is one span
+  // (no copy in or out), else work_[0, E) gathered from the spans.
+  struct Workspace {
+    float* work;
+    float* incoming;
+    bool gathered;
+  };
+  Workspace Prepare(absl::Span<const absl::Span<float>> buffers, int64_t elements);
+  // Copies work_ back into the spans when Prepare gathered them.
+  void Finish(const Workspace& space, absl::Span<const absl::Span<float>> buffers) const;
 
   // One pairwise step: sends the header + `out_bytes` from `out` to rank
   // `to` and receives a header + `in_bytes` into `in` from rank `from`
-  // (either may be -1).
+  // (either may be -1). With `accumulate`, the received floats are also
+  // added into accumulate[0, in_bytes / 4), one slice_bytes_ piece as soon
+  // as it is complete: the addition reads bytes the kernel has just written
+  // (still in cache) and overlaps the partner's sending of the rest.
   absl::Status Exchange(int to, const char* out, int64_t out_bytes, int from, char* in,
-                        int64_t in_bytes, absl::Time deadline);
+                        int64_t in_bytes, absl::Time deadline, float* accumulate = nullptr);
 
   Transport& transport_;
   const Operation& op_;
   const absl::Duration busy_poll_;
+  const int64_t slice_bytes_;  // whole floats
   // Per-operation state, reused so steady state does not allocate.
-  std::vector<float> work_;  // DoublingAllReduce: own vector, then the partner's
+  std::vector<float> work_;  // incoming scratch, after the gathered vector when there is one
   std::vector<OpHeader> in_headers_;  // OneHop, per peer
   OpHeader exchange_in_header_{};
   std::vector<int64_t> sent_;  // OneHop, per peer

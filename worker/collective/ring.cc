@@ -62,6 +62,7 @@ absl::Status RingCollective::Setup(Store& store) {
   transport.ring_key = options_.security != nullptr ? options_.security->ring_key() : "";
   transport.setup_timeout = options_.setup_timeout;
   transport.socket_buffer_bytes = options_.socket_buffer_bytes;
+  transport.busy_poll = options_.busy_poll;
   transport.mesh = size_ >= 2 && size_ <= options_.mesh_max_ranks;
   absl::StatusOr<std::unique_ptr<TcpTransport>> connected =
       TcpTransport::Create(store, rank_, size_, transport);
@@ -73,7 +74,8 @@ absl::Status RingCollective::Setup(Store& store) {
                                                            options_.stage_slices);
   pipeline_ = std::make_unique<RingPipeline>(*transport_, op_);
   if (transport_->fully_connected()) {
-    mesh_ = std::make_unique<MeshAlgorithms>(*transport_, op_, options_.busy_poll);
+    mesh_ = std::make_unique<MeshAlgorithms>(*transport_, op_, options_.busy_poll,
+                                             options_.chunk_bytes);
   }
   return absl::OkStatus();
 }

@@ -123,25 +123,37 @@ struct RingOptions {
   // recursive halving and doubling (MeshAlgorithms::HalvingDoublingAllReduce)
   // instead of the ring, in groups of a power of two >= 4 ranks with a mesh;
   // 0 disables it. Measured with 4 processes on the 2-core Zen 5 VM
-  // (bench/allreduce_busbw.py --distrain-args --halving-doubling-bytes, two
+  // (bench/allreduce_busbw.py --distrain-args --halving-doubling-bytes,
   // alternating rounds): 184-200 against 254-290 us at 256 KiB, 273-277
-  // against 403-500 us at 512 KiB, a tie at 1 MiB (868-890 against
-  // 864-1020 us), the ring ahead from 2 MiB (1.57-1.91 against 2.06-2.11 ms):
-  // 2 log2(N) wake-ups of every rank instead of 2(N - 1) pay while the
-  // segments are small, the ring's chunked pipeline once they are not. With
-  // 2 ranks both make one exchange each way and the ring pipelines it; 3
-  // ranks would pay a fold.
+  // against 403-500 us at 512 KiB; at 1 MiB the ring, 652 against 739 us
+  // (medians of 12 alternating process groups, both polling busy_poll),
+  // and from 2 MiB on. 2 log2(N) wake-ups of every rank instead of 2(N - 1)
+  // pay while the segments are small, the ring's chunked pipeline once they
+  // are not. With 2 ranks both make one exchange each way and the ring
+  // pipelines it; 3 ranks would pay a fold.
   int64_t halving_doubling_bytes = 512 << 10;
   // Groups of up to this many ranks also open a direct connection between
   // every pair of ranks, for one-hop small operations; 0 disables the mesh.
   int mesh_max_ranks = 16;
-  // How long a rank waiting for a small-all-reduce message polls, yielding
-  // the CPU between polls, before it sleeps in recvmsg. Measured at 4 KiB
-  // on the 2-core VM: 2 processes 9.5-10 us against 17-21 us sleeping at
-  // once; 3 processes 22-30 us against 61-80 us; 4 processes 37-43 us
-  // against 45-58 us. Yielding matters: a pure spin on oversubscribed cores
-  // steals the time the peer needs (4 processes: 82 us). Zero disables.
-  absl::Duration busy_poll = absl::Microseconds(50);
+  // How long a rank waiting for a peer keeps polling, yielding the CPU
+  // between polls, before it sleeps (every wait of every algorithm:
+  // TcpTransportOptions::busy_poll says why); zero sleeps at once. The
+  // small all-reduce's exchanges poll the same way before they sleep in
+  // the receive itself. Measured on the 2-core Zen 5 VM, alternating
+  // process groups, for 0 / 50 / 200 / 1000 us: 64 MiB with 4 processes
+  // 60.3 / 52.9 / 46.6 / 46.7 ms; 1 MiB with 3 processes 575 / 512 / 468 /
+  // 469 us; 4 KiB with 4 processes level (38-41 us from 50 us on); 2
+  // processes unchanged (a core each: nobody to hand the core to). The
+  // spin only has to outlast the gap between two slices of a transfer when
+  // the sender shares its core; beyond that a peer is still computing, and
+  // a sleeping wait costs nothing. MultiWorkerMirrored training of the MLP
+  // (bench/training_scaling.py's job) with 1 ms against 50 us: 2 workers
+  // 16070 against 15059 examples/s, 4 workers on the 2 cores 10179 against
+  // 10071 (medians of 3 and 5 runs). At 4 KiB, polling 50 us against
+  // sleeping at once: 2 processes 9.5-10 against 17-21 us, 3 processes
+  // 22-30 against 61-80 us. Yielding matters: a pure spin on oversubscribed
+  // cores steals the time the peer needs (4 processes at 4 KiB: 82 us).
+  absl::Duration busy_poll = absl::Microseconds(200);
 };
 
 class RingCollective : public Collective {

@@ -390,7 +390,16 @@ absl::Status TcpTransport::Wait(absl::Span<LinkWait> waits, absl::Time deadline)
     poll_.push_back(pollfd{fd, events, 0});
   }
   poll_.push_back(pollfd{abort_fd_.get(), POLLIN, 0});
-  const int n = poll(poll_.data(), poll_.size(), tcp::PollTimeoutMs(deadline));
+  // Look without sleeping first, yielding the CPU between looks, for up to
+  // busy_poll (tcp_transport.h says why); then sleep in poll.
+  int n = 0;
+  if (options_.busy_poll > absl::ZeroDuration()) {
+    const absl::Time until = std::min(deadline, absl::Now() + options_.busy_poll);
+    while ((n = poll(poll_.data(), poll_.size(), 0)) == 0 && absl::Now() < until) {
+      sched_yield();
+    }
+  }
+  if (n == 0) n = poll(poll_.data(), poll_.size(), tcp::PollTimeoutMs(deadline));
   if (n < 0) {
     if (errno == EINTR) return absl::OkStatus();
     return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));

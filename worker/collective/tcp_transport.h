@@ -93,6 +93,17 @@ struct TcpTransportOptions {
   int socket_buffer_bytes = 0;
   // Also connect every pair of ranks, not only ring neighbours.
   bool mesh = false;
+  // How long Wait keeps looking for a ready link, yielding the CPU between
+  // looks, before it sleeps in poll; zero sleeps at once. Why spin at all: a
+  // sleeping rank must be woken by the kernel when its peer's bytes land,
+  // and on a virtual machine that wake-up is an interrupt to a halted vCPU
+  // (an exit to the hypervisor and back) on every slice of a pipelined
+  // transfer; a rank that yields instead hands its core straight to whoever
+  // shares it (a peer rank, a compute thread) and sees the bytes on the next
+  // look. Why stop: a peer that is still computing its gradients may take
+  // milliseconds, and a sleeping wait then costs nothing. RingOptions::
+  // busy_poll sets it and records what it was measured at.
+  absl::Duration busy_poll = absl::ZeroDuration();
 };
 
 class TcpTransport final : public Transport {

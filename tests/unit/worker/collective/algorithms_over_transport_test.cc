@@ -150,7 +150,7 @@ TEST(AlgorithmsOverInMemoryTransportTest, RecursiveDoublingFoldsNonPowersOfTwo) 
     std::vector<std::vector<float>> data = Inputs(n, 301);
     ExpectOk(RunRanks(net, n, [&](Rank& rank, int r) {
       Begin(rank, OpKind::kAllReduce, ReduceOp::kMean, 301 * 4);
-      MeshAlgorithms mesh(*rank.transport, rank.op, absl::Microseconds(20));
+      MeshAlgorithms mesh(*rank.transport, rank.op, absl::Microseconds(20), /*slice_bytes=*/64);
       absl::Span<float> span = absl::MakeSpan(data[r]);
       return mesh.DoublingAllReduce({&span, 1}, 301, ReduceOp::kMean, Deadline());
     }));
@@ -160,20 +160,28 @@ TEST(AlgorithmsOverInMemoryTransportTest, RecursiveDoublingFoldsNonPowersOfTwo) 
 }
 
 // Halving and doubling: odd sizes split unevenly at every level, powers of
-// two and not (folded), through pipes smaller than one segment; every rank
-// ends bit-identical and exact.
+// two and not (folded), through pipes smaller than one segment, with the
+// received halves added piece by piece (slices smaller than a segment, and
+// not dividing it) or whole, in place or gathered from several spans; every
+// rank ends bit-identical and exact.
 TEST(AlgorithmsOverInMemoryTransportTest, HalvingDoublingReducesEveryGroupAndOddSize) {
   for (int n : {2, 3, 4, 5, 7, 8}) {
     for (int64_t elements : {1, 3, 301, 4099}) {
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
-        SCOPED_TRACE(absl::StrCat(n, " ranks, ", elements, " elements"));
+        const int64_t slice_bytes = op == ReduceOp::kSum ? 64 : 100 * 4;
+        const bool split = elements > 1 && n % 2 == 1;
+        SCOPED_TRACE(absl::StrCat(n, " ranks, ", elements, " elements, ", split ? "2 spans" : "1 span"));
         InMemoryNetwork net(n, 128, 40, /*fully_connected=*/true);
         std::vector<std::vector<float>> data = Inputs(n, elements);
         ExpectOk(RunRanks(net, n, [&](Rank& rank, int r) {
           Begin(rank, OpKind::kAllReduce, op, elements * 4);
-          MeshAlgorithms mesh(*rank.transport, rank.op, absl::Microseconds(20));
-          absl::Span<float> span = absl::MakeSpan(data[r]);
-          return mesh.HalvingDoublingAllReduce({&span, 1}, elements, op, Deadline());
+          MeshAlgorithms mesh(*rank.transport, rank.op, absl::Microseconds(20), slice_bytes);
+          absl::Span<float> spans[2] = {absl::MakeSpan(data[r]), {}};
+          if (split) {
+            spans[0] = absl::MakeSpan(data[r].data(), elements / 2);
+            spans[1] = absl::MakeSpan(data[r].data() + elements / 2, elements - elements / 2);
+          }
+          return mesh.HalvingDoublingAllReduce({spans, split ? 2u : 1u}, elements, op, Deadline());
         }));
         ASSERT_FALSE(HasFailure());
         ExpectReduced(data, op);
@@ -189,7 +197,7 @@ TEST(AlgorithmsOverInMemoryTransportTest, OneHopBroadcastReachesEveryRank) {
   std::vector<std::vector<float>> data = Inputs(kRanks, 77);
   ExpectOk(RunRanks(net, kRanks, [&](Rank& rank, int r) {
     rank.op.Begin(OpKind::kBroadcast, ReduceOp::kSum, kRoot, 77 * 4);
-    MeshAlgorithms mesh(*rank.transport, rank.op, absl::ZeroDuration());
+    MeshAlgorithms mesh(*rank.transport, rank.op, absl::ZeroDuration(), /*slice_bytes=*/64);
     std::vector<char*> in(kRanks, nullptr);
     in[kRoot] = reinterpret_cast<char*>(data[r].data());
     return mesh.OneHop(reinterpret_cast<const char*>(data[r].data()), in.data(), 77 * 4, kRoot,
