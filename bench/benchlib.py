@@ -44,12 +44,14 @@ def cpu_info():
 
 def append_record(benchmark, figures, uptime_before, extra=None):
     """Appends one JSON line to bench/records/<benchmark>.jsonl: the time, the
-    commit (with "+dirty" for uncommitted changes), the machine, the load
+    commit (with "+dirty" for uncommitted changes other than the records and
+    the table generated from them), the machine, the load
     before and after, and `figures` (every number the run printed that a
     document may quote). Returns the record's path."""
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--",
+                            ".", ":(exclude)bench/records", ":(exclude)bench/README.md"],
                            capture_output=True, text=True).stdout.strip()
     record = {"benchmark": benchmark,
               "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
