@@ -19,6 +19,9 @@ plane as much as by the operator; the script also prints the operator's own
 CPU seconds during the burst to show which side was busy.
 
   python3 bench/operator_scale.py [--workers 500] [--jobs 200] [--qps 1000] [--burst 2000]
+                                  [--no-record]
+
+Appends every figure it prints to bench/records/operator_scale.jsonl.
 """
 import argparse
 import base64
@@ -33,6 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import append_record, uptime  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CP = os.path.join(ROOT, "scripts", "control-plane.sh")
@@ -209,7 +215,11 @@ def main():
     ap.add_argument("--concurrent-reconciles", type=int, default=8)
     ap.add_argument("--idle", type=float, default=30, help="seconds of idle watching measured for CPU")
     ap.add_argument("--build-dir", default=os.environ.get("DISTRAIN_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/records/")
     args = ap.parse_args()
+    load_before = uptime()
+    figures = {"workers": args.workers, "jobs": args.jobs, "qps": args.qps, "burst": args.burst,
+               "concurrent_reconciles": args.concurrent_reconciles}
 
     operator_bin = os.path.join(args.build_dir, "operator", "distrain-operator")
     if not os.access(operator_bin, os.X_OK):
@@ -314,6 +324,7 @@ def main():
         print(f"[bench]   control-plane CPU: {cpu_split(cp0, cp1, t_raw)}; the bare client "
               f"{time.process_time() - py0:.2f} s")
         raw_pod_bytes = stored_pod_bytes(kubectl, ns_raw, "raw-worker-1")
+        figures["ceiling_pods_per_second"] = args.workers / t_raw
         # The namespace controller deletes those 1,000 objects in the
         # background; the operator's burst must not share the cores with it.
         sh(*kubectl, "delete", "namespace", ns_raw, "--timeout=300s")
@@ -358,6 +369,10 @@ def main():
               f"JobSet publishes 290 pods/s (its cluster, not this machine): {args.workers / t_all / 290:.2f}x")
         hwm, _, _ = proc_stats(op.pid)
         print(f"[bench] operator peak RSS during the burst: {hwm / 2**20:.1f} MiB")
+        figures.update(pods_per_second=args.workers / t_all, objects_per_second=2 * args.workers / t_all,
+                       pods_alone_per_second=args.workers / t_pods, first_pod_seconds=done["first_pod"] - t0,
+                       operator_cpu_seconds=cpu1 - cpu0, ratio_to_ceiling=t_raw / t_all,
+                       burst_peak_rss_mib=hwm / 2**20)
         print(f"[bench] a pod as stored (spec + labels + annotations): operator "
               f"{stored_pod_bytes(kubectl, ns, 'big-worker-1')} bytes, bare client {raw_pod_bytes} bytes")
         stop_operator(op)
@@ -384,6 +399,13 @@ def main():
         idle_cpu = (c1 - c0) / (time.monotonic() - w0)
         print(f"[bench] watching {args.jobs} jobs: RSS {rss / 2**20:.1f} MiB now, peak {hwm / 2**20:.1f} MiB "
               f"({hwm / 1e6:.1f} MB; target <= 40 MB), CPU {100 * idle_cpu:.2f}% of a core while idle")
+        figures.update(watching_rss_mib=rss / 2**20, watching_peak_rss_mib=hwm / 2**20,
+                       idle_cpu_percent_of_core=100 * idle_cpu)
+        if not args.no_record:
+            headline = (f"{figures['pods_per_second']:.0f} pods/s for a {args.workers}-worker job "
+                        f"({figures['ratio_to_ceiling']:.2f} of the API server's ceiling, same run); "
+                        f"watching {args.jobs} jobs peak RSS {figures['watching_peak_rss_mib']:.1f} MiB")
+            append_record("operator_scale", figures, load_before, {"headline": headline})
     finally:
         if op is not None:
             stop_operator(op)

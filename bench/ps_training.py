@@ -213,7 +213,8 @@ def main():
             print(f"  batch {batch}, round {i + 1}: tf       {t_rates[-1]:7.2f} steps/s", flush=True)
         results[batch] = (max(d_rates), max(t_rates))
         if args.cpu:
-            cpu[batch] = (cpu_per_closure(distrain_rate, args, batch), cpu_per_closure(tf_rate, args, batch))
+            cpu[batch] = (cpu_per_closure(lambda a, b: distrain_rate(a, b, "Plaintext"), args, batch),
+                          cpu_per_closure(tf_rate, args, batch))
             print(f"  batch {batch}: CPU per closure distrain {cpu[batch][0] * 1000:.1f} ms, "
                   f"tf {cpu[batch][1] * 1000:.1f} ms", flush=True)
     print()
