@@ -2,8 +2,10 @@
 // (worker/tensor/small_gemm.h). For each matrix product of the MLP
 // 784-1024-1024-10 (Dense::Forward and the input gradient of
 // Dense::Backward) at each batch size, times cblas_sgemm on one OpenBLAS
-// thread and the small-M kernels (every instruction set this CPU has) on the
-// same buffers, interleaved, and prints GFLOP/s and the kernel/OpenBLAS ratio.
+// thread, dnnl_sgemm on one OpenMP thread (what cpu::Gemm runs when it does
+// not route) and the small-M kernels (every instruction set this CPU has) on
+// the same buffers, interleaved, and prints GFLOP/s and the kernel/oneDNN
+// ratio.
 // With --blas-threads T > 1 it adds a column for OpenBLAS on T threads (the
 // kernels are single-threaded).
 //
@@ -14,6 +16,7 @@
 // weights, is 3-4 MiB: it sits in L3 between calls, as in training).
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "oneapi/dnnl/dnnl.h"
 #include "worker/tensor/small_gemm.h"
 
 namespace {
@@ -107,14 +111,17 @@ int main(int argc, char** argv) {
   std::vector<SmallGemmIsa> isas;
   if (best == SmallGemmIsa::kAvx512) isas.push_back(SmallGemmIsa::kAvx512);
   if (best != SmallGemmIsa::kNone) isas.push_back(SmallGemmIsa::kAvx2);
-  std::printf("OpenBLAS %s; kernels: %s; best of %d x %.0f ms\n", openblas_get_config(),
-              distrain::cpu::internal::SmallGemmIsaName(best), reps, min_ms);
-  std::printf("%-36s %5s %10s", "shape", "M", "blas1");
+  // OPENBLAS_CORETYPE, where the host sets it, pins OpenBLAS's kernels: the
+  // core name says which ran.
+  std::printf("OpenBLAS %s (kernels for %s); oneDNN %d.%d; kernels: %s; best of %d x %.0f ms\n",
+              openblas_get_config(), openblas_get_corename(), dnnl_version()->major,
+              dnnl_version()->minor, distrain::cpu::internal::SmallGemmIsaName(best), reps, min_ms);
+  std::printf("%-36s %5s %10s %10s", "shape", "M", "blas1", "dnnl1");
   for (SmallGemmIsa isa : isas) {
     std::printf(" %10s %7s", distrain::cpu::internal::SmallGemmIsaName(isa), "ratio");
   }
   if (blas_threads > 1) std::printf(" %9s%-2d", "blas", blas_threads);
-  std::printf("   (GFLOP/s; ratio = kernel / blas1)\n");
+  std::printf("   (GFLOP/s; ratio = kernel / dnnl1, what cpu::Gemm falls back to)\n");
 
   std::mt19937 gen(1);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -130,26 +137,34 @@ int main(int argc, char** argv) {
                     s.k, 1.0f, a.data(), s.k, b.data(), s.trans_b ? s.k : s.n, s.beta, c.data(),
                     s.n);
       };
-      std::vector<double> best_s(isas.size() + 2, 1e30);
+      auto dnnl = [&] {
+        dnnl_sgemm('N', s.trans_b ? 'T' : 'N', m, s.n, s.k, 1.0f, a.data(), s.k, b.data(),
+                   s.trans_b ? s.k : s.n, s.beta, c.data(), s.n);
+      };
+      // [0] OpenBLAS, [1] oneDNN, then each kernel set, then OpenBLAS on T threads.
+      std::vector<double> best_s(isas.size() + 3, 1e30);
       for (int r = 0; r < reps; ++r) {
         // Interleaved, so drifting load from other processes hits every side.
         openblas_set_num_threads(1);
+        omp_set_num_threads(1);
         best_s[0] = std::min(best_s[0], BestSecondsPerCall(blas, min_ms / 1e3));
+        best_s[1] = std::min(best_s[1], BestSecondsPerCall(dnnl, min_ms / 1e3));
         for (size_t i = 0; i < isas.size(); ++i) {
           auto kernel = [&, isa = isas[i]] {
             distrain::cpu::internal::SmallGemm(isa, s.trans_b, m, s.n, s.k, 1.0f, a.data(),
                                                b.data(), s.beta, c.data());
           };
-          best_s[i + 1] = std::min(best_s[i + 1], BestSecondsPerCall(kernel, min_ms / 1e3));
+          best_s[i + 2] = std::min(best_s[i + 2], BestSecondsPerCall(kernel, min_ms / 1e3));
         }
         if (blas_threads > 1) {
           openblas_set_num_threads(blas_threads);
           best_s.back() = std::min(best_s.back(), BestSecondsPerCall(blas, min_ms / 1e3));
         }
       }
-      std::printf("%-36s %5lld %10.1f", s.what, static_cast<long long>(m), flops / best_s[0] / 1e9);
+      std::printf("%-36s %5lld %10.1f %10.1f", s.what, static_cast<long long>(m),
+                  flops / best_s[0] / 1e9, flops / best_s[1] / 1e9);
       for (size_t i = 0; i < isas.size(); ++i) {
-        std::printf(" %10.1f %6.2fx", flops / best_s[i + 1] / 1e9, best_s[0] / best_s[i + 1]);
+        std::printf(" %10.1f %6.2fx", flops / best_s[i + 2] / 1e9, best_s[1] / best_s[i + 2]);
       }
       if (blas_threads > 1) std::printf(" %10.1f", flops / best_s.back() / 1e9);
       std::printf("\n");

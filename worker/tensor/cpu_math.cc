@@ -1,6 +1,7 @@
 #include "worker/tensor/cpu_math.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <limits>
 
 #include "common/check.h"
+#include "oneapi/dnnl/dnnl.h"
 #include "worker/tensor/small_gemm.h"
 
 #if defined(__SSE2__)
@@ -40,12 +42,24 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     internal::SmallGemm(internal::DetectSmallGemmIsa(), trans_b, m, n, k, alpha, a, b, beta, c);
     return;
   }
-  const blasint lda = static_cast<blasint>(trans_a ? m : k);
-  const blasint ldb = static_cast<blasint>(trans_b ? k : n);
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, lda, b, ldb, beta, c,
-              static_cast<blasint>(n));
+  // Everything else runs oneDNN's GEMM on the calling thread's OpenMP team,
+  // sized to the BLAS budget the strategies set (SetBlasThreads), so the
+  // parallelism is what OpenBLAS's pool had. Why oneDNN and not OpenBLAS:
+  // oneDNN picks its kernels from the CPU's feature flags, while OpenBLAS
+  // 0.3.21 picks them from a model table that predates recent cores and can
+  // be pinned by OPENBLAS_CORETYPE (which some hosts set to an older kernel
+  // set because its newer ones misbehave there); measured on a Zen 5 EPYC
+  // with OPENBLAS_CORETYPE=Haswell set by the host, one thread, the MLP's
+  // products (256 rows x 784/1024 x 1024, both B layouts): oneDNN 229-259
+  // GFLOP/s, OpenBLAS 129-132 (bench/README.md, "GEMM backend").
+  const int threads = BlasThreads();
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, trans_a ? m : k, b,
+                 trans_b ? k : n, beta, c, n);
+  DISTRAIN_CHECK(status == dnnl_success)
+      << "dnnl_sgemm failed (status " << static_cast<int>(status) << ") for m=" << m
+      << " n=" << n << " k=" << k;
 }
 
 void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x) {

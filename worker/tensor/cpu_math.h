@@ -4,16 +4,16 @@
 // Host math kernels on raw row-major float32 buffers: the one set of
 // primitives layers, losses and optimizers are written against, so the CUDA
 // device (worker/tensor/cuda, a later issue) mirrors this file function for
-// function. Matrix products go to OpenBLAS (cblas_sgemm), except products of
+// function. Matrix products go to oneDNN (dnnl_sgemm), except products of
 // few rows with a weight matrix on one BLAS thread, which go to hand-written
 // AVX-512/AVX2 kernels (small_gemm.h); everything else is a plain loop the
-// compiler vectorises.
+// compiler vectorises. OpenBLAS only holds the thread budget (SetBlasThreads).
 //
 // Conventions: every matrix is row-major and dense (leading dimension = its
 // column count); sizes are element counts; outputs may not alias inputs unless
 // a function says so. No function allocates.
-// Thread-safety: the functions are reentrant; OpenBLAS runs its own thread pool
-// (see SetBlasThreads).
+// Thread-safety: the functions are reentrant; a product runs on the calling
+// thread's OpenMP team, sized to SetBlasThreads' budget.
 
 #include <cstdint>
 
@@ -23,10 +23,10 @@ namespace distrain::cpu {
 // is [k, n]. A is stored [m, k] (or [k, m] when trans_a), B is stored [k, n]
 // (or [n, k] when trans_b). With beta == 0, C's old contents are ignored (may
 // be uninitialised, even NaN). Equal inputs give bit-identical C on every call
-// with the same BLAS thread count, but not across thread counts: OpenBLAS
-// 0.3.21's 1- and 2-thread results differ in the last bits for some shapes,
-// and with one BLAS thread, products of few rows (!trans_a, see
-// small_gemm.h's SmallGemmRoutes) run hand-written AVX-512/AVX2 kernels.
+// with the same BLAS thread count, but not across thread counts: a parallel
+// product splits its work differently, and with one BLAS thread, products of
+// few rows (!trans_a, see small_gemm.h's SmallGemmRoutes) run hand-written
+// AVX-512/AVX2 kernels.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c);
 
@@ -67,7 +67,8 @@ void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const fl
 void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
                 float* m, float* v, float* w);
 
-// Caps OpenBLAS's thread pool (process-wide). Strategies that run several
+// The thread budget of a matrix product (process-wide; kept in OpenBLAS's
+// setting, which OPENBLAS_NUM_THREADS initialises). Strategies that run several
 // replicas as threads in one process call this so they do not oversubscribe
 // the cores; the default is one BLAS thread per core.
 void SetBlasThreads(int threads);
