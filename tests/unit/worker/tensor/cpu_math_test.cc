@@ -64,7 +64,32 @@ INSTANTIATE_TEST_SUITE_P(
                       GemmCase{true, false, 3, 7, 5, -1.5f, 1.0f},
                       GemmCase{false, true, 5, 3, 7, 2.0f, -0.5f},
                       GemmCase{true, true, 1, 9, 4, 0.25f, 1.0f},
-                      GemmCase{false, false, 33, 65, 17, 1.0f, 1.0f}));
+                      GemmCase{false, false, 33, 65, 17, 1.0f, 1.0f},
+                      // Large enough for the library to block and split
+                      // them: the MLP's forward, input-gradient and
+                      // weight-gradient layouts.
+                      GemmCase{false, false, 200, 300, 257, 1.0f, 0.0f},
+                      GemmCase{false, true, 160, 300, 301, 1.0f, 0.0f},
+                      GemmCase{true, false, 301, 130, 160, 1.0f, 1.0f}));
+
+// Replicas that compare checksums, and a job that must repeat itself, rely on
+// a product depending only on its inputs and the thread budget.
+TEST(GemmDeterminismTest, EqualInputsGiveBitIdenticalProductsUnderTheSameBudget) {
+  const int previous = BlasThreads();
+  const std::vector<float> a = RandomVector(192 * 384, 4);
+  const std::vector<float> b = RandomVector(384 * 320, 5);
+  for (int threads : {1, 2}) {
+    SetBlasThreads(threads);
+    for (bool trans_a : {false, true}) {
+      std::vector<float> first(192 * 320), again(192 * 320);
+      Gemm(trans_a, false, 192, 320, 384, 1.0f, a.data(), b.data(), 0.0f, first.data());
+      Gemm(trans_a, false, 192, 320, 384, 1.0f, a.data(), b.data(), 0.0f, again.data());
+      EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(float)), 0)
+          << threads << " thread(s), trans_a " << trans_a;
+    }
+  }
+  SetBlasThreads(previous);
+}
 
 TEST(GemmEdgeTest, ZeroInnerDimensionScalesC) {
   std::vector<float> c = {1, 2, 3, 4};
