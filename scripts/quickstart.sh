@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: installs what is missing, builds, and runs the
-# default example job locally (OneDevice on a synthetic dataset).
+# default example job locally: examples/multi-worker-mirrored.yaml, a chief
+# and three workers training in sync over the TCP ring, as processes.
 #   scripts/quickstart.sh [job.yaml]
 #
 # With --kube, the whole user path on this machine instead: brings up a
@@ -38,7 +39,13 @@ if [ $build = 1 ]; then
   fi
 fi
 BUILD="$(cd "${DISTRAIN_BUILD_DIR:-build}" && pwd)"
-JOB_FILE="${1:-examples/onedevice.yaml}"
+# Locally the distributed example (four processes, a few seconds); on the
+# node the one-pod example, which a 2-core node runs beside its control plane.
+if [ $kube = 0 ]; then
+  JOB_FILE="${1:-examples/multi-worker-mirrored.yaml}"
+else
+  JOB_FILE="${1:-examples/onedevice.yaml}"
+fi
 if [ $kube = 0 ]; then
   exec "$BUILD/cli/distrain" run "$JOB_FILE"
 fi
