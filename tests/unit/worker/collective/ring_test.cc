@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -355,6 +356,30 @@ TEST(RingCollectiveTest, RankThatStopsMidOperationIsNamedWhenTheTimeoutFires) {
   EXPECT_NE(status[0].message().find("worker:2 (127.0.0.1:"), std::string::npos) << status[0];
   // The group is dead afterwards.
   EXPECT_FALSE(ring[0]->Barrier(Timeout()).ok());
+}
+
+// Every wait polls for RingOptions::busy_poll before it sleeps; a peer that
+// is still computing (a straggler) must not cost the waiting ranks a core for
+// the whole wait. Both paths: the ring (50,000 floats) and the mesh's
+// recursive doubling (100 floats).
+TEST(RingCollectiveTest, WaitingForASilentPeerSleepsAfterPolling) {
+  constexpr int kRanks = 2;
+  Ring ring = MakeRing(kRanks, Options(kRanks));
+  ASSERT_FALSE(HasFailure());
+  for (int64_t elements : {int64_t{50000}, int64_t{100}}) {
+    SCOPED_TRACE(absl::StrCat(elements, " floats"));
+    std::vector<float> data(elements, 1.0f);
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
+    const absl::Status status =  // worker:1 never calls
+        ring[0]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum, Timeout(absl::Milliseconds(400)));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+    const double cpu_s = (cpu1.tv_sec - cpu0.tv_sec) + (cpu1.tv_nsec - cpu0.tv_nsec) * 1e-9;
+    EXPECT_LT(cpu_s, 0.1) << "a 400 ms wait used " << cpu_s << " s of CPU";
+    ring = MakeRing(kRanks, Options(kRanks));  // the failed group is dead
+    ASSERT_FALSE(HasFailure());
+  }
 }
 
 TEST(RingCollectiveTest, MeshNamesTheStoppedRankOnEveryOtherRank) {
