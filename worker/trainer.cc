@@ -260,6 +260,10 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
                strategy_->num_replicas_in_sync(), strategy_->input_shard_index(),
                strategy_->num_input_shards(), strategy_->num_local_replicas());
   if (const Model* model = strategy_->primary_model();
+      model != nullptr && model->device().kind == Device::kCpu) {
+    spdlog::info("CPU matrix products: {}", ops::CpuMatrixProductLibrary());
+  }
+  if (const Model* model = strategy_->primary_model();
       model != nullptr && tc.model.precision != Precision::kFloat32) {
     const char* where = "; on this CPU the products run on float32 kernels: the numerics of "
                         "mixed precision without its speed";

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "common/check.h"
 #include "oneapi/dnnl/dnnl.h"
@@ -20,6 +21,39 @@
 #endif
 
 namespace distrain::cpu {
+
+namespace internal {
+
+// Which library runs the products cpu::Gemm does not route to the small-M
+// kernels, decided once from the instruction set oneDNN will use (which
+// honours ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA). With AVX-512, oneDNN: it
+// picks its kernels from the CPU's feature flags, while OpenBLAS 0.3.21 picks
+// them from a model table that predates recent cores and that
+// OPENBLAS_CORETYPE can pin (some hosts pin the AVX2 kernels because newer
+// ones misbehave there). Without AVX-512, OpenBLAS: its AVX2 kernels beat
+// oneDNN 2.6's. Measured with bench/gemm_small on a Zen 5 EPYC (host pinning
+// OpenBLAS to its Haswell kernels), one thread, the MLP's 256-row products,
+// GFLOP/s: oneDNN 224-243 against OpenBLAS 123-125; oneDNN limited to AVX2
+// 77-79 (126 for dy W^T) against the same OpenBLAS 129-135
+// (bench/README.md, "GEMM backend").
+bool OneDnnRunsProducts() {
+  static const bool one_dnn = [] {
+    const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const auto avx512 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+    return (isa & avx512) == avx512;
+  }();
+  return one_dnn;
+}
+
+}  // namespace internal
+
+const char* ProductLibraryName() {
+  static const std::string name =
+      internal::OneDnnRunsProducts()
+          ? std::string("oneDNN (AVX-512 kernels)")
+          : std::string("OpenBLAS (") + openblas_get_corename() + " kernels)";
+  return name.c_str();
+}
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c) {
@@ -42,24 +76,26 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
     internal::SmallGemm(internal::DetectSmallGemmIsa(), trans_b, m, n, k, alpha, a, b, beta, c);
     return;
   }
-  // Everything else runs oneDNN's GEMM on the calling thread's OpenMP team,
-  // sized to the BLAS budget the strategies set (SetBlasThreads), so the
-  // parallelism is what OpenBLAS's pool had. Why oneDNN and not OpenBLAS:
-  // oneDNN picks its kernels from the CPU's feature flags, while OpenBLAS
-  // 0.3.21 picks them from a model table that predates recent cores and can
-  // be pinned by OPENBLAS_CORETYPE (which some hosts set to an older kernel
-  // set because its newer ones misbehave there); measured on a Zen 5 EPYC
-  // with OPENBLAS_CORETYPE=Haswell set by the host, one thread, the MLP's
-  // products (256 rows x 784/1024 x 1024, both B layouts): oneDNN 229-259
-  // GFLOP/s, OpenBLAS 129-132 (bench/README.md, "GEMM backend").
-  const int threads = BlasThreads();
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-  const dnnl_status_t status =
-      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, trans_a ? m : k, b,
-                 trans_b ? k : n, beta, c, n);
-  DISTRAIN_CHECK(status == dnnl_success)
-      << "dnnl_sgemm failed (status " << static_cast<int>(status) << ") for m=" << m
-      << " n=" << n << " k=" << k;
+  if (internal::OneDnnRunsProducts()) {
+    // oneDNN runs on the calling thread's OpenMP team, sized to the BLAS
+    // budget the strategies set (SetBlasThreads): the parallelism OpenBLAS's
+    // pool had.
+    const int threads = BlasThreads();
+    if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+    const dnnl_status_t status =
+        dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, trans_a ? m : k,
+                   b, trans_b ? k : n, beta, c, n);
+    DISTRAIN_CHECK(status == dnnl_success)
+        << "dnnl_sgemm failed (status " << static_cast<int>(status) << ") for m=" << m
+        << " n=" << n << " k=" << k;
+    return;
+  }
+  const blasint lda = static_cast<blasint>(trans_a ? m : k);
+  const blasint ldb = static_cast<blasint>(trans_b ? k : n);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, lda, b, ldb, beta, c,
+              static_cast<blasint>(n));
 }
 
 void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x) {

@@ -4,16 +4,18 @@
 // Host math kernels on raw row-major float32 buffers: the one set of
 // primitives layers, losses and optimizers are written against, so the CUDA
 // device (worker/tensor/cuda, a later issue) mirrors this file function for
-// function. Matrix products go to oneDNN (dnnl_sgemm), except products of
-// few rows with a weight matrix on one BLAS thread, which go to hand-written
-// AVX-512/AVX2 kernels (small_gemm.h); everything else is a plain loop the
-// compiler vectorises. OpenBLAS only holds the thread budget (SetBlasThreads).
+// function. Matrix products go to oneDNN (dnnl_sgemm) on CPUs with AVX-512
+// and to OpenBLAS (cblas_sgemm) elsewhere (internal::OneDnnRunsProducts says
+// why), except products of few rows with a weight matrix on one BLAS thread,
+// which go to hand-written AVX-512/AVX2 kernels (small_gemm.h); everything
+// else is a plain loop the compiler vectorises.
 //
 // Conventions: every matrix is row-major and dense (leading dimension = its
 // column count); sizes are element counts; outputs may not alias inputs unless
 // a function says so. No function allocates.
 // Thread-safety: the functions are reentrant; a product runs on the calling
-// thread's OpenMP team, sized to SetBlasThreads' budget.
+// thread's OpenMP team (oneDNN) or OpenBLAS's pool, either sized to
+// SetBlasThreads' budget.
 
 #include <cstdint>
 
@@ -68,11 +70,20 @@ void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, 
                 float* m, float* v, float* w);
 
 // The thread budget of a matrix product (process-wide; kept in OpenBLAS's
-// setting, which OPENBLAS_NUM_THREADS initialises). Strategies that run several
+// setting, which OPENBLAS_NUM_THREADS initialises, and applied to oneDNN's
+// team per call). Strategies that run several
 // replicas as threads in one process call this so they do not oversubscribe
 // the cores; the default is one BLAS thread per core.
 void SetBlasThreads(int threads);
 int BlasThreads();
+
+namespace internal {
+// True when Gemm's products (those not routed to small_gemm.h) run on oneDNN,
+// false when on OpenBLAS; decided once per process from the instruction set.
+bool OneDnnRunsProducts();
+}  // namespace internal
+// "oneDNN (AVX-512 kernels)" or "OpenBLAS (<its kernel set> kernels)".
+const char* ProductLibraryName();
 
 }  // namespace distrain::cpu
 

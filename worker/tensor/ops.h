@@ -164,6 +164,11 @@ void Scale(float factor, Tensor* t);
 // dot-product instructions (AVX512-BF16 or AMX), which mixed_bfloat16 then
 // uses; without them the CPU computes 16-bit values on float32 kernels.
 bool CpuHasBfloat16Convolutions();
+// Which library runs this CPU's float32 matrix products (those the small-M
+// kernels do not take), for the start-up log: "oneDNN (AVX-512 kernels)" or
+// "OpenBLAS (Haswell kernels)" with the kernel set OpenBLAS picked or was
+// pinned to (OPENBLAS_CORETYPE).
+const char* CpuMatrixProductLibrary();
 // Whether every element of every tensor is finite. The tensors may live on
 // different devices; waits for each device once.
 bool AllFinite(absl::Span<const Tensor* const> tensors);

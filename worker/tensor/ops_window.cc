@@ -76,6 +76,8 @@ Window2D KerasWindow2D(int64_t batch, int64_t in_h, int64_t in_w, int64_t in_c, 
 
 bool CpuHasBfloat16Convolutions() { return cpu::internal::NativeBf16Convolutions(); }
 
+const char* CpuMatrixProductLibrary() { return cpu::ProductLibraryName(); }
+
 void Conv2DForward(const Window2D& w, const Tensor& x, const Tensor& kernel, const Tensor* bias,
                    Tensor* y, ComputeType compute) {
   CheckWindow(w);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "worker/tensor/cpu_math.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define DISTRAIN_SMALL_GEMM_X86 1
@@ -459,23 +460,31 @@ bool SmallGemmRoutes(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
   // and its Haswell ones (what an AVX2-only CPU gets): a shape is routed
   // where the kernels won against both (bench/README.md, "Small-M GEMM").
   switch (DetectSmallGemmIsa()) {
-    case SmallGemmIsa::kAvx512:
+    case SmallGemmIsa::kAvx512: {
+      // AVX-512 CPUs fall back to oneDNN (cpu_math.cc) unless its ISA is
+      // capped below AVX-512; against oneDNN, measured on a Zen 5 EPYC
+      // (bench/README.md, "GEMM backend"), the two shapes below moved.
+      const bool against_onednn = cpu::internal::OneDnnRunsProducts();
       if (trans_b) {
-        // Short dot products: the transposed-panel path; OpenBLAS wins below 16 rows.
-        if (k <= kSmallK) return m >= 16;
+        // Short dot products: the transposed-panel path; OpenBLAS wins below
+        // 16 rows, oneDNN below 256 (the kernels were 0.65-0.87x of it for
+        // 16 to 128 rows, 1.48x at 256).
+        if (k <= kSmallK) return m >= (against_onednn ? 256 : 16);
         return m <= 48;
       }
       // One partial vector of columns (n = 10 logits) wastes lanes; OpenBLAS's
-      // Cooperlake kernel was 5-11% faster for 24..96 rows.
-      if (n < 16) return m <= 16 || m >= 128;
+      // Cooperlake kernel was 5-11% faster for 24..96 rows, oneDNN 6-12% for
+      // 16 to 256 rows.
+      if (n < 16) return !against_onednn && (m <= 16 || m >= 128);
       // A short inner dimension (a parameter server forming x^T dy over a
       // batch of 32: K = 32) keeps the A tile in L1 and B in L2 at any row
       // count: 1.19-1.29x OpenBLAS (which also zero-fills C first) for 64 to
       // 1024 rows.
       if (k <= 32) return m >= 4;
       // Beyond 64 rows the lead over OpenBLAS shrinks to 3-20% (and its
-      // Haswell kernels draw level).
+      // Haswell kernels draw level); against oneDNN at 32 rows 0.97-1.07x.
       return m >= 4 && m <= 64;
+    }
     case SmallGemmIsa::kAvx2:
       if (trans_b) {
         if (k <= kSmallK) return m >= 16;

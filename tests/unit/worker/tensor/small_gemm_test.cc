@@ -235,8 +235,8 @@ TEST(SmallGemmTest, GemmOnOneBlasThreadRunsTheKernels) {
         << "m=" << s.m << " n=" << s.n << " k=" << s.k << " trans_b=" << s.trans_b;
   }
   SetBlasThreads(saved);
-  // At least the batch-32 input gradients and the narrow product are routed
-  // on both kernel sets.
+  // At least three of these shapes are routed on every kernel set (which ones
+  // depends on the set and on what Gemm falls back to).
   EXPECT_GE(routed, 3);
 }
 
