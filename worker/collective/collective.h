@@ -43,7 +43,9 @@ class Collective {
   // Element-wise reduction of every buffer across ranks, in place. All
   // buffers of one call are reduced as one logical vector (so callers can pass
   // a bucket of several gradients without packing). Sizes may be 0 and need
-  // not divide by size().
+  // not divide by size(). After an error the buffers hold unspecified values
+  // (the algorithms reduce in place, so some elements may be partly reduced):
+  // a caller that retries starts again from its own copy.
   virtual absl::Status AllReduce(absl::Span<const absl::Span<float>> buffers, ReduceOp op,
                                  const CollectiveOptions& options) = 0;
   absl::Status AllReduce(absl::Span<float> buffer, ReduceOp op, const CollectiveOptions& options) {
