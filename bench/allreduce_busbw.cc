@@ -263,7 +263,8 @@ int main(int argc, char** argv) {
                  "RingOptions::small_allreduce_bytes (-1: default)");
   app.add_option("--halving-doubling-bytes", flags.halving_doubling_bytes,
                  "RingOptions::halving_doubling_bytes (-1: default)");
-  app.add_option("--busy-poll-us", flags.busy_poll_us, "RingOptions::busy_poll in microseconds (-1: default)");
+  app.add_option("--busy-poll-us", flags.busy_poll_us,
+                 "RingOptions::busy_poll in microseconds (-1: default)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

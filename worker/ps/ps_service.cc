@@ -968,9 +968,7 @@ grpc::Status PsService::PushRaw(grpc::ServerContext* ctx, RawStream* stream) {
       left_t.resize(static_cast<size_t>(rank * rows));
       const float* left = item.data.get();
       const float* right = left + rank * rows;
-      for (int64_t k = 0; k < rank; ++k) {
-        for (int64_t r = 0; r < rows; ++r) left_t[r * rank + k] = left[k * rows + r];
-      }
+      cpu::Transpose(rank, rows, left, left_t.data());
       for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
         const int64_t m = std::min(block_rows, rows - r0);
         cpu::Gemm(false, false, m, cols, rank, 1.0f, left_t.data() + r0 * rank, right, 0.0f,

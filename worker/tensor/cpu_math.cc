@@ -98,6 +98,20 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
               static_cast<blasint>(n));
 }
 
+void Transpose(int64_t rows, int64_t cols, const float* src, float* dst) {
+  // 32 x 32 floats: 4 KiB read and 4 KiB written per tile, well inside L1.
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(rows, r0 + kTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
+
 void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(x + r * cols, v, cols * sizeof(float));
 }

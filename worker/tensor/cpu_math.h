@@ -32,6 +32,10 @@ namespace distrain::cpu {
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c);
 
+// dst[cols, rows] = src[rows, cols]^T, in cache-sized tiles (a plain loop
+// reads or writes one of them a whole row apart on every element).
+void Transpose(int64_t rows, int64_t cols, const float* src, float* dst);
+
 // x[r, :] = v for every row of x[rows, cols].
 void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x);
 // x[r, :] += v for every row of x[rows, cols].

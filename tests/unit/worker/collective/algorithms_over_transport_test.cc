@@ -170,7 +170,8 @@ TEST(AlgorithmsOverInMemoryTransportTest, HalvingDoublingReducesEveryGroupAndOdd
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
         const int64_t slice_bytes = op == ReduceOp::kSum ? 64 : 100 * 4;
         const bool split = elements > 1 && n % 2 == 1;
-        SCOPED_TRACE(absl::StrCat(n, " ranks, ", elements, " elements, ", split ? "2 spans" : "1 span"));
+        SCOPED_TRACE(
+            absl::StrCat(n, " ranks, ", elements, " elements, ", split ? "2 spans" : "1 span"));
         InMemoryNetwork net(n, 128, 40, /*fully_connected=*/true);
         std::vector<std::vector<float>> data = Inputs(n, elements);
         ExpectOk(RunRanks(net, n, [&](Rank& rank, int r) {

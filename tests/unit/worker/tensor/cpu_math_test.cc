@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -98,6 +99,21 @@ TEST(GemmEdgeTest, ZeroInnerDimensionScalesC) {
   std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
   Gemm(false, false, 2, 2, 0, 1.0f, nullptr, nullptr, 0.0f, c.data());
   EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
+}
+
+TEST(TransposeTest, MovesEveryElementForTileMultiplesAndRemainders) {
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {1, 70}, {70, 1}, {32, 64},
+                            {33, 65}, {256, 784}, {31, 257}}) {
+    const std::vector<float> src = RandomVector(rows * cols, 6);
+    std::vector<float> dst(rows * cols, -1.0f);
+    Transpose(rows, cols, src.data(), dst.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(dst[c * rows + r], src[r * cols + c])
+            << rows << "x" << cols << " at " << r << "," << c;
+      }
+    }
+  }
 }
 
 TEST(RowOpsTest, BroadcastAddAndColumnSums) {
