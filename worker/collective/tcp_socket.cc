@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -124,6 +125,12 @@ int PollTimeoutMs(absl::Time deadline) {
   // Round up so a wait never ends a hair before the deadline and spins.
   int64_t ms = absl::ToInt64Milliseconds(left + absl::Milliseconds(1) - absl::Nanoseconds(1));
   return static_cast<int>(std::min<int64_t>(ms, 1 << 30));
+}
+
+int PollYielding(pollfd* fds, size_t count, absl::Time until) {
+  int n;
+  while ((n = poll(fds, count, 0)) == 0 && absl::Now() < until) sched_yield();
+  return n;
 }
 
 absl::Status ConfigureStream(int fd, int buffer_bytes) {

@@ -9,6 +9,8 @@
 //
 // Thread-safety: functions are thread-safe; a Fd is owned by one thread.
 
+#include <poll.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -80,6 +82,11 @@ absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline, int a
 
 // Milliseconds for poll() until `deadline`, rounded up, capped, >= 0.
 int PollTimeoutMs(absl::Time deadline);
+
+// poll() without sleeping, yielding the CPU between looks, until one of `fds`
+// is ready or `until` passes; returns poll's last result (0: nothing ready).
+// The spin before a sleeping wait (TcpTransportOptions::busy_poll says why).
+int PollYielding(pollfd* fds, size_t count, absl::Time until);
 
 }  // namespace distrain::tcp
 

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -81,13 +80,8 @@ class TcpTransport::TcpLink final : public Link {
   }
 
   bool AwaitReadable(absl::Duration budget) override {
-    const absl::Time until = absl::Now() + budget;
     pollfd p{fd_.get(), POLLIN, 0};
-    while (absl::Now() < until) {
-      if (poll(&p, 1, 0) > 0) return true;
-      sched_yield();
-    }
-    return false;
+    return tcp::PollYielding(&p, 1, absl::Now() + budget) > 0;
   }
 
  private:
@@ -394,10 +388,8 @@ absl::Status TcpTransport::Wait(absl::Span<LinkWait> waits, absl::Time deadline)
   // busy_poll (tcp_transport.h says why); then sleep in poll.
   int n = 0;
   if (options_.busy_poll > absl::ZeroDuration()) {
-    const absl::Time until = std::min(deadline, absl::Now() + options_.busy_poll);
-    while ((n = poll(poll_.data(), poll_.size(), 0)) == 0 && absl::Now() < until) {
-      sched_yield();
-    }
+    n = tcp::PollYielding(poll_.data(), poll_.size(),
+                          std::min(deadline, absl::Now() + options_.busy_poll));
   }
   if (n == 0) n = poll(poll_.data(), poll_.size(), tcp::PollTimeoutMs(deadline));
   if (n < 0) {
