@@ -27,9 +27,9 @@ namespace distrain::cuda {
   X(cublasSscal_v2_64)
 
 #define DISTRAIN_CUDNN_FUNCTIONS(X)                                                         \
-  X(cudnnBatchNormalizationBackward) X(cudnnBatchNormalizationForwardInference)             \
-  X(cudnnBatchNormalizationForwardTraining) X(cudnnConvolutionBackwardData)                 \
-  X(cudnnConvolutionBackwardFilter) X(cudnnConvolutionForward) X(cudnnCreate)               \
+  X(cudnnBatchNormalizationBackward) X(cudnnBatchNormalizationForwardTraining)              \
+  X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)                        \
+  X(cudnnConvolutionForward) X(cudnnCreate)                                                 \
   X(cudnnCreateConvolutionDescriptor) X(cudnnCreateFilterDescriptor)                        \
   X(cudnnCreatePoolingDescriptor) X(cudnnCreateTensorDescriptor)                            \
   X(cudnnDeriveBNTensorDescriptor) X(cudnnDestroyConvolutionDescriptor)                     \

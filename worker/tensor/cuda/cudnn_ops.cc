@@ -33,7 +33,9 @@
 //     of several equal inputs it picks is not documented — the GPU tests
 //     compare against the CPU on inputs with ties (ReLU zeros) to pin it.
 //   * Batch norm views x[m, c] as an NHWC tensor N = m, H = W = 1, C = c,
-//     normalised per channel (CUDNN_BATCHNORM_SPATIAL).
+//     normalised per channel (CUDNN_BATCHNORM_SPATIAL), in training and
+//     backward; inference is an own element-wise kernel (see
+//     BatchNormForwardInference for cuDNN's bound on N).
 //
 // Precision: FP32 throughout. Convolutions run with CUDNN_FMA_MATH, not
 // CUDNN_DEFAULT_MATH: on Ampere and later the default mode lets cuDNN pick
@@ -734,16 +736,20 @@ void BatchNormForwardTraining(int device, int64_t m, int64_t c, const float* x,
   window_kernels::Scale(stream, c, static_cast<float>(unbiased_to_biased), batch_var);
 }
 
+// Inference is an element-wise map with the given statistics, so it runs on
+// the own kernel (window_kernels::BatchNormApply), not on cuDNN: this file
+// describes x as N = m rows (m = batch x height x width after a Conv2D), and
+// cuDNN's spatial inference rejects N > 65535 with CUDNN_STATUS_NOT_SUPPORTED
+// (pytorch/pytorch#19911; PyTorch #32763 measured the bounds: N <= 65535 in
+// inference, N <= 880801 in training), which a 64-image batch of 32x32
+// feature maps already exceeds.
 void BatchNormForwardInference(int device, int64_t m, int64_t c, const float* x,
                                const float* gamma, const float* beta, const float* mean,
                                const float* var, float epsilon, float* y) {
   DeviceContext& ctx = DeviceContext::Get(device);
-  absl::MutexLock lock(&ctx.op_mutex());
-  CheckEpsilon(epsilon);
-  const BatchNormDescriptors d(m, c);
-  DISTRAIN_CUDNN_CHECK(Cudnn().cudnnBatchNormalizationForwardInference(
-      ctx.cudnn(), CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x.get(), x, d.x.get(), y,
-      d.param.get(), gamma, beta, mean, var, static_cast<double>(epsilon)));
+  DISTRAIN_CHECK(m > 0 && c > 0) << "batch norm over [" << m << ", " << c << "]";
+  window_kernels::BatchNormApply(ctx.compute_stream(), m, c, x, gamma, beta, mean, var, epsilon,
+                                 y);
 }
 
 void BatchNormBackward(int device, int64_t m, int64_t c, const float* x, const float* dy,

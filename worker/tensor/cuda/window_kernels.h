@@ -12,8 +12,9 @@
 //   * average pooling with asymmetric padding (divides by the real inputs
 //     of each window, which no cuDNN mode does once the padding is
 //     explicit);
-//   * batch-norm helpers: scaling a vector, 1 / sqrt(var + eps), and the
-//     one-row (m == 1) batch, where cuDNN's unbiased statistics divide by 0.
+//   * batch-norm helpers: scaling a vector, 1 / sqrt(var + eps), inference
+//     (an element-wise map, free of cuDNN's limit on N), and the one-row
+//     (m == 1) batch, where cuDNN's unbiased statistics divide by 0.
 //
 // Every launcher queues on `stream` and returns; none allocates, none
 // waits. Sizes are element counts, buffers device pointers; an output never
