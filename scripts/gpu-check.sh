@@ -22,8 +22,11 @@
 #                               bench/cnn_training.py (float32, then
 #                               mixed_bfloat16 on tensor cores) and
 #                               bench/single_process_throughput.py with
-#                               --device gpu against that PyTorch; the log and
-#                               the benchmarks' records go to $OUT when set
+#                               --device gpu against that PyTorch, each in
+#                               what is left of GPU_CHECK_SECONDS (default
+#                               480: the run fits a 10-minute device call);
+#                               the log and the benchmarks' records go to $OUT
+#                               when set
 #
 # Exit status: the test binary's (0 = every GPU test passed; GoogleTest prints
 # SKIPPED when no GPU was seen, which `run` turns into a failure, since the
@@ -67,13 +70,35 @@ case "${1:-}" in
     [ -f "$PACK/lib.tar.xz" ] || { echo "gpu-check: no $PACK/: run 'scripts/gpu-check.sh pack' here first and carry $PACK" >&2; exit 2; }
     libs=/tmp/distrain-gpu-libs
     rm -rf "$libs" && mkdir -p "$libs" && tar -xJf "$PACK/lib.tar.xz" -C "$libs"
+    # Wall-clock budget of the whole run (GPU_CHECK_SECONDS, default 8 min):
+    # the tests and the example always run; each benchmark gets what is left
+    # (keeping 20 s for the end) and is skipped with under a minute.
+    start=$SECONDS
+    budget="${GPU_CHECK_SECONDS:-480}"
+    time_left() {  # min($1, seconds left)
+      local l=$((budget - (SECONDS - start) - 20))
+      if [ "$l" -lt "$1" ]; then echo "$l"; else echo "$1"; fi
+    }
+    # The Python holding the nvidia-* wheels (cuBLAS, cuDNN, NCCL) beside
+    # PyTorch: `python3` on PATH need not be it (a GPU machine's PyTorch may
+    # live in a venv such as /opt/torch/.venv), so try each.
+    py=""
+    for cand in "${DISTRAIN_TORCH_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
+      if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import nvidia' 2>/dev/null; then
+        py="$cand"; break
+      fi
+    done
+    [ -n "$py" ] || py=python3
+    # Every nvidia/<package>/lib: the CUDA 13 wheels' layout is nvidia/cu13/lib
+    # (cuBLAS, nvrtc), nvidia/cudnn/lib and nvidia/nccl/lib.
     search="$libs"
-    for dir in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null); do
+    for dir in /usr/local/cuda/lib64 $("$py" -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p))))' 2>/dev/null); do
       [ -d "$dir" ] && search="$search:$dir"
     done
     export LD_LIBRARY_PATH="$search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     out="${OUT:-/tmp}"
     nvidia-smi -L 2>&1 | tee "$out/gpu-check.log" || true
+    echo "gpu-check: python $py; LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee -a "$out/gpu-check.log"
     if ldd "$PACK/worker_unit_tests" | grep "not found"; then
       echo "gpu-check: libraries missing on this machine (above)" | tee -a "$out/gpu-check.log"; exit 3
     fi
@@ -95,7 +120,7 @@ case "${1:-}" in
     final_loss() { sed -n 's/.*training complete: steps 200 loss \([0-9.e+-]*\).*/\1/p' | tail -1; }
     gpu_loss=$("$PACK/build/cli/distrain" run --no-progress "$mwms_job" 2>&1 | tee -a "$out/gpu-check.log" | final_loss)
     cpu_loss=$(CUDA_VISIBLE_DEVICES= "$PACK/build/cli/distrain" run --no-progress "$mwms_job" 2>&1 | final_loss)
-    if python3 -c "import sys; g, c = float('$gpu_loss'), float('$cpu_loss'); sys.exit(abs(g - c) > 1e-3 * max(1.0, abs(c)))" 2>/dev/null; then
+    if "$py" -c "import sys; g, c = float('$gpu_loss'), float('$cpu_loss'); sys.exit(abs(g - c) > 1e-3 * max(1.0, abs(c)))" 2>/dev/null; then
       echo "gpu-check: PASS MultiWorkerMirrored on the GPU: final loss $gpu_loss, on CPU $cpu_loss" | tee -a "$out/gpu-check.log"
     else
       echo "gpu-check: FAIL MultiWorkerMirrored on the GPU: final loss '$gpu_loss', on CPU '$cpu_loss'" | tee -a "$out/gpu-check.log"
@@ -105,12 +130,12 @@ case "${1:-}" in
     # process on its own GPU (distrain run slices CUDA_VISIBLE_DEVICES);
     # NCCL allows one rank per GPU, so it needs as many GPUs as processes.
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-    processes=$(python3 -c "import re,sys; t=open('$mwms_job').read(); print(sum(int(n) for n in re.findall(r'replicas: (\\d+)', t)))")
+    processes=$("$py" -c "import re,sys; t=open('$mwms_job').read(); print(sum(int(n) for n in re.findall(r'replicas: (\\d+)', t)))")
     if [ "${gpus:-0}" -ge "$processes" ]; then
       nccl_job=$(mktemp --suffix=.yaml)
       sed -e 's/implementation: Ring .*/implementation: NCCL/' "$mwms_job" >"$nccl_job"
       nccl_loss=$("$PACK/build/cli/distrain" run --no-progress "$nccl_job" 2>&1 | tee -a "$out/gpu-check.log" | final_loss)
-      if python3 -c "import sys; g, c = float('$nccl_loss'), float('$cpu_loss'); sys.exit(abs(g - c) > 1e-3 * max(1.0, abs(c)))" 2>/dev/null; then
+      if "$py" -c "import sys; g, c = float('$nccl_loss'), float('$cpu_loss'); sys.exit(abs(g - c) > 1e-3 * max(1.0, abs(c)))" 2>/dev/null; then
         echo "gpu-check: PASS MultiWorkerMirrored over NCCL on $processes GPUs: final loss $nccl_loss, on CPU $cpu_loss" | tee -a "$out/gpu-check.log"
       else
         echo "gpu-check: FAIL MultiWorkerMirrored over NCCL: final loss '$nccl_loss', on CPU '$cpu_loss'" | tee -a "$out/gpu-check.log"
@@ -122,30 +147,41 @@ case "${1:-}" in
     # The GPU benchmark: distrain on the GPU against PyTorch eager on the
     # same GPU, same model, data, batch and steps (bench/cnn_training.py).
     if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-      torch_py=$(python3 -c 'import torch, sys; print(sys.executable)' 2>/dev/null || true)
+      torch_py=$("$py" -c 'import torch, sys; print(sys.executable)' 2>/dev/null || true)
+      note="scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)"
       if [ -z "$torch_py" ]; then
         echo "gpu-check: no python with torch here: GPU benchmark skipped" | tee -a "$out/gpu-check.log"
+      elif t=$(time_left "${GPU_CHECK_BENCH_SECONDS:-240}"); [ "$t" -lt 60 ]; then
+        echo "gpu-check: NOT RUN GPU benchmarks: ${t}s left of GPU_CHECK_SECONDS=$budget" | tee -a "$out/gpu-check.log"
       else
         DISTRAIN_CACHE="$PWD/$PACK/cache" DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
-          timeout "${GPU_CHECK_BENCH_SECONDS:-240}" python3 bench/cnn_training.py --device gpu \
+          timeout "$t" "$py" bench/cnn_training.py --device gpu \
           --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" --repeats 2 \
-          --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
+          --note "$note" 2>&1 | tee -a "$out/gpu-check.log" || true
         tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu.jsonl" 2>/dev/null || true
         # Mixed precision on tensor cores, against PyTorch's autocast.
-        DISTRAIN_CACHE="$PWD/$PACK/cache" DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
-          timeout "${GPU_CHECK_BENCH_SECONDS:-240}" python3 bench/cnn_training.py --device gpu \
-          --precision mixed_bfloat16 --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" \
-          --repeats 2 --batches 256 \
-          --note "scripts/gpu-check.sh on $(nvidia-smi -L 2>/dev/null | head -1)" 2>&1 | tee -a "$out/gpu-check.log" || true
-        tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu-mixed_bfloat16.jsonl" 2>/dev/null || true
-        DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
-          timeout 120 python3 bench/single_process_throughput.py --device gpu --sides distrain,torch \
-          2>&1 | tee -a "$out/gpu-check.log" || true
-        tail -1 bench/records/single_process_throughput.jsonl > "$out/single_process_throughput-gpu.jsonl" 2>/dev/null || true
+        if t=$(time_left "${GPU_CHECK_BENCH_SECONDS:-240}"); [ "$t" -lt 60 ]; then
+          echo "gpu-check: NOT RUN mixed_bfloat16 benchmark: ${t}s left of GPU_CHECK_SECONDS=$budget" | tee -a "$out/gpu-check.log"
+        else
+          DISTRAIN_CACHE="$PWD/$PACK/cache" DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
+            timeout "$t" "$py" bench/cnn_training.py --device gpu \
+            --precision mixed_bfloat16 --sides distrain,torch --epochs "${GPU_CHECK_BENCH_EPOCHS:-8}" \
+            --repeats 2 --batches 256 \
+            --note "$note" 2>&1 | tee -a "$out/gpu-check.log" || true
+          tail -1 bench/records/cnn_training.jsonl > "$out/cnn_training-gpu-mixed_bfloat16.jsonl" 2>/dev/null || true
+        fi
+        if t=$(time_left 120); [ "$t" -lt 60 ]; then
+          echo "gpu-check: NOT RUN single-process benchmark: ${t}s left of GPU_CHECK_SECONDS=$budget" | tee -a "$out/gpu-check.log"
+        else
+          DISTRAIN_BUILD_DIR="$PWD/$PACK/build" DISTRAIN_TORCH_PYTHON="$torch_py" \
+            timeout "$t" "$py" bench/single_process_throughput.py --device gpu --sides distrain,torch \
+            2>&1 | tee -a "$out/gpu-check.log" || true
+          tail -1 bench/records/single_process_throughput.jsonl > "$out/single_process_throughput-gpu.jsonl" 2>/dev/null || true
+        fi
       fi
     fi
     exit "$rc"
     ;;
   *)
-    sed -n '2,23p' "$0" >&2; exit 2 ;;
+    sed -n '2,29p' "$0" >&2; exit 2 ;;
 esac
