@@ -27,7 +27,7 @@ void ActivationState::Forward(const Tensor& x, Tensor* y) {
 }
 
 void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
-  if (kind_ == ActivationKind::kLinear) {
+  if (backward_is_identity()) {
     ops::Copy(dy, dx);
     return;
   }

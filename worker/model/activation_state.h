@@ -27,6 +27,12 @@ class ActivationState {
   bool keeps_values() const {
     return kind_ == ActivationKind::kLinear || kind_ == ActivationKind::kRelu;
   }
+  // A following max pooling applies ReLU's gradient (Layer::
+  // ApplyPrecedingReluGradient): from now on Backward is the identity.
+  void set_gradient_applied_downstream() { applied_downstream_ = true; }
+  // Whether Backward only copies dy: linear, or ReLU's gradient applied
+  // downstream. Layers then use dy as dL/d(pre-activation) directly.
+  bool backward_is_identity() const { return is_linear() || applied_downstream_; }
   // y = f(x), remembering what Backward reads. y may be &x (in place). The
   // caller keeps x and y unchanged until Backward.
   void Forward(const Tensor& x, Tensor* y);
@@ -35,6 +41,7 @@ class ActivationState {
 
  private:
   ActivationKind kind_;
+  bool applied_downstream_ = false;
   const Tensor* saved_ = nullptr;  // borrowed, or &gelu_input_copy_
   Tensor gelu_input_copy_;
 };

@@ -74,7 +74,7 @@ void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
                                                               window_.out_w, window_.out_c}))
       << name_ << ": grad_output " << grad_output.ShapeString();
   const Tensor* dz = &grad_output;
-  if (!activation_.is_linear()) {
+  if (!activation_.backward_is_identity()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
     // ReLU's gradient keeps the rounded values; the others' need rounding.
     if (!activation_.keeps_values()) RoundToComputeType(&grad_pre_activation_);
@@ -125,7 +125,21 @@ void Pooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
       << name_ << ": grad_output " << grad_output.ShapeString() << " vs output "
       << output_.ShapeString();
   if (grad_input == nullptr) return;
-  ops::Pool2DBackward(kind_, window_, *input_, output_, grad_output, workspace_, grad_input);
+  const Tensor* dy = &grad_output;
+  if (applies_relu_gradient_) {
+    // ReLU's gradient for the layer before (Layer::ApplyPrecedingReluGradient):
+    // relu'(input) at the input a window routes to is (pooled output > 0).
+    ops::ActivationBackward(ActivationKind::kRelu, output_, output_, grad_output, &relu_masked_grad_);
+    dy = &relu_masked_grad_;
+  }
+  ops::Pool2DBackward(kind_, window_, *input_, output_, *dy, workspace_, grad_input);
+}
+
+bool Pooling2D::ApplyPrecedingReluGradient() {
+  // Average pooling spreads a gradient over inputs of different signs.
+  if (kind_ != ops::PoolKind::kMax) return false;
+  applies_relu_gradient_ = true;
+  return true;
 }
 
 // ---- GlobalAveragePooling2D -------------------------------------------------

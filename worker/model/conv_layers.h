@@ -35,6 +35,8 @@ class Conv2D : public Layer {
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override;
+  bool OutputIsRelu() const override { return activation_.kind() == ActivationKind::kRelu; }
+  void LeaveReluGradientToNextLayer() override { activation_.set_gradient_applied_downstream(); }
 
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;
@@ -76,6 +78,7 @@ class Pooling2D : public Layer {
     return kind_ == ops::PoolKind::kMax && strides_[0] >= pool_size_[0] &&
            strides_[1] >= pool_size_[1];
   }
+  bool ApplyPrecedingReluGradient() override;
 
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;
@@ -87,6 +90,8 @@ class Pooling2D : public Layer {
   const Tensor* input_ = nullptr;  // borrowed until Backward
   Tensor output_;                  // own copy of the forward output
   Tensor workspace_;
+  bool applies_relu_gradient_ = false;
+  Tensor relu_masked_grad_;  // grad_output times (output_ > 0), when it applies
   ops::Window2D window_;
 };
 

@@ -81,7 +81,7 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
   // dz = dL/d(x W + b); then dW = x^T dz, db = sum over the batch of dz,
   // dx = dz W^T.
   const Tensor* dz = &grad_output;
-  if (!activation_.is_linear()) {
+  if (!activation_.backward_is_identity()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
     // ReLU's gradient keeps the rounded values; the others' need rounding.
     if (!activation_.keeps_values()) RoundToComputeType(&grad_pre_activation_);

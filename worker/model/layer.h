@@ -93,6 +93,22 @@ class Layer {
   // each input-gradient element is one of the output gradient's (or 0).
   virtual bool OutputKeepsInputValues() const { return false; }
   virtual bool InputGradKeepsOutputGradValues() const { return false; }
+  // ReLU's gradient, applied by a following max pooling instead (Model::
+  // Finalize pairs adjacent layers; docs/architecture.md §6a "Fused ReLU
+  // gradient"). Max pooling passes each window's gradient to an input that
+  // holds the window's maximum, and that input is > 0 exactly where the
+  // pooled output is, so masking the pooled gradient by (pooled > 0) before
+  // routing it gives ReLU's gradient bit for bit, on a tensor pool-size
+  // times smaller, and saves the ReLU layer a pass over its full output.
+  // Whether the layer's output is ReLU's (its activation, or the layer).
+  virtual bool OutputIsRelu() const { return false; }
+  // From now on Backward takes grad_output as already multiplied by ReLU's
+  // gradient (only called when OutputIsRelu()).
+  virtual void LeaveReluGradientToNextLayer() {}
+  // Asks the layer to apply ReLU's gradient for the layer before it: to mask
+  // the gradient it passes down by (its output > 0). Returns whether it does
+  // (max pooling does; the default refuses).
+  virtual bool ApplyPrecedingReluGradient() { return false; }
   // Whether the layer computes in float32 whatever the policy, as Keras'
   // BatchNormalization does: its output is still rounded, its parameter
   // gradients are not.
@@ -138,6 +154,8 @@ class Dense : public Layer {
     return true;
   }
   std::optional<GradFactors> KernelGradFactors() const override;
+  bool OutputIsRelu() const override { return activation_.kind() == ActivationKind::kRelu; }
+  void LeaveReluGradientToNextLayer() override { activation_.set_gradient_applied_downstream(); }
 
  private:
   std::string name_;

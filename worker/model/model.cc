@@ -191,6 +191,15 @@ void Model::Finalize(std::string summary) {
     rounds_output_.push_back(mixed && !layers_[i]->OutputKeepsInputValues());
     rounds_grad_input_.push_back(mixed && !layers_[i]->InputGradKeepsOutputGradValues());
   }
+  // A ReLU followed by a max pooling: the pooling applies ReLU's gradient on
+  // its smaller tensor (Layer::ApplyPrecedingReluGradient). Layers before the
+  // first one with parameters run no backward pass, but a pooling that does
+  // always follows a layer that does too.
+  for (int i = 0; i + 1 < num_layers(); ++i) {
+    if (layers_[i]->OutputIsRelu() && layers_[i + 1]->ApplyPrecedingReluGradient()) {
+      layers_[i]->LeaveReluGradientToNextLayer();
+    }
+  }
   summary_ = absl::StrCat(summary, " (", num_parameters(), " params)");
 }
 

@@ -238,6 +238,75 @@ TEST(SequentialModelTest, FirstLayersWithoutParametersGetNoBackward) {
   EXPECT_THAT(order, ElementsAre(3, 1));
 }
 
+// A ReLU followed by max pooling leaves its gradient to the pooling, which
+// masks its smaller gradient by (pooled output > 0) before routing it
+// (Layer::ApplyPrecedingReluGradient). Against the same model with an
+// identity Reshape between the two, which keeps them apart, every gradient
+// must be bit-identical: windows that overlap (3x3, stride 2), 'same'
+// padding, windows whose inputs are all zero after the ReLU (a negative
+// bias makes most of them), a ReLU of its own (Activation) as well as
+// Conv2D's, and both policies.
+TEST(SequentialModelTest, ReluGradientAppliedByMaxPoolingIsBitIdentical) {
+  LayerConfig overlapping = Pool();
+  overlapping.pool_size = {3, 3};
+  overlapping.strides = std::array<int64_t, 2>{2, 2};
+  overlapping.padding = PaddingKind::kSame;
+  LayerConfig identity = L(LayerKind::kReshape);
+  identity.shape = {9, 9, 3};
+  struct Case {
+    const char* name;
+    std::vector<LayerConfig> fused;
+    int relu_layer;  // the index of the layer whose output is ReLU's
+    Precision precision;
+  };
+  const std::vector<Case> cases = {
+      {"Conv2D(relu), overlapping 'same' windows",
+       {Conv(3, 3), overlapping, L(LayerKind::kFlatten), DenseL(4)}, 0, Precision::kFloat32},
+      {"Conv2D(relu), 2x2 windows, mixed_bfloat16",
+       {Conv(3, 3), Pool(), L(LayerKind::kFlatten), DenseL(4)}, 0, Precision::kMixedBfloat16},
+      {"Activation(relu)",
+       {Conv(3, 3, ActivationKind::kLinear), Act(ActivationKind::kRelu), overlapping,
+        L(LayerKind::kFlatten), DenseL(4)},
+       1, Precision::kFloat32},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ModelConfig fused_config = Sequential(c.fused, LossKind::kSparseCategoricalCrossentropy, true);
+    ModelConfig apart_config = fused_config;
+    apart_config.layers.insert(apart_config.layers.begin() + c.relu_layer + 1, identity);
+    fused_config.precision = apart_config.precision = c.precision;
+    auto fused = Build(fused_config, {11, 11, 1}, 4, 7);
+    auto apart = Build(apart_config, {11, 11, 1}, 4, 7);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_NE(apart, nullptr);
+    const std::vector<Parameter*> fp = fused->parameters(), ap = apart->parameters();
+    ASSERT_EQ(fp.size(), ap.size());
+    for (size_t i = 0; i < fp.size(); ++i) {
+      ASSERT_EQ(fp[i]->name, ap[i]->name);
+      ASSERT_EQ(fp[i]->value.size(), ap[i]->value.size());
+      std::memcpy(ap[i]->value.data(), fp[i]->value.data(), fp[i]->value.size() * sizeof(float));
+    }
+    // Most pre-activations negative: many windows are all zeros after ReLU.
+    for (Model* m : {fused.get(), apart.get()}) {
+      for (int64_t f = 0; f < 3; ++f) m->parameters()[1]->value[f] = -0.3f;
+    }
+    const Batch b = RandomBatch(5, 121, 4, 11);
+    const LossResult lf = fused->TrainStep(b.features, b.labels);
+    const LossResult la = apart->TrainStep(b.features, b.labels);
+    EXPECT_EQ(lf.loss, la.loss);
+    int64_t zero_grads = 0, grads = 0;
+    for (size_t i = 0; i < fp.size(); ++i) {
+      SCOPED_TRACE(fp[i]->name);
+      ASSERT_EQ(fp[i]->grad.size(), ap[i]->grad.size());
+      EXPECT_EQ(0, std::memcmp(fp[i]->grad.data(), ap[i]->grad.data(),
+                               fp[i]->grad.size() * sizeof(float)));
+      for (int64_t k = 0; k < fp[i]->grad.size(); ++k) zero_grads += fp[i]->grad[k] == 0.0f;
+      grads += fp[i]->grad.size();
+    }
+    EXPECT_LT(zero_grads, grads) << "a test whose gradients are all zero compares nothing";
+  }
+}
+
 TEST(SequentialModelTest, LearnsToSeparateBrightFromDarkImages) {
   // 8x8 images: class 0 dark noise, class 1 a bright square somewhere.
   auto model = Build(Sequential({Conv(4, 3), Pool(), L(LayerKind::kFlatten),
