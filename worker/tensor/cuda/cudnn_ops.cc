@@ -32,10 +32,10 @@
 //     gradient to one input (not to every tie), like oneDNN's argmax; which
 //     of several equal inputs it picks is not documented — the GPU tests
 //     compare against the CPU on inputs with ties (ReLU zeros) to pin it.
-//   * Batch norm views x[m, c] as an NHWC tensor N = m, H = W = 1, C = c,
-//     normalised per channel (CUDNN_BATCHNORM_SPATIAL), in training and
-//     backward; inference is an own element-wise kernel (see
-//     BatchNormForwardInference for cuDNN's bound on N).
+//   * Batch norm views x[m, c] as an NHWC tensor [n, h, 1, c] with n * h = m
+//     and n within cuDNN's bound on N (cudnn_batch_norm_shape.h), normalised
+//     per channel (CUDNN_BATCHNORM_SPATIAL), in training and backward;
+//     inference is an own element-wise kernel (BatchNormForwardInference).
 //
 // Precision: FP32 throughout. Convolutions run with CUDNN_FMA_MATH, not
 // CUDNN_DEFAULT_MATH: on Ampere and later the default mode lets cuDNN pick
@@ -84,6 +84,7 @@
 #include "common/check.h"
 #include "spdlog/spdlog.h"
 #include "worker/tensor/cuda/backend.h"
+#include "worker/tensor/cuda/cudnn_batch_norm_shape.h"
 #include "worker/tensor/cuda/device_context.h"
 #include "worker/tensor/cuda/window_kernels.h"
 
@@ -503,11 +504,14 @@ constexpr float kMaxPoolPad = -std::numeric_limits<float>::infinity();
 // ---- Batch norm -------------------------------------------------------------------
 
 struct BatchNormDescriptors {
-  TensorDescriptor x;      // x, y, dy and dx: [m, c] as N = m, H = W = 1, C = c
+  // x, y, dy and dx: [m, c] as NHWC [n, h, 1, c] with n * h = m and n within
+  // cuDNN's bound on N (cudnn_batch_norm_shape.h).
+  TensorDescriptor x;
   TensorDescriptor param;  // gamma, beta, mean, variance: 1 x C x 1 x 1
 
   BatchNormDescriptors(int64_t m, int64_t c) {
-    SetNhwc(x, m, 1, 1, c);
+    const BatchNormNH shape = BatchNormShape(m);
+    SetNhwc(x, shape.n, shape.h, 1, c);
     DISTRAIN_CUDNN_CHECK(
         Cudnn().cudnnDeriveBNTensorDescriptor(param.get(), x.get(), CUDNN_BATCHNORM_SPATIAL));
   }
@@ -737,12 +741,9 @@ void BatchNormForwardTraining(int device, int64_t m, int64_t c, const float* x,
 }
 
 // Inference is an element-wise map with the given statistics, so it runs on
-// the own kernel (window_kernels::BatchNormApply), not on cuDNN: this file
-// describes x as N = m rows (m = batch x height x width after a Conv2D), and
-// cuDNN's spatial inference rejects N > 65535 with CUDNN_STATUS_NOT_SUPPORTED
-// (pytorch/pytorch#19911; PyTorch #32763 measured the bounds: N <= 65535 in
-// inference, N <= 880801 in training), which a 64-image batch of 32x32
-// feature maps already exceeds.
+// the own kernel (window_kernels::BatchNormApply), not on cuDNN, whose
+// spatial inference has the tightest bound on N of all (65535;
+// cudnn_batch_norm_shape.h): one kernel, no descriptor, no bound.
 void BatchNormForwardInference(int device, int64_t m, int64_t c, const float* x,
                                const float* gamma, const float* beta, const float* mean,
                                const float* var, float epsilon, float* y) {
