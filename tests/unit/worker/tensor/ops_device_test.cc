@@ -585,7 +585,12 @@ TEST_P(OpsDeviceTest, BatchNormTrainingInferenceAndBackward) {
   };
   const Case cases[] = {{{1, 7}, 1e-3f},          {{2, 5}, 1e-3f},        {{64, 37}, 1e-3f},
                         {{1024, 3}, 1e-3f},       {{1, 4, 4, 1}, 1e-3f},  {{8, 13, 13, 32}, 1e-3f},
-                        {{3, 7, 9, 1029}, 1e-5f}, {{2, 5, 5, 64}, 1e-2f}};
+                        {{3, 7, 9, 1029}, 1e-5f}, {{2, 5, 5, 64}, 1e-2f},
+                        // Rows past cuDNN's bounds on N (cudnn_batch_norm_shape.h):
+                        // 262144 (split 32768 x 8), 900000 (over the training
+                        // bound; 60000 x 15), a prime (one image of 65537 rows).
+                        {{16, 128, 128, 4}, 1e-3f}, {{1, 30, 30000, 2}, 1e-3f},
+                        {{65537, 2}, 1e-3f}};
   uint32_t seed = 700;
   for (const Case& c : cases) {
     SCOPED_TRACE(absl::StrCat(Tensor(c.shape).ShapeString(), " epsilon ", c.epsilon));
