@@ -293,7 +293,10 @@ struct ConvAlgo {
 //   2. an `exact` algorithm the ranking left out entirely, if its workspace
 //      query succeeds (an algorithm the ranking marked unsupported is not
 //      retried);
-//   3. the first deterministic FP32 algorithm of any kind, with a warning.
+//   3. the first deterministic FP32 algorithm of any kind, with a warning;
+//   4. the first FP32 algorithm at all, non-deterministic (atomics: a rerun
+//      may differ in the last bits), with a warning, rather than stop a job
+//      that cuDNN can run. Only when none fits does the call fail.
 // `workspace(algo, &bytes)` asks cuDNN for an algorithm's workspace; it
 // fails for algorithms the geometry does not support.
 // Under a 16-bit `compute`, "FP32" reads "FP32 or TF32 tensor cores"
@@ -307,10 +310,13 @@ ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, ComputeType compute,
     return workspace(algo, bytes) == CUDNN_STATUS_SUCCESS && *bytes <= kMaxWorkspaceBytes;
   };
   const bool tensor_cores = compute != ComputeType::kFloat32;
-  const auto deterministic_fp32 = [tensor_cores](const Perf& p) {
-    return p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC &&
+  const auto fp32 = [tensor_cores](const Perf& p) {
+    return p.status == CUDNN_STATUS_SUCCESS &&
            (tensor_cores || p.mathType != CUDNN_TENSOR_OP_MATH) &&
            p.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  };
+  const auto deterministic_fp32 = [&fp32](const Perf& p) {
+    return fp32(p) && p.determinism == CUDNN_DETERMINISTIC;
   };
   const auto is_exact = [&](int algo) {
     return std::find(exact.begin(), exact.end(), algo) != exact.end();
@@ -336,7 +342,17 @@ ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, ComputeType compute,
       return {algo, bytes};
     }
   }
-  DISTRAIN_CHECK(false) << "cuDNN has no deterministic FP32 " << PassName(pass)
+  for (const Perf& p : perf) {
+    const int algo = static_cast<int>(p.algo);
+    if (fp32(p) && fits(algo, &bytes)) {
+      spdlog::warn(
+          "cuDNN offers no deterministic FP32 {} convolution for {}; using algorithm {} ({} bytes "
+          "of workspace), which adds with atomics: reruns may differ in the last bits",
+          PassName(pass), WindowString(w), algo, bytes);
+      return {algo, bytes};
+    }
+  }
+  DISTRAIN_CHECK(false) << "cuDNN has no FP32 " << PassName(pass)
                         << " convolution algorithm with a workspace under " << kMaxWorkspaceBytes
                         << " bytes for " << WindowString(w);
   return {};
