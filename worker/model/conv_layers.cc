@@ -129,7 +129,8 @@ void Pooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
   if (applies_relu_gradient_) {
     // ReLU's gradient for the layer before (Layer::ApplyPrecedingReluGradient):
     // relu'(input) at the input a window routes to is (pooled output > 0).
-    ops::ActivationBackward(ActivationKind::kRelu, output_, output_, grad_output, &relu_masked_grad_);
+    ops::ActivationBackward(ActivationKind::kRelu, output_, output_, grad_output,
+                            &relu_masked_grad_);
     dy = &relu_masked_grad_;
   }
   ops::Pool2DBackward(kind_, window_, *input_, output_, *dy, workspace_, grad_input);

@@ -74,6 +74,7 @@
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -332,25 +333,29 @@ ConvAlgo PickAlgo(ConvPass pass, const Window2D& w, ComputeType compute,
     });
     if (!ranked && fits(algo, &bytes)) return {algo, bytes};
   }
-  for (const Perf& p : perf) {
-    const int algo = static_cast<int>(p.algo);
-    if (deterministic_fp32(p) && fits(algo, &bytes)) {
-      spdlog::warn(
-          "cuDNN offers no GEMM-based deterministic FP32 {} convolution for {}; using algorithm "
-          "{} ({} bytes of workspace), whose rounding may differ more from the CPU's",
-          PassName(pass), WindowString(w), algo, bytes);
-      return {algo, bytes};
+  // Steps 3 and 4: the first ranked algorithm that `accept` takes and that
+  // fits, with a warning saying what it lacks.
+  const auto fallback = [&](const auto& accept, const char* lacking,
+                            const char* caveat) -> std::optional<ConvAlgo> {
+    for (const Perf& p : perf) {
+      const int algo = static_cast<int>(p.algo);
+      if (accept(p) && fits(algo, &bytes)) {
+        spdlog::warn(
+            "cuDNN offers no {} FP32 {} convolution for {}; using algorithm {} ({} bytes of "
+            "workspace), {}",
+            lacking, PassName(pass), WindowString(w), algo, bytes, caveat);
+        return ConvAlgo{algo, bytes};
+      }
     }
+    return std::nullopt;
+  };
+  if (auto a = fallback(deterministic_fp32, "GEMM-based deterministic",
+                        "whose rounding may differ more from the CPU's")) {
+    return *a;
   }
-  for (const Perf& p : perf) {
-    const int algo = static_cast<int>(p.algo);
-    if (fp32(p) && fits(algo, &bytes)) {
-      spdlog::warn(
-          "cuDNN offers no deterministic FP32 {} convolution for {}; using algorithm {} ({} bytes "
-          "of workspace), which adds with atomics: reruns may differ in the last bits",
-          PassName(pass), WindowString(w), algo, bytes);
-      return {algo, bytes};
-    }
+  if (auto a = fallback(fp32, "deterministic",
+                        "which adds with atomics: reruns may differ in the last bits")) {
+    return *a;
   }
   DISTRAIN_CHECK(false) << "cuDNN has no FP32 " << PassName(pass)
                         << " convolution algorithm with a workspace under " << kMaxWorkspaceBytes
