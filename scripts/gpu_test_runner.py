@@ -107,7 +107,8 @@ def main():
     ap.add_argument("binary", help="the GoogleTest binary")
     ap.add_argument("--filter", required=True, help="a --gtest_filter (positive patterns)")
     ap.add_argument("--run-seconds", type=float, default=300,
-                    help="wall-clock limit of one run of the binary; a test still running then is HUNG")
+                    help="wall-clock limit of one run of the binary; a test still running "
+                         "then is HUNG")
     args = ap.parse_args()
     if "-" in args.filter:
         sys.exit("gpu_test_runner: --filter takes positive patterns only")
