@@ -45,6 +45,16 @@ void CentralStorageStrategy::StepBarrier::Wait() {
 
 CentralStorageStrategy::~CentralStorageStrategy() {
   runner_.reset();  // joins the replica threads before the models go away
+#ifdef DISTRAIN_HAVE_CUDA
+  // The last step's copies out of pinned_params_ were queued without a wait
+  // (CopyHostToReplica); they must have run before the members free it.
+  if (pinned_params_ != nullptr) {
+    for (int r = 0; r < num_replicas_; ++r) {
+      const DeviceId device = LocalReplicaDevice(r, gpus_);
+      if (device.kind == Device::kCuda) cuda::Synchronize(device.ordinal);
+    }
+  }
+#endif
   if (previous_blas_threads_ > 0) cpu::SetBlasThreads(previous_blas_threads_);
 }
 
