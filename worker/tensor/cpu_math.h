@@ -40,7 +40,10 @@ void Transpose(int64_t rows, int64_t cols, const float* src, float* dst);
 void BroadcastRow(int64_t rows, int64_t cols, const float* v, float* x);
 // x[r, :] += v for every row of x[rows, cols].
 void AddRowVector(int64_t rows, int64_t cols, const float* v, float* x);
-// out[c] = sum_r x[r, c]; out is overwritten.
+// out[c] = sum_r x[r, c]; out is overwritten. Summed in chunks of
+// kColumnSumChunkRows rows, each in row order, the chunks then in order, on
+// the calling thread's OpenMP team: the same bits on any thread count.
+inline constexpr int64_t kColumnSumChunkRows = 4096;
 void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out);
 // y += alpha * x.
 void Axpy(int64_t n, float alpha, const float* x, float* y);

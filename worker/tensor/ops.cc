@@ -311,7 +311,7 @@ void Copy(const Tensor& src, Tensor* dst) {
   dst->Resize(src.shape(), to);
   if (src.size() == 0) return;
   if (!OnGpu(from) && !OnGpu(to)) {
-    std::memcpy(dst->data(), src.data(), src.bytes());
+    cpu::CopyFloats(src.size(), src.data(), dst->data());
     return;
   }
   DISTRAIN_CUDA_ONLY({

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/check.h"
 #include "worker/tensor/cpu_math.h"
@@ -104,6 +105,12 @@ void RoundToBfloat16(int64_t n, const float* x, float* y) {
 
 void RoundToFloat16(int64_t n, const float* x, float* y) {
   ParallelRange(n, [&](int64_t b, int64_t e) { RoundToFloat16Range(e - b, x + b, y + b); });
+}
+
+void CopyFloats(int64_t n, const float* src, float* dst) {
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));
+  });
 }
 
 bool AllFinite(int64_t n, const float* x) {

@@ -36,6 +36,11 @@ void RoundToFloat16(int64_t n, const float* x, float* y);
 // Whether no element is NaN or infinite.
 bool AllFinite(int64_t n, const float* x);
 
+// dst = src (n floats, not overlapping), split across the thread's OpenMP
+// team like the passes above: a pooling output or a Flatten is a copy of
+// megabytes that one thread alone left the other core idle for.
+void CopyFloats(int64_t n, const float* src, float* dst);
+
 // dx = dy * mask. dx may alias dy.
 void Multiply(int64_t n, const float* a, const float* b, float* out);
 

@@ -1,5 +1,8 @@
 #include "worker/tensor/cpu_math.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -127,6 +130,36 @@ TEST(RowOpsTest, BroadcastAddAndColumnSums) {
   std::vector<float> sums(3, 99.0f);
   ColumnSums(4, 3, m.data(), sums.data());
   EXPECT_EQ(sums, (std::vector<float>{22, 26, 30}));
+}
+
+// A bias gradient is the same bits however many threads sum it: rows in
+// fixed chunks, each chunk in row order, the chunks in order (here against
+// that order written out), for widths of any size and a last chunk short.
+TEST(RowOpsTest, ColumnSumsAreTheSameBitsOnAnyThreadCount) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int64_t cols : {1, 16, 32, 40, 64, 100}) {
+    const int64_t rows = 3 * kColumnSumChunkRows + 17;
+    std::vector<float> x(rows * cols);
+    for (float& v : x) v = u(gen);
+    std::vector<float> want(cols, 0.0f);
+    for (int64_t r0 = 0; r0 < rows; r0 += kColumnSumChunkRows) {
+      std::vector<float> chunk(cols, 0.0f);
+      for (int64_t r = r0; r < std::min(rows, r0 + kColumnSumChunkRows); ++r) {
+        for (int64_t c = 0; c < cols; ++c) chunk[c] += x[r * cols + c];
+      }
+      for (int64_t c = 0; c < cols; ++c) want[c] = r0 == 0 ? chunk[c] : want[c] + chunk[c];
+    }
+    const int before = omp_get_max_threads();
+    for (const int threads : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << cols << " columns, " << threads << " threads");
+      omp_set_num_threads(threads);
+      std::vector<float> got(cols, 99.0f);
+      ColumnSums(rows, cols, x.data(), got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), cols * sizeof(float)));
+    }
+    omp_set_num_threads(before);
+  }
 }
 
 TEST(ElementwiseTest, AxpyScaleRelu) {
