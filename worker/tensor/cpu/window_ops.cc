@@ -38,8 +38,8 @@
 #include "common/check.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "worker/tensor/cpu/conv_kernels.h"
-#include "worker/tensor/cpu_math.h"
 #include "worker/tensor/cpu/window_ops.h"
+#include "worker/tensor/cpu_math.h"
 
 namespace distrain::cpu {
 namespace {
