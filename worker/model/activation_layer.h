@@ -26,8 +26,7 @@ class Activation : public Layer {
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   bool OutputKeepsInputValues() const override { return state_.keeps_values(); }
   bool InputGradKeepsOutputGradValues() const override { return state_.keeps_values(); }
-  bool OutputIsRelu() const override { return state_.kind() == ActivationKind::kRelu; }
-  void LeaveReluGradientToNextLayer() override { state_.set_gradient_applied_downstream(); }
+  ActivationState* output_activation() override { return &state_; }
 
  private:
   std::string name_;

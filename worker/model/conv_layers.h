@@ -35,8 +35,7 @@ class Conv2D : public Layer {
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override;
-  bool OutputIsRelu() const override { return activation_.kind() == ActivationKind::kRelu; }
-  void LeaveReluGradientToNextLayer() override { activation_.set_gradient_applied_downstream(); }
+  ActivationState* output_activation() override { return &activation_; }
 
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;

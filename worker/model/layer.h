@@ -100,11 +100,10 @@ class Layer {
   // pooled output is, so masking the pooled gradient by (pooled > 0) before
   // routing it gives ReLU's gradient bit for bit, on a tensor pool-size
   // times smaller, and saves the ReLU layer a pass over its full output.
-  // Whether the layer's output is ReLU's (its activation, or the layer).
-  virtual bool OutputIsRelu() const { return false; }
-  // From now on Backward takes grad_output as already multiplied by ReLU's
-  // gradient (only called when OutputIsRelu()).
-  virtual void LeaveReluGradientToNextLayer() {}
+  // The activation the layer's output comes from (its `activation`
+  // argument, or the Activation layer's own), or null: Model::Finalize hands
+  // a ReLU's gradient to the next layer through it.
+  virtual ActivationState* output_activation() { return nullptr; }
   // Asks the layer to apply ReLU's gradient for the layer before it: to mask
   // the gradient it passes down by (its output > 0). Returns whether it does
   // (max pooling does; the default refuses).
@@ -154,8 +153,7 @@ class Dense : public Layer {
     return true;
   }
   std::optional<GradFactors> KernelGradFactors() const override;
-  bool OutputIsRelu() const override { return activation_.kind() == ActivationKind::kRelu; }
-  void LeaveReluGradientToNextLayer() override { activation_.set_gradient_applied_downstream(); }
+  ActivationState* output_activation() override { return &activation_; }
 
  private:
   std::string name_;

@@ -196,8 +196,10 @@ void Model::Finalize(std::string summary) {
   // first one with parameters run no backward pass, but a pooling that does
   // always follows a layer that does too.
   for (int i = 0; i + 1 < num_layers(); ++i) {
-    if (layers_[i]->OutputIsRelu() && layers_[i + 1]->ApplyPrecedingReluGradient()) {
-      layers_[i]->LeaveReluGradientToNextLayer();
+    ActivationState* activation = layers_[i]->output_activation();
+    if (activation != nullptr && activation->kind() == ActivationKind::kRelu &&
+        layers_[i + 1]->ApplyPrecedingReluGradient()) {
+      activation->set_gradient_applied_downstream();
     }
   }
   summary_ = absl::StrCat(summary, " (", num_parameters(), " params)");
