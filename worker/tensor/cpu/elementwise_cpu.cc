@@ -126,7 +126,7 @@ void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const fl
   const int64_t n = rows * cols;
   switch (kind) {
     case ActivationKind::kLinear:
-      if (y != x) Map(n, [](float v) { return v; }, x, y);
+      if (y != x) CopyFloats(n, x, y);
       return;
     case ActivationKind::kRelu:
       // cpu_math's mask-and kernel, same results as elementwise::Relu.
@@ -153,7 +153,7 @@ void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const f
   const int64_t n = rows * cols;
   switch (kind) {
     case ActivationKind::kLinear:
-      if (dx != dy) Map(n, [](float v) { return v; }, dy, dx);
+      if (dx != dy) CopyFloats(n, dy, dx);
       return;
     case ActivationKind::kRelu:
       ParallelRange(n, [&](int64_t b, int64_t e) { ReluGrad(e - b, y + b, dy + b, dx + b); });
