@@ -14,7 +14,9 @@ namespace distrain {
 
 struct NcclCollective::Comm {
   ncclComm_t comm = nullptr;
-  cudaEvent_t inputs_ready = nullptr;  // recorded on the compute stream (step 1)
+  // Recorded on the compute stream (step 1); after an abort, on the
+  // communication stream for the compute stream to wait on.
+  cudaEvent_t inputs_ready = nullptr;
   bool aborted = false;                // ncclCommAbort ran; destroy must not
 };
 
@@ -44,6 +46,7 @@ NcclCollective::~NcclCollective() {
     cuda::Nccl().ncclCommDestroy(comm_->comm);
   }
   cudaEventDestroy(comm_->inputs_ready);
+  absl::MutexLock nccl_lock(&ctx.nccl_mutex());  // another collective of the device may run
   cudaFree(barrier_word_);
 }
 
@@ -141,6 +144,9 @@ absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& opti
     if (!aborted_.ok()) return aborted_;
   }
   cuda::DeviceContext& ctx = cuda::DeviceContext::Get(device_);
+  // No cudaFree of this device from here until the communication stream is
+  // drained (device_context.h, nccl_mutex()).
+  absl::MutexLock nccl_lock(&ctx.nccl_mutex());
   // 1.
   DISTRAIN_CUDA_CHECK(cudaEventRecord(comm_->inputs_ready, ctx.compute_stream()));
   DISTRAIN_CUDA_CHECK(cudaStreamWaitEvent(ctx.comm_stream(), comm_->inputs_ready, 0));
@@ -172,6 +178,15 @@ absl::Status NcclCollective::Run(const char* what, const CollectiveOptions& opti
         cuda::Nccl().ncclCommAbort(comm_->comm);
         comm_->aborted = true;
       }
+      // ncclCommAbort only raises the abort flag when other ranks of the
+      // communicator live in this process (the last of them to abort or
+      // destroy frees it all), so the kernel may still be on the device,
+      // writing the buffers in place. The caller reuses them (and the
+      // allocator their blocks) on the compute stream: order that work
+      // after the aborted kernel's exit (docs/architecture.md §6a, "NCCL
+      // and device memory"). The event's earlier recording is consumed.
+      DISTRAIN_CUDA_CHECK(cudaEventRecord(comm_->inputs_ready, ctx.comm_stream()));
+      DISTRAIN_CUDA_CHECK(cudaStreamWaitEvent(ctx.compute_stream(), comm_->inputs_ready, 0));
       absl::MutexLock lock(&mu_);
       if (aborted_.ok()) aborted_ = failure;
       return failure;

@@ -17,7 +17,8 @@ namespace {
 // cudaMalloc/cudaFree on one device, for the caching allocator.
 class CudaRawAllocator : public RawAllocator {
  public:
-  explicit CudaRawAllocator(int device) : device_(device) {}
+  // `nccl_mu`: the device context's nccl_mutex(), held around cudaFree.
+  CudaRawAllocator(int device, absl::Mutex* nccl_mu) : device_(device), nccl_mu_(nccl_mu) {}
   void* Allocate(size_t bytes) override {
     DISTRAIN_CUDA_CHECK(cudaSetDevice(device_));
     void* block = nullptr;
@@ -32,12 +33,16 @@ class CudaRawAllocator : public RawAllocator {
   void Free(void* block, size_t) override {
     DISTRAIN_CUDA_CHECK(cudaSetDevice(device_));
     // cudaFree waits for the device, so a block still read by queued
-    // kernels is never handed back to the driver early.
+    // kernels is never handed back to the driver early. It runs only while
+    // no NCCL operation of the device is in flight (nccl_mutex(),
+    // device_context.h): waiting on an NCCL kernel here could deadlock.
+    absl::MutexLock lock(nccl_mu_);
     DISTRAIN_CUDA_CHECK(cudaFree(block));
   }
 
  private:
   const int device_;
+  absl::Mutex* const nccl_mu_;
 };
 
 constexpr int kMaxDevices = 64;
@@ -56,7 +61,7 @@ Registry& GetRegistry() {
 
 DeviceContext::DeviceContext(int device)
     : device_(device), allocator_(std::make_unique<CachingAllocator>(
-                           std::make_unique<CudaRawAllocator>(device))) {
+                           std::make_unique<CudaRawAllocator>(device, &nccl_mu_))) {
   DISTRAIN_CUDA_CHECK(cudaSetDevice(device));
   // Non-blocking: neither stream synchronises with the legacy default stream,
   // which a library or a test might use.
@@ -95,7 +100,13 @@ void* DeviceContext::Scratch(size_t bytes) {
   // Queued kernels may still use the old buffer: wait for them before
   // giving it back (growth happens on the first steps only).
   DISTRAIN_CUDA_CHECK(cudaStreamSynchronize(compute_));
-  if (scratch_ != nullptr) DISTRAIN_CUDA_CHECK(cudaFree(scratch_));
+  if (scratch_ != nullptr) {
+    // Growth happens during the first steps' backward passes, while the
+    // gradient buckets' all-reduces run: wait for the one in flight first
+    // (nccl_mutex(), device_context.h).
+    absl::MutexLock nccl_lock(&nccl_mu_);
+    DISTRAIN_CUDA_CHECK(cudaFree(scratch_));
+  }
   scratch_ = nullptr;
   const size_t rounded = CachingAllocator::RoundedSize(bytes);
   DISTRAIN_CUDA_CHECK(cudaMalloc(&scratch_, rounded));

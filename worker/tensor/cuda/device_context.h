@@ -81,6 +81,20 @@ class DeviceContext {
   // compute stream until the next Scratch call; caller holds op_mutex().
   void* Scratch(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
 
+  // Held by NcclCollective from queuing an operation on comm_stream() until
+  // that stream has drained it (or the operation was aborted), and around
+  // every cudaFree of this device's memory (the caching allocator's raw
+  // frees, Scratch growth). cudaFree waits for the whole device, NCCL
+  // kernel included, and that kernel waits for the peers' kernels, which
+  // other threads of this process launch on other devices: NCCL documents
+  // that a CUDA call blocking between those launches deadlocks the group
+  // (docs/architecture.md §6a, "NCCL and device memory"). Under this lock a
+  // cudaFree finds no NCCL kernel of its device in flight, and waits for
+  // compute kernels only. Lock order: op_mutex() and the allocator's lock
+  // before this one; nothing is acquired while holding it but the NCCL
+  // collective's own state lock.
+  absl::Mutex& nccl_mutex() ABSL_LOCK_RETURNED(nccl_mu_) { return nccl_mu_; }
+
   // Pinned host memory of at least `bytes` for one staged transfer; the
   // caller holds staging_mutex() until the copy that reads or fills it has
   // completed (the transfer functions synchronise before releasing it).
@@ -101,6 +115,7 @@ class DeviceContext {
   const int device_;
   cudaStream_t compute_ = nullptr;
   cudaStream_t comm_ = nullptr;
+  absl::Mutex nccl_mu_;  // before allocator_, whose raw frees take it
   std::unique_ptr<CachingAllocator> allocator_;
   absl::Mutex op_mu_;
   cublasHandle_t cublas_ = nullptr;
