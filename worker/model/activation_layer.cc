@@ -5,10 +5,10 @@
 
 namespace distrain {
 
-void ActivationState::Forward(const Tensor& x, Tensor* y) {
+void ActivationState::Forward(const Tensor& x, Tensor* y, ComputeType round_to) {
   switch (kind_) {
     case ActivationKind::kLinear:
-      ops::Copy(x, y);  // a no-op in place
+      ops::RoundTo(round_to, x, y);  // float32: a copy, a no-op in place
       return;
     case ActivationKind::kGelu:
       if (y == &x) {
@@ -17,10 +17,10 @@ void ActivationState::Forward(const Tensor& x, Tensor* y) {
       } else {
         saved_ = &x;
       }
-      ops::ActivationForward(kind_, x, y);
+      ops::ActivationForward(kind_, x, y, round_to);
       return;
     default:
-      ops::ActivationForward(kind_, x, y);
+      ops::ActivationForward(kind_, x, y, round_to);
       saved_ = y;
       return;
   }

@@ -34,8 +34,10 @@ class ActivationState {
   // downstream. Layers then use dy as dL/d(pre-activation) directly.
   bool backward_is_identity() const { return is_linear() || applied_downstream_; }
   // y = f(x), remembering what Backward reads. y may be &x (in place). The
-  // caller keeps x and y unchanged until Backward.
-  void Forward(const Tensor& x, Tensor* y);
+  // caller keeps x and y unchanged until Backward. Under mixed precision the
+  // layer passes its compute type and y comes out rounded to it: for ReLU in
+  // the activation's own pass (ops::ActivationForward), not in a second one.
+  void Forward(const Tensor& x, Tensor* y, ComputeType round_to = ComputeType::kFloat32);
   // dx = dy * f'(x) for the last Forward. dx may be &dy.
   void Backward(const Tensor& dy, Tensor* dx) const;
 

@@ -64,7 +64,7 @@ void Conv2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&)
   window_ = Window(input.shape());
   const Tensor& kernel = ComputeKernel(kernel_.value, &kernel_compute_);
   ops::Conv2DForward(window_, input, kernel, use_bias_ ? &bias_.value : nullptr, output, compute_);
-  if (!activation_.is_linear()) activation_.Forward(*output, output);
+  if (!activation_.is_linear()) activation_.Forward(*output, output, compute_);
   input_ = &input;
 }
 

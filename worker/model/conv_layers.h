@@ -36,6 +36,7 @@ class Conv2D : public Layer {
   void Backward(const Tensor& grad_output, Tensor* grad_input) override;
   std::vector<Parameter*> parameters() override;
   ActivationState* output_activation() override { return &activation_; }
+  bool RoundsOwnOutput() const override { return !activation_.is_linear(); }
 
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;

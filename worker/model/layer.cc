@@ -64,7 +64,7 @@ void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) 
   const Tensor& kernel = ComputeKernel(kernel_.value, &kernel_compute_);
   ops::MatMul(false, false, batch, out, in, 1.0f, input, kernel, use_bias_ ? 1.0f : 0.0f, output,
               compute_);
-  if (!activation_.is_linear()) activation_.Forward(*output, output);
+  if (!activation_.is_linear()) activation_.Forward(*output, output, compute_);
   input_ = &input;
   grad_output_ = nullptr;
 }

@@ -93,6 +93,9 @@ class Layer {
   // each input-gradient element is one of the output gradient's (or 0).
   virtual bool OutputKeepsInputValues() const { return false; }
   virtual bool InputGradKeepsOutputGradValues() const { return false; }
+  // Whether Forward rounds its output to the compute type itself: Dense's
+  // and Conv2D's non-linear activations round in their own pass.
+  virtual bool RoundsOwnOutput() const { return false; }
   // ReLU's gradient, applied by a following max pooling instead (Model::
   // Finalize pairs adjacent layers; docs/architecture.md §6a "Fused ReLU
   // gradient"). Max pooling passes each window's gradient to an input that
@@ -154,6 +157,7 @@ class Dense : public Layer {
   }
   std::optional<GradFactors> KernelGradFactors() const override;
   ActivationState* output_activation() override { return &activation_; }
+  bool RoundsOwnOutput() const override { return !activation_.is_linear(); }
 
  private:
   std::string name_;

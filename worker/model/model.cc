@@ -188,7 +188,8 @@ void Model::Finalize(std::string summary) {
     layers_[i]->set_compute_type(compute_);
     // Layers that only rearrange or select values pass rounded ones on.
     const bool mixed = compute_ != ComputeType::kFloat32;
-    rounds_output_.push_back(mixed && !layers_[i]->OutputKeepsInputValues());
+    rounds_output_.push_back(mixed && !layers_[i]->OutputKeepsInputValues() &&
+                             !layers_[i]->RoundsOwnOutput());
     rounds_grad_input_.push_back(mixed && !layers_[i]->InputGradKeepsOutputGradValues());
   }
   // A ReLU followed by a max pooling: the pooling applies ReLU's gradient on

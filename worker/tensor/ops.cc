@@ -119,6 +119,20 @@ void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y) {
   cpu::ActivationForward(kind, cols == 0 ? 0 : x.size() / cols, cols, x.data(), y->data());
 }
 
+void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y, ComputeType round_to) {
+  if (round_to != ComputeType::kFloat32 && kind == ActivationKind::kRelu && !OnGpu(x.device_id())) {
+    if (y != &x) y->Resize(x.shape(), x.device_id());
+    if (round_to == ComputeType::kBfloat16) {
+      cpu::ReluRoundToBfloat16(x.size(), x.data(), y->data());
+    } else {
+      cpu::ReluRoundToFloat16(x.size(), x.data(), y->data());
+    }
+    return;
+  }
+  ActivationForward(kind, x, y);
+  if (round_to != ComputeType::kFloat32) RoundTo(round_to, *y, y);
+}
+
 void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx) {
   const DeviceId d = dy.device_id();

@@ -97,6 +97,23 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToFloat16
     int64_t n, const float* x, float* y) {
   Map(n, elementwise::RoundToFloat16(), x, y);
 }
+
+// ReLU as a select (x > 0 ? x : +0, NaN to 0, as cpu_math's Relu), then the
+// rounding: one pass where Relu then RoundTo made two over the same tensor.
+template <typename Round>
+struct ReluThen {
+  float operator()(float x) const { return Round()(x > 0.0f ? x : 0.0f); }
+};
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ReluRoundToBfloat16Range(
+    int64_t n, const float* x, float* y) {
+  Map(n, ReluThen<elementwise::RoundToBfloat16>(), x, y);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ReluRoundToFloat16Range(
+    int64_t n, const float* x, float* y) {
+  Map(n, ReluThen<elementwise::RoundToFloat16>(), x, y);
+}
 }  // namespace
 
 void RoundToBfloat16(int64_t n, const float* x, float* y) {
@@ -105,6 +122,14 @@ void RoundToBfloat16(int64_t n, const float* x, float* y) {
 
 void RoundToFloat16(int64_t n, const float* x, float* y) {
   ParallelRange(n, [&](int64_t b, int64_t e) { RoundToFloat16Range(e - b, x + b, y + b); });
+}
+
+void ReluRoundToBfloat16(int64_t n, const float* x, float* y) {
+  ParallelRange(n, [&](int64_t b, int64_t e) { ReluRoundToBfloat16Range(e - b, x + b, y + b); });
+}
+
+void ReluRoundToFloat16(int64_t n, const float* x, float* y) {
+  ParallelRange(n, [&](int64_t b, int64_t e) { ReluRoundToFloat16Range(e - b, x + b, y + b); });
 }
 
 void CopyFloats(int64_t n, const float* src, float* dst) {

@@ -33,6 +33,10 @@ void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x
 // y = x rounded to bfloat16 / float16 values (elementwise.h); y may alias x.
 void RoundToBfloat16(int64_t n, const float* x, float* y);
 void RoundToFloat16(int64_t n, const float* x, float* y);
+// y = ReLU(x) rounded to bfloat16 / float16 values in one pass: the same bits
+// as Relu then RoundTo*, half the memory traffic. y may alias x.
+void ReluRoundToBfloat16(int64_t n, const float* x, float* y);
+void ReluRoundToFloat16(int64_t n, const float* x, float* y);
 // Whether no element is NaN or infinite.
 bool AllFinite(int64_t n, const float* x);
 

@@ -506,6 +506,31 @@ TEST_P(OpsDeviceTest, RoundToIsBitIdenticalAndAllFiniteFindsOneBadElement) {
   EXPECT_TRUE(BitIdenticalToCpu(a, s_d));
 }
 
+// A mixed-precision layer's ReLU rounds its output in the same pass
+// (ActivationForward with a compute type): the same bits as ReLU and then
+// RoundTo, on every bit pattern (NaN, -0, subnormals, infinities, values
+// that round up into the next binade or to infinity), in place or not.
+TEST_P(OpsDeviceTest, ReluRoundedInOnePassIsReluThenRoundTo) {
+  const Tensor x = RandomBits({3, 70001}, 903);  // above the CPU's parallel threshold
+  for (ComputeType type : {ComputeType::kBfloat16, ComputeType::kFloat16}) {
+    SCOPED_TRACE(ComputeTypeName(type));
+    Tensor two_passes;
+    ActivationForward(ActivationKind::kRelu, x, &two_passes);
+    RoundTo(type, two_passes, &two_passes);
+    Tensor y_d = Poisoned(x.shape());
+    ActivationForward(ActivationKind::kRelu, ToGpu(x), &y_d, type);
+    EXPECT_TRUE(BitIdenticalToCpu(two_passes, y_d));
+    Tensor in_place = ToGpu(x);
+    ActivationForward(ActivationKind::kRelu, in_place, &in_place, type);
+    EXPECT_TRUE(BitIdenticalToCpu(two_passes, in_place));
+  }
+  // float32 rounds nothing: plain ReLU.
+  Tensor relu, relu_d = Poisoned(x.shape());
+  ActivationForward(ActivationKind::kRelu, x, &relu);
+  ActivationForward(ActivationKind::kRelu, ToGpu(x), &relu_d, ComputeType::kFloat32);
+  EXPECT_TRUE(BitIdenticalToCpu(relu, relu_d));
+}
+
 // Under a 16-bit compute type, products of inputs holding 16-bit values run
 // on tensor cores (cuBLAS FAST_16BF / FAST_16F, cuDNN TENSOR_OP_MATH): the
 // conversion is exact and the accumulation float32, so they still match the
@@ -906,6 +931,24 @@ TEST_P(OpsDeviceTest, DefaultConstructedOutputsFollowTheirInputsToTheGpu) {
 }
 
 // ---- The comparison helpers themselves (run in every build) -----------------------------
+
+// The host's fused pass (one loop doing both) against its own two passes;
+// the GPU case above compares a device with these same host results.
+TEST(OpsHostTest, ReluRoundedInOnePassIsReluThenRoundTo) {
+  const Tensor x = RandomBits({3, 70001}, 904);  // above the parallel threshold: both cores
+  for (ComputeType type : {ComputeType::kBfloat16, ComputeType::kFloat16}) {
+    SCOPED_TRACE(ComputeTypeName(type));
+    Tensor two_passes;
+    ActivationForward(ActivationKind::kRelu, x, &two_passes);
+    RoundTo(type, two_passes, &two_passes);
+    Tensor fused;
+    ActivationForward(ActivationKind::kRelu, x, &fused, type);
+    EXPECT_TRUE(BitEqual(two_passes, fused));
+    Tensor in_place = x;
+    ActivationForward(ActivationKind::kRelu, in_place, &in_place, type);
+    EXPECT_TRUE(BitEqual(two_passes, in_place));
+  }
+}
 
 TEST(OpsDeviceComparisonTest, AllCloseRejectsAPerturbedTensorAndNamesTheWorstElement) {
   Tensor cpu = Uniform({17, 33}, 1300, -3, 3);
