@@ -115,25 +115,25 @@ std::vector<int64_t> Pooling2D::OutputShape(const std::vector<int64_t>& input_sh
 void Pooling2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   window_ = Window(input.shape());
   ops::Pool2DForward(kind_, window_, input, output, &workspace_);
-  ops::Copy(*output, &output_);
   input_ = &input;
+  output_ = output;
 }
 
 void Pooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
-  DISTRAIN_CHECK(input_ != nullptr) << name_ << ": Backward before Forward";
-  DISTRAIN_CHECK(grad_output.SameShape(output_))
+  DISTRAIN_CHECK(input_ != nullptr && output_ != nullptr) << name_ << ": Backward before Forward";
+  DISTRAIN_CHECK(grad_output.SameShape(*output_))
       << name_ << ": grad_output " << grad_output.ShapeString() << " vs output "
-      << output_.ShapeString();
+      << output_->ShapeString();
   if (grad_input == nullptr) return;
   const Tensor* dy = &grad_output;
   if (applies_relu_gradient_) {
     // ReLU's gradient for the layer before (Layer::ApplyPrecedingReluGradient):
     // relu'(input) at the input a window routes to is (pooled output > 0).
-    ops::ActivationBackward(ActivationKind::kRelu, output_, output_, grad_output,
+    ops::ActivationBackward(ActivationKind::kRelu, *output_, *output_, grad_output,
                             &relu_masked_grad_);
     dy = &relu_masked_grad_;
   }
-  ops::Pool2DBackward(kind_, window_, *input_, output_, *dy, workspace_, grad_input);
+  ops::Pool2DBackward(kind_, window_, *input_, *output_, *dy, workspace_, grad_input);
 }
 
 bool Pooling2D::ApplyPrecedingReluGradient() {
