@@ -80,13 +80,10 @@ void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
     if (!activation_.keeps_values()) RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
-  ops::Conv2DBackwardWeights(window_, *input_, *dz, &kernel_.grad,
-                             use_bias_ ? &bias_.grad : nullptr, compute_);
-  if (grad_input != nullptr) {
-    // The rounded kernel of this step's Forward (the variable has not changed since).
-    const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
-    ops::Conv2DBackwardData(window_, *dz, kernel, grad_input, compute_);
-  }
+  // The rounded kernel of this step's Forward (the variable has not changed since).
+  const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
+  ops::Conv2DBackward(window_, *input_, *dz, kernel, &kernel_.grad,
+                      use_bias_ ? &bias_.grad : nullptr, grad_input, compute_);
 }
 
 // ---- Pooling2D ------------------------------------------------------------

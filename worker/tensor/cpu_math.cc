@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "oneapi/dnnl/dnnl.h"
+#include "worker/tensor/elementwise.h"
 #include "worker/tensor/small_gemm.h"
 
 #if defined(__SSE2__)
@@ -159,6 +160,56 @@ void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out) {
     ColumnSumsOfRows(cols, k * kColumnSumChunkRows, std::min(rows, (k + 1) * kColumnSumChunkRows),
                      x, partial.data() + k * cols);
   }
+  std::copy(partial.begin(), partial.begin() + cols, out);
+  for (int64_t k = 1; k < chunks; ++k) Axpy(cols, 1.0f, partial.data() + k * cols, out);
+}
+
+namespace {
+
+// ColumnSumsOfRows (when out is not null) and x's bfloat16 encoding, for
+// the rows [r0, r1). Cloned per ISA: the rounding is integer arithmetic
+// that vectorises only in wide registers.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ColumnSumsAndBfloat16OfRows(
+    int64_t cols, int64_t r0, int64_t r1, const float* x, float* out, uint16_t* x_bf16) {
+  const elementwise::RoundToBfloat16 round;
+  if (out == nullptr) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+      x_bf16[i] = static_cast<uint16_t>(elementwise::FloatBits(round(x[i])) >> 16);
+    }
+    return;
+  }
+  std::fill(out, out + cols, 0.0f);
+  float* __restrict o = out;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* __restrict row = x + r * cols;
+    uint16_t* __restrict row16 = x_bf16 + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      o[c] += row[c];
+      row16[c] = static_cast<uint16_t>(elementwise::FloatBits(round(row[c])) >> 16);
+    }
+  }
+}
+
+}  // namespace
+
+// The chunks, their order and the final additions are ColumnSums's, so the
+// sums are its bits whatever the thread count.
+void ColumnSumsAndBfloat16(int64_t rows, int64_t cols, const float* x, float* out,
+                           uint16_t* x_bf16) {
+  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+  if (chunks <= 1) {
+    ColumnSumsAndBfloat16OfRows(cols, 0, rows, x, out, x_bf16);
+    return;
+  }
+  std::vector<float> partial(out != nullptr ? static_cast<size_t>(chunks * cols) : 0);
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    ColumnSumsAndBfloat16OfRows(cols, k * kColumnSumChunkRows,
+                                std::min(rows, (k + 1) * kColumnSumChunkRows), x,
+                                out != nullptr ? partial.data() + k * cols : nullptr, x_bf16);
+  }
+  if (out == nullptr) return;
   std::copy(partial.begin(), partial.begin() + cols, out);
   for (int64_t k = 1; k < chunks; ++k) Axpy(cols, 1.0f, partial.data() + k * cols, out);
 }

@@ -45,6 +45,13 @@ void AddRowVector(int64_t rows, int64_t cols, const float* v, float* x);
 // the calling thread's OpenMP team: the same bits on any thread count.
 inline constexpr int64_t kColumnSumChunkRows = 4096;
 void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out);
+// x rounded to bfloat16 (round to nearest even; exact where x holds bfloat16
+// values, as under mixed_bfloat16) into x_bf16, and, when out is not null,
+// ColumnSums(rows, cols, x, out) with the same bits, in one pass over x: a
+// convolution's output gradient staged for oneDNN's bfloat16 kernels while
+// its bias gradient is summed.
+void ColumnSumsAndBfloat16(int64_t rows, int64_t cols, const float* x, float* out,
+                           uint16_t* x_bf16);
 // y += alpha * x.
 void Axpy(int64_t n, float alpha, const float* x, float* y);
 // x *= alpha.

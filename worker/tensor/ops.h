@@ -108,6 +108,11 @@ void Conv2DBackwardData(const Window2D& w, const Tensor& dy, const Tensor& kerne
 // dkernel[KH, KW, C, F] (overwritten) and, when not null, dbias[F].
 void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy, Tensor* dkernel,
                            Tensor* dbias, ComputeType compute = ComputeType::kFloat32);
+// Both backward passes of one convolution (dx when not null): the same
+// results as Conv2DBackwardWeights and Conv2DBackwardData, with dy read once
+// where the backend converts it (a CPU under mixed_bfloat16).
+void Conv2DBackward(const Window2D& w, const Tensor& x, const Tensor& dy, const Tensor& kernel,
+                    Tensor* dkernel, Tensor* dbias, Tensor* dx, ComputeType compute);
 
 enum class PoolKind { kMax, kAverage };
 // y[N, OH, OW, C]. Max pooling never selects padding; average pooling

@@ -130,6 +130,27 @@ void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy,
   cpu::Conv2DBackwardWeights(w, x.data(), dy.data(), dkernel->data(), db, compute);
 }
 
+void Conv2DBackward(const Window2D& w, const Tensor& x, const Tensor& dy, const Tensor& kernel,
+                    Tensor* dkernel, Tensor* dbias, Tensor* dx, ComputeType compute) {
+  const DeviceId d = CallDevice({&x, &dy, &kernel});
+  if (OnGpu(d)) {
+    Conv2DBackwardWeights(w, x, dy, dkernel, dbias, compute);
+    if (dx != nullptr) Conv2DBackwardData(w, dy, kernel, dx, compute);
+    return;
+  }
+  CheckWindow(w);
+  CheckShape(x, InShape(w), "Conv2D input");
+  CheckShape(dy, OutShape(w), "Conv2D output gradient");
+  CheckShape(kernel, KernelShape(w), "Conv2D kernel");
+  DISTRAIN_CHECK(dx != &dy);
+  dkernel->Resize(KernelShape(w), d);
+  if (dbias != nullptr) dbias->Resize({w.out_c}, d);
+  if (dx != nullptr) dx->Resize(InShape(w), d);
+  cpu::Conv2DBackward(w, x.data(), dy.data(), kernel.data(), dkernel->data(),
+                      dbias != nullptr ? dbias->data() : nullptr,
+                      dx != nullptr ? dx->data() : nullptr, compute);
+}
+
 void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,
                    Tensor* workspace) {
   CheckWindow(w);

@@ -34,10 +34,14 @@ enum class ConvLayout { kPlain, kChosen, kChosenWeights };
 // NativeBf16Convolutions().
 void ConvForwardOnednn(const ops::Window2D& w, const float* x, const float* kernel,
                        const float* bias, float* y, ConvLayout layout, bool bf16 = false);
+// `dy_bf16` (with bf16 only): dy already converted to bfloat16 (nhwc), which
+// the pass reads instead of staging dy itself; dy is then unused.
 void ConvBackwardDataOnednn(const ops::Window2D& w, const float* dy, const float* kernel,
-                            float* dx, ConvLayout layout, bool bf16 = false);
+                            float* dx, ConvLayout layout, bool bf16 = false,
+                            const uint16_t* dy_bf16 = nullptr);
 void ConvBackwardWeightsOnednn(const ops::Window2D& w, const float* x, const float* dy,
-                               float* dkernel, float* dbias, ConvLayout layout, bool bf16 = false);
+                               float* dkernel, float* dbias, ConvLayout layout, bool bf16 = false,
+                               const uint16_t* dy_bf16 = nullptr);
 // Whether this CPU has bfloat16 dot-product instructions oneDNN uses
 // (AVX512-BF16 or AMX). Elsewhere oneDNN would emulate them, slower than
 // float32, so mixed_bfloat16 stays on the float32 kernels there.

@@ -39,6 +39,10 @@ void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* ke
 // dkernel (overwritten) and, when not null, dbias (overwritten).
 void Conv2DBackwardWeights(const ops::Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias, ComputeType compute = ComputeType::kFloat32);
+// Both: Conv2DBackwardWeights, then, when dx is not null, Conv2DBackwardData
+// — the same results, with dy read once under kBfloat16.
+void Conv2DBackward(const ops::Window2D& w, const float* x, const float* dy, const float* kernel,
+                    float* dkernel, float* dbias, float* dx, ComputeType compute);
 
 // c[m, n] = alpha op(a) op(b) + beta c (cpu::Gemm's semantics) for a and b
 // holding bfloat16 values, on oneDNN's bfloat16 matrix product (operands

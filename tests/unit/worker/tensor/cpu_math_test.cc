@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/tensor/elementwise.h"
 
 namespace distrain::cpu {
 namespace {
@@ -157,6 +159,42 @@ TEST(RowOpsTest, ColumnSumsAreTheSameBitsOnAnyThreadCount) {
       std::vector<float> got(cols, 99.0f);
       ColumnSums(rows, cols, x.data(), got.data());
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), cols * sizeof(float)));
+    }
+    omp_set_num_threads(before);
+  }
+}
+
+// The bias sums of a bfloat16 convolution's backward pass come with the
+// conversion of its output gradient: the sums are ColumnSums's bits on any
+// thread count, the conversion is RoundToBfloat16's upper half (round to
+// nearest even, NaN stays NaN), with and without sums.
+TEST(RowOpsTest, ColumnSumsAndBfloat16AreColumnSumsAndTheRoundedUpperHalves) {
+  std::mt19937 gen(6);
+  for (const int64_t cols : {1, 32, 64, 100}) {
+    const int64_t rows = 2 * kColumnSumChunkRows + 5;
+    std::vector<float> x(rows * cols);
+    for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(gen()));
+    x[3] = 1.0f + 0x1p-8f;          // a tie: to even (1.0)
+    x[4] = 1.0f + 0x1.8p-8f;        // above the tie: up
+    x[5] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> want(cols);
+    ColumnSums(rows, cols, x.data(), want.data());
+    std::vector<uint16_t> want16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float r = elementwise::RoundToBfloat16()(x[i]);
+      want16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(r) >> 16);
+    }
+    const int before = omp_get_max_threads();
+    for (const int threads : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << cols << " columns, " << threads << " threads");
+      omp_set_num_threads(threads);
+      std::vector<float> got(cols, 99.0f);
+      std::vector<uint16_t> got16(x.size(), 7), only16(x.size(), 7);
+      ColumnSumsAndBfloat16(rows, cols, x.data(), got.data(), got16.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), cols * sizeof(float)));
+      EXPECT_EQ(got16, want16);
+      ColumnSumsAndBfloat16(rows, cols, x.data(), nullptr, only16.data());
+      EXPECT_EQ(only16, want16);
     }
     omp_set_num_threads(before);
   }
