@@ -38,6 +38,12 @@ void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
   ops::ActivationBackward(kind_, *saved_, *saved_, dy, dx);
 }
 
+const Tensor& ActivationState::relu_output() const {
+  DISTRAIN_CHECK(kind_ == ActivationKind::kRelu && saved_ != nullptr)
+      << ActivationName(kind_) << ": relu_output without a ReLU Forward";
+  return *saved_;
+}
+
 void Activation::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   state_.Forward(input, output);
 }

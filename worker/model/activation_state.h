@@ -40,6 +40,9 @@ class ActivationState {
   void Forward(const Tensor& x, Tensor* y, ComputeType round_to = ComputeType::kFloat32);
   // dx = dy * f'(x) for the last Forward. dx may be &dy.
   void Backward(const Tensor& dy, Tensor* dx) const;
+  // ReLU's output of the last Forward, for a layer whose op applies ReLU's
+  // gradient itself (Conv2D: ops::Conv2DBackward); CHECKs the kind.
+  const Tensor& relu_output() const;
 
  private:
   ActivationKind kind_;

@@ -74,16 +74,22 @@ void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
                                                               window_.out_w, window_.out_c}))
       << name_ << ": grad_output " << grad_output.ShapeString();
   const Tensor* dz = &grad_output;
-  if (!activation_.backward_is_identity()) {
+  const Tensor* relu_output = nullptr;
+  if (activation_.kind() == ActivationKind::kRelu && !activation_.backward_is_identity()) {
+    // The op applies ReLU's gradient in the pass that reads dy anyway (a
+    // CPU under mixed_bfloat16), or into grad_pre_activation_ first.
+    relu_output = &activation_.relu_output();
+  } else if (!activation_.backward_is_identity()) {
     activation_.Backward(grad_output, &grad_pre_activation_);
-    // ReLU's gradient keeps the rounded values; the others' need rounding.
-    if (!activation_.keeps_values()) RoundToComputeType(&grad_pre_activation_);
+    // The others' gradients need rounding (ReLU's keeps the rounded values).
+    RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
   // The rounded kernel of this step's Forward (the variable has not changed since).
   const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
   ops::Conv2DBackward(window_, *input_, *dz, kernel, &kernel_.grad,
-                      use_bias_ ? &bias_.grad : nullptr, grad_input, compute_);
+                      use_bias_ ? &bias_.grad : nullptr, grad_input, compute_, relu_output,
+                      &grad_pre_activation_);
 }
 
 // ---- Pooling2D ------------------------------------------------------------

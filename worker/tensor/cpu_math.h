@@ -49,9 +49,11 @@ void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out);
 // values, as under mixed_bfloat16) into x_bf16, and, when out is not null,
 // ColumnSums(rows, cols, x, out) with the same bits, in one pass over x: a
 // convolution's output gradient staged for oneDNN's bfloat16 kernels while
-// its bias gradient is summed.
+// its bias gradient is summed. With `relu_output` (same shape as x), x is
+// first masked by ReLU's gradient, as ReluGrad(relu_output, x) would: the
+// gradient behind a convolution's ReLU, never written in float32.
 void ColumnSumsAndBfloat16(int64_t rows, int64_t cols, const float* x, float* out,
-                           uint16_t* x_bf16);
+                           uint16_t* x_bf16, const float* relu_output = nullptr);
 // y += alpha * x.
 void Axpy(int64_t n, float alpha, const float* x, float* y);
 // x *= alpha.

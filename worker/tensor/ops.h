@@ -110,9 +110,13 @@ void Conv2DBackwardWeights(const Window2D& w, const Tensor& x, const Tensor& dy,
                            Tensor* dbias, ComputeType compute = ComputeType::kFloat32);
 // Both backward passes of one convolution (dx when not null): the same
 // results as Conv2DBackwardWeights and Conv2DBackwardData, with dy read once
-// where the backend converts it (a CPU under mixed_bfloat16).
+// where the backend converts it (a CPU under mixed_bfloat16). With
+// `relu_output`, the output of a ReLU on the convolution, dy is the gradient
+// of that output and ReLU's gradient is applied first (ActivationBackward):
+// within that one read where the backend fuses it, else into `scratch`.
 void Conv2DBackward(const Window2D& w, const Tensor& x, const Tensor& dy, const Tensor& kernel,
-                    Tensor* dkernel, Tensor* dbias, Tensor* dx, ComputeType compute);
+                    Tensor* dkernel, Tensor* dbias, Tensor* dx, ComputeType compute,
+                    const Tensor* relu_output = nullptr, Tensor* scratch = nullptr);
 
 enum class PoolKind { kMax, kAverage };
 // y[N, OH, OW, C]. Max pooling never selects padding; average pooling

@@ -167,13 +167,20 @@ TEST(RowOpsTest, ColumnSumsAreTheSameBitsOnAnyThreadCount) {
 // The bias sums of a bfloat16 convolution's backward pass come with the
 // conversion of its output gradient: the sums are ColumnSums's bits on any
 // thread count, the conversion is RoundToBfloat16's upper half (round to
-// nearest even, NaN stays NaN), with and without sums.
+// nearest even, NaN stays NaN), with and without sums, and with ReLU's
+// gradient applied first: ReluGrad's values, summed and converted.
 TEST(RowOpsTest, ColumnSumsAndBfloat16AreColumnSumsAndTheRoundedUpperHalves) {
   std::mt19937 gen(6);
   for (const int64_t cols : {1, 32, 64, 100}) {
     const int64_t rows = 2 * kColumnSumChunkRows + 5;
     std::vector<float> x(rows * cols);
-    for (float& v : x) v = std::bit_cast<float>(static_cast<uint32_t>(gen()));
+    // Finite values of every magnitude, so the sums stay finite and compare
+    // bit for bit; the special values below test the rounding.
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : x) v = std::ldexp(u(gen), static_cast<int>(gen() % 40) - 20);
+    x[6] = std::numeric_limits<float>::infinity();
+    x[7] = std::bit_cast<float>(0x7f7fffffu);  // the largest float: rounds to infinity
+    x[8] = std::bit_cast<float>(0x00000001u);  // a subnormal
     x[3] = 1.0f + 0x1p-8f;          // a tie: to even (1.0)
     x[4] = 1.0f + 0x1.8p-8f;        // above the tie: up
     x[5] = std::numeric_limits<float>::quiet_NaN();
@@ -191,10 +198,38 @@ TEST(RowOpsTest, ColumnSumsAndBfloat16AreColumnSumsAndTheRoundedUpperHalves) {
       std::vector<float> got(cols, 99.0f);
       std::vector<uint16_t> got16(x.size(), 7), only16(x.size(), 7);
       ColumnSumsAndBfloat16(rows, cols, x.data(), got.data(), got16.data());
-      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), cols * sizeof(float)));
+      for (int64_t c = 0; c < cols; ++c) {
+        // Bit for bit; a NaN's payload depends on the order of an add's operands.
+        EXPECT_TRUE(std::isnan(want[c]) ? std::isnan(got[c])
+                                        : std::bit_cast<uint32_t>(got[c]) ==
+                                              std::bit_cast<uint32_t>(want[c]))
+            << "column " << c << ": " << got[c] << " vs " << want[c];
+      }
       EXPECT_EQ(got16, want16);
       ColumnSumsAndBfloat16(rows, cols, x.data(), nullptr, only16.data());
       EXPECT_EQ(only16, want16);
+      // Behind a ReLU: x masked by ReluGrad, in the same pass.
+      std::vector<float> relu_out(x.size()), masked(x.size()), masked_sums(cols);
+      for (size_t i = 0; i < x.size(); ++i) relu_out[i] = (i * 7919 % 3 == 0) ? 0.0f : 0.5f;
+      relu_out[9] = -0.0f;
+      relu_out[10] = std::numeric_limits<float>::quiet_NaN();  // masked, as ReluGrad does
+      ReluGrad(static_cast<int64_t>(x.size()), relu_out.data(), x.data(), masked.data());
+      ColumnSums(rows, cols, masked.data(), masked_sums.data());
+      std::vector<float> got_masked(cols, 99.0f);
+      std::vector<uint16_t> got_masked16(x.size(), 7);
+      ColumnSumsAndBfloat16(rows, cols, x.data(), got_masked.data(), got_masked16.data(),
+                            relu_out.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        EXPECT_TRUE(std::isnan(masked_sums[c]) ? std::isnan(got_masked[c])
+                                               : std::bit_cast<uint32_t>(got_masked[c]) ==
+                                                     std::bit_cast<uint32_t>(masked_sums[c]))
+            << "masked column " << c;
+      }
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float r = elementwise::RoundToBfloat16()(masked[i]);
+        ASSERT_EQ(got_masked16[i], static_cast<uint16_t>(std::bit_cast<uint32_t>(r) >> 16))
+            << "masked element " << i;
+      }
     }
     omp_set_num_threads(before);
   }

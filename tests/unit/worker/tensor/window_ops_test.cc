@@ -369,8 +369,9 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
 }
 
 // Both backward passes in one call (Conv2D's backward under any precision)
-// give the separate passes' results bit for bit: under bfloat16 it converts
-// dy once and sums the bias in that pass, where each pass staged its own.
+// give the separate passes' results bit for bit, also behind a ReLU whose
+// gradient the call applies: under bfloat16 it converts dy once, masking it
+// and summing the bias in that pass, where each pass staged its own.
 // Batch 40 x 11 x 11 makes 4,840 rows: more than one bias-sum chunk.
 TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
   const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
@@ -383,30 +384,40 @@ TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
                               KerasWindow2D(3, 9, 7, 1, 6, {3, 2}, {2, 1}, PaddingKind::kSame)}) {
       for (const bool with_bias : {false, true}) {
         for (const bool with_dx : {false, true}) {
-          SCOPED_TRACE(::testing::Message()
-                       << ComputeTypeName(compute) << " in_c " << g.in_c << " bias " << with_bias
-                       << " dx " << with_dx);
-          const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 60);
-          const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 61);
-          const Tensor dy = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 62);
-          Tensor dk_want(k.shape()), db_want({g.out_c}), dx_want(x.shape());
-          cpu::Conv2DBackwardWeights(g, x.data(), dy.data(), dk_want.data(),
-                                     with_bias ? db_want.data() : nullptr, compute);
-          cpu::Conv2DBackwardData(g, dy.data(), k.data(), dx_want.data(), compute);
-          Tensor dk(k.shape(), 7.0f), db({g.out_c}, 7.0f), dx(x.shape(), 7.0f);
-          cpu::Conv2DBackward(g, x.data(), dy.data(), k.data(), dk.data(),
-                              with_bias ? db.data() : nullptr, with_dx ? dx.data() : nullptr,
-                              compute);
-          EXPECT_EQ(0, std::memcmp(dk.data(), dk_want.data(), dk.bytes())) << "dkernel";
-          if (with_bias) {
-            EXPECT_EQ(0, std::memcmp(db.data(), db_want.data(), db.bytes())) << "dbias";
-          } else {
-            EXPECT_EQ(db[0], 7.0f) << "dbias written without a bias";
-          }
-          if (with_dx) {
-            EXPECT_EQ(0, std::memcmp(dx.data(), dx_want.data(), dx.bytes())) << "dx";
-          } else {
-            EXPECT_EQ(dx[0], 7.0f) << "dx written without being asked";
+          for (const bool with_relu : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << ComputeTypeName(compute) << " in_c " << g.in_c << " bias " << with_bias
+                         << " dx " << with_dx << " relu " << with_relu);
+            const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 60);
+            const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 61);
+            const Tensor dy = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 62);
+            // A ReLU's output: about half zeros.
+            Tensor relu_out = rounded(dy.shape(), 63);
+            ops::ActivationForward(ActivationKind::kRelu, relu_out, &relu_out);
+            Tensor dz = dy;  // what the passes read: dy behind the ReLU
+            if (with_relu) {
+              ops::ActivationBackward(ActivationKind::kRelu, relu_out, relu_out, dy, &dz);
+            }
+            Tensor dk_want(k.shape()), db_want({g.out_c}), dx_want(x.shape());
+            cpu::Conv2DBackwardWeights(g, x.data(), dz.data(), dk_want.data(),
+                                       with_bias ? db_want.data() : nullptr, compute);
+            cpu::Conv2DBackwardData(g, dz.data(), k.data(), dx_want.data(), compute);
+            Tensor dk(k.shape(), 7.0f), db({g.out_c}, 7.0f), dx(x.shape(), 7.0f);
+            Tensor scratch(dy.shape());
+            cpu::Conv2DBackward(g, x.data(), dy.data(), k.data(), dk.data(),
+                                with_bias ? db.data() : nullptr, with_dx ? dx.data() : nullptr,
+                                compute, with_relu ? relu_out.data() : nullptr, scratch.data());
+            EXPECT_EQ(0, std::memcmp(dk.data(), dk_want.data(), dk.bytes())) << "dkernel";
+            if (with_bias) {
+              EXPECT_EQ(0, std::memcmp(db.data(), db_want.data(), db.bytes())) << "dbias";
+            } else {
+              EXPECT_EQ(db[0], 7.0f) << "dbias written without a bias";
+            }
+            if (with_dx) {
+              EXPECT_EQ(0, std::memcmp(dx.data(), dx_want.data(), dx.bytes())) << "dx";
+            } else {
+              EXPECT_EQ(dx[0], 7.0f) << "dx written without being asked";
+            }
           }
         }
       }
