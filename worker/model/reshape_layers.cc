@@ -1,28 +1,22 @@
 #include "worker/model/reshape_layers.h"
 
 #include "common/check.h"
-#include "worker/tensor/ops.h"
 
 namespace distrain {
 
-void CopyReshaped(const Tensor& src, std::vector<int64_t> shape, Tensor* dst) {
-  DISTRAIN_CHECK_EQ(Tensor::NumElements(shape), src.size())
-      << "reshape " << src.ShapeString() << " to " << Tensor(shape).ShapeString();
-  dst->Resize(src.shape(), src.device_id());  // the copy stays on src's device
-  ops::Copy(src, dst);
-  // Tensor::Resize to the same element count keeps the storage, and with it
-  // the elements (Tensor has no separate reshape yet).
-  dst->Resize(std::move(shape));
-}
-
+// Both directions pass the tensor on as an alias (Tensor::Alias): the same
+// elements in the same row-major order, so nothing is copied. Model keeps
+// every layer's input and output gradient until the step's backward pass
+// is through, which is as long as the alias is read. A copy here was 2 x
+// 7.9 MB of memcpy per step for the guide CNN at batch 256.
 void ReshapeBase::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   input_shape_ = input.shape();
-  CopyReshaped(input, OutputShape(input.shape()), output);
+  *output = Tensor::Alias(input, OutputShape(input.shape()));
 }
 
 void ReshapeBase::Backward(const Tensor& grad_output, Tensor* grad_input) {
   if (grad_input == nullptr) return;
-  CopyReshaped(grad_output, input_shape_, grad_input);
+  *grad_input = Tensor::Alias(grad_output, input_shape_);
 }
 
 std::vector<int64_t> Flatten::OutputShape(const std::vector<int64_t>& input_shape) const {

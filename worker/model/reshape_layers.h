@@ -1,9 +1,10 @@
 #ifndef DISTRAIN_WORKER_MODEL_RESHAPE_LAYERS_H_
 #define DISTRAIN_WORKER_MODEL_RESHAPE_LAYERS_H_
 
-// Keras' reshaping layers: Flatten and Reshape. No variables; each copies
-// its input into the new shape (row-major order is unchanged, so the copy is
-// one memcpy-like op). Not thread-safe (one replica at a time).
+// Keras' reshaping layers: Flatten and Reshape. No variables; each passes its
+// input on under the new shape as an alias of it (Tensor::Alias; row-major
+// order is unchanged, so nothing is copied), and its output gradient back
+// the same way. Not thread-safe (one replica at a time).
 
 #include <string>
 #include <vector>
@@ -51,10 +52,6 @@ class Reshape : public ReshapeBase {
  private:
   std::vector<int64_t> target_shape_;
 };
-
-// Copies src into *dst as `shape` (same element count): the one place the
-// model changes a tensor's shape without changing its elements.
-void CopyReshaped(const Tensor& src, std::vector<int64_t> shape, Tensor* dst);
 
 }  // namespace distrain
 

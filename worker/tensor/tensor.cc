@@ -82,11 +82,23 @@ Tensor& Tensor::operator=(const Tensor& other) {
   return *this;
 }
 
+Tensor Tensor::Alias(const Tensor& base, std::vector<int64_t> shape) {
+  Tensor alias;
+  alias.size_ = NumElements(shape);
+  DISTRAIN_CHECK_EQ(alias.size_, base.size())
+      << "alias of " << base.ShapeString() << " as " << Tensor(shape).ShapeString();
+  alias.shape_ = std::move(shape);
+  alias.device_ = base.device_;
+  alias.alias_ = const_cast<float*>(base.data());
+  return alias;
+}
+
 Tensor::Tensor(Tensor&& other) noexcept
     : shape_(std::move(other.shape_)),
       size_(std::exchange(other.size_, 0)),
       device_(std::exchange(other.device_, DeviceId::Cpu())),
       host_(std::move(other.host_)),
+      alias_(std::exchange(other.alias_, nullptr)),
       device_data_(std::exchange(other.device_data_, nullptr)),
       device_capacity_(std::exchange(other.device_capacity_, 0)) {
   other.shape_.clear();
@@ -100,6 +112,7 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
   size_ = std::exchange(other.size_, 0);
   device_ = std::exchange(other.device_, DeviceId::Cpu());
   host_ = std::move(other.host_);
+  alias_ = std::exchange(other.alias_, nullptr);
   device_data_ = std::exchange(other.device_data_, nullptr);
   device_capacity_ = std::exchange(other.device_capacity_, 0);
   other.shape_.clear();
@@ -117,15 +130,15 @@ void Tensor::ReleaseDevice() {
 }
 
 void Tensor::CopyFrom(const Tensor& other) {
-  Resize(other.shape_, other.device_);
+  Resize(other.shape_, other.device_);  // an alias becomes an owning tensor here
   if (size_ == 0) return;
   if (on_host()) {
-    std::copy(other.host_.begin(), other.host_.end(), host_.begin());
+    std::copy(other.data(), other.data() + other.size_, host_.begin());
     return;
   }
 #ifdef DISTRAIN_HAVE_CUDA
-  cuda::CopyDeviceToDevice(other.device_.ordinal, other.device_data_, device_.ordinal,
-                           device_data_, size_);
+  cuda::CopyDeviceToDevice(other.device_.ordinal, other.data(), device_.ordinal, device_data_,
+                           size_);
 #else
   NoCudaBuild("Tensor copy");
 #endif
@@ -135,6 +148,9 @@ void Tensor::Resize(std::vector<int64_t> shape) { Resize(std::move(shape), devic
 
 void Tensor::Resize(std::vector<int64_t> shape, DeviceId device) {
   const int64_t n = NumElements(shape);
+  // Storage of its own from now on: the aliased tensor is never written
+  // through a resized alias (the class comment).
+  alias_ = nullptr;
   if (device.kind == Device::kCpu) {
     ReleaseDevice();
     host_.resize(n);
@@ -160,11 +176,11 @@ void Tensor::Resize(std::vector<int64_t> shape, DeviceId device) {
 
 void Tensor::Fill(float value) {
   if (on_host()) {
-    std::fill(host_.begin(), host_.end(), value);
+    std::fill(data(), data() + size_, value);
     return;
   }
 #ifdef DISTRAIN_HAVE_CUDA
-  if (size_ > 0) cuda::FillFloats(device_.ordinal, device_data_, size_, value);
+  if (size_ > 0) cuda::FillFloats(device_.ordinal, data(), size_, value);
 #else
   NoCudaBuild("Tensor::Fill");
 #endif

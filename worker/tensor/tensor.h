@@ -54,6 +54,13 @@ int VisibleGpus();
 // tensor span() is empty, and data() is the device pointer the backend
 // passes to kernels. Thread-safety: none; distinct tensors may be used from
 // distinct threads, a single tensor needs external synchronisation.
+//
+// An alias (Tensor::Alias) is the exception to ownership: the same elements
+// as another tensor under another shape, owning nothing — how Flatten and
+// Reshape pass their input on without copying it. It is valid while the
+// tensor it aliases keeps its storage (is neither resized nor destroyed);
+// copying an alias, assigning to one or resizing one gives an owning tensor,
+// so writing through it never reaches the aliased one by accident.
 class Tensor {
  public:
   Tensor() = default;
@@ -68,6 +75,10 @@ class Tensor {
   Tensor& operator=(Tensor&& other) noexcept;
 
   static Tensor Zeros(std::vector<int64_t> shape) { return Tensor(std::move(shape)); }
+  // `base`'s elements as `shape` (the same element count), without a copy;
+  // see the class comment for how long it is valid.
+  static Tensor Alias(const Tensor& base, std::vector<int64_t> shape);
+  bool is_alias() const { return alias_ != nullptr; }
 
   Device device() const { return device_.kind; }
   DeviceId device_id() const { return device_; }
@@ -80,15 +91,21 @@ class Tensor {
   bool empty() const { return size_ == 0; }
 
   // The first element's address in the tensor's own memory space.
-  float* data() { return on_host() ? host_.data() : device_data_; }
-  const float* data() const { return on_host() ? host_.data() : device_data_; }
-  absl::Span<float> span() { return absl::MakeSpan(host_); }
-  absl::Span<const float> span() const { return absl::MakeConstSpan(host_); }
-  float& operator[](int64_t i) { return host_[i]; }
-  float operator[](int64_t i) const { return host_[i]; }
+  float* data() { return alias_ != nullptr ? alias_ : on_host() ? host_.data() : device_data_; }
+  const float* data() const {
+    return alias_ != nullptr ? alias_ : on_host() ? host_.data() : device_data_;
+  }
+  absl::Span<float> span() {
+    return on_host() ? absl::MakeSpan(data(), size_) : absl::Span<float>();
+  }
+  absl::Span<const float> span() const {
+    return on_host() ? absl::MakeConstSpan(data(), size_) : absl::Span<const float>();
+  }
+  float& operator[](int64_t i) { return data()[i]; }
+  float operator[](int64_t i) const { return data()[i]; }
   // Row-major 2-D access; CHECK-free for speed, callers own the bounds.
-  float& at(int64_t r, int64_t c) { return host_[r * shape_[1] + c]; }
-  float at(int64_t r, int64_t c) const { return host_[r * shape_[1] + c]; }
+  float& at(int64_t r, int64_t c) { return data()[r * shape_[1] + c]; }
+  float at(int64_t r, int64_t c) const { return data()[r * shape_[1] + c]; }
 
   // Resizes to `shape` on the tensor's device, reusing capacity; contents are
   // unspecified afterwards unless `fill` semantics are needed (use Fill).
@@ -110,6 +127,7 @@ class Tensor {
   int64_t size_ = 0;
   DeviceId device_;
   std::vector<float> host_;          // kCpu storage
+  float* alias_ = nullptr;           // an alias's elements (on device_), owned elsewhere
   float* device_data_ = nullptr;     // kCuda storage, device_capacity_ elements
   int64_t device_capacity_ = 0;
 };

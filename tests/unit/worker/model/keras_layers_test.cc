@@ -167,10 +167,12 @@ TEST(ReshapeLayersTest, FlattenAndReshapeKeepRowMajorOrder) {
   Tensor y, dx;
   flatten.Forward(x, &y);
   EXPECT_THAT(y.shape(), ElementsAre(2, 12));
+  EXPECT_EQ(y.data(), x.data()) << "Flatten passes its input on without a copy";
   EXPECT_EQ(std::vector<float>(y.span().begin(), y.span().end()),
             std::vector<float>(x.span().begin(), x.span().end()));
   flatten.Backward(y, &dx);
   EXPECT_EQ(dx.shape(), x.shape());
+  EXPECT_EQ(dx.data(), y.data()) << "and its output gradient back the same way";
 
   Reshape reshape("reshape", {3, -1});
   EXPECT_THAT(reshape.OutputShape({2, 12}), ElementsAre(2, 3, 4));
