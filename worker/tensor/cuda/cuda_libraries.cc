@@ -87,7 +87,13 @@ Libraries Load() {
           absl::StrCat("the CUDA libraries here do not match this build: ", resolved.message(),
                        ". Use the worker's CUDA image built with this binary"));
     }
-    return absl::OkStatus();
+    int nccl_version = 0;
+    if (libs.nccl_api.ncclGetVersion(&nccl_version) != ncclSuccess) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ncclGetVersion failed in ", libs.nccl->path(),
+          "; use the worker's CUDA image built with this binary"));
+    }
+    return CheckNcclVersion(nccl_version);
   };
   libs.status = load();
   return libs;
@@ -106,6 +112,16 @@ const Libraries& LoadedOrDie() {
 }
 
 }  // namespace
+
+absl::Status CheckNcclVersion(int version) {
+  if (version >= kMinNcclVersion) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "NCCL %d.%d.%d is loaded, and distrain needs NCCL %d.%d.%d or newer (older releases can "
+      "hang when one thread tears down the communicators of several GPUs). Use the worker's "
+      "CUDA image, or put a newer libnccl.so.2 on LD_LIBRARY_PATH",
+      version / 10000, version / 100 % 100, version % 100, kMinNcclVersion / 10000,
+      kMinNcclVersion / 100 % 100, kMinNcclVersion % 100));
+}
 
 absl::Status LoadCudaLibraries() { return Loaded().status; }
 

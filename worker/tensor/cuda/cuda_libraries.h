@@ -32,6 +32,17 @@ absl::Status LoadCudaLibraries();
 // it was loaded from, or why it was not.
 std::string CudaLibrariesSummary();
 
+// The oldest NCCL the backend runs with, as ncclGetVersion codes it
+// (major * 10000 + minor * 100 + patch): 2.14.3, the first release where
+// destroying or aborting the communicators of several GPUs from one thread
+// blocks only on the last of them (docs/architecture.md §6a, "NCCL and
+// device memory"); with an older one, Mirrored's teardown could hang.
+inline constexpr int kMinNcclVersion = 21403;
+// OK for `version` (ncclGetVersion's code) at or above kMinNcclVersion, else
+// FAILED_PRECONDITION naming both versions and the fix. LoadCudaLibraries
+// applies it to the NCCL it loaded.
+absl::Status CheckNcclVersion(int version);
+
 }  // namespace distrain::cuda
 
 #endif  // DISTRAIN_WORKER_TENSOR_CUDA_CUDA_LIBRARIES_H_

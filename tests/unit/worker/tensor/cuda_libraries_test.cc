@@ -5,6 +5,8 @@
 // here, in CI, not on the first GPU that runs it.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "gmock/gmock.h"
 
 #ifdef DISTRAIN_HAVE_CUDA
@@ -30,6 +32,19 @@ TEST(CudaLibrariesTest, EveryFunctionTheBackendCallsResolvesInTheBuildsLibraries
   EXPECT_THAT(summary, ContainsRegex("NCCL 2\\.[0-9]+\\.[0-9]+ \\(/[^)]*libnccl"));
 #endif
 }
+
+#ifdef DISTRAIN_HAVE_CUDA
+// NCCL older than 2.14.3 is refused when the libraries load: a clear error
+// naming both versions instead of a teardown that may hang.
+TEST(CudaLibrariesTest, NcclOlderThanTheMinimumIsRefusedNamingBothVersions) {
+  EXPECT_TRUE(cuda::CheckNcclVersion(cuda::kMinNcclVersion).ok());
+  EXPECT_TRUE(cuda::CheckNcclVersion(22807).ok());  // 2.28.7
+  const absl::Status old = cuda::CheckNcclVersion(21304);  // 2.13.4
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(old.message()), ContainsRegex("NCCL 2\\.13\\.4 is loaded.*2\\.14\\.3 or newer"));
+  EXPECT_THAT(std::string(old.message()), ContainsRegex("CUDA image"));
+}
+#endif
 
 }  // namespace
 }  // namespace distrain
