@@ -115,12 +115,16 @@ const Libraries& LoadedOrDie() {
 
 absl::Status CheckNcclVersion(int version) {
   if (version >= kMinNcclVersion) return absl::OkStatus();
+  // Before 2.9, NCCL coded its version as major * 1000 + minor * 100 + patch.
+  const bool old_code = version < 10000;
+  const int major = old_code ? version / 1000 : version / 10000;
+  const int minor = old_code ? version / 100 % 10 : version / 100 % 100;
   return absl::FailedPreconditionError(absl::StrFormat(
       "NCCL %d.%d.%d is loaded, and distrain needs NCCL %d.%d.%d or newer (older releases can "
       "hang when one thread tears down the communicators of several GPUs). Use the worker's "
       "CUDA image, or put a newer libnccl.so.2 on LD_LIBRARY_PATH",
-      version / 10000, version / 100 % 100, version % 100, kMinNcclVersion / 10000,
-      kMinNcclVersion / 100 % 100, kMinNcclVersion % 100));
+      major, minor, version % 100, kMinNcclVersion / 10000, kMinNcclVersion / 100 % 100,
+      kMinNcclVersion % 100));
 }
 
 absl::Status LoadCudaLibraries() { return Loaded().status; }

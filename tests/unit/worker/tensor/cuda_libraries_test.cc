@@ -43,6 +43,9 @@ TEST(CudaLibrariesTest, NcclOlderThanTheMinimumIsRefusedNamingBothVersions) {
   EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(old.message()), ContainsRegex("NCCL 2\\.13\\.4 is loaded.*2\\.14\\.3 or newer"));
   EXPECT_THAT(std::string(old.message()), ContainsRegex("CUDA image"));
+  // NCCL before 2.9 coded its version in thousands.
+  EXPECT_THAT(std::string(cuda::CheckNcclVersion(2804).message()),
+              ContainsRegex("NCCL 2\\.8\\.4 is loaded"));
 }
 #endif
 
