@@ -319,8 +319,10 @@ double SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
 
 void SgdUpdate(int64_t n, float lr, const float* g, float* w) { Axpy(n, -lr, g, w); }
 
-void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const float* g,
-                    float* v, float* w) {
+namespace {
+
+void MomentumUpdateRange(int64_t n, float lr, float momentum, bool nesterov, const float* g,
+                         float* v, float* w) {
   const float* __restrict gs = g;
   float* __restrict vs = v;
   float* __restrict ws = w;
@@ -337,6 +339,15 @@ void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const fl
       ws[i] += vi;
     }
   }
+}
+
+}  // namespace
+
+void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const float* g,
+                    float* v, float* w) {
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    MomentumUpdateRange(e - b, lr, momentum, nesterov, g + b, v + b, w + b);
+  });
 }
 
 namespace {
@@ -405,8 +416,10 @@ Width WidestAdam() {
 
 }  // namespace
 
-void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
-                float* m, float* v, float* w) {
+namespace {
+
+void AdamUpdateRange(int64_t n, float lr_t, float beta1, float beta2, float epsilon,
+                     const float* g, float* m, float* v, float* w) {
   int64_t done = 0;
 #if defined(__x86_64__)
   switch (WidestAdam()) {
@@ -459,6 +472,15 @@ void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, 
     vs[i] = vi;
     ws[i] -= (lr_t * mi) / (std::sqrt(vi) + epsilon);
   }
+}
+
+}  // namespace
+
+void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
+                float* m, float* v, float* w) {
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    AdamUpdateRange(e - b, lr_t, beta1, beta2, epsilon, g + b, m + b, v + b, w + b);
+  });
 }
 
 void SetBlasThreads(int threads) {

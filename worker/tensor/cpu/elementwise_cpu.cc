@@ -20,32 +20,6 @@ void Map(int64_t n, F f, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 
-// Runs fn(begin, end) over [0, n) split across the calling thread's OpenMP
-// team — its share of the cores (ops::SetCpuThreadsForThisThread): all of
-// them for OneDevice, one per replica thread for Mirrored, so nothing is
-// oversubscribed — once a pass is long enough to pay for waking the team.
-// Only for element-wise work, where the split cannot change a result.
-// Measured on the guide CNN at batch 256 (2-core Zen 5): ReLU, its gradient
-// and the mixed-precision rounding were a fifth of the busy time, on one core.
-constexpr int64_t kParallelElements = int64_t{1} << 16;
-template <typename Fn>
-void ParallelRange(int64_t n, const Fn& fn) {
-  const int threads = omp_get_max_threads();
-  if (threads <= 1 || n < kParallelElements) {
-    fn(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t parts = omp_get_num_threads();
-    // Whole cache lines per thread, so no two threads write one line.
-    const int64_t chunk = ((n + parts - 1) / parts + 15) / 16 * 16;
-    const int64_t begin = std::min(n, chunk * omp_get_thread_num());
-    const int64_t end = std::min(n, begin + chunk);
-    if (begin < end) fn(begin, end);
-  }
-}
-
 template <typename F>
 void Map2(int64_t n, F f, const float* a, const float* b, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);

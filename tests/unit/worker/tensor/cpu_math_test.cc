@@ -308,8 +308,11 @@ TEST(AdamUpdateTest, EveryElementFollowsTheScalarRule) {
 // Whatever width the CPU gives the update (16, 8 or 4 floats, chosen at run
 // time), every element is rounded exactly as the scalar rule rounds it, so
 // replicas on different CPUs stay bit-identical. n covers every body and tail.
+// At every length, and on any thread count: lengths from 64K elements up
+// are split across the team, which must not change a bit.
 TEST(AdamUpdateTest, BitIdenticalToTheScalarRuleAtEveryLength) {
-  for (int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 1000, 4099}) {
+  const int before = omp_get_max_threads();
+  for (int64_t n : {1, 3, 4, 7, 8, 15, 16, 17, 31, 33, 1000, 4099, 70001, 200003}) {
     const std::vector<float> g = RandomVector(n, 14);
     std::vector<float> m = RandomVector(n, 15), v = RandomVector(n, 16), w = RandomVector(n, 17);
     for (float& x : v) x = std::abs(x);
@@ -330,13 +333,18 @@ TEST(AdamUpdateTest, BitIdenticalToTheScalarRuleAtEveryLength) {
       ev[i] = vi;
       ew[i] = ew[i] - num / den;
     }
-    AdamUpdate(n, lr, b1, b2, eps, g.data(), m.data(), v.data(), w.data());
-    for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(m[i], em[i]) << "n=" << n << " i=" << i;
-      ASSERT_EQ(v[i], ev[i]) << "n=" << n << " i=" << i;
-      ASSERT_EQ(w[i], ew[i]) << "n=" << n << " i=" << i;
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> tm = m, tv = v, tw = w;
+      AdamUpdate(n, lr, b1, b2, eps, g.data(), tm.data(), tv.data(), tw.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(tm[i], em[i]) << "n=" << n << " i=" << i << " threads=" << threads;
+        ASSERT_EQ(tv[i], ev[i]) << "n=" << n << " i=" << i << " threads=" << threads;
+        ASSERT_EQ(tw[i], ew[i]) << "n=" << n << " i=" << i << " threads=" << threads;
+      }
     }
   }
+  omp_set_num_threads(before);
 }
 
 TEST(MomentumUpdateTest, PlainAndNesterov) {
@@ -352,6 +360,28 @@ TEST(MomentumUpdateTest, PlainAndNesterov) {
       EXPECT_NEAR(w[i], nesterov ? 1 + 0.9 * vi - 0.1 * g[i] : 1 + vi, 1e-6);
     }
   }
+}
+
+// Long variables are split across the thread's team: the same bits as one
+// thread, for both rules.
+TEST(MomentumUpdateTest, TheSameBitsOnAnyThreadCount) {
+  const int64_t n = 200003;
+  const std::vector<float> g = RandomVector(n, 20), v0 = RandomVector(n, 21),
+                           w0 = RandomVector(n, 22);
+  const int before = omp_get_max_threads();
+  for (bool nesterov : {false, true}) {
+    omp_set_num_threads(1);
+    std::vector<float> want_v = v0, want_w = w0;
+    MomentumUpdate(n, 0.1f, 0.9f, nesterov, g.data(), want_v.data(), want_w.data());
+    for (const int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> v = v0, w = w0;
+      MomentumUpdate(n, 0.1f, 0.9f, nesterov, g.data(), v.data(), w.data());
+      EXPECT_EQ(v, want_v) << threads << " threads, nesterov " << nesterov;
+      EXPECT_EQ(w, want_w) << threads << " threads, nesterov " << nesterov;
+    }
+  }
+  omp_set_num_threads(before);
 }
 
 TEST(BlasThreadsTest, SetAndRestore) {
