@@ -41,8 +41,9 @@ void ReluRoundToFloat16(int64_t n, const float* x, float* y);
 bool AllFinite(int64_t n, const float* x);
 
 // dst = src (n floats, not overlapping), split across the thread's OpenMP
-// team like the passes above: a pooling output or a Flatten is a copy of
-// megabytes that one thread alone left the other core idle for.
+// team like the passes above (ops::Copy): a copy of megabytes on one thread
+// leaves the other cores idle. (Flatten and pooling no longer copy: aliases
+// and borrowed outputs, docs/architecture.md §6a.)
 void CopyFloats(int64_t n, const float* src, float* dst);
 
 // dx = dy * mask. dx may alias dy.
