@@ -137,6 +137,29 @@ void ColumnSumsOfRows(int64_t cols, int64_t r0, int64_t r1, const float* x, floa
   }
 }
 
+// The chunked order ColumnSums promises: sum_rows(r0, r1, partial) for each
+// chunk of kColumnSumChunkRows rows on the thread's team (partial: that
+// chunk's row of sums, or null when out is null), then the chunks added in
+// order into out. sum_rows may do more with its rows (ColumnSumsAndBfloat16).
+template <typename SumRows>
+void InColumnSumChunks(int64_t rows, int64_t cols, float* out, const SumRows& sum_rows) {
+  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
+  if (chunks <= 1) {
+    sum_rows(int64_t{0}, rows, out);
+    return;
+  }
+  std::vector<float> partial(out != nullptr ? static_cast<size_t>(chunks * cols) : 0);
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    sum_rows(k * kColumnSumChunkRows, std::min(rows, (k + 1) * kColumnSumChunkRows),
+             out != nullptr ? partial.data() + k * cols : nullptr);
+  }
+  if (out == nullptr) return;
+  std::copy(partial.begin(), partial.begin() + cols, out);
+  for (int64_t k = 1; k < chunks; ++k) Axpy(cols, 1.0f, partial.data() + k * cols, out);
+}
+
 }  // namespace
 
 // The rows go in fixed chunks of kColumnSumChunkRows, each summed in row
@@ -148,20 +171,9 @@ void ColumnSumsOfRows(int64_t cols, int64_t r0, int64_t r1, const float* x, floa
 // between threads instead kept the serial order but was slower: two threads
 // each reading half of every 128-byte row pulled every cache line twice.)
 void ColumnSums(int64_t rows, int64_t cols, const float* x, float* out) {
-  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-  if (chunks <= 1) {
-    ColumnSumsOfRows(cols, 0, rows, x, out);
-    return;
-  }
-  std::vector<float> partial(static_cast<size_t>(chunks * cols));
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t k = 0; k < chunks; ++k) {
-    ColumnSumsOfRows(cols, k * kColumnSumChunkRows, std::min(rows, (k + 1) * kColumnSumChunkRows),
-                     x, partial.data() + k * cols);
-  }
-  std::copy(partial.begin(), partial.begin() + cols, out);
-  for (int64_t k = 1; k < chunks; ++k) Axpy(cols, 1.0f, partial.data() + k * cols, out);
+  InColumnSumChunks(rows, cols, out, [&](int64_t r0, int64_t r1, float* sums) {
+    ColumnSumsOfRows(cols, r0, r1, x, sums);
+  });
 }
 
 namespace {
@@ -215,27 +227,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void ColumnSumsAndB
 
 }  // namespace
 
-// The chunks, their order and the final additions are ColumnSums's, so the
-// sums are its bits whatever the thread count.
+// ColumnSums's chunks, order and final additions, so the sums are its bits
+// whatever the thread count.
 void ColumnSumsAndBfloat16(int64_t rows, int64_t cols, const float* x, float* out,
                            uint16_t* x_bf16, const float* relu_output) {
-  const int64_t chunks = (rows + kColumnSumChunkRows - 1) / kColumnSumChunkRows;
-  if (chunks <= 1) {
-    ColumnSumsAndBfloat16OfRows(cols, 0, rows, x, out, x_bf16, relu_output);
-    return;
-  }
-  std::vector<float> partial(out != nullptr ? static_cast<size_t>(chunks * cols) : 0);
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t k = 0; k < chunks; ++k) {
-    ColumnSumsAndBfloat16OfRows(cols, k * kColumnSumChunkRows,
-                                std::min(rows, (k + 1) * kColumnSumChunkRows), x,
-                                out != nullptr ? partial.data() + k * cols : nullptr, x_bf16,
-                                relu_output);
-  }
-  if (out == nullptr) return;
-  std::copy(partial.begin(), partial.begin() + cols, out);
-  for (int64_t k = 1; k < chunks; ++k) Axpy(cols, 1.0f, partial.data() + k * cols, out);
+  InColumnSumChunks(rows, cols, out, [&](int64_t r0, int64_t r1, float* sums) {
+    ColumnSumsAndBfloat16OfRows(cols, r0, r1, x, sums, x_bf16, relu_output);
+  });
 }
 
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
@@ -413,10 +411,6 @@ Width WidestAdam() {
   return width;
 }
 #endif
-
-}  // namespace
-
-namespace {
 
 void AdamUpdateRange(int64_t n, float lr_t, float beta1, float beta2, float epsilon,
                      const float* g, float* m, float* v, float* w) {
