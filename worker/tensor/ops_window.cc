@@ -136,33 +136,32 @@ void Conv2DBackward(const Window2D& w, const Tensor& x, const Tensor& dy, const 
   DISTRAIN_CHECK(relu_output == nullptr || scratch != nullptr)
       << "Conv2DBackward: ReLU's gradient needs a scratch tensor";
   const DeviceId d = CallDevice({&x, &dy, &kernel, relu_output});
-  if (OnGpu(d)) {
-    const Tensor* dz = &dy;
-    if (relu_output != nullptr) {
-      ActivationBackward(ActivationKind::kRelu, *relu_output, *relu_output, dy, scratch);
-      dz = scratch;
-    }
-    Conv2DBackwardWeights(w, x, *dz, dkernel, dbias, compute);
-    if (dx != nullptr) Conv2DBackwardData(w, *dz, kernel, dx, compute);
+  if (!OnGpu(d) && compute == ComputeType::kBfloat16 && CpuHasBfloat16Convolutions()) {
+    // The one fused route: dy read once (cpu::Conv2DBackwardBf16).
+    CheckWindow(w);
+    CheckShape(x, InShape(w), "Conv2D input");
+    CheckShape(dy, OutShape(w), "Conv2D output gradient");
+    CheckShape(kernel, KernelShape(w), "Conv2D kernel");
+    if (relu_output != nullptr) CheckShape(*relu_output, OutShape(w), "Conv2D ReLU output");
+    DISTRAIN_CHECK(dx != &dy);
+    dkernel->Resize(KernelShape(w), d);
+    if (dbias != nullptr) dbias->Resize({w.out_c}, d);
+    if (dx != nullptr) dx->Resize(InShape(w), d);
+    cpu::Conv2DBackwardBf16(w, x.data(), dy.data(), kernel.data(), dkernel->data(),
+                            dbias != nullptr ? dbias->data() : nullptr,
+                            dx != nullptr ? dx->data() : nullptr,
+                            relu_output != nullptr ? relu_output->data() : nullptr);
     return;
   }
-  CheckWindow(w);
-  CheckShape(x, InShape(w), "Conv2D input");
-  CheckShape(dy, OutShape(w), "Conv2D output gradient");
-  CheckShape(kernel, KernelShape(w), "Conv2D kernel");
+  // Every other backend and type: ReLU's gradient into `scratch`, then the
+  // two passes.
+  const Tensor* dz = &dy;
   if (relu_output != nullptr) {
-    CheckShape(*relu_output, OutShape(w), "Conv2D ReLU output");
-    scratch->Resize(OutShape(w), d);
+    ActivationBackward(ActivationKind::kRelu, *relu_output, *relu_output, dy, scratch);
+    dz = scratch;
   }
-  DISTRAIN_CHECK(dx != &dy);
-  dkernel->Resize(KernelShape(w), d);
-  if (dbias != nullptr) dbias->Resize({w.out_c}, d);
-  if (dx != nullptr) dx->Resize(InShape(w), d);
-  cpu::Conv2DBackward(w, x.data(), dy.data(), kernel.data(), dkernel->data(),
-                      dbias != nullptr ? dbias->data() : nullptr,
-                      dx != nullptr ? dx->data() : nullptr, compute,
-                      relu_output != nullptr ? relu_output->data() : nullptr,
-                      relu_output != nullptr ? scratch->data() : nullptr);
+  Conv2DBackwardWeights(w, x, *dz, dkernel, dbias, compute);
+  if (dx != nullptr) Conv2DBackwardData(w, *dz, kernel, dx, compute);
 }
 
 void Pool2DForward(PoolKind kind, const Window2D& w, const Tensor& x, Tensor* y,

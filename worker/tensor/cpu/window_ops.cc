@@ -38,7 +38,6 @@
 #include "common/check.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "worker/tensor/cpu/conv_kernels.h"
-#include "worker/tensor/cpu/elementwise_cpu.h"
 #include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
 
@@ -434,26 +433,16 @@ void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, f
   if (dbias != nullptr) ColumnSums(w.batch * w.out_h * w.out_w, w.out_c, dy, dbias);
 }
 
-// Under bfloat16, dy is converted once for both passes — the bias summed in
-// the same pass over it, and ReLU's gradient applied there too — where each
-// pass staged its own copy, the bias read dy a third time and ReLU's
-// gradient was a pass of its own: at batch 256 of the guide CNN those were
-// conv1's 22 MB and conv2's 7.9 MB of dy, read three and five times a step.
-void Conv2DBackward(const Window2D& w, const float* x, const float* dy, const float* kernel,
-                    float* dkernel, float* dbias, float* dx, ComputeType compute,
-                    const float* relu_output, float* masked_dy) {
-  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+// dy is converted once for both passes — the bias summed in the same pass
+// over it, and ReLU's gradient applied there too — where each pass staged
+// its own copy, the bias read dy a third time and ReLU's gradient was a
+// pass of its own: at batch 256 of the guide CNN those were conv1's 22 MB
+// and conv2's 7.9 MB of dy, read three and five times a step.
+void Conv2DBackwardBf16(const Window2D& w, const float* x, const float* dy, const float* kernel,
+                        float* dkernel, float* dbias, float* dx, const float* relu_output) {
+  DISTRAIN_CHECK(internal::NativeBf16Convolutions())
+      << "Conv2DBackwardBf16 on a CPU without bfloat16 dot products";
   const int64_t rows = w.batch * w.out_h * w.out_w;
-  if (!bf16) {
-    if (relu_output != nullptr) {
-      DISTRAIN_CHECK(masked_dy != nullptr) << "Conv2DBackward: ReLU's gradient needs a buffer";
-      ActivationBackward(ActivationKind::kRelu, rows, w.out_c, nullptr, relu_output, dy, masked_dy);
-      dy = masked_dy;
-    }
-    Conv2DBackwardWeights(w, x, dy, dkernel, dbias, compute);
-    if (dx != nullptr) Conv2DBackwardData(w, dy, kernel, dx, compute);
-    return;
-  }
   thread_local std::vector<uint16_t> dy_bf16;
   dy_bf16.resize(static_cast<size_t>(rows * w.out_c));
   ColumnSumsAndBfloat16(rows, w.out_c, dy, dbias, dy_bf16.data(), relu_output);

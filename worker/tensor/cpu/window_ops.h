@@ -39,13 +39,13 @@ void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* ke
 // dkernel (overwritten) and, when not null, dbias (overwritten).
 void Conv2DBackwardWeights(const ops::Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias, ComputeType compute = ComputeType::kFloat32);
-// Both: Conv2DBackwardWeights, then, when dx is not null, Conv2DBackwardData
-// — the same results, with dy read once under kBfloat16. With relu_output
-// (ops.h's Conv2DBackward), dy is first masked by ReLU's gradient: in that
-// same read under kBfloat16, else into `masked_dy` (rows x out_c floats).
-void Conv2DBackward(const ops::Window2D& w, const float* x, const float* dy, const float* kernel,
-                    float* dkernel, float* dbias, float* dx, ComputeType compute,
-                    const float* relu_output = nullptr, float* masked_dy = nullptr);
+// Both passes under mixed_bfloat16, only where NativeBf16Convolutions (ops.h's
+// Conv2DBackward routes): Conv2DBackwardWeights(kBfloat16), then, when dx is
+// not null, Conv2DBackwardData(kBfloat16) — the same results, with dy read
+// once. With relu_output, dy is first masked by ReLU's gradient in that read.
+void Conv2DBackwardBf16(const ops::Window2D& w, const float* x, const float* dy,
+                        const float* kernel, float* dkernel, float* dbias, float* dx,
+                        const float* relu_output);
 
 // c[m, n] = alpha op(a) op(b) + beta c (cpu::Gemm's semantics) for a and b
 // holding bfloat16 values, on oneDNN's bfloat16 matrix product (operands

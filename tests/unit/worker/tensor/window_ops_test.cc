@@ -403,10 +403,10 @@ TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
                                        with_bias ? db_want.data() : nullptr, compute);
             cpu::Conv2DBackwardData(g, dz.data(), k.data(), dx_want.data(), compute);
             Tensor dk(k.shape(), 7.0f), db({g.out_c}, 7.0f), dx(x.shape(), 7.0f);
-            Tensor scratch(dy.shape());
-            cpu::Conv2DBackward(g, x.data(), dy.data(), k.data(), dk.data(),
-                                with_bias ? db.data() : nullptr, with_dx ? dx.data() : nullptr,
-                                compute, with_relu ? relu_out.data() : nullptr, scratch.data());
+            Tensor scratch;
+            ops::Conv2DBackward(g, x, dy, k, &dk, with_bias ? &db : nullptr,
+                                with_dx ? &dx : nullptr, compute,
+                                with_relu ? &relu_out : nullptr, &scratch);
             EXPECT_EQ(0, std::memcmp(dk.data(), dk_want.data(), dk.bytes())) << "dkernel";
             if (with_bias) {
               EXPECT_EQ(0, std::memcmp(db.data(), db_want.data(), db.bytes())) << "dbias";
