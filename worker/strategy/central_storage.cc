@@ -90,6 +90,16 @@ absl::Status CentralStorageStrategy::Init(const ClusterSpec& cluster, const JobC
 
 absl::Status CentralStorageStrategy::CreateVariables(const ModelFactory& factory,
                                                      const OptimizerConfig& optimizer) {
+  // A repeated call starts over: the runner's threads first (they use the
+  // rest), then everything sized by the previous variables.
+  runner_.reset();
+  barrier_.reset();
+  replica_params_.clear();
+  replica_model_ptrs_.clear();
+  replica_models_.clear();
+  pinned_grads_.clear();
+  pinned_params_.reset();
+  param_offsets_.clear();
   auto host = factory();
   if (!host.ok()) return host.status();
   host_model_ = std::move(*host);

@@ -59,14 +59,17 @@ void MirroredStrategy::AttachMetrics(prometheus::Registry& registry) {
 
 absl::Status MirroredStrategy::CreateVariables(const ModelFactory& factory,
                                                const OptimizerConfig& optimizer) {
-  group_.clear();
+  // The new group is built aside and installed only with the replicas that
+  // borrow it, so a failed call leaves the strategy as it was and a repeated
+  // one never leaves replicas pointing at destroyed collectives.
+  std::vector<std::unique_ptr<Collective>> group;
   LocalReplicas::Options options;
   if (gpus_ > 0) {
 #ifdef DISTRAIN_HAVE_CUDA
     // Ranks in device order: replica r is rank r on GPU r.
     auto nccl = NcclCollective::CreateLocalGroup(num_replicas_);
     if (!nccl.ok()) return nccl.status();
-    for (auto& c : *nccl) group_.push_back(std::move(c));
+    for (auto& c : *nccl) group.push_back(std::move(c));
 #else
     return absl::InternalError("Mirrored: GPU replicas in a CPU-only build");  // gpus_ is 0 there
 #endif
@@ -77,11 +80,11 @@ absl::Status MirroredStrategy::CreateVariables(const ModelFactory& factory,
     std::vector<std::string> names;
     for (int r = 0; r < num_replicas_; ++r) names.push_back(absl::StrCat("local replica ", r));
     for (auto& c : InProcessCollective::CreateGroup(num_replicas_, std::move(names))) {
-      group_.push_back(std::move(c));
+      group.push_back(std::move(c));
     }
   }
   std::vector<Collective*> collectives;
-  for (auto& c : group_) collectives.push_back(c.get());
+  for (auto& c : group) collectives.push_back(c.get());
   options.first_replica_id = 0;
   options.num_replicas_in_sync = num_replicas_;
   options.bytes_per_pack = bytes_per_pack_;
@@ -89,6 +92,8 @@ absl::Status MirroredStrategy::CreateVariables(const ModelFactory& factory,
   options.metrics = metrics_.get();
   auto replicas = LocalReplicas::Create(factory, optimizer, std::move(collectives), options);
   if (!replicas.ok()) return replicas.status();
+  replicas_.reset();  // before the group it borrows
+  group_ = std::move(group);
   replicas_ = std::move(*replicas);
   return absl::OkStatus();
 }

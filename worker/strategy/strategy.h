@@ -8,6 +8,8 @@
 //   1. Init(cluster, config)        — join peers, decide replicas and shards;
 //   2. CreateVariables(factory)     — build one Model per local replica and the
 //                                     optimizer; every replica starts identical;
+//                                     the Trainer calls it once (the local
+//                                     strategies start over if called again);
 //   3. RestoreState / SaveState     — checkpoints (variables + optimizer slots);
 //      SynchronizeInitialState      — then make every process agree on the
 //                                     starting variables and step;

@@ -118,6 +118,26 @@ TEST(CentralStorageStrategyTest, OneReplicaIsExactlyOneDevice) {
   EXPECT_EQ(ParameterChecksum(*central->primary_model()), ParameterChecksum(*one->primary_model()));
 }
 
+// Creating the variables again starts the strategy over: it then trains
+// exactly like a fresh one, with as many replicas as before.
+TEST(CentralStorageStrategyTest, CreatingVariablesAgainStartsOver) {
+  Batches data(32, 6);
+  const JobConfig job = Job(StrategyKind::kCentralStorage, 4);
+  auto again = Make<CentralStorageStrategy>(job);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
+  ModelFactory factory = [&]() {
+    return Model::Create(job.training.model, kFeatures, kClasses, job.training.seed);
+  };
+  ASSERT_TRUE(again->CreateVariables(factory, job.training.optimizer).ok());
+  auto fresh = Make<CentralStorageStrategy>(job);
+  ASSERT_EQ(again->local_models().size(), fresh->local_models().size());
+  for (int s = 3; s < 6; ++s) {
+    ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*fresh, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*again->primary_model()), ParameterChecksum(*fresh->primary_model()));
+}
+
 TEST(CentralStorageStrategyTest, RestoreReachesEveryReplicaAndResumesIdentically) {
   Batches data(32, 6);
   auto a = Make<CentralStorageStrategy>(Job(StrategyKind::kCentralStorage, 4));

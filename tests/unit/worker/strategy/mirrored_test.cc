@@ -149,6 +149,52 @@ TEST(MirroredStrategyTest, OneReplicaIsExactlyOneDevice) {
             ParameterChecksum(*one->primary_model()));
 }
 
+// Creating the variables again replaces the replicas and the collective
+// group they all-reduce over together: the strategy then trains exactly like
+// a fresh one (a replica left on the old group would use a destroyed one).
+TEST(MirroredStrategyTest, CreatingVariablesAgainStartsOver) {
+  Batches data(32, 6);
+  const JobConfig job = Job(StrategyKind::kMirrored, 4);
+  auto again = Make(job);
+  for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
+  ModelFactory factory = [&]() {
+    return Model::Create(job.training.model, kFeatures, kClasses, job.training.seed);
+  };
+  ASSERT_TRUE(again->CreateVariables(factory, job.training.optimizer).ok());
+  auto fresh = Make(job);
+  for (int s = 3; s < 6; ++s) {
+    ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*fresh, data.features[s], data.labels[s]).ok());
+  }
+  auto replicas = ReplicaChecksum(again->local_models());
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  EXPECT_EQ(*replicas, ParameterChecksum(*fresh->primary_model()));
+}
+
+// A failed CreateVariables leaves the strategy as it was: it goes on
+// training on its replicas and their group, step for step like a strategy
+// that never saw the failed call.
+TEST(MirroredStrategyTest, AFailedCreateVariablesKeepsTheReplicasItHad) {
+  Batches data(32, 6);
+  const JobConfig job = Job(StrategyKind::kMirrored, 4);
+  auto failed = Make(job);
+  auto untouched = Make(job);
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_TRUE(Step(*failed, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*untouched, data.features[s], data.labels[s]).ok());
+  }
+  ModelFactory broken = []() -> absl::StatusOr<std::unique_ptr<Model>> {
+    return absl::InvalidArgumentError("no model");
+  };
+  EXPECT_FALSE(failed->CreateVariables(broken, job.training.optimizer).ok());
+  for (int s = 3; s < 6; ++s) {
+    ASSERT_TRUE(Step(*failed, data.features[s], data.labels[s]).ok());
+    ASSERT_TRUE(Step(*untouched, data.features[s], data.labels[s]).ok());
+  }
+  EXPECT_EQ(ParameterChecksum(*failed->primary_model()),
+            ParameterChecksum(*untouched->primary_model()));
+}
+
 TEST(MirroredStrategyTest, RestoreReachesEveryReplicaAndResumesIdentically) {
   Batches data(32, 6);
   auto a = Make(Job(StrategyKind::kMirrored, 4));
