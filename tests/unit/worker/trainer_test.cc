@@ -211,9 +211,9 @@ TEST(TrainerTest, ResumedChiefStartsANewEventFileAtTheStepAfterItsCheckpoint) {
   EXPECT_EQ(second[1].step(), 18);
   EXPECT_EQ(second[2].step(), 20);
   std::vector<int64_t> steps;
-  for (const auto& [step, value] : testing::ReadScalars(dir + "/train").at("loss")) {
-    steps.push_back(step);
-  }
+  // Named: a range-for over a temporary's member would outlive the temporary.
+  const testing::ScalarCurves curves = testing::ReadScalars(dir + "/train");
+  for (const auto& [step, value] : curves.at("loss")) steps.push_back(step);
   EXPECT_EQ(steps, (std::vector<int64_t>{10, 17, 20, 30, 40}));
   fs::remove_all(dir);
 }
