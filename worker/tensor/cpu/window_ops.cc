@@ -37,9 +37,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/check.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "oneapi/dnnl/dnnl_version.h"
 #include "worker/tensor/cpu/conv_kernels.h"
 #include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
+
+// oneDNN 3 replaced the operation descriptors by primitive-descriptor
+// constructors; both versions' calls are kept while Debian 12 ships 2.6.
+#define DISTRAIN_ONEDNN3 (DNNL_VERSION_MAJOR >= 3)
 
 namespace distrain::cpu {
 namespace {
@@ -244,14 +249,21 @@ dnnl::convolution_forward::primitive_desc ConvForwardPd(const Window2D& w, bool 
                                                         internal::ConvLayout layout,
                                                         bool bf16 = false) {
   const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kForward);
-  const auto desc =
-      bias ? dnnl::convolution_forward::desc(
-                 dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src,
-                 d.weights, d.bias, d.dst, d.strides, d.pad_l, d.pad_r)
-           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                             dnnl::algorithm::convolution_direct, d.src,
-                                             d.weights, d.dst, d.strides, d.pad_l, d.pad_r);
+  constexpr auto kProp = dnnl::prop_kind::forward_training;
+  constexpr auto kDirect = dnnl::algorithm::convolution_direct;
+#if DISTRAIN_ONEDNN3
+  // An empty bias descriptor means none.
+  return dnnl::convolution_forward::primitive_desc(
+      Engine(), kProp, kDirect, d.src, d.weights, bias ? d.bias : memory::desc(), d.dst,
+      d.strides, d.pad_l, d.pad_r, UserScratch());
+#else
+  const auto desc = bias ? dnnl::convolution_forward::desc(kProp, kDirect, d.src, d.weights,
+                                                           d.bias, d.dst, d.strides, d.pad_l,
+                                                           d.pad_r)
+                         : dnnl::convolution_forward::desc(kProp, kDirect, d.src, d.weights,
+                                                           d.dst, d.strides, d.pad_l, d.pad_r);
   return dnnl::convolution_forward::primitive_desc(desc, UserScratch(), Engine());
+#endif
 }
 
 // Adds a staged argument to c when oneDNN chose a layout other than plain.
@@ -296,8 +308,11 @@ namespace internal {
 
 bool NativeBf16Convolutions() {
   static const bool native = [] {
-    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+    // oneDNN's ISA values are bit sets, each containing the ones below it, so
+    // this also holds for AMX and AVX10 (oneDNN 3's newer names).
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    return (isa & bf16) == bf16;
   }();
   return native;
 }
@@ -331,11 +346,17 @@ void ConvBackwardDataOnednn(const Window2D& w, const float* dy, const float* ker
   const int64_t flag = ConvFlag(false, layout, bf16, dy_bf16 != nullptr);
   const Cached& c = s.Get(WindowKey(PrimKind::kConvBwdData, w, flag), [&] {
     const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kBackwardData);
+#if DISTRAIN_ONEDNN3
+    const dnnl::convolution_backward_data::primitive_desc pd(
+        Engine(), dnnl::algorithm::convolution_direct, d.src, d.weights, d.dst, d.strides,
+        d.pad_l, d.pad_r, ConvForwardPd(w, false, layout, bf16), UserScratch());
+#else
     const dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src,
                                                      d.weights, d.dst, d.strides, d.pad_l,
                                                      d.pad_r);
     const dnnl::convolution_backward_data::primitive_desc pd(
         desc, UserScratch(), Engine(), ConvForwardPd(w, false, layout, bf16));
+#endif
     Cached c{dnnl::convolution_backward_data(pd), pd.scratchpad_desc(), {}, {}, 0};
     const ConvDescs plain = MakeConvDescs(w);
     Stage(&c, DNNL_ARG_DIFF_DST, false, DyDesc(w, dy_bf16), pd.diff_dst_desc());
@@ -359,6 +380,12 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
   const Cached& c =
       s.Get(WindowKey(PrimKind::kConvBwdWeights, w, flag), [&] {
         const ConvDescs d = MakeConvDescs(w, layout, bf16, ConvPass::kBackwardWeights);
+#if DISTRAIN_ONEDNN3
+        const dnnl::convolution_backward_weights::primitive_desc pd(
+            Engine(), dnnl::algorithm::convolution_direct, d.src, d.weights,
+            with_bias ? d.bias : memory::desc(), d.dst, d.strides, d.pad_l, d.pad_r,
+            ConvForwardPd(w, with_bias, layout, bf16), UserScratch());
+#else
         const auto desc = with_bias ? dnnl::convolution_backward_weights::desc(
                                           dnnl::algorithm::convolution_direct, d.src, d.weights,
                                           d.bias, d.dst, d.strides, d.pad_l, d.pad_r)
@@ -367,6 +394,7 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
                                           d.dst, d.strides, d.pad_l, d.pad_r);
         const dnnl::convolution_backward_weights::primitive_desc pd(
             desc, UserScratch(), Engine(), ConvForwardPd(w, with_bias, layout, bf16));
+#endif
         Cached c{dnnl::convolution_backward_weights(pd), pd.scratchpad_desc(), {}, {}, 0};
         const ConvDescs plain = MakeConvDescs(w);
         Stage(&c, DNNL_ARG_SRC, false, plain.src, pd.src_desc());
@@ -483,19 +511,25 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
     // oneDNN 2.6): the MLP 784-1024-1024-10 at batch 256 went from 5.4 to 4.6
     // ms of oneDNN time per step (the 1024x1024 kernel's transposing reorder
     // alone was 0.6 ms), the guide CNN's dense dW from 0.71 to 0.52 ms.
-    const dnnl::matmul::desc desc(memory::desc({m, k}, memory::data_type::bf16,
-                                               trans_a ? Tag::ba : Tag::any),
-                                  memory::desc({k, n}, memory::data_type::bf16,
-                                               trans_b ? Tag::ba : Tag::any),
-                                  c_plain);
+    const memory::desc a_bf16({m, k}, memory::data_type::bf16, trans_a ? Tag::ba : Tag::any);
+    const memory::desc b_bf16({k, n}, memory::data_type::bf16, trans_b ? Tag::ba : Tag::any);
     dnnl::primitive_attr attr = UserScratch();
+    dnnl::post_ops ops;
+#if DISTRAIN_ONEDNN3
+    // oneDNN 3 has no output scale: alpha scales the product as a linear
+    // post-op, before the sum adds beta * c.
+    if (alpha != 1.0f) ops.append_eltwise(dnnl::algorithm::eltwise_linear, alpha, 0.0f);
+#else
     if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.0f) {
-      dnnl::post_ops ops;
-      ops.append_sum(beta);
-      attr.set_post_ops(ops);
-    }
-    const dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+#endif
+    if (beta != 0.0f) ops.append_sum(beta);
+    if (ops.len() > 0) attr.set_post_ops(ops);
+#if DISTRAIN_ONEDNN3
+    const dnnl::matmul::primitive_desc pd(Engine(), a_bf16, b_bf16, c_plain, attr);
+#else
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_bf16, b_bf16, c_plain), attr,
+                                          Engine());
+#endif
     Cached c{dnnl::matmul(pd), pd.scratchpad_desc(), {}, {}, 0};
     // The f32 operands are staged into bfloat16 copies in oneDNN's layout:
     // exact, since they hold bfloat16 values.
@@ -518,6 +552,10 @@ dnnl::algorithm PoolAlgorithm(PoolKind kind) {
                                 : dnnl::algorithm::pooling_avg_exclude_padding;
 }
 
+#if DISTRAIN_ONEDNN3
+const memory::dims kNoDilation = {0, 0};  // oneDNN counts dilation from 0
+#endif
+
 struct PoolDescs {
   memory::desc src, dst;
   memory::dims strides, kernel, pad_l, pad_r;
@@ -536,9 +574,16 @@ PoolDescs MakePoolDescs(const Window2D& w) {
 // average pooling needs nothing from the forward pass.
 dnnl::pooling_forward::primitive_desc PoolForwardPd(PoolKind kind, const Window2D& w) {
   const PoolDescs d = MakePoolDescs(w);
+#if DISTRAIN_ONEDNN3
+  return dnnl::pooling_forward::primitive_desc(Engine(), dnnl::prop_kind::forward_training,
+                                               PoolAlgorithm(kind), d.src, d.dst, d.strides,
+                                               d.kernel, kNoDilation, d.pad_l, d.pad_r,
+                                               UserScratch());
+#else
   const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_training, PoolAlgorithm(kind),
                                          d.src, d.dst, d.strides, d.kernel, d.pad_l, d.pad_r);
   return dnnl::pooling_forward::primitive_desc(desc, UserScratch(), Engine());
+#endif
 }
 
 }  // namespace
@@ -574,10 +619,16 @@ void Pool2DBackward(PoolKind kind, const Window2D& w, const float* dy, const flo
   ThreadState& s = State();
   const Cached& c = s.Get(WindowKey(PrimKind::kPoolBwd, w, static_cast<int64_t>(kind)), [&] {
     const PoolDescs d = MakePoolDescs(w);
+#if DISTRAIN_ONEDNN3
+    const dnnl::pooling_backward::primitive_desc pd(
+        Engine(), PoolAlgorithm(kind), d.src, d.dst, d.strides, d.kernel, kNoDilation, d.pad_l,
+        d.pad_r, PoolForwardPd(kind, w), UserScratch());
+#else
     const dnnl::pooling_backward::desc desc(PoolAlgorithm(kind), d.src, d.dst, d.strides,
                                             d.kernel, d.pad_l, d.pad_r);
     const dnnl::pooling_backward::primitive_desc pd(desc, UserScratch(), Engine(),
                                                     PoolForwardPd(kind, w));
+#endif
     return Cached{dnnl::pooling_backward(pd), pd.scratchpad_desc(), pd.workspace_desc()};
   });
   const PoolDescs d = MakePoolDescs(w);
@@ -615,9 +666,15 @@ dnnl::normalization_flags ScaleShift() {
 
 dnnl::batch_normalization_forward::primitive_desc BnForwardTrainingPd(int64_t m, int64_t c,
                                                                       float epsilon) {
+#if DISTRAIN_ONEDNN3
+  return dnnl::batch_normalization_forward::primitive_desc(
+      Engine(), dnnl::prop_kind::forward_training, BnData(m, c), BnData(m, c), epsilon,
+      ScaleShift(), UserScratch());
+#else
   const dnnl::batch_normalization_forward::desc desc(dnnl::prop_kind::forward_training,
                                                      BnData(m, c), epsilon, ScaleShift());
   return dnnl::batch_normalization_forward::primitive_desc(desc, UserScratch(), Engine());
+#endif
 }
 
 }  // namespace
@@ -646,10 +703,16 @@ void BatchNormForwardInference(int64_t m, int64_t c, const float* x, const float
                                float epsilon, float* y) {
   ThreadState& s = State();
   const Cached& p = s.Get(BnKey(PrimKind::kBnFwdInference, m, c, epsilon), [&] {
-    const dnnl::batch_normalization_forward::desc desc(
-        dnnl::prop_kind::forward_inference, BnData(m, c), epsilon,
-        ScaleShift() | dnnl::normalization_flags::use_global_stats);
+    const auto flags = ScaleShift() | dnnl::normalization_flags::use_global_stats;
+#if DISTRAIN_ONEDNN3
+    const dnnl::batch_normalization_forward::primitive_desc pd(
+        Engine(), dnnl::prop_kind::forward_inference, BnData(m, c), BnData(m, c), epsilon, flags,
+        UserScratch());
+#else
+    const dnnl::batch_normalization_forward::desc desc(dnnl::prop_kind::forward_inference,
+                                                       BnData(m, c), epsilon, flags);
     const dnnl::batch_normalization_forward::primitive_desc pd(desc, UserScratch(), Engine());
+#endif
     return Cached{dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(), {}};
   });
   const memory::desc data = BnData(m, c);
@@ -668,26 +731,36 @@ void BatchNormBackward(int64_t m, int64_t c, const float* x, const float* dy, co
   ThreadState& s = State();
   const Cached& p = s.Get(BnKey(PrimKind::kBnBwd, m, c, epsilon), [&] {
     const memory::desc data = BnData(m, c);
+#if DISTRAIN_ONEDNN3
+    const dnnl::batch_normalization_backward::primitive_desc pd(
+        Engine(), dnnl::prop_kind::backward, data, data, data, epsilon, ScaleShift(),
+        BnForwardTrainingPd(m, c, epsilon), UserScratch());
+#else
     const dnnl::batch_normalization_backward::desc desc(dnnl::prop_kind::backward, data, data,
                                                         epsilon, ScaleShift());
     const dnnl::batch_normalization_backward::primitive_desc pd(
         desc, UserScratch(), Engine(), BnForwardTrainingPd(m, c, epsilon));
+#endif
     return Cached{dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(), {}};
   });
   const memory::desc data = BnData(m, c);
   const memory::desc vec = Md({c}, Tag::x);
-  s.Run(p, {{DNNL_ARG_SRC, memory(data, Engine(), Mut(x))},
-            {DNNL_ARG_DIFF_DST, memory(data, Engine(), Mut(dy))},
-            {DNNL_ARG_SCALE, memory(vec, Engine(), Mut(gamma))},
-            // oneDNN 2.6 wants a shift argument whenever use_shift is set,
-            // though the gradients do not depend on it (the FD test would
-            // catch a read): gamma stands in.
-            {DNNL_ARG_SHIFT, memory(vec, Engine(), Mut(gamma))},
-            {DNNL_ARG_MEAN, memory(vec, Engine(), Mut(batch_mean))},
-            {DNNL_ARG_VARIANCE, memory(vec, Engine(), Mut(batch_var))},
-            {DNNL_ARG_DIFF_SRC, memory(data, Engine(), dx)},
-            {DNNL_ARG_DIFF_SCALE, memory(vec, Engine(), dgamma)},
-            {DNNL_ARG_DIFF_SHIFT, memory(vec, Engine(), dbeta)}});
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, memory(data, Engine(), Mut(x))},
+      {DNNL_ARG_DIFF_DST, memory(data, Engine(), Mut(dy))},
+      {DNNL_ARG_SCALE, memory(vec, Engine(), Mut(gamma))},
+      {DNNL_ARG_MEAN, memory(vec, Engine(), Mut(batch_mean))},
+      {DNNL_ARG_VARIANCE, memory(vec, Engine(), Mut(batch_var))},
+      {DNNL_ARG_DIFF_SRC, memory(data, Engine(), dx)},
+      {DNNL_ARG_DIFF_SCALE, memory(vec, Engine(), dgamma)},
+      {DNNL_ARG_DIFF_SHIFT, memory(vec, Engine(), dbeta)}};
+#if !DISTRAIN_ONEDNN3
+  // oneDNN 2 wants a shift argument whenever use_shift is set, though the
+  // gradients do not depend on it (the FD test would catch a read): gamma
+  // stands in. oneDNN 3 refuses one.
+  args.emplace(DNNL_ARG_SHIFT, memory(vec, Engine(), Mut(gamma)));
+#endif
+  s.Run(p, std::move(args));
 }
 
 // ---- Global average pooling (own loops: one streaming pass, nothing to tune) --
