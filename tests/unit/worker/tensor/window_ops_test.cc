@@ -374,6 +374,12 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
 // and summing the bias in that pass, where each pass staged its own.
 // Batch 40 x 11 x 11 makes 4,840 rows: more than one bias-sum chunk.
 TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
+  // Every pass on the team a replica thread has: BLAS's budget. The im2col
+  // backward-data route resizes the calling thread's team to it (cpu::Gemm),
+  // and oneDNN bakes a team's size into its primitives' reductions, so a
+  // team left at another size by an earlier test would make the first
+  // separate pass run on a different team than the rest.
+  ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
   const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
     Tensor t = Random(std::move(shape), seed);
     ops::RoundTo(ComputeType::kBfloat16, t, &t);
