@@ -359,7 +359,8 @@ absl::Status PsClient::PlanFactoredUploads(absl::Span<const FactoredGradRef> fac
         shard_left = gathered.data();
       }
       auto buffer = std::make_shared<std::vector<float>>();
-      Upload u{&s, nullptr, *versions ? std::optional<int64_t>((**versions)[k]) : std::nullopt};
+      Upload u{&s, nullptr, *versions ? std::optional<int64_t>((**versions)[k]) : std::nullopt,
+               /*elements=*/0, /*factor_rank=*/0, /*owned=*/nullptr};
       if (rank <= s.num_elements() / (rows + cols)) {
         // The factors are smaller than the gradient: send them (the server's
         // rule, UploadShard.factor_rank).
@@ -411,7 +412,7 @@ absl::StatusOr<std::vector<PsClient::Upload>> PsClient::PlanUploads(
       const ShardInfo& s = plan_.shards()[var->shards[k]];
       uploads.push_back(Upload{&s, ref.tensor->data() + s.element_offset(),
                                *versions ? std::optional<int64_t>((**versions)[k]) : std::nullopt,
-                               s.num_elements()});
+                               s.num_elements(), /*factor_rank=*/0, /*owned=*/nullptr});
     }
   }
   return uploads;

@@ -241,7 +241,8 @@ absl::StatusOr<StepOutput> CentralStorageStrategy::Run(const StepFn& step_fn, in
     host_model_->set_loss_scale(optimizer_->loss_scale());
     LossResult result = step_fn(ctx);
     optimizer_->Apply(host_params_);
-    return StepOutput{result.loss, result.correct, examples};
+    return StepOutput{result.loss, result.correct, examples, /*job_accuracy=*/std::nullopt,
+                      /*stop_requested=*/false};
   }
   const int n = num_replicas_;
   std::vector<LossResult> results(n);

@@ -34,7 +34,8 @@ absl::StatusOr<StepOutput> OneDeviceStrategy::Run(const StepFn& step_fn, int64_t
   model_->set_loss_scale(optimizer_->loss_scale());
   LossResult result = step_fn(ctx);
   optimizer_->Apply(model_->parameters());
-  return StepOutput{result.loss, result.correct, examples};
+  return StepOutput{result.loss, result.correct, examples, /*job_accuracy=*/std::nullopt,
+                    /*stop_requested=*/false};
 }
 
 absl::StatusOr<CheckpointState> OneDeviceStrategy::SaveState(int64_t step) {

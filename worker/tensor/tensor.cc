@@ -186,6 +186,8 @@ void Tensor::Fill(float value) {
 #endif
 }
 
-std::string Tensor::ShapeString() const { return "[" + absl::StrJoin(shape_, ", ") + "]"; }
+std::string Tensor::ShapeString() const {
+  return absl::StrCat("[", absl::StrJoin(shape_, ", "), "]");
+}
 
 }  // namespace distrain

@@ -110,6 +110,16 @@ struct Cached {
   size_t staging_bytes = 0;
 };
 
+// A primitive that runs on the callers' buffers as they are (nothing staged).
+Cached MakeCached(dnnl::primitive primitive, memory::desc scratch_md,
+                  memory::desc workspace_md = {}) {
+  Cached c;
+  c.primitive = std::move(primitive);
+  c.scratch_md = std::move(scratch_md);
+  c.workspace_md = std::move(workspace_md);
+  return c;
+}
+
 // Everything a thread owns: its stream, its primitives, its scratch memory.
 class ThreadState {
  public:
@@ -593,7 +603,7 @@ int64_t Pool2DWorkspaceFloats(PoolKind kind, const Window2D& w) {
   ThreadState& s = State();
   const Cached& c = s.Get(WindowKey(PrimKind::kPoolFwd, w, static_cast<int64_t>(kind)), [&] {
     const auto pd = PoolForwardPd(kind, w);
-    return Cached{dnnl::pooling_forward(pd), pd.scratchpad_desc(), pd.workspace_desc()};
+    return MakeCached(dnnl::pooling_forward(pd), pd.scratchpad_desc(), pd.workspace_desc());
   });
   return static_cast<int64_t>((c.workspace_md.get_size() + sizeof(float) - 1) / sizeof(float));
 }
@@ -602,7 +612,7 @@ void Pool2DForward(PoolKind kind, const Window2D& w, const float* x, float* y, f
   ThreadState& s = State();
   const Cached& c = s.Get(WindowKey(PrimKind::kPoolFwd, w, static_cast<int64_t>(kind)), [&] {
     const auto pd = PoolForwardPd(kind, w);
-    return Cached{dnnl::pooling_forward(pd), pd.scratchpad_desc(), pd.workspace_desc()};
+    return MakeCached(dnnl::pooling_forward(pd), pd.scratchpad_desc(), pd.workspace_desc());
   });
   const PoolDescs d = MakePoolDescs(w);
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, memory(d.src, Engine(), Mut(x))},
@@ -629,7 +639,7 @@ void Pool2DBackward(PoolKind kind, const Window2D& w, const float* dy, const flo
     const dnnl::pooling_backward::primitive_desc pd(desc, UserScratch(), Engine(),
                                                     PoolForwardPd(kind, w));
 #endif
-    return Cached{dnnl::pooling_backward(pd), pd.scratchpad_desc(), pd.workspace_desc()};
+    return MakeCached(dnnl::pooling_backward(pd), pd.scratchpad_desc(), pd.workspace_desc());
   });
   const PoolDescs d = MakePoolDescs(w);
   std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, memory(d.dst, Engine(), Mut(dy))},
@@ -685,7 +695,7 @@ void BatchNormForwardTraining(int64_t m, int64_t c, const float* x, const float*
   ThreadState& s = State();
   const Cached& p = s.Get(BnKey(PrimKind::kBnFwdTraining, m, c, epsilon), [&] {
     const auto pd = BnForwardTrainingPd(m, c, epsilon);
-    return Cached{dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(), {}};
+    return MakeCached(dnnl::batch_normalization_forward(pd), pd.scratchpad_desc());
   });
   const memory::desc data = BnData(m, c);
   const memory::desc vec = Md({c}, Tag::x);
@@ -713,7 +723,7 @@ void BatchNormForwardInference(int64_t m, int64_t c, const float* x, const float
                                                        BnData(m, c), epsilon, flags);
     const dnnl::batch_normalization_forward::primitive_desc pd(desc, UserScratch(), Engine());
 #endif
-    return Cached{dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(), {}};
+    return MakeCached(dnnl::batch_normalization_forward(pd), pd.scratchpad_desc());
   });
   const memory::desc data = BnData(m, c);
   const memory::desc vec = Md({c}, Tag::x);
@@ -741,7 +751,7 @@ void BatchNormBackward(int64_t m, int64_t c, const float* x, const float* dy, co
     const dnnl::batch_normalization_backward::primitive_desc pd(
         desc, UserScratch(), Engine(), BnForwardTrainingPd(m, c, epsilon));
 #endif
-    return Cached{dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(), {}};
+    return MakeCached(dnnl::batch_normalization_backward(pd), pd.scratchpad_desc());
   });
   const memory::desc data = BnData(m, c);
   const memory::desc vec = Md({c}, Tag::x);
