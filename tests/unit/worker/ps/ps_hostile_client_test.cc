@@ -554,15 +554,19 @@ TEST_F(PsAuthorityTest, UploadsBeyondTheStagingBudgetAreResourceExhaustedWhileTh
   // A stream that announced both of big's shards (64 KiB of the 80 KiB
   // budget) and sent a first chunk holds its reservation while it stays open.
   grpc::ClientContext holder_ctx;
+  holder_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::PushResponse holder_response;
-  auto holder = stub_->Push(WithDeadline(holder_ctx), &holder_response);
+  auto holder = stub_->Push(&holder_ctx, &holder_response);
   v1::UploadMessage first = Header("big", 0, kBigShardElements);
   *first.mutable_header()->add_shards() = Header("big", 1, kBigShardElements).header().shards(0);
   AddChunk(first, 0, 0, 16);
   ASSERT_TRUE(holder->Write(first));
-  // The second would need another 32 KiB.
+  // The second would need another 32 KiB: refused once the server has read
+  // the holder's header, which once took over 2 s (a shuffled run of the
+  // whole suite), so the wait is bounded by time, not by a count of tries.
   grpc::Status s;
-  for (int attempt = 0; attempt < 100; ++attempt) {  // until the holder's header was read
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < give_up) {
     v1::UploadMessage second = Header("big", 0, kBigShardElements);
     AddChunk(second, 0, 0, 16);
     s = Upload(/*push=*/true, {second});
@@ -582,7 +586,8 @@ TEST_F(PsAuthorityTest, UploadsBeyondTheStagingBudgetAreResourceExhaustedWhileTh
   holder->Finish();
   v1::UploadMessage full = Header("big", 0, kBigShardElements);
   AddChunk(full, 0, 0, kBigShardElements * sizeof(float));
-  for (int attempt = 0; attempt < 100; ++attempt) {
+  const auto released_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < released_by) {
     s = Upload(/*push=*/true, {full});
     if (s.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
