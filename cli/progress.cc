@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 
@@ -67,7 +68,8 @@ std::string RenderProgressBar(const Progress& p, int width) {
   std::string bar;
   if (bar_width >= 5) {
     int filled = static_cast<int>(frac * bar_width);
-    bar = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "]";
+    // StrCat, not operator+: GCC 12 -Wrestrict misreads "literal" + std::string.
+    bar = absl::StrCat("[", std::string(filled, '#'), std::string(bar_width - filled, '.'), "]");
   }
   std::string line = bar + stats;
   if (static_cast<int>(line.size()) > width) line.resize(std::max(width, 0));

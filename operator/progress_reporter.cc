@@ -24,14 +24,6 @@ std::string Str(const Json& j, const char* pointer) {
   return j.contains(p) && j.at(p).is_string() ? j.at(p).get<std::string>() : "";
 }
 
-bool ConditionTrue(const Json& job, const char* type) {
-  if (!job.contains("status") || !job["status"].contains("conditions")) return false;
-  for (const Json& c : job["status"]["conditions"]) {
-    if (c.value("type", "") == type && c.value("status", "") == "True") return true;
-  }
-  return false;
-}
-
 bool RunningConditionTrue(const Json& job) {
   if (!job.contains("status") || !job["status"].contains("conditions")) return false;
   bool running = false;

@@ -114,7 +114,9 @@ absl::Status RunSelfCheck(const SelfCheckOptions& options, const std::function<v
     }
     const std::string plural = options.crd.substr(0, dot);
     const std::string group_version = options.crd.substr(dot + 1);
-    auto config = kube::LoadRestConfig({.kubeconfig_path = options.kubeconfig});
+    // context "": the kubeconfig's current-context (named: GCC 12 warns about
+    // an omitted member that has no default initialiser).
+    auto config = kube::LoadRestConfig({.kubeconfig_path = options.kubeconfig, .context = ""});
     if (!config.ok()) return config.status();
     auto client = kube::RestClient::Create(*config, {});
     if (!client.ok()) return client.status();

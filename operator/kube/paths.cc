@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace distrain::kube {
 namespace {
 
@@ -49,15 +51,17 @@ Resource NamespacesResource() { return {"", "v1", "namespaces", false}; }
 
 std::string ResourcePath(const Resource& resource, std::string_view namespace_name,
                          std::string_view name, std::string_view subresource) {
-  std::string path = resource.group.empty() ? "/api/" + resource.version
-                                            : "/apis/" + resource.group + "/" + resource.version;
+  // StrCat / StrAppend, not operator+: GCC 12 -Wrestrict misreads "literal" + std::string.
+  std::string path = resource.group.empty()
+                         ? absl::StrCat("/api/", resource.version)
+                         : absl::StrCat("/apis/", resource.group, "/", resource.version);
   if (resource.namespaced && !namespace_name.empty()) {
-    path += "/namespaces/" + PathEscape(namespace_name);
+    absl::StrAppend(&path, "/namespaces/", PathEscape(namespace_name));
   }
-  path += "/" + resource.plural;
+  absl::StrAppend(&path, "/", resource.plural);
   if (!name.empty()) {
-    path += "/" + PathEscape(name);
-    if (!subresource.empty()) path += "/" + std::string(subresource);
+    absl::StrAppend(&path, "/", PathEscape(name));
+    if (!subresource.empty()) absl::StrAppend(&path, "/", std::string(subresource));
   }
   return path;
 }

@@ -479,7 +479,7 @@ void RestClient::RequestStatusOnlyAsync(std::string method, std::string path_and
     impl_->client->request(req).then([this, method, path_and_query, idempotent, start, retry,
                                       done](pplx::task<http_response> answer) {
       // Settles one attempt: a final answer goes to `done`, the rest to `retry`.
-      auto settle = [=](Impl::Attempt out) {
+      auto settle = [=, this](Impl::Attempt out) {
         impl_->Record(method, method, out.transport_error ? kErrorCode : std::to_string(out.status),
                       std::chrono::steady_clock::now() - start);
         if (out.transport_error) {

@@ -272,7 +272,9 @@ TEST(CnnMnistTest, MixedPrecisionJobsLearnInSyncAndCheckpointTheLossScale) {
       const int skipped = kSteps - applied;
       EXPECT_EQ(scale, 32768.0f / static_cast<float>(1 << skipped));
       EXPECT_LE(counter, static_cast<float>(applied));
-      if (skipped == 0) EXPECT_EQ(counter, static_cast<float>(applied));
+      if (skipped == 0) {
+        EXPECT_EQ(counter, static_cast<float>(applied));
+      }
     }
     fs::remove_all(dir);
   }

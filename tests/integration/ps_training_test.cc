@@ -77,17 +77,18 @@ class PsCluster {
   // The cluster object with `workers` workers (the same addresses for the
   // tasks every size has, as the operator's ConfigMap keeps them).
   std::string Cluster(int workers) const {
-    auto address = [&](int i) { return "\"127.0.0.1:" + std::to_string(ports_[i]) + "\""; };
+    // StrCat, not operator+: GCC 12 -Wrestrict misreads "literal" + std::string.
+    auto address = [&](int i) { return absl::StrCat("\"127.0.0.1:", ports_[i], "\""); };
     std::string worker_list;
-    for (int w = 0; w < workers; ++w) worker_list += (w ? "," : "") + address(3 + w);
-    return R"({"chief":[)" + address(0) + R"(],"worker":[)" + worker_list + R"(],"ps":[)" +
-           address(1) + "," + address(2) + "]}";
+    for (int w = 0; w < workers; ++w) absl::StrAppend(&worker_list, w ? "," : "", address(3 + w));
+    return absl::StrCat(R"({"chief":[)", address(0), R"(],"worker":[)", worker_list,
+                        R"(],"ps":[)", address(1), ",", address(2), "]}");
   }
 
   std::unique_ptr<Subprocess> Start(const std::string& type, int index, int cluster_workers = 0) {
     const std::string cluster = Cluster(cluster_workers > 0 ? cluster_workers : workers_);
-    const std::string tf_config = R"({"cluster":)" + cluster + R"(,"task":{"type":")" + type +
-                                  R"(","index":)" + std::to_string(index) + "}}";
+    const std::string tf_config = absl::StrCat(R"({"cluster":)", cluster, R"(,"task":{"type":")",
+                                               type, R"(","index":)", index, "}}");
     std::vector<std::string> argv = {WorkerBinary(), "--config", job_, "--tf-config", tf_config};
     if (type == "chief" || type == "ps") {
       // One checkpoint directory shared by the chief and the ps tasks.

@@ -167,9 +167,16 @@ class CoordinationService {
   // options.elastic, the initial members). Fails with
   // INVALID_ARGUMENT for an empty or duplicated member set and UNAVAILABLE
   // when the address cannot be bound.
+  //
+  // The default options are value-initialised, not `= {}`: GCC 12 expands a
+  // braced aggregate's member initialisers at each call, and on the path where
+  // a later one throws (ProcessTransportSecurity()) it warns that the
+  // already-built `coordinator` may be destroyed uninitialised
+  // (-Wmaybe-uninitialized, a false positive). Callers passing the defaults
+  // write CoordinationServiceOptions() for the same reason.
   static absl::StatusOr<std::unique_ptr<CoordinationService>> Start(
       const std::string& listen_address, std::vector<TaskId> members,
-      CoordinationServiceOptions options = {});
+      CoordinationServiceOptions options = CoordinationServiceOptions());
 
   ~CoordinationService();  // Shutdown()
   CoordinationService(const CoordinationService&) = delete;

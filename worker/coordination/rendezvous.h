@@ -79,10 +79,11 @@ class Rendezvous {
   // ClusterSpec::TaskForTrainingRank). Errors: INVALID_ARGUMENT for a member
   // set that does not fit the cluster, UNAVAILABLE when the coordinator
   // cannot listen, DEADLINE_EXCEEDED naming the coordinator or the tasks that
-  // did not join within join_timeout.
-  static absl::StatusOr<std::unique_ptr<Rendezvous>> Start(const ClusterSpec& cluster,
-                                                           std::vector<TaskId> members,
-                                                           RendezvousOptions options = {});
+  // did not join within join_timeout. The default options are
+  // RendezvousOptions(), not {}: see CoordinationService::Start (GCC 12).
+  static absl::StatusOr<std::unique_ptr<Rendezvous>> Start(
+      const ClusterSpec& cluster, std::vector<TaskId> members,
+      RendezvousOptions options = RendezvousOptions());
   ~Rendezvous();  // without Shutdown: reported to the peers as a failure of this task
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;

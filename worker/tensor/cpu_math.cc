@@ -374,8 +374,11 @@ __attribute__((target("avx512f"))) int64_t AdamUpdate16(int64_t n, float lr_t, f
                                     _mm512_mul_ps(c2, _mm512_mul_ps(gi, gi)));
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
-    const __m512 step =
-        _mm512_div_ps(_mm512_mul_ps(lr, mi), _mm512_add_ps(_mm512_sqrt_ps(vi), eps));
+    // maskz with every lane selected is _mm512_sqrt_ps, bit for bit; GCC 12's
+    // _mm512_sqrt_ps passes _mm512_undefined_ps() through, which it then warns
+    // about as uninitialised (a false positive in avx512fintrin.h).
+    const __m512 sqrt_v = _mm512_maskz_sqrt_ps(0xFFFF, vi);
+    const __m512 step = _mm512_div_ps(_mm512_mul_ps(lr, mi), _mm512_add_ps(sqrt_v, eps));
     _mm512_storeu_ps(w + i, _mm512_sub_ps(_mm512_loadu_ps(w + i), step));
   }
   return i;

@@ -482,7 +482,9 @@ constexpr char kIdentitySecret[] = "/api/v1/namespaces/team-a/secrets/mnist-iden
 std::string Decoded(const Json& data, const std::string& key) {
   std::string raw;
   EXPECT_TRUE(data.contains(key)) << key;
-  if (data.contains(key)) EXPECT_TRUE(absl::Base64Unescape(data[key].get<std::string>(), &raw));
+  if (data.contains(key)) {
+    EXPECT_TRUE(absl::Base64Unescape(data[key].get<std::string>(), &raw));
+  }
   return raw;
 }
 

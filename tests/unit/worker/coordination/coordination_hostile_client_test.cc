@@ -114,7 +114,7 @@ class CoordinationFloodTest : public ::testing::Test {
 };
 
 TEST_F(CoordinationFloodTest, FloodOfDistinctBarrierNamesStopsAtTheDefaultLimitAndNamesReuse) {
-  Start({});
+  Start(CoordinationServiceOptions());  // not {}: see CoordinationService::Start
   // The job's own barrier exists before the flood.
   ExpectRealJobServed("real/step");
   // Each flooding call times out at once (worker:0 never arrives) but leaves
@@ -164,7 +164,7 @@ TEST_F(CoordinationFloodTest, ValuesBeyondTheStoreBudgetAreResourceExhaustedAndN
 }
 
 TEST_F(CoordinationFloodTest, FloodOfBlockedCallsStopsAtMaxWaitersAndTheJobIsServedAfterwards) {
-  Start({});  // max_waiters 0: 4 per task + 16 = 24 for two tasks
+  Start(CoordinationServiceOptions());  // max_waiters 0: 4 per task + 16 = 24 for two tasks
   constexpr int kLimit = 24;
   std::vector<grpc::Status> blocked(kLimit);
   std::vector<std::thread> threads;

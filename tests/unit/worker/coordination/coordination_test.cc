@@ -85,7 +85,9 @@ struct FailureSink {
 
 class CoordinationTest : public ::testing::Test {
  protected:
-  void StartService(std::vector<TaskId> members, CoordinationServiceOptions options = {}) {
+  // () not {}: see CoordinationService::Start (a GCC 12 false warning).
+  void StartService(std::vector<TaskId> members,
+                    CoordinationServiceOptions options = CoordinationServiceOptions()) {
     options.coordinator = members[0];
     members_ = members;
     auto service = CoordinationService::Start("127.0.0.1:0", members, options);

@@ -58,8 +58,10 @@ class RendezvousTest : public ::testing::Test {
     return *spec;
   }
 
-  // Starts every task's Rendezvous from its own thread.
-  std::vector<std::unique_ptr<Rendezvous>> StartAll(RendezvousOptions options = {}) {
+  // Starts every task's Rendezvous from its own thread. () not {}: see
+  // CoordinationService::Start (a GCC 12 false warning).
+  std::vector<std::unique_ptr<Rendezvous>> StartAll(
+      RendezvousOptions options = RendezvousOptions()) {
     std::vector<std::unique_ptr<Rendezvous>> out(tasks_.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < tasks_.size(); ++i) {
