@@ -136,7 +136,7 @@ void Conv2DBackward(const Window2D& w, const Tensor& x, const Tensor& dy, const 
   DISTRAIN_CHECK(relu_output == nullptr || scratch != nullptr)
       << "Conv2DBackward: ReLU's gradient needs a scratch tensor";
   const DeviceId d = CallDevice({&x, &dy, &kernel, relu_output});
-  if (!OnGpu(d) && compute == ComputeType::kBfloat16 && CpuHasBfloat16Convolutions()) {
+  if (!OnGpu(d) && cpu::Bfloat16ConvolutionKernels(w, compute)) {
     // The one fused route: dy read once (cpu::Conv2DBackwardBf16).
     CheckWindow(w);
     CheckShape(x, InShape(w), "Conv2D input");

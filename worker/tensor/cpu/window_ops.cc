@@ -436,9 +436,16 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
 // layout and im2col's transpose (one GEMM with K = filters, then a scatter)
 // was 2x faster. These are relations between algorithms, not tuned
 // constants; re-run the benchmark on a new machine kind.
-// Under mixed_bfloat16 with native bfloat16 dot products, every pass runs
-// on oneDNN's bfloat16 kernels (the single-channel backward-data too: its
-// float32 detour above was about oneDNN's float32 kernels).
+// Under mixed_bfloat16 with native bfloat16 dot products, every pass of a
+// convolution with several input channels runs on oneDNN's bfloat16
+// kernels. One input channel stays on the float32 routes above: a bfloat16
+// dot-product instruction multiplies input channels in pairs, so with one
+// channel half of every pair is padding and the bfloat16 kernels do the
+// float32 kernels' multiply-adds plus a staging pass of the input. The
+// values are the same bfloat16 ones either way (the products are exact in
+// float32), summed in float32. Guide CNN, conv1 at batch 256 (2-core Zen 5,
+// ONEDNN_VERBOSE of a training run): forward 2.68 -> 1.93 ms, backward-
+// weights 1.29 -> 1.12 ms, and 0.36 ms of input staging gone.
 // The bias gradient is never oneDNN's: on nhwc, its backward-weights kernels
 // for few input channels reduce the bias outside their JIT loop, slowly. In
 // training (guide CNN, batch 256, 2-core Zen 5, ONEDNN_VERBOSE) conv1's
@@ -450,22 +457,26 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
 // business and may change with a version or an ISA, so the rule is not a
 // threshold: every convolution's bias gradient is ColumnSums, the same
 // numbers whatever kernel oneDNN picks.
+bool Bfloat16ConvolutionKernels(const Window2D& w, ComputeType compute) {
+  return compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions() && w.in_c > 1;
+}
+
 void Conv2DForward(const Window2D& w, const float* x, const float* kernel, const float* bias,
                    float* y, ComputeType compute) {
-  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+  const bool bf16 = Bfloat16ConvolutionKernels(w, compute);
   internal::ConvForwardOnednn(w, x, kernel, bias, y, internal::ConvLayout::kChosenWeights, bf16);
 }
 
 void Conv2DBackwardData(const Window2D& w, const float* dy, const float* kernel, float* dx,
                         ComputeType compute) {
-  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+  const bool bf16 = Bfloat16ConvolutionKernels(w, compute);
   if (w.in_c == 1 && !bf16) return internal::ConvBackwardDataGemm(w, dy, kernel, dx);
   internal::ConvBackwardDataOnednn(w, dy, kernel, dx, internal::ConvLayout::kChosenWeights, bf16);
 }
 
 void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias, ComputeType compute) {
-  const bool bf16 = compute == ComputeType::kBfloat16 && internal::NativeBf16Convolutions();
+  const bool bf16 = Bfloat16ConvolutionKernels(w, compute);
   internal::ConvBackwardWeightsOnednn(w, x, dy, dkernel, /*dbias=*/nullptr,
                                      internal::ConvLayout::kChosenWeights, bf16);
   if (dbias != nullptr) ColumnSums(w.batch * w.out_h * w.out_w, w.out_c, dy, dbias);
@@ -478,8 +489,8 @@ void Conv2DBackwardWeights(const Window2D& w, const float* x, const float* dy, f
 // and conv2's 7.9 MB of dy, read three and five times a step.
 void Conv2DBackwardBf16(const Window2D& w, const float* x, const float* dy, const float* kernel,
                         float* dkernel, float* dbias, float* dx, const float* relu_output) {
-  DISTRAIN_CHECK(internal::NativeBf16Convolutions())
-      << "Conv2DBackwardBf16 on a CPU without bfloat16 dot products";
+  DISTRAIN_CHECK(Bfloat16ConvolutionKernels(w, ComputeType::kBfloat16))
+      << "Conv2DBackwardBf16 where the bfloat16 kernels do not run";
   const int64_t rows = w.batch * w.out_h * w.out_w;
   thread_local std::vector<uint16_t> dy_bf16;
   dy_bf16.resize(static_cast<size_t>(rows * w.out_c));

@@ -39,8 +39,14 @@ void Conv2DBackwardData(const ops::Window2D& w, const float* dy, const float* ke
 // dkernel (overwritten) and, when not null, dbias (overwritten).
 void Conv2DBackwardWeights(const ops::Window2D& w, const float* x, const float* dy, float* dkernel,
                            float* dbias, ComputeType compute = ComputeType::kFloat32);
-// Both passes under mixed_bfloat16, only where NativeBf16Convolutions (ops.h's
-// Conv2DBackward routes): Conv2DBackwardWeights(kBfloat16), then, when dx is
+// Whether a convolution of this geometry runs on oneDNN's bfloat16 kernels
+// under `compute` (else on the float32 ones, its inputs holding bfloat16
+// values all the same): under kBfloat16 on a CPU with bfloat16 dot products
+// (NativeBf16Convolutions), for more than one input channel (window_ops.cc,
+// Conv2DForward's routing comment).
+bool Bfloat16ConvolutionKernels(const ops::Window2D& w, ComputeType compute);
+// Both passes under mixed_bfloat16, only where Bfloat16ConvolutionKernels
+// (ops.h's Conv2DBackward routes): Conv2DBackwardWeights(kBfloat16), then, when dx is
 // not null, Conv2DBackwardData(kBfloat16) — the same results, with dy read
 // once. With relu_output, dy is first masked by ReLU's gradient in that read.
 void Conv2DBackwardBf16(const ops::Window2D& w, const float* x, const float* dy,

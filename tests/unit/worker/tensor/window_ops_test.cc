@@ -327,7 +327,7 @@ TEST_P(ConvTest, EveryImplementationMatchesReference) {
 // inputs that hold bfloat16 values run on oneDNN's bfloat16 kernels and give
 // the float32 kernels' results (the products are exact either way; only the
 // order of the float32 sums differs), in every pass, with and without bias,
-// the single-channel backward-data included.
+// down to three input channels (an RGB image).
 TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
   namespace in = cpu::internal;
   if (!in::NativeBf16Convolutions()) {
@@ -338,10 +338,11 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
     ops::RoundTo(ComputeType::kBfloat16, t, &t);
     return t;
   };
-  for (const Window2D& g : {KerasWindow2D(8, 28, 28, 1, 32, {3, 3}, {1, 1}, PaddingKind::kValid),
+  for (const Window2D& g : {KerasWindow2D(8, 28, 28, 3, 32, {3, 3}, {1, 1}, PaddingKind::kValid),
                             KerasWindow2D(8, 13, 13, 32, 64, {3, 3}, {1, 1}, PaddingKind::kValid),
                             KerasWindow2D(3, 9, 7, 5, 6, {3, 2}, {2, 1}, PaddingKind::kSame)}) {
     SCOPED_TRACE(::testing::Message() << "in_c " << g.in_c << " out_c " << g.out_c);
+    ASSERT_TRUE(cpu::Bfloat16ConvolutionKernels(g, ComputeType::kBfloat16));
     const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 50);
     const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 51);
     const Tensor b = Random({g.out_c}, 52);
@@ -366,6 +367,41 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
     ExpectNear(got, ToDouble(want), 2e-4, "dkernel");
     ExpectNear(db_got, ToDouble(db_want), 2e-4, "dbias");
   }
+}
+
+// One input channel (a grayscale image: the guide CNN's first layer) stays
+// on the float32 kernels under mixed_bfloat16 (window_ops.cc's routing
+// comment): every pass gives exactly what the float32 pass gives on the same
+// bfloat16 values, on every CPU.
+TEST(ConvBf16Test, OneInputChannelRunsTheFloat32PassesBitForBit) {
+  ops::SetCpuThreadsForThisThread(cpu::BlasThreads());  // both sides on one team
+  const Window2D g = KerasWindow2D(8, 28, 28, 1, 32, {3, 3}, {1, 1}, PaddingKind::kValid);
+  EXPECT_FALSE(cpu::Bfloat16ConvolutionKernels(g, ComputeType::kBfloat16));
+  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
+    Tensor t = Random(std::move(shape), seed);
+    ops::RoundTo(ComputeType::kBfloat16, t, &t);
+    return t;
+  };
+  const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 70);
+  const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 71);
+  const Tensor b = rounded({g.out_c}, 72);
+  const Tensor dy = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 73);
+  Tensor y32({g.batch, g.out_h, g.out_w, g.out_c}), y16(y32.shape());
+  cpu::Conv2DForward(g, x.data(), k.data(), b.data(), y32.data(), ComputeType::kFloat32);
+  cpu::Conv2DForward(g, x.data(), k.data(), b.data(), y16.data(), ComputeType::kBfloat16);
+  EXPECT_EQ(0, std::memcmp(y16.data(), y32.data(), y32.bytes())) << "forward";
+  Tensor dk32(k.shape()), dk16(k.shape()), db32({g.out_c}), db16({g.out_c});
+  Tensor dx32(x.shape()), dx16(x.shape()), scratch;
+  ops::Conv2DBackward(g, x, dy, k, &dk32, &db32, &dx32, ComputeType::kFloat32, nullptr, &scratch);
+  ops::Conv2DBackward(g, x, dy, k, &dk16, &db16, &dx16, ComputeType::kBfloat16, nullptr, &scratch);
+  EXPECT_EQ(0, std::memcmp(dk16.data(), dk32.data(), dk32.bytes())) << "dkernel";
+  EXPECT_EQ(0, std::memcmp(db16.data(), db32.data(), db32.bytes())) << "dbias";
+  EXPECT_EQ(0, std::memcmp(dx16.data(), dx32.data(), dx32.bytes())) << "dx";
+  // Several channels do take the bfloat16 kernels where the CPU has them.
+  const Window2D two = KerasWindow2D(8, 28, 28, 2, 32, {3, 3}, {1, 1}, PaddingKind::kValid);
+  EXPECT_EQ(cpu::Bfloat16ConvolutionKernels(two, ComputeType::kBfloat16),
+            cpu::internal::NativeBf16Convolutions());
+  EXPECT_FALSE(cpu::Bfloat16ConvolutionKernels(two, ComputeType::kFloat32));
 }
 
 // Both backward passes in one call (Conv2D's backward under any precision)
