@@ -440,12 +440,16 @@ void ConvBackwardWeightsOnednn(const Window2D& w, const float* x, const float* d
 // convolution with several input channels runs on oneDNN's bfloat16
 // kernels. One input channel stays on the float32 routes above: a bfloat16
 // dot-product instruction multiplies input channels in pairs, so with one
-// channel half of every pair is padding and the bfloat16 kernels do the
-// float32 kernels' multiply-adds plus a staging pass of the input. The
+// channel half of every pair is padding and the bfloat16 kernels gain
+// little, while they need the input and dy converted to bfloat16 first. The
 // values are the same bfloat16 ones either way (the products are exact in
-// float32), summed in float32. Guide CNN, conv1 at batch 256 (2-core Zen 5,
-// ONEDNN_VERBOSE of a training run): forward 2.68 -> 1.93 ms, backward-
-// weights 1.29 -> 1.12 ms, and 0.36 ms of input staging gone.
+// float32), summed in float32. Guide CNN, batch 256, 2-core Zen 5, quiet:
+// oneDNN's own conv1 time was about even (ONEDNN_VERBOSE: forward 1.60 vs
+// 1.65 ms, backward-weights 0.44 vs 0.81 ms, bfloat16 first), but the
+// conversion of conv1's 22 MB dy (Conv2DBackwardBf16) was the larger part of
+// ColumnSumsAndBfloat16's 6.0% of the run's CPU samples (perf; 1.8% with
+// conv2's alone), and the whole run took 3.5-4% fewer CPU seconds on the
+// float32 route (A/B, alternating, 7 rounds).
 // The bias gradient is never oneDNN's: on nhwc, its backward-weights kernels
 // for few input channels reduce the bias outside their JIT loop, slowly. In
 // training (guide CNN, batch 256, 2-core Zen 5, ONEDNN_VERBOSE) conv1's
