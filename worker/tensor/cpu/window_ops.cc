@@ -496,8 +496,11 @@ void Conv2DBackwardBf16(const Window2D& w, const float* x, const float* dy, cons
   DISTRAIN_CHECK(Bfloat16ConvolutionKernels(w, ComputeType::kBfloat16))
       << "Conv2DBackwardBf16 where the bfloat16 kernels do not run";
   const int64_t rows = w.batch * w.out_h * w.out_w;
+  // Grows only: a resize down and back up would zero the whole copy again on
+  // every call of a model with convolutions of different sizes.
   thread_local std::vector<uint16_t> dy_bf16;
-  dy_bf16.resize(static_cast<size_t>(rows * w.out_c));
+  const size_t elements = static_cast<size_t>(rows * w.out_c);
+  if (dy_bf16.size() < elements) dy_bf16.resize(elements);
   ColumnSumsAndBfloat16(rows, w.out_c, dy, dbias, dy_bf16.data(), relu_output);
   internal::ConvBackwardWeightsOnednn(w, x, nullptr, dkernel, /*dbias=*/nullptr,
                                      internal::ConvLayout::kChosenWeights, true, dy_bf16.data());
