@@ -67,8 +67,9 @@ std::vector<std::string> FilesUnder(const std::string& dir) {
   return out;
 }
 
-grpc::ClientContext* WithDeadline(grpc::ClientContext& ctx) {
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+grpc::ClientContext* WithDeadline(grpc::ClientContext& ctx,
+                                  std::chrono::seconds timeout = std::chrono::seconds(10)) {
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   return &ctx;
 }
 
@@ -176,6 +177,18 @@ class PsAuthorityTest : public ::testing::Test {
     std::vector<std::string> bytes;
     for (const v1::UploadMessage& m : messages) bytes.push_back(m.SerializeAsString());
     return RawUpload(push, bytes);
+  }
+  // Upload as a Push every 20 ms until the server answers `code`, for at
+  // most 20 s: what another stream's reservation makes it answer changes
+  // when the server gets to that stream. Returns the last answer.
+  grpc::Status PushUntil(const std::vector<v1::UploadMessage>& messages, grpc::StatusCode code) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    grpc::Status s = Upload(/*push=*/true, messages);
+    while (s.error_code() != code && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      s = Upload(/*push=*/true, messages);
+    }
+    return s;
   }
   // The same with arbitrary bytes per message (frames that lie).
   grpc::Status RawUpload(bool push, const std::vector<std::string>& messages) {
@@ -554,25 +567,19 @@ TEST_F(PsAuthorityTest, UploadsBeyondTheStagingBudgetAreResourceExhaustedWhileTh
   // A stream that announced both of big's shards (64 KiB of the 80 KiB
   // budget) and sent a first chunk holds its reservation while it stays open.
   grpc::ClientContext holder_ctx;
-  holder_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::PushResponse holder_response;
-  auto holder = stub_->Push(&holder_ctx, &holder_response);
+  auto holder =
+      stub_->Push(WithDeadline(holder_ctx, std::chrono::seconds(60)), &holder_response);
   v1::UploadMessage first = Header("big", 0, kBigShardElements);
   *first.mutable_header()->add_shards() = Header("big", 1, kBigShardElements).header().shards(0);
   AddChunk(first, 0, 0, 16);
   ASSERT_TRUE(holder->Write(first));
   // The second would need another 32 KiB: refused once the server has read
   // the holder's header, which once took over 2 s (a shuffled run of the
-  // whole suite), so the wait is bounded by time, not by a count of tries.
-  grpc::Status s;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < give_up) {
-    v1::UploadMessage second = Header("big", 0, kBigShardElements);
-    AddChunk(second, 0, 0, 16);
-    s = Upload(/*push=*/true, {second});
-    if (s.error_code() == grpc::RESOURCE_EXHAUSTED) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // whole suite).
+  v1::UploadMessage second = Header("big", 0, kBigShardElements);
+  AddChunk(second, 0, 0, 16);
+  grpc::Status s = PushUntil({second}, grpc::RESOURCE_EXHAUSTED);
   EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_THAT(s.error_message(),
               AllOf(HasSubstr("Push: the header announces 32768 bytes while uploads in flight "
@@ -586,12 +593,7 @@ TEST_F(PsAuthorityTest, UploadsBeyondTheStagingBudgetAreResourceExhaustedWhileTh
   holder->Finish();
   v1::UploadMessage full = Header("big", 0, kBigShardElements);
   AddChunk(full, 0, 0, kBigShardElements * sizeof(float));
-  const auto released_by = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < released_by) {
-    s = Upload(/*push=*/true, {full});
-    if (s.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  s = PushUntil({full}, grpc::OK);
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 

@@ -40,15 +40,19 @@ JobConfig Job(StrategyKind strategy, int local_replicas, int64_t batch = 32,
 
 using testing::Batches;
 
+// The job's model, as the Trainer builds it for every replica.
+ModelFactory Factory(const JobConfig& config) {
+  return [model = config.training.model, seed = config.training.seed]() {
+    return Model::Create(model, kFeatures, kClasses, seed);
+  };
+}
+
 template <typename S>
 std::unique_ptr<S> Make(const JobConfig& config) {
   auto s = std::make_unique<S>(/*gpus=*/0);  // the CPU path on any machine
   absl::Status init = s->Init(LoneWorker(), config);
   EXPECT_TRUE(init.ok()) << init;
-  ModelFactory factory = [&]() {
-    return Model::Create(config.training.model, kFeatures, kClasses, config.training.seed);
-  };
-  absl::Status created = s->CreateVariables(factory, config.training.optimizer);
+  absl::Status created = s->CreateVariables(Factory(config), config.training.optimizer);
   EXPECT_TRUE(created.ok()) << created;
   return s;
 }
@@ -125,10 +129,7 @@ TEST(CentralStorageStrategyTest, CreatingVariablesAgainStartsOver) {
   const JobConfig job = Job(StrategyKind::kCentralStorage, 4);
   auto again = Make<CentralStorageStrategy>(job);
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
-  ModelFactory factory = [&]() {
-    return Model::Create(job.training.model, kFeatures, kClasses, job.training.seed);
-  };
-  ASSERT_TRUE(again->CreateVariables(factory, job.training.optimizer).ok());
+  ASSERT_TRUE(again->CreateVariables(Factory(job), job.training.optimizer).ok());
   auto fresh = Make<CentralStorageStrategy>(job);
   ASSERT_EQ(again->local_models().size(), fresh->local_models().size());
   for (int s = 3; s < 6; ++s) {

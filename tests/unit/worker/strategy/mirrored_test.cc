@@ -41,6 +41,13 @@ JobConfig Job(StrategyKind strategy, int local_replicas,
 
 using testing::Batches;
 
+// The job's model, as the Trainer builds it for every replica.
+ModelFactory Factory(const JobConfig& config) {
+  return [model = config.training.model, seed = config.training.seed]() {
+    return Model::Create(model, kFeatures, kClasses, seed);
+  };
+}
+
 std::unique_ptr<Strategy> Make(const JobConfig& config) {
   std::unique_ptr<Strategy> s;
   if (config.strategy == StrategyKind::kMirrored) {
@@ -49,10 +56,7 @@ std::unique_ptr<Strategy> Make(const JobConfig& config) {
     s = std::make_unique<OneDeviceStrategy>(/*gpus=*/0);
   }
   EXPECT_TRUE(s->Init(LoneWorker(), config).ok());
-  ModelFactory factory = [&]() {
-    return Model::Create(config.training.model, kFeatures, kClasses, config.training.seed);
-  };
-  EXPECT_TRUE(s->CreateVariables(factory, config.training.optimizer).ok());
+  EXPECT_TRUE(s->CreateVariables(Factory(config), config.training.optimizer).ok());
   return s;
 }
 
@@ -157,10 +161,7 @@ TEST(MirroredStrategyTest, CreatingVariablesAgainStartsOver) {
   const JobConfig job = Job(StrategyKind::kMirrored, 4);
   auto again = Make(job);
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());
-  ModelFactory factory = [&]() {
-    return Model::Create(job.training.model, kFeatures, kClasses, job.training.seed);
-  };
-  ASSERT_TRUE(again->CreateVariables(factory, job.training.optimizer).ok());
+  ASSERT_TRUE(again->CreateVariables(Factory(job), job.training.optimizer).ok());
   auto fresh = Make(job);
   for (int s = 3; s < 6; ++s) {
     ASSERT_TRUE(Step(*again, data.features[s], data.labels[s]).ok());

@@ -36,6 +36,14 @@ Tensor Random(std::vector<int64_t> shape, uint32_t seed, float lo = -2.0f, float
   return t;
 }
 
+// Random values rounded to bfloat16: what a mixed_bfloat16 layer feeds a
+// convolution.
+Tensor RandomBfloat16(std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t = Random(std::move(shape), seed);
+  ops::RoundTo(ComputeType::kBfloat16, t, &t);
+  return t;
+}
+
 std::vector<double> ToDouble(const Tensor& t) { return {t.data(), t.data() + t.size()}; }
 
 // |got - want| <= tol * (1 + |want|) elementwise, reporting the first miss.
@@ -333,20 +341,15 @@ TEST(ConvBf16Test, Bfloat16KernelsMatchFloat32OnBfloat16Inputs) {
   if (!in::NativeBf16Convolutions()) {
     GTEST_SKIP() << "this CPU has no AVX512-BF16 or AMX; mixed_bfloat16 stays on float32 kernels";
   }
-  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
-    Tensor t = Random(std::move(shape), seed);
-    ops::RoundTo(ComputeType::kBfloat16, t, &t);
-    return t;
-  };
   for (const Window2D& g : {KerasWindow2D(8, 28, 28, 3, 32, {3, 3}, {1, 1}, PaddingKind::kValid),
                             KerasWindow2D(8, 13, 13, 32, 64, {3, 3}, {1, 1}, PaddingKind::kValid),
                             KerasWindow2D(3, 9, 7, 5, 6, {3, 2}, {2, 1}, PaddingKind::kSame)}) {
     SCOPED_TRACE(::testing::Message() << "in_c " << g.in_c << " out_c " << g.out_c);
     ASSERT_TRUE(cpu::Bfloat16ConvolutionKernels(g, ComputeType::kBfloat16));
-    const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 50);
-    const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 51);
+    const Tensor x = RandomBfloat16({g.batch, g.in_h, g.in_w, g.in_c}, 50);
+    const Tensor k = RandomBfloat16({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 51);
     const Tensor b = Random({g.out_c}, 52);
-    const Tensor r = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 53);
+    const Tensor r = RandomBfloat16({g.batch, g.out_h, g.out_w, g.out_c}, 53);
     Tensor want(r.shape()), got(r.shape());
     cpu::Conv2DForward(g, x.data(), k.data(), b.data(), want.data());
     cpu::Conv2DForward(g, x.data(), k.data(), b.data(), got.data(), ComputeType::kBfloat16);
@@ -377,15 +380,10 @@ TEST(ConvBf16Test, OneInputChannelRunsTheFloat32PassesBitForBit) {
   ops::SetCpuThreadsForThisThread(cpu::BlasThreads());  // both sides on one team
   const Window2D g = KerasWindow2D(8, 28, 28, 1, 32, {3, 3}, {1, 1}, PaddingKind::kValid);
   EXPECT_FALSE(cpu::Bfloat16ConvolutionKernels(g, ComputeType::kBfloat16));
-  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
-    Tensor t = Random(std::move(shape), seed);
-    ops::RoundTo(ComputeType::kBfloat16, t, &t);
-    return t;
-  };
-  const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 70);
-  const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 71);
-  const Tensor b = rounded({g.out_c}, 72);
-  const Tensor dy = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 73);
+  const Tensor x = RandomBfloat16({g.batch, g.in_h, g.in_w, g.in_c}, 70);
+  const Tensor k = RandomBfloat16({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 71);
+  const Tensor b = RandomBfloat16({g.out_c}, 72);
+  const Tensor dy = RandomBfloat16({g.batch, g.out_h, g.out_w, g.out_c}, 73);
   Tensor y32({g.batch, g.out_h, g.out_w, g.out_c}), y16(y32.shape());
   cpu::Conv2DForward(g, x.data(), k.data(), b.data(), y32.data(), ComputeType::kFloat32);
   cpu::Conv2DForward(g, x.data(), k.data(), b.data(), y16.data(), ComputeType::kBfloat16);
@@ -416,11 +414,6 @@ TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
   // team left at another size by an earlier test would make the first
   // separate pass run on a different team than the rest.
   ops::SetCpuThreadsForThisThread(cpu::BlasThreads());
-  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
-    Tensor t = Random(std::move(shape), seed);
-    ops::RoundTo(ComputeType::kBfloat16, t, &t);
-    return t;
-  };
   for (const ComputeType compute : {ComputeType::kFloat32, ComputeType::kBfloat16}) {
     for (const Window2D& g : {KerasWindow2D(40, 13, 13, 32, 64, {3, 3}, {1, 1}, PaddingKind::kValid),
                               KerasWindow2D(3, 9, 7, 1, 6, {3, 2}, {2, 1}, PaddingKind::kSame)}) {
@@ -430,11 +423,11 @@ TEST(ConvBackwardTest, BothPassesInOneCallAreTheSeparatePassesBitForBit) {
             SCOPED_TRACE(::testing::Message()
                          << ComputeTypeName(compute) << " in_c " << g.in_c << " bias " << with_bias
                          << " dx " << with_dx << " relu " << with_relu);
-            const Tensor x = rounded({g.batch, g.in_h, g.in_w, g.in_c}, 60);
-            const Tensor k = rounded({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 61);
-            const Tensor dy = rounded({g.batch, g.out_h, g.out_w, g.out_c}, 62);
+            const Tensor x = RandomBfloat16({g.batch, g.in_h, g.in_w, g.in_c}, 60);
+            const Tensor k = RandomBfloat16({g.kernel_h, g.kernel_w, g.in_c, g.out_c}, 61);
+            const Tensor dy = RandomBfloat16({g.batch, g.out_h, g.out_w, g.out_c}, 62);
             // A ReLU's output: about half zeros.
-            Tensor relu_out = rounded(dy.shape(), 63);
+            Tensor relu_out = RandomBfloat16(dy.shape(), 63);
             ops::ActivationForward(ActivationKind::kRelu, relu_out, &relu_out);
             Tensor dz = dy;  // what the passes read: dy behind the ReLU
             if (with_relu) {
@@ -473,11 +466,6 @@ TEST(ConvBf16Test, Bfloat16GemmMatchesSgemmOnBfloat16Inputs) {
   if (!cpu::internal::NativeBf16Convolutions()) {
     GTEST_SKIP() << "this CPU has no AVX512-BF16 or AMX; mixed_bfloat16 stays on SGEMM";
   }
-  const auto rounded = [](std::vector<int64_t> shape, uint32_t seed) {
-    Tensor t = Random(std::move(shape), seed);
-    ops::RoundTo(ComputeType::kBfloat16, t, &t);
-    return t;
-  };
   uint32_t seed = 70;
   for (const auto& [m, n, k] : {std::array<int64_t, 3>{128, 64, 7744},
                                 std::array<int64_t, 3>{7744, 64, 128},
@@ -488,8 +476,10 @@ TEST(ConvBf16Test, Bfloat16GemmMatchesSgemmOnBfloat16Inputs) {
              {std::pair{1.0f, 0.0f}, std::pair{1.0f, 1.0f}, std::pair{0.5f, -2.0f}}) {
           SCOPED_TRACE(::testing::Message() << m << "x" << n << "x" << k << " ta " << ta << " tb "
                                             << tb << " alpha " << alpha << " beta " << beta);
-          const Tensor a = rounded(ta ? std::vector<int64_t>{k, m} : std::vector{m, k}, ++seed);
-          const Tensor b = rounded(tb ? std::vector<int64_t>{n, k} : std::vector{k, n}, ++seed);
+          const Tensor a =
+              RandomBfloat16(ta ? std::vector<int64_t>{k, m} : std::vector{m, k}, ++seed);
+          const Tensor b =
+              RandomBfloat16(tb ? std::vector<int64_t>{n, k} : std::vector{k, n}, ++seed);
           const Tensor c0 = Random({m, n}, ++seed);
           Tensor want = c0, got = c0;
           cpu::Gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, want.data());
