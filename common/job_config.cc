@@ -662,6 +662,13 @@ enum class LayerArg {
   kEpsilon,
   kTargetShape,
   kShape,
+  kNegativeSlope,
+  kMaxValue,
+  kThreshold,
+  kAlpha,
+  kAxis,
+  kScale,
+  kOffset,
   kName,
 };
 
@@ -685,6 +692,13 @@ constexpr LayerArgInfo kLayerArgs[] = {
     {LayerArg::kEpsilon, "epsilon", "epsilon"},
     {LayerArg::kTargetShape, "targetShape", "target_shape"},
     {LayerArg::kShape, "shape", "shape"},
+    {LayerArg::kNegativeSlope, "negativeSlope", "negative_slope"},
+    {LayerArg::kMaxValue, "maxValue", "max_value"},
+    {LayerArg::kThreshold, "threshold", "threshold"},
+    {LayerArg::kAlpha, "alpha", "alpha"},
+    {LayerArg::kAxis, "axis", "axis"},
+    {LayerArg::kScale, "scale", "scale"},
+    {LayerArg::kOffset, "offset", "offset"},
     {LayerArg::kName, "name", "name"},
 };
 
@@ -721,6 +735,16 @@ std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
       return {A::kMomentum, A::kEpsilon, A::kName};
     case LayerKind::kActivation:
       return {A::kActivation, A::kName};
+    case LayerKind::kReLU:
+      return {A::kMaxValue, A::kNegativeSlope, A::kThreshold, A::kName};
+    case LayerKind::kLeakyReLU:
+      return {A::kNegativeSlope, A::kName};
+    case LayerKind::kELU:
+      return {A::kAlpha, A::kName};
+    case LayerKind::kSoftmax:
+      return {A::kAxis, A::kName};
+    case LayerKind::kRescaling:
+      return {A::kScale, A::kOffset, A::kName};
   }
   return {A::kName};
 }
@@ -741,19 +765,11 @@ std::vector<std::pair<LayerArg, const char*>> RequiredArgsOf(LayerKind kind) {
       return {{A::kRate, "rate: 0.5"}};
     case LayerKind::kActivation:
       return {{A::kActivation, "activation: relu"}};
+    case LayerKind::kRescaling:
+      return {{A::kScale, "scale: 0.00392156862745098"}};
     default:
       return {};
   }
-}
-
-std::vector<std::string> ActivationNames() {
-  std::vector<std::string> names;
-  for (ActivationKind kind :
-       {ActivationKind::kLinear, ActivationKind::kRelu, ActivationKind::kSigmoid,
-        ActivationKind::kTanh, ActivationKind::kSoftmax, ActivationKind::kGelu}) {
-    names.push_back(ActivationName(kind));
-  }
-  return names;
 }
 
 Rule LayerIntRule() {  // filters, units; int32 like every count in the CRD
@@ -924,7 +940,7 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
       }
       break;
     case LayerArg::kActivation:
-      if (Check(OneOf(ActivationNames()), v, path, issues)) {
+      if (Check(OneOf(ActivationNames(/*with_aliases=*/true)), v, path, issues)) {
         layer->activation = *ParseActivationName(v.get<std::string>());
       }
       break;
@@ -963,6 +979,41 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
         layer->shape = *shape;
       }
       break;
+    case LayerArg::kNegativeSlope:
+    case LayerArg::kMaxValue: {
+      Rule r = Min(0);
+      r.kind = Kind::kNumber;
+      if (!Check(r, v, path, issues)) break;
+      (arg == LayerArg::kNegativeSlope ? layer->negative_slope : layer->max_value) =
+          v.get<double>();
+      break;
+    }
+    case LayerArg::kThreshold:
+    case LayerArg::kAlpha:
+    case LayerArg::kScale:
+    case LayerArg::kOffset: {
+      Rule r;
+      r.kind = Kind::kNumber;
+      if (!Check(r, v, path, issues)) break;
+      const double x = v.get<double>();
+      if (arg == LayerArg::kThreshold) {
+        layer->threshold = x;
+      } else if (arg == LayerArg::kAlpha) {
+        layer->alpha = x;
+      } else if (arg == LayerArg::kScale) {
+        layer->scale = x;
+      } else {
+        layer->offset = x;
+      }
+      break;
+    }
+    case LayerArg::kAxis: {
+      Rule r;
+      r.kind = Kind::kInteger;
+      SetIntegerBounds<int>(&r);
+      if (Check(r, v, path, issues)) layer->axis = v.get<int64_t>();
+      break;
+    }
     case LayerArg::kName: {
       Rule r;
       r.kind = Kind::kString;
@@ -1147,6 +1198,27 @@ Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
       case LayerArg::kTargetShape:
       case LayerArg::kShape:
         args[name] = layer.shape;
+        break;
+      case LayerArg::kNegativeSlope:
+        if (layer.negative_slope) args[name] = *layer.negative_slope;
+        break;
+      case LayerArg::kMaxValue:
+        if (layer.max_value) args[name] = *layer.max_value;
+        break;
+      case LayerArg::kThreshold:
+        if (layer.threshold != defaults.threshold) args[name] = layer.threshold;
+        break;
+      case LayerArg::kAlpha:
+        if (layer.alpha != defaults.alpha) args[name] = layer.alpha;
+        break;
+      case LayerArg::kAxis:
+        if (layer.axis != defaults.axis) args[name] = layer.axis;
+        break;
+      case LayerArg::kScale:
+        args[name] = layer.scale;
+        break;
+      case LayerArg::kOffset:
+        if (layer.offset != defaults.offset) args[name] = layer.offset;
         break;
       case LayerArg::kName:
         if (!layer.name.empty() && !automatic_name) args[name] = layer.name;

@@ -1,6 +1,7 @@
 #include "common/model_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -35,12 +36,35 @@ constexpr LayerKindEntry kLayerKinds[] = {
     {LayerKind::kDropout, "Dropout", "dropout"},
     {LayerKind::kBatchNormalization, "BatchNormalization", "batch_normalization"},
     {LayerKind::kActivation, "Activation", "activation"},
+    {LayerKind::kReLU, "ReLU", "re_lu"},
+    {LayerKind::kLeakyReLU, "LeakyReLU", "leaky_re_lu"},
+    {LayerKind::kELU, "ELU", "elu"},
+    {LayerKind::kSoftmax, "Softmax", "softmax"},
+    {LayerKind::kRescaling, "Rescaling", "rescaling"},
 };
 
+// In the order of the enum; each kind's first entry is the name Keras
+// writes (keras.activations.serialize), the later ones its aliases.
 constexpr std::pair<ActivationKind, const char*> kActivations[] = {
-    {ActivationKind::kLinear, "linear"},   {ActivationKind::kRelu, "relu"},
-    {ActivationKind::kSigmoid, "sigmoid"}, {ActivationKind::kTanh, "tanh"},
-    {ActivationKind::kSoftmax, "softmax"}, {ActivationKind::kGelu, "gelu"},
+    {ActivationKind::kLinear, "linear"},
+    {ActivationKind::kRelu, "relu"},
+    {ActivationKind::kSigmoid, "sigmoid"},
+    {ActivationKind::kTanh, "tanh"},
+    {ActivationKind::kSoftmax, "softmax"},
+    {ActivationKind::kGelu, "gelu"},
+    {ActivationKind::kElu, "elu"},
+    {ActivationKind::kSelu, "selu"},
+    {ActivationKind::kSoftplus, "softplus"},
+    {ActivationKind::kSoftsign, "softsign"},
+    {ActivationKind::kSilu, "silu"},
+    {ActivationKind::kSilu, "swish"},
+    {ActivationKind::kHardSigmoid, "hard_sigmoid"},
+    {ActivationKind::kHardSilu, "hard_silu"},
+    {ActivationKind::kHardSilu, "hard_swish"},
+    {ActivationKind::kLeakyRelu, "leaky_relu"},
+    {ActivationKind::kRelu6, "relu6"},
+    {ActivationKind::kExponential, "exponential"},
+    {ActivationKind::kMish, "mish"},
 };
 
 constexpr std::pair<LossKind, const char*> kLosses[] = {
@@ -194,9 +218,48 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
                     absl::StrCat("epsilon must be a positive number, got ", layer.epsilon));
       }
       break;
+    case LayerKind::kReLU:
+      if (layer.threshold != 0) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("threshold ", layer.threshold,
+                                 " is not supported; distrain's ReLU has threshold 0"));
+      }
+      if (layer.max_value && *layer.max_value != 6) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("maxValue ", *layer.max_value,
+                                 " is not supported; use maxValue: 6 (relu6) or leave it unset"));
+      }
+      if (layer.max_value && layer.negative_slope.value_or(0) != 0) {
+        issues->Add(index, layer.kind,
+                    "maxValue and negativeSlope together are not supported; use ReLU: "
+                    "{maxValue: 6} or LeakyReLU: {negativeSlope: ...}");
+      }
+      [[fallthrough]];
+    case LayerKind::kLeakyReLU:
+      if (layer.negative_slope &&
+          !(*layer.negative_slope >= 0 && std::isfinite(*layer.negative_slope))) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("negativeSlope must be a number >= 0, got ",
+                                 *layer.negative_slope));
+      }
+      break;
+    case LayerKind::kELU:
+      if (!std::isfinite(layer.alpha)) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("alpha must be a finite number, got ", layer.alpha));
+      }
+      break;
+    case LayerKind::kRescaling:
+      if (!std::isfinite(layer.scale) || !std::isfinite(layer.offset)) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("scale and offset must be finite numbers, got scale ",
+                                 layer.scale, ", offset ", layer.offset));
+      }
+      break;
     case LayerKind::kGlobalAveragePooling2D:
     case LayerKind::kFlatten:
     case LayerKind::kActivation:
+    case LayerKind::kSoftmax:
       break;
   }
   if (layer.name.find('/') != std::string::npos) {
@@ -246,6 +309,16 @@ std::optional<ActivationKind> ParseActivationName(const std::string& name) {
   return std::nullopt;
 }
 
+std::vector<std::string> ActivationNames(bool with_aliases) {
+  std::vector<std::string> names;
+  for (const auto& [k, n] : kActivations) {
+    if (with_aliases || names.empty() || ParseActivationName(names.back()) != k) {
+      names.push_back(n);
+    }
+  }
+  return names;
+}
+
 const char* LossKindName(LossKind kind) {
   for (const auto& [k, name] : kLosses) {
     if (k == kind) return name;
@@ -258,6 +331,31 @@ std::optional<LossKind> ParseLossKindName(const std::string& name) {
     if (name == n) return k;
   }
   return std::nullopt;
+}
+
+ActivationFunction LayerConfig::Activation() const {
+  switch (kind) {
+    case LayerKind::kDense:
+    case LayerKind::kConv2D:
+    case LayerKind::kActivation:
+      return activation;
+    case LayerKind::kReLU:
+      // Keras' ReLU(max_value, negative_slope, threshold) in the forms
+      // CheckArguments accepts: relu, relu6, or a leaky ReLU.
+      if (max_value) return ActivationKind::kRelu6;
+      if (negative_slope.value_or(0.0) > 0) {
+        return {ActivationKind::kLeakyRelu, static_cast<float>(*negative_slope)};
+      }
+      return ActivationKind::kRelu;
+    case LayerKind::kLeakyReLU:
+      return {ActivationKind::kLeakyRelu, static_cast<float>(negative_slope.value_or(0.3))};
+    case LayerKind::kELU:
+      return {ActivationKind::kElu, static_cast<float>(alpha)};
+    case LayerKind::kSoftmax:
+      return ActivationKind::kSoftmax;
+    default:
+      return ActivationKind::kLinear;
+  }
 }
 
 std::array<int64_t, 2> LayerConfig::EffectiveStrides() const {
@@ -439,9 +537,23 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
         // Carry on as if flattened, so later layers are still checked.
         if (arguments_ok && current) out = std::vector<int64_t>{layer.units};
         break;
+      case LayerKind::kSoftmax:
+        // Keras counts the batch as axis 0, so the last axis is the rank.
+        if (current && layer.axis != -1 && layer.axis != static_cast<int64_t>(current->size())) {
+          issues.Add(i, layer.kind,
+                     absl::StrCat("axis ", layer.axis, " is not supported; distrain's softmax is "
+                                  "over the last axis: use axis: -1 (here also ",
+                                  current->size(), ", for the input ", in_text, ")"));
+        }
+        out = current;
+        break;
       case LayerKind::kDropout:
       case LayerKind::kBatchNormalization:
       case LayerKind::kActivation:
+      case LayerKind::kReLU:
+      case LayerKind::kLeakyReLU:
+      case LayerKind::kELU:
+      case LayerKind::kRescaling:
         out = current;
         break;
     }
@@ -531,10 +643,6 @@ std::vector<std::string> ModelWarnings(const std::vector<LayerConfig>& layers,
   // Keras looks at the op that produced the output tensor, so only the last
   // layer counts: a Flatten or Dropout after a softmax hides it from Keras too.
   const LayerConfig& last = layers.back();
-  const bool has_activation = last.kind == LayerKind::kDense ||
-                              last.kind == LayerKind::kConv2D ||
-                              last.kind == LayerKind::kActivation;
-  if (!has_activation) return warnings;
   const char* fn = nullptr;
   const char* op = nullptr;
   switch (loss.kind) {
@@ -553,17 +661,23 @@ std::vector<std::string> ModelWarnings(const std::vector<LayerConfig>& layers,
     case LossKind::kMeanSquaredError:
       return warnings;
   }
-  const ActivationKind expected =
-      std::string(op) == "Softmax" ? ActivationKind::kSoftmax : ActivationKind::kSigmoid;
-  if (last.activation != expected) return warnings;
+  // Keras 3 marks the output of either activation with its logits and every
+  // cross-entropy then reads those and warns — naming the loss's own op
+  // (a sigmoid before sparse_categorical_crossentropy is "a Softmax"), as
+  // the loss computed in model.cc does too.
+  const ActivationKind activation = last.Activation().kind;
+  if (activation != ActivationKind::kSoftmax && activation != ActivationKind::kSigmoid) {
+    return warnings;
+  }
   // Keras' own wording, so a Keras user recognises it, then where and the fix.
   warnings.push_back(absl::StrCat(
       "`", fn, "` received `from_logits=True`, but the `output` argument was produced by a ", op,
       " activation and thus does not represent logits. Was this intended? "
       "(spec.training.model.layers[",
       layers.size() - 1, "] (", LayerKindName(last.kind), ") has activation: ",
-      ActivationName(last.activation), " and spec.training.model.loss.fromLogits is true; remove "
-      "the activation or set fromLogits: false)"));
+      ActivationName(activation),
+      " and spec.training.model.loss.fromLogits is true; remove the activation or set "
+      "fromLogits: false)"));
   return warnings;
 }
 

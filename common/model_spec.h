@@ -42,6 +42,11 @@ enum class LayerKind {
   kDropout,                 // {rate}
   kBatchNormalization,      // {momentum, epsilon}
   kActivation,              // {activation}
+  kReLU,                    // {maxValue, negativeSlope, threshold}
+  kLeakyReLU,               // {negativeSlope}
+  kELU,                     // {alpha}
+  kSoftmax,                 // {axis}: the last axis only
+  kRescaling,               // {scale, offset}
 };
 // Keras' class name ("Conv2D") and its inverse.
 const char* LayerKindName(LayerKind kind);
@@ -52,11 +57,54 @@ std::vector<std::string> LayerKindNames();
 // and the key of the layer's weights in a .keras file.
 const char* LayerKindSnakeName(LayerKind kind);
 
-// Activations by Keras' string name. Gelu is Keras' default, the exact
-// (erf) form.
-enum class ActivationKind { kLinear, kRelu, kSigmoid, kTanh, kSoftmax, kGelu };
+// Activations by Keras' string name (keras.activations). Gelu is Keras'
+// default, the exact (erf) form; silu is also spelled swish, hard_silu
+// hard_swish (Keras writes silu and hard_silu into its files).
+enum class ActivationKind {
+  kLinear,
+  kRelu,
+  kSigmoid,
+  kTanh,
+  kSoftmax,
+  kGelu,
+  kElu,          // alpha (1.0 by name, the ELU layer's own)
+  kSelu,
+  kSoftplus,
+  kSoftsign,
+  kSilu,
+  kHardSigmoid,  // relu6(x + 3) / 6
+  kHardSilu,     // x * hard_sigmoid(x)
+  kLeakyRelu,    // alpha is the negative slope (0.2 by name, the layers' own)
+  kRelu6,
+  kExponential,
+  kMish,         // x * tanh(softplus(x))
+};
 const char* ActivationName(ActivationKind kind);  // "relu"
 std::optional<ActivationKind> ParseActivationName(const std::string& name);
+// Every name Keras writes, in the order of the enum (for messages and
+// docs); with_aliases adds swish and hard_swish, which parse too.
+std::vector<std::string> ActivationNames(bool with_aliases = false);
+
+// An activation with its one parameter: `alpha` is ELU's alpha and leaky
+// ReLU's negative slope; the other kinds ignore it. Made from a kind, alpha
+// is Keras' default for that name (elu 1.0, leaky_relu 0.2), so the string
+// form `activation: elu` needs nothing else; the ELU, LeakyReLU and ReLU
+// layers set their own.
+struct ActivationFunction {
+  ActivationKind kind = ActivationKind::kLinear;
+  float alpha = 0.0f;
+
+  constexpr ActivationFunction() = default;
+  // Implicit: every place that names a kind means it with Keras' default.
+  constexpr ActivationFunction(ActivationKind k)  // NOLINT(google-explicit-constructor)
+      : kind(k), alpha(DefaultAlpha(k)) {}
+  constexpr ActivationFunction(ActivationKind k, float a) : kind(k), alpha(a) {}
+  bool operator==(const ActivationFunction&) const = default;
+
+  static constexpr float DefaultAlpha(ActivationKind k) {
+    return k == ActivationKind::kElu ? 1.0f : k == ActivationKind::kLeakyRelu ? 0.2f : 0.0f;
+  }
+};
 
 enum class PaddingKind { kValid, kSame };
 
@@ -80,9 +128,20 @@ struct LayerConfig {
   double rate = 0;           // Dropout: fraction of inputs dropped, in [0, 1)
   double momentum = 0.99;    // BatchNormalization (Keras defaults)
   double epsilon = 1e-3;
+  // ReLU and LeakyReLU; unset: 0 for ReLU, 0.3 for LeakyReLU (Keras).
+  std::optional<double> negative_slope;
+  std::optional<double> max_value;  // ReLU: unset (no ceiling) or 6
+  double threshold = 0;             // ReLU: only 0
+  double alpha = 1.0;               // ELU
+  int64_t axis = -1;                // Softmax: -1 or the last axis' index
+  double scale = 1.0;               // Rescaling: y = x * scale + offset
+  double offset = 0.0;
   bool operator==(const LayerConfig&) const = default;
 
   std::array<int64_t, 2> EffectiveStrides() const;
+  // The activation the layer applies: its `activation` argument (Dense,
+  // Conv2D, Activation), the activation layers' own function, else linear.
+  ActivationFunction Activation() const;
 };
 
 enum class LossKind {

@@ -323,9 +323,77 @@ def model_cases():
     return cases
 
 
+# Keras' other activations by name, and the layers that are one activation or
+# an affine map. Drawn after every case above, so adding them left those
+# cases' numbers as they were.
+MORE_ACTIVATIONS = ["elu", "selu", "softplus", "softsign", "silu", "hard_sigmoid",
+                    "hard_silu", "leaky_relu", "relu6", "exponential", "mish"]
+
+
+def more_activation_cases():
+    cases = []
+    K = keras.layers
+    for act in MORE_ACTIVATIONS:
+        cases.append(layer_case(
+            f"dense_{act}", {"class": "Dense", "units": 3, "activation": act},
+            K.Dense(3, activation=act, name="dense"), (4,), input_scale=2.0))
+        # Wide inputs: the saturating kinds (relu6, hard_sigmoid) reach both
+        # ends, the exponential ones their tails.
+        cases.append(layer_case(
+            f"activation_{act}", {"class": "Activation", "activation": act},
+            K.Activation(act, name="activation"), (3, 5), input_scale=8.0))
+    # The aliases Keras accepts and writes back under the names above.
+    for alias in ["swish", "hard_swish"]:
+        cases.append(layer_case(
+            f"activation_{alias}", {"class": "Activation", "activation": alias},
+            K.Activation(alias, name="activation"), (3, 5), input_scale=4.0))
+    cases.append(layer_case(
+        "conv2d_same_silu", {"class": "Conv2D", "filters": 3, "kernelSize": [3, 3],
+                             "padding": "same", "activation": "silu"},
+        K.Conv2D(3, 3, padding="same", activation="silu", name="conv2d"), (5, 6, 2)))
+    cases.append(layer_case(
+        "conv2d_valid_leaky_relu", {"class": "Conv2D", "filters": 2, "kernelSize": [2, 2],
+                                    "activation": "leaky_relu"},
+        K.Conv2D(2, 2, activation="leaky_relu", name="conv2d"), (4, 4, 3)))
+    for name, config, layer in [
+            ("relu_layer", {"class": "ReLU"}, K.ReLU(name="re_lu")),
+            ("relu_layer_max6", {"class": "ReLU", "maxValue": 6.0}, K.ReLU(max_value=6.0, name="re_lu")),
+            ("relu_layer_slope", {"class": "ReLU", "negativeSlope": 0.1},
+             K.ReLU(negative_slope=0.1, name="re_lu")),
+            ("leaky_relu_layer", {"class": "LeakyReLU"}, K.LeakyReLU(name="leaky_re_lu")),
+            ("leaky_relu_layer_02", {"class": "LeakyReLU", "negativeSlope": 0.02},
+             K.LeakyReLU(negative_slope=0.02, name="leaky_re_lu")),
+            ("elu_layer", {"class": "ELU"}, K.ELU(name="elu")),
+            ("elu_layer_alpha", {"class": "ELU", "alpha": 0.5}, K.ELU(alpha=0.5, name="elu")),
+            ("softmax_layer", {"class": "Softmax"}, K.Softmax(name="softmax")),
+            ("softmax_layer_axis2", {"class": "Softmax", "axis": 2},
+             K.Softmax(axis=2, name="softmax")),
+            ("rescaling_layer", {"class": "Rescaling", "scale": 1.0 / 127.5, "offset": -1.0},
+             K.Rescaling(1.0 / 127.5, offset=-1.0, name="rescaling"))]:
+        scale = 100.0 if config["class"] == "Rescaling" else 8.0
+        cases.append(layer_case(name, config, layer, (3, 5), input_scale=scale))
+    # A model ending in a Softmax layer (the logits trick, Keras' warning), with
+    # Rescaling in front and SELU / ELU between.
+    model = [
+        ({"class": "Rescaling", "scale": 0.05, "name": "rescaling"},
+         K.Rescaling(0.05, name="rescaling")),
+        ({"class": "Dense", "units": 6, "activation": "selu", "name": "dense"},
+         K.Dense(6, activation="selu", name="dense")),
+        ({"class": "ELU", "alpha": 0.7, "name": "elu"}, K.ELU(alpha=0.7, name="elu")),
+        ({"class": "Dense", "units": 4, "name": "dense_1"}, K.Dense(4, name="dense_1")),
+        ({"class": "Softmax", "name": "softmax"}, K.Softmax(name="softmax")),
+    ]
+    for from_logits in [True, False]:
+        cases.append(model_case(
+            f"rescaling_selu_elu_softmax_layer_logits{int(from_logits)}",
+            [c for c, _ in model], [l for _, l in model], (5,),
+            "SparseCategoricalCrossentropy", from_logits, 4, input_scale=20.0))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
-    cases = layer_cases() + model_cases()
+    cases = layer_cases() + model_cases() + more_activation_cases()
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

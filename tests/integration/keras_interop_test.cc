@@ -3,6 +3,8 @@
 //     model.predict equals distrain's predictions on the same real MNIST
 //     digits (<= 1e-5), for the guide's CNN and for a model with Dropout and
 //     BatchNormalization trained by two MultiWorkerMirrored processes;
+//   * so does a model of Keras' other activations and activation layers,
+//     with Rescaling and a Softmax layer;
 //   * a mixed_bfloat16 model loads under Keras' mixed_bfloat16 policy;
 //   * Keras' own model.to_json() -> `distrain import-keras` -> train ->
 //     export -> load in Keras closes the loop with the same architecture and
@@ -215,6 +217,43 @@ TEST(KerasInteropTest, BatchNormAndDropoutModelFromTwoWorkersPredictsInKerasAsIn
             nlohmann::json({"Conv2D", "BatchNormalization", "Activation", "MaxPooling2D", "Dropout",
                             "Conv2D", "BatchNormalization", "Activation",
                             "GlobalAveragePooling2D", "Dense"}));
+  std::filesystem::remove_all(dir);
+}
+
+// Keras' other activations, by name and as layers, with Rescaling in front
+// and a Softmax layer at the end: the file Keras loads computes what distrain
+// computed (each function's formula is Keras', tests/golden).
+TEST(KerasInteropTest, ActivationLayersAndRescalingPredictInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_activations");
+  const std::string exported = dir + "/activations.keras";
+  const std::string job = WriteTextFile(
+      dir + "/job.yaml",
+      JobYaml("OneDevice", "    Worker: {replicas: 1}\n",
+              "    model:\n"
+              "      layers:\n"
+              "        - Rescaling: {scale: 2.0, offset: -1.0}\n"
+              "        - Conv2D: {filters: 8, kernelSize: 3, activation: swish}\n"
+              "        - MaxPooling2D: {}\n"
+              "        - Conv2D: {filters: 8, kernelSize: 3}\n"
+              "        - LeakyReLU: {}\n"
+              "        - Flatten: {}\n"
+              "        - Dense: {units: 32, activation: selu}\n"
+              "        - ELU: {alpha: 0.5}\n"
+              "        - Dense: {units: 32, activation: mish}\n"
+              "        - ReLU: {maxValue: 6}\n"
+              "        - Dense: {units: 10, activation: hard_silu}\n"
+              "        - Softmax: {}\n",
+              exported));
+  RunJob(job, dir);
+  ASSERT_TRUE(std::filesystem::exists(exported));
+  const int64_t params = PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
+  nlohmann::json r = CompareInKeras(python, dir, exported);
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+  EXPECT_EQ(r.value("params", int64_t{0}), params) << r.dump();
+  EXPECT_EQ(r.value("layers", nlohmann::json::array()),
+            nlohmann::json({"Rescaling", "Conv2D", "MaxPooling2D", "Conv2D", "LeakyReLU",
+                            "Flatten", "Dense", "ELU", "Dense", "ReLU", "Dense", "Softmax"}));
   std::filesystem::remove_all(dir);
 }
 

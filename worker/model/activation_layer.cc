@@ -1,29 +1,27 @@
 #include "worker/model/activation_layer.h"
 
 #include "common/check.h"
+#include "worker/tensor/elementwise.h"
 #include "worker/tensor/ops.h"
 
 namespace distrain {
 
 void ActivationState::Forward(const Tensor& x, Tensor* y, ComputeType round_to) {
-  switch (kind_) {
-    case ActivationKind::kLinear:
-      ops::RoundTo(round_to, x, y);  // float32: a copy, a no-op in place
-      return;
-    case ActivationKind::kGelu:
-      if (y == &x) {
-        ops::Copy(x, &gelu_input_copy_);  // before the in-place forward overwrites x
-        saved_ = &gelu_input_copy_;
-      } else {
-        saved_ = &x;
-      }
-      ops::ActivationForward(kind_, x, y, round_to);
-      return;
-    default:
-      ops::ActivationForward(kind_, x, y, round_to);
-      saved_ = y;
-      return;
+  if (is_linear()) {
+    ops::RoundTo(round_to, x, y);  // float32: a copy, a no-op in place
+    return;
   }
+  if (elementwise::GradientReadsInput(kind())) {
+    if (y == &x) {
+      ops::Copy(x, &input_copy_);  // before the in-place forward overwrites x
+      saved_ = &input_copy_;
+    } else {
+      saved_ = &x;
+    }
+  } else {
+    saved_ = y;
+  }
+  ops::ActivationForward(function_, x, y, round_to);
 }
 
 void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
@@ -32,15 +30,15 @@ void ActivationState::Backward(const Tensor& dy, Tensor* dx) const {
     return;
   }
   DISTRAIN_CHECK(saved_ != nullptr && saved_->size() == dy.size())
-      << ActivationName(kind_) << ": Backward without a matching Forward (dy "
+      << ActivationName(kind()) << ": Backward without a matching Forward (dy "
       << dy.ShapeString() << ")";
   // Each kind reads only the tensor it saved (ops.h), passed as both.
-  ops::ActivationBackward(kind_, *saved_, *saved_, dy, dx);
+  ops::ActivationBackward(function_, *saved_, *saved_, dy, dx);
 }
 
 const Tensor& ActivationState::relu_output() const {
-  DISTRAIN_CHECK(kind_ == ActivationKind::kRelu && saved_ != nullptr)
-      << ActivationName(kind_) << ": relu_output without a ReLU Forward";
+  DISTRAIN_CHECK(kind() == ActivationKind::kRelu && saved_ != nullptr)
+      << ActivationName(kind()) << ": relu_output without a ReLU Forward";
   return *saved_;
 }
 

@@ -11,15 +11,20 @@
 
 namespace distrain {
 
-// Keras' Activation layer: relu, sigmoid, tanh, softmax (last axis), gelu
-// (exact), linear. No variables. The mlp shorthand's "relu_<i>" layers are
-// Activation(relu). Not thread-safe (one replica at a time).
+// Keras' Activation layer (every activation of common/model_spec.h, softmax
+// over the last axis) and the layers that are one activation under a class
+// name of their own: ReLU, LeakyReLU, ELU and Softmax (`keras_class`). No
+// variables. The mlp shorthand's "relu_<i>" layers are Activation(relu).
+// Not thread-safe (one replica at a time).
 class Activation : public Layer {
  public:
-  Activation(std::string name, ActivationKind kind) : name_(std::move(name)), state_(kind) {}
+  Activation(std::string name, ActivationFunction function,
+             LayerKind keras_class = LayerKind::kActivation)
+      : name_(std::move(name)), keras_class_(keras_class), state_(function) {}
   const std::string& name() const override { return name_; }
-  const char* class_name() const override { return "Activation"; }
+  const char* class_name() const override { return LayerKindName(keras_class_); }
   ActivationKind kind() const { return state_.kind(); }
+  ActivationFunction function() const { return state_.function(); }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& s) const override { return s; }
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
@@ -30,6 +35,7 @@ class Activation : public Layer {
 
  private:
   std::string name_;
+  LayerKind keras_class_;
   ActivationState state_;
 };
 

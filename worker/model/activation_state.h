@@ -7,25 +7,29 @@
 namespace distrain {
 
 // An activation function and what its backward pass needs from the forward
-// one — the forward output for ReLU, sigmoid, tanh and softmax, the input
-// for GELU, nothing for linear. Shared by Activation, Dense and Conv2D
-// (Keras' `activation` argument, applied after the bias).
+// one — the forward output for ReLU, sigmoid, tanh, softmax and the others
+// whose derivative is cheapest in it, the input for GELU, SiLU, softplus,
+// softsign, hard SiLU and mish (elementwise::GradientReadsInput), nothing
+// for linear. Shared by Activation (and the ReLU, LeakyReLU, ELU and
+// Softmax layers), Dense and Conv2D (Keras' `activation` argument, applied
+// after the bias).
 //
 // Ownership: Forward borrows that tensor (Model keeps every layer's input
 // and output unchanged until the step's backward pass, as Dense's borrowed
-// input already relies on); only GELU run in place, whose input the forward
-// overwrites, keeps a private copy. Copying instead cost the guide's CNN a
+// input already relies on); only a kind that reads its input, run in place,
+// where the forward overwrites that input, keeps a private copy. Copying instead cost the guide's CNN a
 // 5.5 MB memcpy per step at batch 64 (a third of its memmove time).
 // Not thread-safe.
 class ActivationState {
  public:
-  explicit ActivationState(ActivationKind kind) : kind_(kind) {}
-  ActivationKind kind() const { return kind_; }
-  bool is_linear() const { return kind_ == ActivationKind::kLinear; }
+  explicit ActivationState(ActivationFunction function) : function_(function) {}
+  ActivationFunction function() const { return function_; }
+  ActivationKind kind() const { return function_.kind; }
+  bool is_linear() const { return kind() == ActivationKind::kLinear; }
   // Whether f keeps its input's values (or gives 0) both ways: linear and
   // ReLU, whose gradient is dy or 0. Mixed precision skips rounding there.
   bool keeps_values() const {
-    return kind_ == ActivationKind::kLinear || kind_ == ActivationKind::kRelu;
+    return kind() == ActivationKind::kLinear || kind() == ActivationKind::kRelu;
   }
   // A following max pooling applies ReLU's gradient (Layer::
   // ApplyPrecedingReluGradient): from now on Backward is the identity.
@@ -45,10 +49,10 @@ class ActivationState {
   const Tensor& relu_output() const;
 
  private:
-  ActivationKind kind_;
+  ActivationFunction function_;
   bool applied_downstream_ = false;
-  const Tensor* saved_ = nullptr;  // borrowed, or &gelu_input_copy_
-  Tensor gelu_input_copy_;
+  const Tensor* saved_ = nullptr;  // borrowed, or &input_copy_
+  Tensor input_copy_;
 };
 
 }  // namespace distrain

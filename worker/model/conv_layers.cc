@@ -17,7 +17,7 @@ void CheckImage(const std::string& name, const std::vector<int64_t>& shape) {
 
 Conv2D::Conv2D(std::string name, int64_t in_channels, int64_t filters,
                std::array<int64_t, 2> kernel, std::array<int64_t, 2> strides,
-               PaddingKind padding, ActivationKind activation, bool use_bias, uint64_t seed)
+               PaddingKind padding, ActivationFunction activation, bool use_bias, uint64_t seed)
     : name_(std::move(name)),
       in_channels_(in_channels),
       filters_(filters),

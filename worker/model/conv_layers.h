@@ -26,7 +26,7 @@ namespace distrain {
 class Conv2D : public Layer {
  public:
   Conv2D(std::string name, int64_t in_channels, int64_t filters, std::array<int64_t, 2> kernel,
-         std::array<int64_t, 2> strides, PaddingKind padding, ActivationKind activation,
+         std::array<int64_t, 2> strides, PaddingKind padding, ActivationFunction activation,
          bool use_bias, uint64_t seed);
   const std::string& name() const override { return name_; }
   const char* class_name() const override { return "Conv2D"; }

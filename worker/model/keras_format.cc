@@ -186,6 +186,24 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
     case LayerKind::kActivation:
       c["activation"] = ActivationName(layer.activation);
       break;
+    case LayerKind::kReLU:
+      c["max_value"] = layer.max_value ? Json(*layer.max_value) : Json(nullptr);
+      c["negative_slope"] = layer.negative_slope.value_or(0.0);
+      c["threshold"] = layer.threshold;
+      break;
+    case LayerKind::kLeakyReLU:
+      c["negative_slope"] = layer.Activation().alpha;
+      break;
+    case LayerKind::kELU:
+      c["alpha"] = layer.alpha;
+      break;
+    case LayerKind::kSoftmax:
+      c["axis"] = layer.axis;
+      break;
+    case LayerKind::kRescaling:
+      c["scale"] = layer.scale;
+      c["offset"] = layer.offset;
+      break;
   }
   return c;
 }
@@ -584,8 +602,8 @@ class LayerReader {
     }
     std::optional<ActivationKind> kind = ParseActivationName(name);
     if (!kind) {
-      Bad(key, absl::StrCat("'", name,
-                            "' is not supported; use linear, relu, sigmoid, tanh, softmax or gelu"));
+      Bad(key, absl::StrCat("'", name, "' is not supported; use one of ",
+                            absl::StrJoin(ActivationNames(), ", ")));
       return ActivationKind::kLinear;
     }
     return *kind;
@@ -725,6 +743,36 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
     }
     case LayerKind::kActivation:
       layer->activation = r.Activation("activation");
+      break;
+    case LayerKind::kReLU:
+      // Each argument kept only where it differs from Keras' default, so a
+      // file written from `ReLU: {}` reads back as `ReLU: {}`.
+      if (r.Get("max_value")) layer->max_value = r.Number("max_value", 0);
+      if (const double slope = r.Number("negative_slope", 0); slope != 0) {
+        layer->negative_slope = slope;
+      }
+      layer->threshold = r.Number("threshold", 0);
+      break;
+    case LayerKind::kLeakyReLU:
+      if (const double slope = r.Number("negative_slope", 0.3);
+          static_cast<float>(slope) != static_cast<float>(0.3)) {
+        layer->negative_slope = slope;
+      }
+      break;
+    case LayerKind::kELU:
+      layer->alpha = r.Number("alpha", 1.0);
+      break;
+    case LayerKind::kSoftmax:
+      layer->axis = r.Int("axis", -1);
+      break;
+    case LayerKind::kRescaling:
+      if (const Json* scale = r.Get("scale"); scale != nullptr && scale->is_array()) {
+        r.Bad("scale", absl::StrCat("is a list (", scale->dump(),
+                                    "); distrain supports one scale for every channel"));
+      } else {
+        layer->scale = r.Number("scale", 1.0);
+      }
+      layer->offset = r.Number("offset", 0.0);
       break;
   }
 }
@@ -969,10 +1017,11 @@ absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
           absl::StrCat("layers[", i, "].dtype (", keras_class,
                        name.empty() ? "" : absl::StrCat(" '", name, "'"), ")");
       if (std::optional<Precision> p = ReadDTypePolicy(layer_config, field, &issues)) {
+        const ActivationKind function = layer.Activation().kind;
         const bool output_activation =
-            *kind == LayerKind::kActivation && (layer.activation == ActivationKind::kSoftmax ||
-                                                layer.activation == ActivationKind::kSigmoid ||
-                                                layer.activation == ActivationKind::kLinear);
+            (*kind == LayerKind::kActivation || *kind == LayerKind::kSoftmax) &&
+            (function == ActivationKind::kSoftmax || function == ActivationKind::kSigmoid ||
+             function == ActivationKind::kLinear);
         policies.push_back({i, field, *p, output_activation});
       }
     }

@@ -16,7 +16,7 @@ void Layer::MoveTo(DeviceId device) {
 }
 
 Dense::Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed,
-             ActivationKind activation, bool use_bias)
+             ActivationFunction activation, bool use_bias)
     : name_(std::move(name)), use_bias_(use_bias), activation_(activation) {
   DISTRAIN_CHECK(in_features >= 1 && out_features >= 1)
       << name_ << ": in=" << in_features << " out=" << out_features;

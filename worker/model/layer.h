@@ -52,7 +52,7 @@ struct ForwardContext {
 // replica at a time (replicas own separate Model copies). Not thread-safe.
 // Layers compute through worker/tensor/ops.h only, so one layer serves every
 // device. Families: layer.h (this base, Dense), activation_layer.h,
-// reshape_layers.h, dropout.h, conv_layers.h, normalization.h;
+// reshape_layers.h, dropout.h, conv_layers.h, normalization.h, rescaling.h;
 // layer_factory.h builds one from a LayerConfig.
 class Layer {
  public:
@@ -143,7 +143,7 @@ class Layer {
 class Dense : public Layer {
  public:
   Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed,
-        ActivationKind activation = ActivationKind::kLinear, bool use_bias = true);
+        ActivationFunction activation = ActivationKind::kLinear, bool use_bias = true);
   const std::string& name() const override { return name_; }
   const char* class_name() const override { return "Dense"; }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;

@@ -5,6 +5,7 @@
 #include "worker/model/conv_layers.h"
 #include "worker/model/dropout.h"
 #include "worker/model/normalization.h"
+#include "worker/model/rescaling.h"
 #include "worker/model/reshape_layers.h"
 
 namespace distrain {
@@ -22,16 +23,22 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
       return std::make_unique<Flatten>(c.name);
     case LayerKind::kDense:
       DISTRAIN_CHECK_EQ(input_shape.size(), 1u) << c.name << ": Dense needs a 1-D input";
-      return std::make_unique<Dense>(c.name, input_shape[0], c.units, seed, c.activation,
+      return std::make_unique<Dense>(c.name, input_shape[0], c.units, seed, c.Activation(),
                                      c.use_bias);
     case LayerKind::kActivation:
-      return std::make_unique<Activation>(c.name, c.activation);
+    case LayerKind::kReLU:
+    case LayerKind::kLeakyReLU:
+    case LayerKind::kELU:
+    case LayerKind::kSoftmax:
+      return std::make_unique<Activation>(c.name, c.Activation(), c.kind);
+    case LayerKind::kRescaling:
+      return std::make_unique<Rescaling>(c.name, c.scale, c.offset);
     case LayerKind::kDropout:
       return std::make_unique<Dropout>(c.name, c.rate);
     case LayerKind::kConv2D:
       DISTRAIN_CHECK_EQ(input_shape.size(), 3u) << c.name << ": Conv2D needs [rows, cols, ch]";
       return std::make_unique<Conv2D>(c.name, input_shape[2], c.filters, c.kernel_size,
-                                      c.EffectiveStrides(), c.padding, c.activation, c.use_bias,
+                                      c.EffectiveStrides(), c.padding, c.Activation(), c.use_bias,
                                       seed);
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:

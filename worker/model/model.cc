@@ -131,14 +131,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
   for (const std::string& warning : ModelWarnings(layers, config.loss)) WarnOnce(warning);
   model->from_logits_ = config.loss.from_logits.value_or(false);
   LayerConfig& last = layers.back();
-  const bool last_has_activation = last.kind == LayerKind::kDense ||
-                                   last.kind == LayerKind::kConv2D ||
-                                   last.kind == LayerKind::kActivation;
-  if (IsCrossentropy(config.loss.kind) && last_has_activation &&
-      (last.activation == ActivationKind::kSoftmax ||
-       last.activation == ActivationKind::kSigmoid)) {
-    model->output_activation_ = last.activation;
+  const ActivationKind last_activation = last.Activation().kind;
+  if (IsCrossentropy(config.loss.kind) && (last_activation == ActivationKind::kSoftmax ||
+                                           last_activation == ActivationKind::kSigmoid)) {
+    model->output_activation_ = last_activation;
     model->from_logits_ = true;
+    // The last layer now outputs logits: a Softmax layer becomes a linear
+    // Activation (which copies), the others lose their activation argument.
+    if (last.kind == LayerKind::kSoftmax) last.kind = LayerKind::kActivation;
     last.activation = ActivationKind::kLinear;
   }
   model->largest_activation_ = Tensor::NumElements(example_shape);

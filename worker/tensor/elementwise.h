@@ -8,11 +8,13 @@
 //
 // Every functor is a trivially copyable value with a const call operator and
 // no state beyond its parameters; they are thread-safe. Only C math
-// functions that CUDA also provides for device code (expf, erff, tanhf,
-// logf, log1pf) appear here.
+// functions that CUDA also provides for device code (expf, expm1f, erff,
+// tanhf, logf, log1pf) appear here.
 
 #include <cmath>
 #include <cstdint>
+
+#include "common/model_spec.h"
 
 #if defined(__CUDACC__)
 #define DISTRAIN_HOST_DEVICE __host__ __device__
@@ -24,8 +26,13 @@ namespace distrain::elementwise {
 
 // ---- Activations -------------------------------------------------------------
 // Forward functors map x to y; gradient functors map (saved value, dy) to dx,
-// where the saved value is the forward output y for ReLU, sigmoid and tanh
-// (their derivatives are cheapest in y) and the input x for GELU.
+// where the saved value is the forward output y where the derivative is
+// cheapest in y (ReLU, sigmoid, tanh, ELU, SELU, leaky ReLU, ReLU6, hard
+// sigmoid, exponential) and the input x for the rest (GELU, softplus,
+// softsign, SiLU, hard SiLU, mish): SavesInput says which. Each formula is
+// the one TensorFlow's kernel for Keras' activation computes (tf.nn.elu,
+// tf.nn.selu, tf.math.softplus, tf.nn.silu, ...), and its gradient TF's
+// registered gradient, so values and derivatives match Keras to rounding.
 
 struct Relu {
   DISTRAIN_HOST_DEVICE float operator()(float x) const { return x > 0.0f ? x : 0.0f; }
@@ -69,6 +76,219 @@ struct GeluGrad {  // d/dx x Phi(x) = Phi(x) + x phi(x)
     const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
     return dy * (cdf + x * pdf);
   }
+};
+
+// ELU: x above 0, alpha (e^x - 1) below. From y: y > 0 exactly where x > 0,
+// and below it d/dx alpha (e^x - 1) = alpha e^x = y + alpha.
+struct Elu {
+  float alpha;
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x > 0.0f ? x : alpha * expm1f(x); }
+};
+struct EluGrad {
+  float alpha;
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const {
+    return y > 0.0f ? dy : dy * (y + alpha);
+  }
+};
+
+// SELU (tf.nn.selu): scale * elu(x) with alpha = 1.6732632 and scale =
+// 1.0507010, the self-normalising constants. The gradient is TF's SeluGrad:
+// the negative branch for y < 0, the slope `scale` from 0 up.
+constexpr float kSeluAlpha = 1.67326324235437728481f;
+constexpr float kSeluScale = 1.05070098735548049342f;
+struct Selu {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    return x > 0.0f ? kSeluScale * x : kSeluScale * kSeluAlpha * expm1f(x);
+  }
+};
+struct SeluGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const {
+    return y < 0.0f ? dy * (y + kSeluScale * kSeluAlpha) : dy * kSeluScale;
+  }
+};
+
+// softplus = log(1 + e^x) as max(x, 0) + log1p(e^-|x|), finite for every
+// finite x; d/dx = sigmoid(x).
+struct Softplus {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+  }
+};
+struct SoftplusGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float x, float dy) const { return dy * Sigmoid()(x); }
+};
+
+// softsign = x / (1 + |x|); d/dx = 1 / (1 + |x|)^2.
+struct Softsign {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x / (1.0f + fabsf(x)); }
+};
+struct SoftsignGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float x, float dy) const {
+    const float d = 1.0f + fabsf(x);
+    return dy / (d * d);
+  }
+};
+
+// SiLU (swish) = x sigmoid(x); d/dx = s (1 + x (1 - s)).
+struct Silu {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x * Sigmoid()(x); }
+};
+struct SiluGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float x, float dy) const {
+    const float s = Sigmoid()(x);
+    return dy * (s * (1.0f + x * (1.0f - s)));
+  }
+};
+
+// Keras 3's hard_sigmoid = relu6(x + 3) / 6: 0 up to -3, 1 from 3. Its
+// slope 1/6 lies where the output is strictly inside (0, 1), as TF's
+// Relu6Grad of x + 3 says.
+struct HardSigmoid {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    const float r = x + 3.0f;
+    return (r > 0.0f ? (r < 6.0f ? r : 6.0f) : 0.0f) / 6.0f;
+  }
+};
+struct HardSigmoidGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const {
+    return y > 0.0f && y < 1.0f ? dy / 6.0f : 0.0f;
+  }
+};
+
+// hard_silu (hard_swish) = x hard_sigmoid(x); d/dx = hard_sigmoid(x) +
+// x hard_sigmoid'(x).
+struct HardSilu {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x * HardSigmoid()(x); }
+};
+struct HardSiluGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float x, float dy) const {
+    const float h = HardSigmoid()(x);
+    return dy * h + x * HardSigmoidGrad()(h, dy);
+  }
+};
+
+// Leaky ReLU (tf.nn.leaky_relu): x above 0, alpha x below (alpha >= 0, so
+// y > 0 exactly where x > 0).
+struct LeakyRelu {
+  float alpha;
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x > 0.0f ? x : alpha * x; }
+};
+struct LeakyReluGrad {
+  float alpha;
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const {
+    return y > 0.0f ? dy : alpha * dy;
+  }
+};
+
+// ReLU6 = min(max(x, 0), 6); the gradient passes where 0 < x < 6, which is
+// where 0 < y < 6 (TF's Relu6Grad).
+struct Relu6 {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const {
+    return x > 0.0f ? (x < 6.0f ? x : 6.0f) : 0.0f;
+  }
+};
+struct Relu6Grad {
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const {
+    return y > 0.0f && y < 6.0f ? dy : 0.0f;
+  }
+};
+
+// exponential = e^x, its own derivative.
+struct Exponential {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return expf(x); }
+};
+struct ExponentialGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float y, float dy) const { return dy * y; }
+};
+
+// mish = x tanh(softplus(x)); d/dx = t + x sigmoid(x) (1 - t^2), t =
+// tanh(softplus(x)) (softplus' = sigmoid).
+struct Mish {
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x * tanhf(Softplus()(x)); }
+};
+struct MishGrad {
+  DISTRAIN_HOST_DEVICE float operator()(float x, float dy) const {
+    const float t = tanhf(Softplus()(x));
+    return dy * (t + x * Sigmoid()(x) * (1.0f - t * t));
+  }
+};
+
+// Whether a kind's gradient reads the forward input x (else the output y;
+// linear reads neither, softmax y).
+constexpr bool GradientReadsInput(ActivationKind kind) {
+  switch (kind) {
+    case ActivationKind::kGelu:
+    case ActivationKind::kSoftplus:
+    case ActivationKind::kSoftsign:
+    case ActivationKind::kSilu:
+    case ActivationKind::kHardSilu:
+    case ActivationKind::kMish:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The backends' one switch over the element-wise kinds: calls
+// visit(forward functor) (WithForwardFunctor) or visit(gradient functor)
+// (WithGradientFunctor) and returns true, or returns false for linear and
+// softmax, which the callers handle themselves (a copy; a row-wise kernel).
+template <typename Visit>
+bool WithForwardFunctor(ActivationFunction f, Visit&& visit) {
+  switch (f.kind) {
+    case ActivationKind::kRelu: visit(Relu()); return true;
+    case ActivationKind::kSigmoid: visit(Sigmoid()); return true;
+    case ActivationKind::kTanh: visit(Tanh()); return true;
+    case ActivationKind::kGelu: visit(Gelu()); return true;
+    case ActivationKind::kElu: visit(Elu{f.alpha}); return true;
+    case ActivationKind::kSelu: visit(Selu()); return true;
+    case ActivationKind::kSoftplus: visit(Softplus()); return true;
+    case ActivationKind::kSoftsign: visit(Softsign()); return true;
+    case ActivationKind::kSilu: visit(Silu()); return true;
+    case ActivationKind::kHardSigmoid: visit(HardSigmoid()); return true;
+    case ActivationKind::kHardSilu: visit(HardSilu()); return true;
+    case ActivationKind::kLeakyRelu: visit(LeakyRelu{f.alpha}); return true;
+    case ActivationKind::kRelu6: visit(Relu6()); return true;
+    case ActivationKind::kExponential: visit(Exponential()); return true;
+    case ActivationKind::kMish: visit(Mish()); return true;
+    case ActivationKind::kLinear:
+    case ActivationKind::kSoftmax:
+      return false;
+  }
+  return false;
+}
+template <typename Visit>
+bool WithGradientFunctor(ActivationFunction f, Visit&& visit) {
+  switch (f.kind) {
+    case ActivationKind::kRelu: visit(ReluGrad()); return true;
+    case ActivationKind::kSigmoid: visit(SigmoidGrad()); return true;
+    case ActivationKind::kTanh: visit(TanhGrad()); return true;
+    case ActivationKind::kGelu: visit(GeluGrad()); return true;
+    case ActivationKind::kElu: visit(EluGrad{f.alpha}); return true;
+    case ActivationKind::kSelu: visit(SeluGrad()); return true;
+    case ActivationKind::kSoftplus: visit(SoftplusGrad()); return true;
+    case ActivationKind::kSoftsign: visit(SoftsignGrad()); return true;
+    case ActivationKind::kSilu: visit(SiluGrad()); return true;
+    case ActivationKind::kHardSigmoid: visit(HardSigmoidGrad()); return true;
+    case ActivationKind::kHardSilu: visit(HardSiluGrad()); return true;
+    case ActivationKind::kLeakyRelu: visit(LeakyReluGrad{f.alpha}); return true;
+    case ActivationKind::kRelu6: visit(Relu6Grad()); return true;
+    case ActivationKind::kExponential: visit(ExponentialGrad()); return true;
+    case ActivationKind::kMish: visit(MishGrad()); return true;
+    case ActivationKind::kLinear:
+    case ActivationKind::kSoftmax:
+      return false;
+  }
+  return false;
+}
+
+// ---- Affine --------------------------------------------------------------------
+
+// Keras' Rescaling: x * scale + offset.
+struct ScaleShift {
+  float scale;
+  float offset;
+  DISTRAIN_HOST_DEVICE float operator()(float x) const { return x * scale + offset; }
 };
 
 // ---- Dropout -----------------------------------------------------------------

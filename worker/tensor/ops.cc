@@ -101,26 +101,27 @@ void BiasGrad(const Tensor& dy, Tensor* dbias) {
 
 // ---- Activations -----------------------------------------------------------
 
-void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y) {
+void ActivationForward(ActivationFunction f, const Tensor& x, Tensor* y) {
   const DeviceId d = x.device_id();
   if (y != &x) y->Resize(x.shape(), d);
   const int64_t cols = LastDim(x);
   if (OnGpu(d)) {
     DISTRAIN_CUDA_ONLY({
-      if (kind == ActivationKind::kSoftmax) {
+      if (f.kind == ActivationKind::kSoftmax) {
         cuda::SoftmaxForward(d.ordinal, cols == 0 ? 0 : x.size() / cols, cols, x.data(),
                              y->data());
       } else {
-        cuda::ActivationForward(d.ordinal, kind, x.size(), x.data(), y->data());
+        cuda::ActivationForward(d.ordinal, f, x.size(), x.data(), y->data());
       }
     });
     return;
   }
-  cpu::ActivationForward(kind, cols == 0 ? 0 : x.size() / cols, cols, x.data(), y->data());
+  cpu::ActivationForward(f, cols == 0 ? 0 : x.size() / cols, cols, x.data(), y->data());
 }
 
-void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y, ComputeType round_to) {
-  if (round_to != ComputeType::kFloat32 && kind == ActivationKind::kRelu && !OnGpu(x.device_id())) {
+void ActivationForward(ActivationFunction f, const Tensor& x, Tensor* y, ComputeType round_to) {
+  if (round_to != ComputeType::kFloat32 && f.kind == ActivationKind::kRelu &&
+      !OnGpu(x.device_id())) {
     if (y != &x) y->Resize(x.shape(), x.device_id());
     if (round_to == ComputeType::kBfloat16) {
       cpu::ReluRoundToBfloat16(x.size(), x.data(), y->data());
@@ -129,16 +130,17 @@ void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y, ComputeT
     }
     return;
   }
-  ActivationForward(kind, x, y);
+  ActivationForward(f, x, y);
   if (round_to != ComputeType::kFloat32) RoundTo(round_to, *y, y);
 }
 
-void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+void ActivationBackward(ActivationFunction f, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx) {
   const DeviceId d = dy.device_id();
+  const ActivationKind kind = f.kind;
   // The kinds whose derivative is cheapest in the input read x; the rest y.
-  const bool reads_x = kind == ActivationKind::kGelu;
-  const bool reads_y = kind != ActivationKind::kGelu && kind != ActivationKind::kLinear;
+  const bool reads_x = elementwise::GradientReadsInput(kind);
+  const bool reads_y = !reads_x && kind != ActivationKind::kLinear;
   const Tensor& saved = reads_x ? x : y;
   if (reads_x || reads_y) {
     DISTRAIN_CHECK(saved.device_id() == d) << "tensors of one op on two devices";
@@ -154,14 +156,24 @@ void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, c
         cuda::SoftmaxBackward(d.ordinal, cols == 0 ? 0 : dy.size() / cols, cols, y.data(),
                               dy.data(), dx->data());
       } else {
-        cuda::ActivationBackward(d.ordinal, kind, dy.size(), reads_x ? x.data() : nullptr,
+        cuda::ActivationBackward(d.ordinal, f, dy.size(), reads_x ? x.data() : nullptr,
                                  reads_y ? y.data() : nullptr, dy.data(), dx->data());
       }
     });
     return;
   }
-  cpu::ActivationBackward(kind, cols == 0 ? 0 : dy.size() / cols, cols, x.data(), y.data(),
+  cpu::ActivationBackward(f, cols == 0 ? 0 : dy.size() / cols, cols, x.data(), y.data(),
                           dy.data(), dx->data());
+}
+
+void ScaleShift(float scale, float offset, const Tensor& x, Tensor* y) {
+  const DeviceId d = x.device_id();
+  if (y != &x) y->Resize(x.shape(), d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::ScaleShift(d.ordinal, x.size(), scale, offset, x.data(), y->data()));
+    return;
+  }
+  cpu::ScaleShift(x.size(), scale, offset, x.data(), y->data());
 }
 
 // ---- Dropout ---------------------------------------------------------------

@@ -57,14 +57,16 @@ void BiasGrad(const Tensor& dy, Tensor* dbias);
 // ---- Activations (elementwise.h has the math) ------------------------------
 
 // y = f(x); softmax is over the last axis. y may alias x.
-void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y);
+void ActivationForward(ActivationFunction f, const Tensor& x, Tensor* y);
 // The same, rounded to `round_to` (ActivationForward, then RoundTo): one
 // pass for ReLU on the CPU, where the two commute; kFloat32 rounds nothing.
-void ActivationForward(ActivationKind kind, const Tensor& x, Tensor* y, ComputeType round_to);
+void ActivationForward(ActivationFunction f, const Tensor& x, Tensor* y, ComputeType round_to);
 // dx = dy * f'(x), given the forward input x and output y (each kind reads
-// the one it needs). dx may alias dy.
-void ActivationBackward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+// the one it needs: elementwise::GradientReadsInput). dx may alias dy.
+void ActivationBackward(ActivationFunction f, const Tensor& x, const Tensor& y, const Tensor& dy,
                         Tensor* dx);
+// y = x * scale + offset (Keras' Rescaling). y may alias x.
+void ScaleShift(float scale, float offset, const Tensor& x, Tensor* y);
 
 // ---- Dropout ---------------------------------------------------------------
 

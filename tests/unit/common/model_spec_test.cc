@@ -113,7 +113,7 @@ const std::string kGuideCnnJob =
 
 TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
   const std::vector<std::string> names = LayerKindNames();
-  EXPECT_EQ(names.size(), 11u);
+  EXPECT_EQ(names.size(), 16u);
   for (const std::string& name : names) {
     std::optional<LayerKind> kind = ParseLayerKind(name);
     ASSERT_TRUE(kind.has_value()) << name;
@@ -124,11 +124,18 @@ TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
 }
 
 TEST(ModelSpecNamesTest, ActivationsAndLossesRoundTrip) {
-  for (const char* name : {"linear", "relu", "sigmoid", "tanh", "softmax", "gelu"}) {
+  const std::vector<std::string> names = ActivationNames();
+  EXPECT_EQ(names.size(), 17u);
+  for (const std::string& name : names) {
     ASSERT_TRUE(ParseActivationName(name).has_value()) << name;
-    EXPECT_STREQ(ActivationName(*ParseActivationName(name)), name);
+    EXPECT_EQ(ActivationName(*ParseActivationName(name)), name);
   }
+  // Keras' aliases parse, and print as the name Keras writes into files.
+  EXPECT_EQ(ActivationNames(/*with_aliases=*/true).size(), 19u);
+  EXPECT_STREQ(ActivationName(*ParseActivationName("swish")), "silu");
+  EXPECT_STREQ(ActivationName(*ParseActivationName("hard_swish")), "hard_silu");
   EXPECT_FALSE(ParseActivationName("Relu").has_value());
+  EXPECT_FALSE(ParseActivationName("log_softmax").has_value());
   for (const char* name : {"SparseCategoricalCrossentropy", "CategoricalCrossentropy",
                            "BinaryCrossentropy", "MeanSquaredError"}) {
     ASSERT_TRUE(ParseLossKindName(name).has_value()) << name;
@@ -484,7 +491,7 @@ TEST(ModelWarningsTest, SoftmaxOutputWithFromLogitsGetsKerasWarning) {
       << "Keras sees the last op only; a Flatten hides the Softmax";
 }
 
-TEST(ModelWarningsTest, SigmoidOutputWithBinaryFromLogits) {
+TEST(ModelWarningsTest, SigmoidOrSoftmaxOutputWithAnyCrossentropyFromLogits) {
   LayerConfig head = Layer(LayerKind::kDense, "dense");
   head.units = 1;
   head.activation = ActivationKind::kSigmoid;
@@ -501,8 +508,15 @@ TEST(ModelWarningsTest, SigmoidOutputWithBinaryFromLogits) {
   act.activation = ActivationKind::kSigmoid;
   head.activation = ActivationKind::kLinear;
   EXPECT_EQ(ModelWarnings({head, act}, loss).size(), 1u);
+  // Keras 3 reads the logits behind a sigmoid for every cross-entropy, and
+  // warns in the loss's own words (tests/golden: Keras warned for these).
   loss.kind = LossKind::kSparseCategoricalCrossentropy;
-  EXPECT_THAT(ModelWarnings({head, act}, loss), IsEmpty()) << "sigmoid is no Softmax";
+  warnings = ModelWarnings({head, act}, loss);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_THAT(warnings[0], HasSubstr("produced by a Softmax activation"));
+  EXPECT_THAT(warnings[0], HasSubstr("has activation: sigmoid"));
+  act.activation = ActivationKind::kTanh;
+  EXPECT_THAT(ModelWarnings({head, act}, loss), IsEmpty()) << "tanh keeps no logits";
 }
 
 TEST(ModelWarningsTest, ValidateModelWithDataPassesThemOn) {
@@ -701,6 +715,20 @@ TEST(ModelParseTest, JsonRoundTrip) {
     - Dense: {units: 1, activation: sigmoid}
   loss: {type: BinaryCrossentropy, fromLogits: false}
 dataset: {numClasses: 2}
+)"),
+        std::string(R"(model:
+  layers:
+    - Rescaling: {scale: 0.00392156862745098, offset: -0.5}
+    - Dense: {units: 32, activation: swish}
+    - LeakyReLU: {}
+    - Dense: {units: 16, activation: elu}
+    - ReLU: {maxValue: 6}
+    - ELU: {alpha: 0.5}
+    - Dense: {units: 10, activation: mish}
+    - LeakyReLU: {negativeSlope: 0.01}
+    - ReLU: {negativeSlope: 0.1}
+    - Softmax: {axis: 1}
+dataset: {numFeatures: 8, numClasses: 10}
 )"),
         std::string(
             "model: {type: mlp, hiddenUnits: [32, 16], loss: {type: MeanSquaredError}}\n")}) {
@@ -908,8 +936,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"ActivationCase",
                  Layers("    - Dense: {units: 10, activation: Softmax}\n"),
                  {"spec.training.model.layers[0].Dense.activation: must be one of \"linear\", "
-                  "\"relu\", \"sigmoid\", \"tanh\", \"softmax\", \"gelu\", got \"Softmax\"; "
-                  "values are case-sensitive: write \"softmax\""}},
+                  "\"relu\", \"sigmoid\", \"tanh\", \"softmax\", \"gelu\", \"elu\"",
+                  "\"swish\"", "got \"Softmax\"; values are case-sensitive: write \"softmax\""}},
         BadModel{"PaddingUpperCase",
                  Layers(absl::StrCat(kImage,
                                      "    - Conv2D: {filters: 4, kernelSize: 3, padding: SAME}\n")),
@@ -950,7 +978,29 @@ INSTANTIATE_TEST_SUITE_P(
                  {"spec.training.model.loss.fromLogits: is false, but the mlp shorthand ends in "
                   "a Dense layer without activation"}},
         BadModel{"LayersNotAList", "model: {layers: {Dense: {units: 10}}}\n",
-                 {"spec.training.model.layers: must be a list of layers"}}),
+                 {"spec.training.model.layers: must be a list of layers"}},
+        BadModel{"ReluThreshold", Layers("    - ReLU: {threshold: 0.5}\n"),
+                 {"spec.training.model.layers[0] (ReLU): threshold 0.5 is not supported"}},
+        BadModel{"ReluMaxValue", Layers("    - ReLU: {maxValue: 1}\n"),
+                 {"spec.training.model.layers[0] (ReLU): maxValue 1 is not supported; use "
+                  "maxValue: 6 (relu6)"}},
+        BadModel{"ReluMaxValueAndSlope", Layers("    - ReLU: {maxValue: 6, negativeSlope: 0.1}\n"),
+                 {"(ReLU): maxValue and negativeSlope together are not supported"}},
+        BadModel{"LeakyReluNegativeSlope", Layers("    - LeakyReLU: {negativeSlope: -0.2}\n"),
+                 {"spec.training.model.layers[0].LeakyReLU.negativeSlope: must be a non-negative "
+                  "number, got -0.2"}},
+        BadModel{"SoftmaxAxis", Layers("    - Softmax: {axis: 0}\n"),
+                 {"spec.training.model.layers[0] (Softmax): axis 0 is not supported; "
+                  "distrain's softmax is over the last axis: use axis: -1 (here also 1"}},
+        BadModel{"SoftmaxAxisOfAnImage", Layers(absl::StrCat(kImage, "    - Softmax: {axis: 1}\n")),
+                 {"spec.training.model.layers[1] (Softmax): axis 1 is not supported", "(here also 3"}},
+        BadModel{"RescalingWithoutScale", Layers("    - Rescaling: {offset: 1}\n"),
+                 {"spec.training.model.layers[0].Rescaling.scale: required", "scale: 0.0039"}},
+        BadModel{"LeakyReluSnakeCase", Layers("    - LeakyReLU: {negative_slope: 0.1}\n"),
+                 {"did you mean \"negativeSlope\"?"}},
+        BadModel{"UnknownActivation", Layers("    - Dense: {units: 10, activation: log_softmax}\n"),
+                 {"spec.training.model.layers[0].Dense.activation: must be one of", "\"mish\"",
+                  "got \"log_softmax\""}}),
     [](const ::testing::TestParamInfo<BadModel>& info) { return std::string(info.param.name); });
 
 // Every `model:` / `dataset:` YAML block of docs/models.md is a valid

@@ -120,10 +120,10 @@ bool AllFinite(int64_t n, const float* x) {
   return acc == 0.0f;
 }
 
-void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+void ActivationForward(ActivationFunction f, int64_t rows, int64_t cols, const float* x,
                        float* y) {
   const int64_t n = rows * cols;
-  switch (kind) {
+  switch (f.kind) {
     case ActivationKind::kLinear:
       if (y != x) CopyFloats(n, x, y);
       return;
@@ -131,46 +131,45 @@ void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const fl
       // cpu_math's mask-and kernel, same results as elementwise::Relu.
       ParallelRange(n, [&](int64_t b, int64_t e) { Relu(e - b, x + b, y + b); });
       return;
-    case ActivationKind::kSigmoid:
-      Map(n, elementwise::Sigmoid(), x, y);
-      return;
-    case ActivationKind::kTanh:
-      Map(n, elementwise::Tanh(), x, y);
-      return;
-    case ActivationKind::kGelu:
-      Map(n, elementwise::Gelu(), x, y);
-      return;
     case ActivationKind::kSoftmax:
       SoftmaxRows(rows, cols, x, y);
       return;
+    default:
+      break;
   }
-  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+  const bool known = elementwise::WithForwardFunctor(f, [&](auto functor) {
+    ParallelRange(n, [&](int64_t b, int64_t e) { Map(e - b, functor, x + b, y + b); });
+  });
+  DISTRAIN_CHECK(known) << "unknown activation " << static_cast<int>(f.kind);
 }
 
-void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+void ActivationBackward(ActivationFunction f, int64_t rows, int64_t cols, const float* x,
                         const float* y, const float* dy, float* dx) {
   const int64_t n = rows * cols;
-  switch (kind) {
+  switch (f.kind) {
     case ActivationKind::kLinear:
       if (dx != dy) CopyFloats(n, dy, dx);
       return;
     case ActivationKind::kRelu:
       ParallelRange(n, [&](int64_t b, int64_t e) { ReluGrad(e - b, y + b, dy + b, dx + b); });
       return;
-    case ActivationKind::kSigmoid:
-      Map2(n, elementwise::SigmoidGrad(), y, dy, dx);
-      return;
-    case ActivationKind::kTanh:
-      Map2(n, elementwise::TanhGrad(), y, dy, dx);
-      return;
-    case ActivationKind::kGelu:
-      Map2(n, elementwise::GeluGrad(), x, dy, dx);
-      return;
     case ActivationKind::kSoftmax:
       SoftmaxGradRows(rows, cols, y, dy, dx);
       return;
+    default:
+      break;
   }
-  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+  const float* saved = elementwise::GradientReadsInput(f.kind) ? x : y;
+  const bool known = elementwise::WithGradientFunctor(f, [&](auto functor) {
+    ParallelRange(n, [&](int64_t b, int64_t e) { Map2(e - b, functor, saved + b, dy + b, dx + b); });
+  });
+  DISTRAIN_CHECK(known) << "unknown activation " << static_cast<int>(f.kind);
+}
+
+void ScaleShift(int64_t n, float scale, float offset, const float* x, float* y) {
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    Map(e - b, elementwise::ScaleShift{scale, offset}, x + b, y + b);
+  });
 }
 
 void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,

@@ -19,13 +19,15 @@ namespace distrain::cpu {
 
 // y = f(x) over x[rows, cols]; softmax is per row (max-shifted, so any finite
 // logits give finite output). y may alias x.
-void ActivationForward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+void ActivationForward(ActivationFunction f, int64_t rows, int64_t cols, const float* x,
                        float* y);
-// dx = dy * f'(x) given the forward input x and output y; ReLU, sigmoid, tanh
-// and softmax read only y, GELU only x (the other may be null). dx may
-// alias dy.
-void ActivationBackward(ActivationKind kind, int64_t rows, int64_t cols, const float* x,
+// dx = dy * f'(x) given the forward input x and output y; each kind reads
+// one of them (elementwise::GradientReadsInput; softmax reads y), the other
+// may be null. dx may alias dy.
+void ActivationBackward(ActivationFunction f, int64_t rows, int64_t cols, const float* x,
                         const float* y, const float* dy, float* dx);
+// y = x * scale + offset (Rescaling). y may alias x.
+void ScaleShift(int64_t n, float scale, float offset, const float* x, float* y);
 
 // mask[i] = f(i); y = x * mask. y may alias x.
 void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,

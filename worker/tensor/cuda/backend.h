@@ -76,9 +76,11 @@ void BiasGrad(int device, int64_t rows, int64_t cols, const float* dy, float* db
 // Every kind but softmax (SoftmaxForward/Backward above); y may alias x, dx
 // may alias dy; x or y may be null where the kind does not read it (as
 // cpu::ActivationBackward).
-void ActivationForward(int device, ActivationKind kind, int64_t n, const float* x, float* y);
-void ActivationBackward(int device, ActivationKind kind, int64_t n, const float* x,
+void ActivationForward(int device, ActivationFunction f, int64_t n, const float* x, float* y);
+void ActivationBackward(int device, ActivationFunction f, int64_t n, const float* x,
                         const float* y, const float* dy, float* dx);
+// y = x * scale + offset (Rescaling); y may alias x.
+void ScaleShift(int device, int64_t n, float scale, float offset, const float* x, float* y);
 // mask[i] = DropoutMask{stream, threshold, scale}(i); y = x * mask.
 void DropoutForward(int device, int64_t n, uint64_t stream, uint64_t threshold, float scale,
                     const float* x, float* y, float* mask);

@@ -22,9 +22,10 @@
 //     __fdiv_rn / __fsqrt_rn intrinsics, which nvcc never fuses and which
 //     round exactly as IEEE float, so by construction the optimizer updates
 //     round as cpu_math.cc's do. The shared functors are host code too and cannot use
-//     them, so nvcc may fuse inside TanhGrad, GeluGrad and the binary
-//     cross-entropies; building this file with -fmad=false would close that
-//     last gap at no cost that matters for memory-bound kernels.
+//     them, so nvcc may fuse inside the activations' formulas (GeluGrad,
+//     SiluGrad, MishGrad, ...), ScaleShift and the binary cross-entropies;
+//     building this file with -fmad=false would close that last gap at no
+//     cost that matters for memory-bound kernels.
 //
 // Every function makes its device current (DeviceContext::Get) and queues
 // its kernels on the device's compute stream; only Loss waits for the device.
@@ -549,59 +550,39 @@ void BiasGrad(int device, int64_t rows, int64_t cols, const float* dy, float* db
   ColumnSums(ctx, 1, rows, cols, 1.0f, dy, dbias);
 }
 
-void ActivationForward(int device, ActivationKind kind, int64_t n, const float* x, float* y) {
+void ActivationForward(int device, ActivationFunction f, int64_t n, const float* x, float* y) {
   DeviceContext& ctx = DeviceContext::Get(device);
   const cudaStream_t stream = ctx.compute_stream();
-  switch (kind) {
-    case ActivationKind::kLinear:
-      CopyUnlessSame(stream, n, x, y);
-      return;
-    case ActivationKind::kRelu:
-      Map1(stream, n, elementwise::Relu(), x, y);
-      return;
-    case ActivationKind::kSigmoid:
-      Map1(stream, n, elementwise::Sigmoid(), x, y);
-      return;
-    case ActivationKind::kTanh:
-      Map1(stream, n, elementwise::Tanh(), x, y);
-      return;
-    case ActivationKind::kGelu:
-      Map1(stream, n, elementwise::Gelu(), x, y);
-      return;
-    case ActivationKind::kSoftmax:
-      DISTRAIN_CHECK(false) << "cuda::ActivationForward got softmax: ops.cc routes softmax to "
-                               "cuda::SoftmaxForward";
-      return;
+  DISTRAIN_CHECK(f.kind != ActivationKind::kSoftmax)
+      << "cuda::ActivationForward got softmax: ops.cc routes softmax to cuda::SoftmaxForward";
+  if (f.kind == ActivationKind::kLinear) {
+    CopyUnlessSame(stream, n, x, y);
+    return;
   }
-  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+  const bool known =
+      elementwise::WithForwardFunctor(f, [&](auto functor) { Map1(stream, n, functor, x, y); });
+  DISTRAIN_CHECK(known) << "unknown activation " << static_cast<int>(f.kind);
 }
 
-void ActivationBackward(int device, ActivationKind kind, int64_t n, const float* x,
+void ActivationBackward(int device, ActivationFunction f, int64_t n, const float* x,
                         const float* y, const float* dy, float* dx) {
   DeviceContext& ctx = DeviceContext::Get(device);
   const cudaStream_t stream = ctx.compute_stream();
-  switch (kind) {
-    case ActivationKind::kLinear:
-      CopyUnlessSame(stream, n, dy, dx);
-      return;
-    case ActivationKind::kRelu:
-      Map2(stream, n, elementwise::ReluGrad(), y, dy, dx);
-      return;
-    case ActivationKind::kSigmoid:
-      Map2(stream, n, elementwise::SigmoidGrad(), y, dy, dx);
-      return;
-    case ActivationKind::kTanh:
-      Map2(stream, n, elementwise::TanhGrad(), y, dy, dx);
-      return;
-    case ActivationKind::kGelu:
-      Map2(stream, n, elementwise::GeluGrad(), x, dy, dx);
-      return;
-    case ActivationKind::kSoftmax:
-      DISTRAIN_CHECK(false) << "cuda::ActivationBackward got softmax: ops.cc routes softmax to "
-                               "cuda::SoftmaxBackward";
-      return;
+  DISTRAIN_CHECK(f.kind != ActivationKind::kSoftmax)
+      << "cuda::ActivationBackward got softmax: ops.cc routes softmax to cuda::SoftmaxBackward";
+  if (f.kind == ActivationKind::kLinear) {
+    CopyUnlessSame(stream, n, dy, dx);
+    return;
   }
-  DISTRAIN_CHECK(false) << "unknown activation " << static_cast<int>(kind);
+  const float* saved = elementwise::GradientReadsInput(f.kind) ? x : y;
+  const bool known = elementwise::WithGradientFunctor(
+      f, [&](auto functor) { Map2(stream, n, functor, saved, dy, dx); });
+  DISTRAIN_CHECK(known) << "unknown activation " << static_cast<int>(f.kind);
+}
+
+void ScaleShift(int device, int64_t n, float scale, float offset, const float* x, float* y) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  Map1(ctx.compute_stream(), n, elementwise::ScaleShift{scale, offset}, x, y);
 }
 
 void DropoutForward(int device, int64_t n, uint64_t stream, uint64_t threshold, float scale,

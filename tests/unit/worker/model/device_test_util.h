@@ -2,14 +2,16 @@
 #define DISTRAIN_TESTS_UNIT_WORKER_MODEL_DEVICE_TEST_UTIL_H_
 
 // Shared by the GPU-versus-CPU tests (model_device_test.cc,
-// strategy/gpu_strategies_test.cc): the TensorFlow guide's CNN on 28x28x1
-// images, deterministic random batches for it, and the 1e-4 comparison of
-// variables that a GPU must meet against the CPU (docs/architecture.md §6a).
+// strategy/gpu_strategies_test.cc, tensor/ops_device_test.cc): the
+// TensorFlow guide's CNN on 28x28x1 images, deterministic random batches for
+// it, the 1e-4 comparison of variables that a GPU must meet against the CPU
+// (docs/architecture.md §6a), and every activation function to sweep.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -17,6 +19,16 @@
 #include "worker/tensor/tensor.h"
 
 namespace distrain::testing {
+
+// Every activation Keras names (Keras' defaults), then ELU and leaky ReLU
+// with the other alphas their layers take.
+inline std::vector<ActivationFunction> AllActivationFunctions() {
+  std::vector<ActivationFunction> all;
+  for (const std::string& name : ActivationNames()) all.push_back(*ParseActivationName(name));
+  all.push_back({ActivationKind::kElu, 0.5f});
+  all.push_back({ActivationKind::kLeakyRelu, 0.01f});
+  return all;
+}
 
 inline LayerConfig LayerOf(LayerKind kind) {
   LayerConfig l;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,12 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
   if (j.contains("rate")) c.rate = j["rate"];
   if (j.contains("momentum")) c.momentum = j["momentum"];
   if (j.contains("epsilon")) c.epsilon = j["epsilon"];
+  if (j.contains("negativeSlope")) c.negative_slope = j["negativeSlope"].get<double>();
+  if (j.contains("maxValue")) c.max_value = j["maxValue"].get<double>();
+  if (j.contains("alpha")) c.alpha = j["alpha"];
+  if (j.contains("axis")) c.axis = j["axis"];
+  if (j.contains("scale")) c.scale = j["scale"];
+  if (j.contains("offset")) c.offset = j["offset"];
   return c;
 }
 
@@ -129,6 +136,8 @@ void RunModelCase(const Json& c) {
   ASSERT_TRUE(loss.has_value());
   config.loss.kind = *loss;
   config.loss.from_logits = c["loss"]["fromLogits"].get<bool>();
+  // distrain warns where Keras did (from_logits on a softmax or sigmoid output).
+  EXPECT_EQ(!ModelWarnings(config.layers, config.loss).empty(), c["keras_warned"].get<bool>());
   auto created = Model::Create(config, Shape(c["example_shape"]), c["num_classes"], 1);
   ASSERT_TRUE(created.ok()) << created.status();
   Model& model = **created;
@@ -184,6 +193,20 @@ TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
   }
   EXPECT_GT(layers, 40);
   EXPECT_GT(models, 40);
+}
+
+// Every activation name distrain accepts, aliases included, has a golden case
+// of its own (an Activation layer on wide inputs).
+TEST(KerasGoldenTest, EveryActivationNameHasACase) {
+  std::set<std::string> covered;
+  for (const Json& c : Goldens()["cases"]) {
+    if (c["kind"] == "layer" && c["layer"]["class"] == "Activation") {
+      covered.insert(c["layer"]["activation"].get<std::string>());
+    }
+  }
+  for (const std::string& name : ActivationNames(/*with_aliases=*/true)) {
+    EXPECT_TRUE(covered.count(name)) << name << " has no Activation case in tests/golden";
+  }
 }
 
 // The guide's model and the quirk it documents: fromLogits: true on a

@@ -88,6 +88,77 @@ TEST(KerasImportTest, YamlBlockParsesBackIntoTheSameModel) {
   EXPECT_EQ(parsed->training.model.layers, imported->model.layers) << job;
 }
 
+// Keras 3.15's to_json() of activation layers and Rescaling (trimmed as
+// above), and the configs distrain reads from it.
+TEST(KerasImportTest, ActivationLayersAndRescalingImportExportAndParseBack) {
+  const Json json = Json::parse(R"({
+    "module": "keras", "class_name": "Sequential", "registered_name": null,
+    "config": {"name": "sequential", "trainable": true, "layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 8], "sparse": false, "ragged": false, "name": "input_layer", "optional": false}},
+      {"class_name": "Rescaling", "config": {"name": "rescaling", "scale": 0.00392156862745098, "offset": 0.5}},
+      {"class_name": "Dense", "config": {"name": "dense", "units": 4, "activation": "silu", "use_bias": true}},
+      {"class_name": "LeakyReLU", "config": {"name": "leaky_re_lu", "negative_slope": 0.3}},
+      {"class_name": "ReLU", "config": {"name": "re_lu", "max_value": 6.0, "negative_slope": 0.0, "threshold": 0.0}},
+      {"class_name": "ReLU", "config": {"name": "re_lu_1", "max_value": null, "negative_slope": 0.1, "threshold": 0.0}},
+      {"class_name": "ELU", "config": {"name": "elu", "alpha": 0.5}},
+      {"class_name": "Dense", "config": {"name": "dense_1", "units": 3, "activation": "hard_silu", "use_bias": true}},
+      {"class_name": "Softmax", "config": {"name": "softmax", "axis": -1}}
+    ]}})");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::vector<LayerConfig>& layers = imported->model.layers;
+  ASSERT_EQ(layers.size(), 9u);
+  EXPECT_EQ(layers[1].kind, LayerKind::kRescaling);
+  EXPECT_DOUBLE_EQ(layers[1].scale, 1.0 / 255);
+  EXPECT_DOUBLE_EQ(layers[1].offset, 0.5);
+  EXPECT_EQ(layers[2].Activation(), ActivationFunction(ActivationKind::kSilu));
+  EXPECT_EQ(layers[3].Activation(), ActivationFunction(ActivationKind::kLeakyRelu, 0.3f));
+  EXPECT_FALSE(layers[3].negative_slope.has_value()) << "0.3 is LeakyReLU's default";
+  EXPECT_EQ(layers[4].Activation(), ActivationFunction(ActivationKind::kRelu6));
+  EXPECT_EQ(layers[5].Activation(), ActivationFunction(ActivationKind::kLeakyRelu, 0.1f));
+  EXPECT_EQ(layers[6].Activation(), ActivationFunction(ActivationKind::kElu, 0.5f));
+  EXPECT_EQ(layers[7].Activation(), ActivationFunction(ActivationKind::kHardSilu));
+  EXPECT_EQ(layers[8].Activation(), ActivationFunction(ActivationKind::kSoftmax));
+  EXPECT_EQ(imported->num_parameters, 8 * 4 + 4 + 4 * 3 + 3);
+  EXPECT_TRUE(imported->warnings.empty());
+
+  // distrain's own config.json of the model imports as the same layers.
+  KerasModelSpec spec;
+  spec.model = imported->model;
+  spec.example_shape = {8};
+  spec.num_classes = 3;
+  auto written = KerasConfigJson(spec);
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto again = ImportKerasModelJson(*written);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << *written;
+  EXPECT_EQ(again->model.layers, layers) << *written;
+
+  // And the YAML block `distrain import-keras` prints parses back into them.
+  std::string indented;
+  std::istringstream lines(KerasImportYaml(*imported, "model.json"));
+  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
+  auto parsed = ParseJobYaml(
+      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
+      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
+      indented);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << indented;
+  EXPECT_EQ(parsed->training.model.layers, layers) << indented;
+
+  // What distrain cannot compute is refused by name.
+  Json per_channel = json;
+  per_channel["config"]["layers"][1]["config"]["scale"] = {0.5, 0.25, 0.125};
+  auto refused = ImportKerasModelJson(per_channel.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr("Rescaling 'rescaling': scale is a list"),
+                    HasSubstr("one scale for every channel")));
+  Json threshold = json;
+  threshold["config"]["layers"][4]["config"]["threshold"] = 1.0;
+  refused = ImportKerasModelJson(threshold.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("threshold 1 is not supported"));
+}
+
 TEST(KerasImportTest, UnsupportedLayerIsNamedWithTheSupportedList) {
   Json json = GuideCnnJson();
   json["config"]["layers"].push_back(

@@ -6,10 +6,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "tests/unit/worker/model/device_test_util.h"
 #include "tests/unit/worker/model/gradient_check.h"
 #include "worker/model/activation_layer.h"
 #include "worker/model/dropout.h"
 #include "worker/model/layer.h"
+#include "worker/model/rescaling.h"
 #include "worker/model/reshape_layers.h"
 
 namespace distrain {
@@ -20,9 +23,7 @@ using ::distrain::testing::GradCheckOptions;
 using ::distrain::testing::RandomTensor;
 using ::testing::ElementsAre;
 
-const ActivationKind kAllActivations[] = {ActivationKind::kLinear, ActivationKind::kRelu,
-                                          ActivationKind::kSigmoid, ActivationKind::kTanh,
-                                          ActivationKind::kSoftmax, ActivationKind::kGelu};
+using ::distrain::testing::AllActivationFunctions;
 
 ForwardContext Training(uint64_t stream = 0) {
   ForwardContext ctx;
@@ -83,9 +84,9 @@ TEST(ActivationTest, ValuesMatchTheirDefinitions) {
 }
 
 TEST(ActivationTest, GradientsMatchFiniteDifferences) {
-  for (ActivationKind kind : kAllActivations) {
-    SCOPED_TRACE(ActivationName(kind));
-    Activation layer("activation", kind);
+  for (ActivationFunction f : AllActivationFunctions()) {
+    SCOPED_TRACE(absl::StrCat(ActivationName(f.kind), " alpha ", f.alpha));
+    Activation layer("activation", f);
     Tensor input = RandomTensor({3, 2, 5}, 3, 3.0f);
     AwayFromZero(&input, 0.05f);
     ExpectLayerGradients(layer, input, Training(), 4, {.h = 1e-2f, .rtol = 1e-2, .atol = 2e-3});
@@ -96,8 +97,9 @@ TEST(ActivationTest, GradientsMatchFiniteDifferences) {
 // backward pass must still see what it needs — GELU its input, which the
 // in-place forward destroys, the others their output.
 TEST(ActivationTest, InPlaceForwardGivesTheSameGradientAsOutOfPlace) {
-  for (ActivationKind kind : kAllActivations) {
-    Activation a("activation", kind), b("activation", kind);
+  for (ActivationFunction f : AllActivationFunctions()) {
+    const ActivationKind kind = f.kind;
+    Activation a("activation", f), b("activation", f);
     const Tensor x = RandomTensor({2, 4}, 1);
     const Tensor dy = RandomTensor({2, 4}, 2);
     Tensor y, g1, g2;
@@ -116,10 +118,11 @@ TEST(ActivationTest, InPlaceForwardGivesTheSameGradientAsOutOfPlace) {
 }
 
 TEST(DenseTest, EveryActivationAndNoBiasMatchFiniteDifferences) {
-  for (ActivationKind kind : kAllActivations) {
+  for (ActivationFunction f : AllActivationFunctions()) {
     for (bool use_bias : {true, false}) {
-      SCOPED_TRACE(std::string(ActivationName(kind)) + (use_bias ? " bias" : " no bias"));
-      Dense dense("dense", 4, 3, 7, kind, use_bias);
+      SCOPED_TRACE(absl::StrCat(ActivationName(f.kind), " alpha ", f.alpha,
+                                use_bias ? " bias" : " no bias"));
+      Dense dense("dense", 4, 3, 7, f, use_bias);
       ASSERT_EQ(dense.parameters().size(), use_bias ? 2u : 1u);
       if (use_bias) dense.parameters()[1]->value = RandomTensor({3}, 5);
       // Inputs and a kernel that keep the pre-activations off ReLU's kink.
@@ -235,6 +238,26 @@ TEST(DropoutTest, GradientMatchesFiniteDifferencesWithAFixedStream) {
   dropout.Forward(x, &y, Training(77));
   dropout.Backward(Tensor({1, 64}, 1.0f), &dx);
   for (int64_t i = 0; i < 64; ++i) EXPECT_EQ(dx[i], y[i]);
+}
+
+// Rescaling is x * scale + offset both ways of the step; under a 16-bit
+// policy it multiplies by scale as Keras casts it (1/255 in bfloat16 is
+// 0.0039368), so a mixed model's first activations equal Keras'.
+TEST(RescalingTest, ScalesAndShiftsWithTheScaleCastToTheComputeType) {
+  Rescaling layer("rescaling", 1.0 / 255, -0.5);
+  const Tensor x({1, 3}, std::vector<float>{0, 128, 255});
+  Tensor y;
+  layer.Forward(x, &y);
+  EXPECT_THAT(y.span(), ElementsAre(-0.5f, 128 * (1.0f / 255) - 0.5f, 255 * (1.0f / 255) - 0.5f));
+  Tensor dx;
+  layer.Backward(Tensor({1, 3}, std::vector<float>{1, 2, -4}), &dx);
+  EXPECT_THAT(dx.span(), ElementsAre(1.0f / 255, 2.0f / 255, -4.0f / 255));
+
+  layer.set_compute_type(ComputeType::kBfloat16);
+  layer.Forward(x, &y);
+  const float bf16_scale = 0.003936767578125f;  // 1/255 rounded to bfloat16
+  EXPECT_FLOAT_EQ(y[2], 255 * bf16_scale - 0.5f);
+  EXPECT_NE(y[2], 255 * (1.0f / 255) - 0.5f);
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/worker/model/device_test_util.h"
 #include "worker/tensor/ops.h"
 #include "worker/tensor/tensor.h"
 
@@ -307,17 +308,15 @@ TEST_P(OpsDeviceTest, BiasAddBroadcastBiasAndBiasGrad) {
 
 // ---- Activations ---------------------------------------------------------------
 
-constexpr ActivationKind kActivations[] = {ActivationKind::kLinear,  ActivationKind::kRelu,
-                                           ActivationKind::kSigmoid, ActivationKind::kTanh,
-                                           ActivationKind::kSoftmax, ActivationKind::kGelu};
-
 TEST_P(OpsDeviceTest, ActivationForwardAndBackwardEveryKindInAndOutOfPlace) {
   uint32_t seed = 300;
-  for (ActivationKind kind : kActivations) {
+  for (ActivationFunction kind : testing::AllActivationFunctions()) {
     for (const std::vector<int64_t>& shape : RowShapes()) {
-      SCOPED_TRACE(absl::StrCat(ActivationName(kind), " on ", Tensor(shape).ShapeString()));
-      // [-6, 6] reaches the saturated tails of sigmoid, tanh and softmax.
-      const Tensor x = Uniform(shape, ++seed, -6, 6);
+      SCOPED_TRACE(absl::StrCat(ActivationName(kind.kind), " alpha ", kind.alpha, " on ",
+                                Tensor(shape).ShapeString()));
+      // [-8, 8] reaches the saturated tails of sigmoid, tanh and softmax and
+      // both ends of relu6 and hard_sigmoid.
+      const Tensor x = Uniform(shape, ++seed, -8, 8);
       const Tensor dy = Uniform(shape, ++seed, -1, 1);
       Tensor y;
       ActivationForward(kind, x, &y);
@@ -344,6 +343,22 @@ TEST_P(OpsDeviceTest, ActivationForwardAndBackwardEveryKindInAndOutOfPlace) {
 }
 
 // ---- Dropout ---------------------------------------------------------------------
+
+TEST_P(OpsDeviceTest, ScaleShiftMatchesInAndOutOfPlace) {
+  uint32_t seed = 380;
+  for (const std::vector<int64_t>& shape : RowShapes()) {
+    SCOPED_TRACE(Tensor(shape).ShapeString());
+    const Tensor x = Uniform(shape, ++seed, 0, 255);
+    Tensor y;
+    ScaleShift(1.0f / 127.5f, -1.0f, x, &y);
+    Tensor y_d = Poisoned(shape);
+    ScaleShift(1.0f / 127.5f, -1.0f, ToGpu(x), &y_d);
+    EXPECT_TRUE(MatchesCpu(y, y_d));
+    Tensor in_place = ToGpu(x);
+    ScaleShift(1.0f / 127.5f, -1.0f, in_place, &in_place);
+    EXPECT_TRUE(MatchesCpu(y, in_place)) << "y == x";
+  }
+}
 
 TEST_P(OpsDeviceTest, DropoutMaskIsBitIdenticalAndOutputsMatch) {
   struct Case {
