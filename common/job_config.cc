@@ -2151,6 +2151,38 @@ absl::StatusOr<std::vector<int64_t>> ExampleShapeOf(const DatasetConfig& dataset
   return absl::InvalidArgumentError("spec.training.dataset.type: unknown");
 }
 
+namespace {
+
+// A model that starts with Keras' pixel Rescaling (1/255) on pixels the
+// dataset already scaled: each alone is right, together the model sees
+// values below 0.004 and trains badly without any error. Said when the
+// largest pixel would reach the first non-Rescaling layer below 0.05.
+std::optional<std::string> PixelsScaledTwice(const TrainingConfig& t) {
+  const DatasetConfig& d = t.dataset;
+  const bool scales_pixels =
+      d.type == DatasetType::kIdx ||
+      (d.type == DatasetType::kTfRecord && d.feature_encoding != FeatureEncoding::kFloatList);
+  if (!scales_pixels || d.scale == 1.0f) return std::nullopt;
+  double largest = 255.0 * std::abs(d.scale);
+  size_t i = 0;
+  for (; i < t.model.layers.size(); ++i) {
+    const LayerConfig& layer = t.model.layers[i];
+    if (layer.kind == LayerKind::kInput) continue;
+    if (layer.kind != LayerKind::kRescaling) break;
+    largest = std::abs(largest * layer.scale) + std::abs(layer.offset);
+  }
+  if (i == 0 || t.model.layers[i - 1].kind != LayerKind::kRescaling || largest >= 0.05) {
+    return std::nullopt;
+  }
+  return absl::StrCat("spec.training.model.layers[", i - 1,
+                      "] (Rescaling): the pixels are scaled twice, by spec.training.dataset.scale (",
+                      d.scale, ") and by the model, so they reach layers[", i, "] as at most ",
+                      largest, "; set spec.training.dataset.scale: 1 (a Keras model with "
+                      "Rescaling expects raw 0-255 pixels)");
+}
+
+}  // namespace
+
 absl::Status ValidateModelWithData(const JobConfig& config, std::vector<std::string>* notes) {
   const TrainingConfig& t = config.training;
   Issues issues;
@@ -2176,6 +2208,7 @@ absl::Status ValidateModelWithData(const JobConfig& config, std::vector<std::str
     for (std::string& warning : ModelWarnings(t.model.layers, t.model.loss)) {
       notes->push_back(std::move(warning));
     }
+    if (std::optional<std::string> note = PixelsScaledTwice(t)) notes->push_back(std::move(*note));
   }
   return absl::OkStatus();
 }

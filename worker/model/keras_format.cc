@@ -1211,6 +1211,13 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
                     imported.num_parameters, " parameters (Keras' count_params)\n");
   }
   for (const std::string& w : imported.warnings) absl::StrAppend(&out, "# note: ", w, "\n");
+  if (std::any_of(imported.model.layers.begin(), imported.model.layers.end(),
+                  [](const LayerConfig& l) { return l.kind == LayerKind::kRescaling; })) {
+    absl::StrAppend(&out,
+                    "# note: the model rescales its input itself (Rescaling); IDX and TFRecord "
+                    "pixels arrive\n#   multiplied by spec.training.dataset.scale, 1/255 unless "
+                    "set: set dataset.scale: 1 to scale them once\n");
+  }
   absl::StrAppend(&out, "model:\n  layers:\n");
   // Each layer as the examples write it: `- Conv2D: {filters: 32, ...}`.
   for (const OrderedJson& layer : training["model"]["layers"]) {

@@ -532,6 +532,32 @@ model:
   EXPECT_THAT(notes[0], HasSubstr("produced by a Softmax activation"));
 }
 
+// Keras' Rescaling(1/255) on pixels the dataset already scaled by 1/255 is
+// legal but trains on values below 0.004: noted, with the fix.
+TEST(ModelWarningsTest, PixelsScaledByTheDatasetAndByARescalingLayerAreNoted) {
+  auto notes_for = [](const std::string& dataset_scale, const std::string& rescaling) {
+    std::vector<std::string> notes;
+    EXPECT_EQ(Problems(absl::StrCat("dataset: {type: idx, trainFiles: [no-such.idx], "
+                                    "trainLabelFiles: [no-such-labels.idx]",
+                                    dataset_scale, "}\nmodel:\n  layers:\n    - Rescaling: ",
+                                    rescaling, "\n    - Dense: {units: 10}\n"),
+                       &notes),
+              "<ok>");
+    std::vector<std::string> twice;
+    for (const std::string& note : notes) {
+      if (note.find("scaled twice") != std::string::npos) twice.push_back(note);
+    }
+    return twice;
+  };
+  std::vector<std::string> twice = notes_for("", "{scale: 0.00392156862745098}");
+  ASSERT_EQ(twice.size(), 1u);
+  EXPECT_THAT(twice[0], AllOf(HasSubstr("spec.training.model.layers[0] (Rescaling): the pixels "
+                                        "are scaled twice"),
+                              HasSubstr("set spec.training.dataset.scale: 1")));
+  EXPECT_THAT(notes_for(", scale: 1", "{scale: 0.00392156862745098}"), IsEmpty());
+  EXPECT_THAT(notes_for("", "{scale: 2.0, offset: -1.0}"), IsEmpty()) << "[0, 1] to [-1, 1]";
+}
+
 // ---------------------------------------------------------------------------
 // Parsing: good blocks
 

@@ -135,7 +135,9 @@ TEST(KerasImportTest, ActivationLayersAndRescalingImportExportAndParseBack) {
 
   // And the YAML block `distrain import-keras` prints parses back into them.
   std::string indented;
-  std::istringstream lines(KerasImportYaml(*imported, "model.json"));
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("set dataset.scale: 1 to scale them once"));
+  std::istringstream lines(block);
   for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
   auto parsed = ParseJobYaml(
       "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
