@@ -95,6 +95,8 @@ constexpr EnumName<OptimizerType> kOptimizerTypes[] = {
     {"sgd", OptimizerType::kSgd},
     {"momentum", OptimizerType::kMomentum},
     {"adam", OptimizerType::kAdam},
+    {"adamw", OptimizerType::kAdamW},
+    {"rmsprop", OptimizerType::kRmsprop},
 };
 // Keras' policy names (keras.mixed_precision.set_global_policy).
 constexpr EnumName<Precision> kPrecisions[] = {
@@ -555,6 +557,15 @@ FieldSpec Field(std::string path, Ref ref, Rule rule = {}) {
     f.get = [ref](const JobConfig& c) -> std::optional<Json> {
       if (!ref(c).has_value()) return std::nullopt;
       return Json(*ref(c));
+    };
+  } else if constexpr (std::is_same_v<T, std::optional<float>>) {
+    f.rule.kind = Kind::kNumber;
+    f.rule.number_abs_max = FLT_MAX;
+    f.optional_value = true;
+    f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = static_cast<float>(v.get<double>()); };
+    f.get = [ref](const JobConfig& c) -> std::optional<Json> {
+      if (!ref(c).has_value()) return std::nullopt;
+      return FloatJson(*ref(c));
     };
   } else if constexpr (std::is_same_v<T, float>) {
     f.rule.kind = Kind::kNumber;
@@ -1447,6 +1458,10 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.optimizer.beta1", DISTRAIN_REF(training.optimizer.beta1), UnitInterval()),
       Field("training.optimizer.beta2", DISTRAIN_REF(training.optimizer.beta2), UnitInterval()),
       Field("training.optimizer.epsilon", DISTRAIN_REF(training.optimizer.epsilon), Above(0)),
+      Field("training.optimizer.rho", DISTRAIN_REF(training.optimizer.rho), UnitInterval()),
+      Field("training.optimizer.centered", DISTRAIN_REF(training.optimizer.centered)),
+      Field("training.optimizer.weightDecay", DISTRAIN_REF(training.optimizer.weight_decay),
+            Min(0)),
 
       Field("training.checkpoint.dir", DISTRAIN_REF(training.checkpoint.dir)),
       Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps),

@@ -119,7 +119,9 @@ struct DatasetConfig {
   bool operator==(const DatasetConfig&) const = default;
 };
 
-enum class OptimizerType { kSgd, kMomentum, kAdam };
+// sgd and momentum are Keras' SGD without and with momentum; adamw is Keras'
+// AdamW (Adam with decoupled weight decay, 0.004 unless set).
+enum class OptimizerType { kSgd, kMomentum, kAdam, kAdamW, kRmsprop };
 
 // spec.training.optimizer — Keras semantics for every update rule.
 struct OptimizerConfig {
@@ -127,10 +129,19 @@ struct OptimizerConfig {
   float learning_rate = 0.001f;
   float momentum = 0.9f;      // momentum
   bool nesterov = false;      // momentum
-  float beta1 = 0.9f;         // adam
-  float beta2 = 0.999f;       // adam
-  float epsilon = 1e-7f;      // adam (Keras default)
+  float beta1 = 0.9f;         // adam, adamw
+  float beta2 = 0.999f;       // adam, adamw
+  float epsilon = 1e-7f;      // adam, adamw, rmsprop (Keras' default for each)
+  float rho = 0.9f;           // rmsprop: decay of the squared-gradient average
+  bool centered = false;      // rmsprop: divide by the gradient's variance estimate
+  // Keras' weight_decay, any type: before each update w -= w * weightDecay *
+  // learningRate. Unset: none, except adamw's 0.004.
+  std::optional<float> weight_decay;
   bool operator==(const OptimizerConfig&) const = default;
+
+  float EffectiveWeightDecay() const {
+    return weight_decay.value_or(type == OptimizerType::kAdamW ? 0.004f : 0.0f);
+  }
 };
 
 // spec.training.export: the trained model as a Keras 3 .keras file, written

@@ -391,9 +391,58 @@ def more_activation_cases():
     return cases
 
 
+# Keras' optimizers, three steps on two variables: the config in distrain's
+# terms (spec.training.optimizer), the variables before, each step's gradients
+# and the variables after the last step.
+OPTIMIZERS = [
+    ("rmsprop", {"type": "rmsprop", "learningRate": 0.01},
+     lambda: keras.optimizers.RMSprop(learning_rate=0.01)),
+    ("rmsprop_centered", {"type": "rmsprop", "learningRate": 0.01, "rho": 0.8, "epsilon": 1e-3,
+                          "centered": True},
+     lambda: keras.optimizers.RMSprop(learning_rate=0.01, rho=0.8, epsilon=1e-3, centered=True)),
+    ("adamw", {"type": "adamw", "learningRate": 0.01},
+     lambda: keras.optimizers.AdamW(learning_rate=0.01)),
+    ("adamw_decay", {"type": "adamw", "learningRate": 0.01, "weightDecay": 0.1, "beta1": 0.8},
+     lambda: keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.1, beta_1=0.8)),
+    ("adam_weight_decay", {"type": "adam", "learningRate": 0.01, "weightDecay": 0.05},
+     lambda: keras.optimizers.Adam(learning_rate=0.01, weight_decay=0.05)),
+    ("sgd_weight_decay", {"type": "sgd", "learningRate": 0.1, "weightDecay": 0.05},
+     lambda: keras.optimizers.SGD(learning_rate=0.1, weight_decay=0.05)),
+    ("nesterov_weight_decay", {"type": "momentum", "learningRate": 0.1, "momentum": 0.9,
+                               "nesterov": True, "weightDecay": 0.01},
+     lambda: keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True,
+                                  weight_decay=0.01)),
+]
+
+
+def optimizer_cases():
+    cases = []
+    for name, config, make in OPTIMIZERS:
+        shapes = {"kernel": (3, 4), "bias": (4,)}
+        before = {k: small(shape) for k, shape in shapes.items()}
+        variables = {k: keras.Variable(v, name=k) for k, v in before.items()}
+        optimizer = make()
+        steps = []
+        for _ in range(3):
+            grads = {k: small(shape, 2.0) for k, shape in shapes.items()}
+            optimizer.apply([tf.constant(grads[k]) for k in shapes],
+                            [variables[k] for k in shapes])
+            steps.append({k: arr(g) for k, g in grads.items()})
+        cases.append({
+            "name": f"optimizer_{name}",
+            "kind": "optimizer",
+            "optimizer": config,
+            "variables": {k: {"shape": list(shapes[k]), "value": arr(v)}
+                          for k, v in before.items()},
+            "steps": steps,
+            "after": {k: arr(variables[k].numpy()) for k in shapes},
+        })
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
-    cases = layer_cases() + model_cases() + more_activation_cases()
+    cases = layer_cases() + model_cases() + more_activation_cases() + optimizer_cases()
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -257,6 +257,69 @@ TEST(KerasInteropTest, ActivationLayersAndRescalingPredictInKerasAsInDistrain) {
   std::filesystem::remove_all(dir);
 }
 
+// A model trained with centered RMSprop and weight decay opens in Keras with
+// that optimizer, its iterations and its slots in Keras' order: every
+// velocity (a mean of squares, never negative) where Keras expects one,
+// every average gradient after them.
+TEST(KerasInteropTest, RmspropExportCarriesItsConfigAndSlotsInKerasOrder) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_rmsprop");
+  const std::string exported = dir + "/rmsprop.keras";
+  std::string job_yaml = JobYaml("OneDevice", "    Worker: {replicas: 1}\n", kGuideCnnModel,
+                                 exported);
+  const std::string adam = "optimizer: {type: adam, learningRate: 0.001}";
+  job_yaml.replace(job_yaml.find(adam), adam.size(),
+                   "optimizer: {type: rmsprop, learningRate: 0.001, centered: true, "
+                   "weightDecay: 0.01}");
+  RunJob(WriteTextFile(dir + "/job.yaml", job_yaml), dir);
+  ASSERT_TRUE(std::filesystem::exists(exported));
+  PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
+  nlohmann::json r = CompareInKeras(python, dir, exported);
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+  EXPECT_EQ(r.value("optimizer", ""), "RMSprop");
+  EXPECT_EQ(r.value("iterations", -1), 30);
+
+  const std::string script = WriteTextFile(dir + "/slots.py", R"PY(
+import json, sys
+import numpy as np
+import keras
+model = keras.saving.load_model(sys.argv[1])
+opt = model.optimizer
+shapes = {v.path: tuple(v.shape) for v in model.trainable_variables}
+slots = []
+for v in opt.variables[2:]:
+    value = np.asarray(v)
+    slots.append({"path": v.path, "shape": list(value.shape),
+                  "min": float(value.min()), "nonzero": bool(np.any(value != 0))})
+print("RESULT " + json.dumps({
+    "config": {k: opt.get_config()[k] for k in ("rho", "centered", "weight_decay", "momentum")},
+    "trainable": len(shapes), "slots": slots}))
+)PY");
+  Subprocess py({python, script, exported},
+                {{"TF_CPP_MIN_LOG_LEVEL", "3"}, {"CUDA_VISIBLE_DEVICES", ""}});
+  auto rc = py.Wait(300);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << py.output();
+  const std::string out = py.output();
+  const size_t at = out.rfind("RESULT ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const nlohmann::json slots =
+      nlohmann::json::parse(out.substr(at + 7, out.find('\n', at) - at - 7));
+  EXPECT_EQ(slots["config"]["centered"], true) << slots.dump();
+  EXPECT_NEAR(slots["config"]["weight_decay"].get<double>(), 0.01, 1e-7);
+  EXPECT_NEAR(slots["config"]["rho"].get<double>(), 0.9, 1e-7);
+  const int trainable = slots["trainable"];
+  ASSERT_EQ(slots["slots"].size(), 2u * trainable) << slots.dump();
+  for (int i = 0; i < 2 * trainable; ++i) {
+    const nlohmann::json& slot = slots["slots"][i];
+    SCOPED_TRACE(slot.dump());
+    const std::string path = slot["path"];
+    EXPECT_NE(path.find(i < trainable ? "velocity" : "average_gradient"), std::string::npos);
+    EXPECT_TRUE(slot["nonzero"].get<bool>()) << "trained slots were exported";
+    if (i < trainable) EXPECT_GE(slot["min"].get<double>(), 0.0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(KerasInteropTest, KerasJsonImportsTrainsAndReturnsToKeras) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
   const std::string dir = FreshTempDir("keras_round_trip");

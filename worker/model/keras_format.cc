@@ -242,38 +242,78 @@ Json KerasLoss(const KerasModelSpec& spec) {
 
 // Keras' optimizer name (the optimizer group's "name" attribute too).
 const char* KerasOptimizerName(OptimizerType type) {
-  return type == OptimizerType::kAdam ? "adam" : "SGD";
+  switch (type) {
+    case OptimizerType::kAdam:
+      return "adam";
+    case OptimizerType::kAdamW:
+      return "adamw";
+    case OptimizerType::kRmsprop:
+      return "rmsprop";
+    case OptimizerType::kSgd:
+    case OptimizerType::kMomentum:
+      break;
+  }
+  return "SGD";
 }
 
 Json KerasOptimizer(const OptimizerConfig& o) {
-  if (o.type == OptimizerType::kAdam) {
-    return Serialized("keras.optimizers", "Adam",
-                      {{"name", "adam"},
-                       {"learning_rate", o.learning_rate},
-                       {"beta_1", o.beta1},
-                       {"beta_2", o.beta2},
-                       {"epsilon", o.epsilon},
-                       {"amsgrad", false}});
+  // Keras' weight_decay: null for none, as Keras writes it.
+  const float decay = o.EffectiveWeightDecay();
+  const Json weight_decay = decay == 0.0f ? Json(nullptr) : Json(decay);
+  switch (o.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      return Serialized("keras.optimizers", o.type == OptimizerType::kAdam ? "Adam" : "AdamW",
+                        {{"name", KerasOptimizerName(o.type)},
+                         {"learning_rate", o.learning_rate},
+                         {"weight_decay", weight_decay},
+                         {"beta_1", o.beta1},
+                         {"beta_2", o.beta2},
+                         {"epsilon", o.epsilon},
+                         {"amsgrad", false}});
+    case OptimizerType::kRmsprop:
+      return Serialized("keras.optimizers", "RMSprop",
+                        {{"name", "rmsprop"},
+                         {"learning_rate", o.learning_rate},
+                         {"weight_decay", weight_decay},
+                         {"rho", o.rho},
+                         {"momentum", 0.0f},
+                         {"epsilon", o.epsilon},
+                         {"centered", o.centered}});
+    case OptimizerType::kSgd:
+    case OptimizerType::kMomentum:
+      break;
   }
   // distrain's sgd is Keras' SGD without momentum; momentum is SGD with it.
   const bool momentum = o.type == OptimizerType::kMomentum;
   return Serialized("keras.optimizers", "SGD",
                     {{"name", "SGD"},
                      {"learning_rate", o.learning_rate},
+                     {"weight_decay", weight_decay},
                      {"momentum", momentum ? o.momentum : 0.0f},
                      {"nesterov", momentum && o.nesterov}});
 }
 
-// The checkpoint slots of one trainable variable in Keras' optimizer order
-// (Adam: momentum then velocity; SGD with momentum: momentum).
-std::vector<const char*> SlotNames(OptimizerType type) {
-  switch (type) {
+// The checkpoint slots of the trainable variables in Keras' optimizer order:
+// Adam and AdamW build (momentum, velocity) per variable, one variable after
+// another; RMSprop builds every variable's velocity, then every variable's
+// average gradient (centered), so its slots come slot by slot.
+struct KerasSlotOrder {
+  std::vector<const char*> names;
+  bool variable_major = true;
+};
+KerasSlotOrder SlotOrder(const OptimizerConfig& o) {
+  switch (o.type) {
     case OptimizerType::kAdam:
-      return {"m", "v"};
+    case OptimizerType::kAdamW:
+      return {{"m", "v"}, true};
     case OptimizerType::kMomentum:
-      return {"momentum"};
+      return {{"momentum"}, true};
+    case OptimizerType::kRmsprop:
+      if (o.centered) return {{"velocity", "average_gradient"}, false};
+      return {{"velocity"}, false};
     case OptimizerType::kSgd:
-      return {};
+      break;
   }
   return {};
 }
@@ -401,7 +441,8 @@ absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState&
   //    variable's slots. A checkpoint without slots (a parameter-server job
   //    whose chief could not read the ps files) exports the model without
   //    optimizer state; Keras then starts its optimizer from zero.
-  const std::vector<const char*> slots = SlotNames(spec.optimizer.type);
+  const KerasSlotOrder order = SlotOrder(spec.optimizer);
+  const std::vector<const char*>& slots = order.names;
   bool have_slots = true;
   for (const auto& [name, shape] : trainable) {
     for (const char* slot : slots) {
@@ -433,12 +474,21 @@ absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState&
     const float lr = spec.optimizer.learning_rate;
     if (absl::Status s = h5->AddFloats(group + "/1", {}, &lr); !s.ok()) return s;
     int index = 2;
-    for (const auto& [name, shape] : trainable) {
+    auto add = [&](const std::string& name, const std::vector<int64_t>& shape,
+                   const char* slot) {
+      const Tensor* t = FindTensor(state, CheckpointSlot(name, slot));
+      return h5->AddFloats(absl::StrCat(group, "/", index++), shape, t->data());
+    };
+    if (order.variable_major) {
+      for (const auto& [name, shape] : trainable) {
+        for (const char* slot : slots) {
+          if (absl::Status s = add(name, shape, slot); !s.ok()) return s;
+        }
+      }
+    } else {
       for (const char* slot : slots) {
-        const Tensor* t = FindTensor(state, CheckpointSlot(name, slot));
-        if (absl::Status s = h5->AddFloats(absl::StrCat(group, "/", index++), shape, t->data());
-            !s.ok()) {
-          return s;
+        for (const auto& [name, shape] : trainable) {
+          if (absl::Status s = add(name, shape, slot); !s.ok()) return s;
         }
       }
     }
@@ -888,14 +938,25 @@ std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* 
   };
   OptimizerConfig o;
   const std::string lowered = absl::AsciiStrToLower(class_name);
-  if (lowered == "adam") {
-    o.type = OptimizerType::kAdam;
+  if (lowered == "adam" || lowered == "adamw") {
+    o.type = lowered == "adam" ? OptimizerType::kAdam : OptimizerType::kAdamW;
     o.learning_rate = static_cast<float>(number("learning_rate", 0.001));
     o.beta1 = static_cast<float>(number("beta_1", 0.9));
     o.beta2 = static_cast<float>(number("beta_2", 0.999));
     o.epsilon = static_cast<float>(number("epsilon", 1e-7));
     if (config.value("amsgrad", false)) {
-      issues->Add("compile_config.optimizer: Adam with amsgrad is not supported");
+      issues->Add(absl::StrCat("compile_config.optimizer: ", class_name,
+                               " with amsgrad is not supported"));
+    }
+  } else if (lowered == "rmsprop") {
+    o.type = OptimizerType::kRmsprop;
+    o.learning_rate = static_cast<float>(number("learning_rate", 0.001));
+    o.rho = static_cast<float>(number("rho", 0.9));
+    o.epsilon = static_cast<float>(number("epsilon", 1e-7));
+    o.centered = config.value("centered", false);
+    if (const double momentum = number("momentum", 0); momentum != 0) {
+      issues->Add(absl::StrCat("compile_config.optimizer: RMSprop with momentum ", momentum,
+                               " is not supported; distrain's rmsprop has no momentum"));
     }
   } else if (lowered == "sgd") {
     o.learning_rate = static_cast<float>(number("learning_rate", 0.01));
@@ -905,16 +966,30 @@ std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* 
     if (o.type == OptimizerType::kSgd) o.momentum = OptimizerConfig().momentum;
   } else {
     issues->Add(absl::StrCat("compile_config.optimizer: ", class_name,
-                             " is not supported; distrain has Adam and SGD (with or without "
-                             "momentum)"));
+                             " is not supported; distrain has Adam, AdamW, RMSprop and SGD (with "
+                             "or without momentum)"));
     return std::nullopt;
+  }
+  // Keras' weight_decay: null is none; AdamW writes its own (0.004 by default).
+  if (auto decay = config.find("weight_decay"); decay != config.end() && decay->is_number()) {
+    o.weight_decay = static_cast<float>(decay->get<double>());
+  } else if (o.type == OptimizerType::kAdamW) {
+    o.weight_decay = 0.0f;  // AdamW(weight_decay=None): no decay after all
+  }
+  if (o.type == OptimizerType::kAdamW && o.weight_decay == 0.004f) {
+    o.weight_decay.reset();  // adamw's own default: the YAML need not say it
   }
   if (config.contains("learning_rate") && !config["learning_rate"].is_number()) {
     warnings->push_back(
         "compile_config.optimizer: a learning-rate schedule is not supported; set "
         "spec.training.optimizer.learningRate (its initial value is not known here)");
   }
-  for (const char* key : {"weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}) {
+  if (config.value("use_ema", false) == true) {
+    issues->Add("compile_config.optimizer: use_ema is true; distrain keeps no moving average of "
+                "the weights");
+  }
+  for (const char* key : {"clipnorm", "global_clipnorm", "clipvalue",
+                          "gradient_accumulation_steps", "loss_scale_factor"}) {
     auto v = config.find(key);
     if (v != config.end() && !v->is_null()) {
       issues->Add(absl::StrCat("compile_config.optimizer: ", key, " is set (", v->dump(),
@@ -1235,9 +1310,22 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
   if (imported.optimizer) {
     // Only the fields of the chosen rule; the others would be ignored.
     OrderedJson optimizer = training["optimizer"];
-    std::vector<std::string> unused = {"momentum", "nesterov", "beta1", "beta2", "epsilon"};
-    if (imported.optimizer->type == OptimizerType::kAdam) unused = {"momentum", "nesterov"};
-    if (imported.optimizer->type == OptimizerType::kMomentum) unused = {"beta1", "beta2", "epsilon"};
+    std::vector<std::string> unused;
+    switch (imported.optimizer->type) {
+      case OptimizerType::kSgd:
+        unused = {"momentum", "nesterov", "beta1", "beta2", "epsilon", "rho", "centered"};
+        break;
+      case OptimizerType::kMomentum:
+        unused = {"beta1", "beta2", "epsilon", "rho", "centered"};
+        break;
+      case OptimizerType::kAdam:
+      case OptimizerType::kAdamW:
+        unused = {"momentum", "nesterov", "rho", "centered"};
+        break;
+      case OptimizerType::kRmsprop:
+        unused = {"momentum", "nesterov", "beta1", "beta2"};
+        break;
+    }
     for (const std::string& key : unused) optimizer.erase(key);
     absl::StrAppend(&out, "optimizer: ", FlowYaml(optimizer), "\n");
   }

@@ -35,6 +35,25 @@ bool Optimizer::Apply(absl::Span<Parameter* const> params) {
   return true;
 }
 
+void Optimizer::ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                                absl::Span<float> value, absl::Span<const float> grad,
+                                int64_t iteration) {
+  if (weight_decay_ != 0.0f) {
+    cpu::WeightDecay(static_cast<int64_t>(value.size()), weight_decay_, learning_rate_,
+                     value.data());
+  }
+  UpdateRange(name, size, offset, value, grad, iteration);
+}
+
+void Optimizer::ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                              int64_t iteration) {
+  if (weight_decay_ != 0.0f) {
+    DISTRAIN_CUDA_ONLY(cuda::WeightDecay(value->device_id().ordinal, value->size(),
+                                         weight_decay_, learning_rate_, value->data()));
+  }
+  UpdateOnDevice(name, grad, value, iteration);
+}
+
 void Optimizer::EnableDynamicLossScale(int64_t growth_steps) {
   loss_scale_ = std::make_unique<DynamicLossScale>(growth_steps);
 }
@@ -63,7 +82,7 @@ absl::Status CheckRange(const char* field, float value, bool zero_ok, bool below
   const bool ok = std::isfinite(value) && (zero_ok ? value >= 0.0f : value > 0.0f) &&
                   (!below_one || value < 1.0f);
   if (ok) return absl::OkStatus();
-  const char* range = below_one ? (zero_ok ? "in [0, 1)" : "in (0, 1)") : "> 0";
+  const char* range = below_one ? (zero_ok ? "in [0, 1)" : "in (0, 1)") : (zero_ok ? ">= 0" : "> 0");
   return absl::InvalidArgumentError(
       absl::StrCat("spec.training.optimizer.", field, ": must be ", range, ", got ", value));
 }
@@ -189,16 +208,17 @@ absl::Status CheckIterations(int64_t iterations) {
 
 class SgdOptimizer : public Optimizer {
  public:
-  explicit SgdOptimizer(float lr) : lr_(lr), slots_({}) {}
+  explicit SgdOptimizer(const OptimizerConfig& c)
+      : Optimizer(c), lr_(c.learning_rate), slots_({}) {}
 
-  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
-                       absl::Span<float> value, absl::Span<const float> grad,
-                       int64_t iteration) override {
+  void UpdateRange(const std::string& name, int64_t size, int64_t offset,
+                   absl::Span<float> value, absl::Span<const float> grad,
+                   int64_t iteration) override {
     CheckUpdateRange(name, size, offset, value, grad);
     cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr_, grad.data(), value.data());
   }
-  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                     int64_t iteration) override {
+  void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                      int64_t iteration) override {
     DISTRAIN_CUDA_ONLY(
         cuda::SgdUpdate(value->device_id().ordinal, value->size(), lr_, grad.data(), value->data()));
   }
@@ -218,20 +238,24 @@ class SgdOptimizer : public Optimizer {
 
 class MomentumOptimizer : public Optimizer {
  public:
-  MomentumOptimizer(float lr, float momentum, bool nesterov)
-      : lr_(lr), momentum_(momentum), nesterov_(nesterov), slots_({"momentum"}) {}
+  explicit MomentumOptimizer(const OptimizerConfig& c)
+      : Optimizer(c),
+        lr_(c.learning_rate),
+        momentum_(c.momentum),
+        nesterov_(c.nesterov),
+        slots_({"momentum"}) {}
 
-  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
-                       absl::Span<float> value, absl::Span<const float> grad,
-                       int64_t iteration) override {
+  void UpdateRange(const std::string& name, int64_t size, int64_t offset,
+                   absl::Span<float> value, absl::Span<const float> grad,
+                   int64_t iteration) override {
     CheckUpdateRange(name, size, offset, value, grad);
     const int64_t n = static_cast<int64_t>(value.size());
     std::vector<Tensor>& s = slots_.Get(name, size);
     cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data() + offset,
                         value.data());
   }
-  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                     int64_t iteration) override {
+  void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                      int64_t iteration) override {
     std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
     DISTRAIN_CUDA_ONLY(cuda::MomentumUpdate(value->device_id().ordinal, value->size(), lr_,
                                             momentum_, nesterov_, grad.data(), s[0].data(),
@@ -255,12 +279,17 @@ class MomentumOptimizer : public Optimizer {
 
 class AdamOptimizer : public Optimizer {
  public:
-  AdamOptimizer(float lr, float beta1, float beta2, float epsilon)
-      : lr_(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon), slots_({"m", "v"}) {}
+  explicit AdamOptimizer(const OptimizerConfig& c)
+      : Optimizer(c),
+        lr_(c.learning_rate),
+        beta1_(c.beta1),
+        beta2_(c.beta2),
+        epsilon_(c.epsilon),
+        slots_({"m", "v"}) {}
 
-  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
-                       absl::Span<float> value, absl::Span<const float> grad,
-                       int64_t iteration) override {
+  void UpdateRange(const std::string& name, int64_t size, int64_t offset,
+                   absl::Span<float> value, absl::Span<const float> grad,
+                   int64_t iteration) override {
     CheckUpdateRange(name, size, offset, value, grad);
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     const int64_t n = static_cast<int64_t>(value.size());
@@ -268,8 +297,8 @@ class AdamOptimizer : public Optimizer {
     cpu::AdamUpdate(n, CorrectedRate(iteration), beta1_, beta2_, epsilon_, grad.data(),
                     s[0].data() + offset, s[1].data() + offset, value.data());
   }
-  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                     int64_t iteration) override {
+  void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                      int64_t iteration) override {
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
     DISTRAIN_CUDA_ONLY(cuda::AdamUpdate(value->device_id().ordinal, value->size(),
@@ -300,6 +329,53 @@ class AdamOptimizer : public Optimizer {
   SlotTable slots_;
 };
 
+class RmspropOptimizer : public Optimizer {
+ public:
+  explicit RmspropOptimizer(const OptimizerConfig& c)
+      : Optimizer(c),
+        lr_(c.learning_rate),
+        rho_(c.rho),
+        epsilon_(c.epsilon),
+        centered_(c.centered),
+        slots_(c.centered ? std::vector<std::string>{"velocity", "average_gradient"}
+                          : std::vector<std::string>{"velocity"}) {}
+
+  void UpdateRange(const std::string& name, int64_t size, int64_t offset,
+                   absl::Span<float> value, absl::Span<const float> grad,
+                   int64_t iteration) override {
+    CheckUpdateRange(name, size, offset, value, grad);
+    std::vector<Tensor>& s = slots_.Get(name, size);
+    cpu::RmspropUpdate(static_cast<int64_t>(value.size()), lr_, rho_, epsilon_, grad.data(),
+                       s[0].data() + offset, centered_ ? s[1].data() + offset : nullptr,
+                       value.data());
+  }
+  void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                      int64_t iteration) override {
+    std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
+    DISTRAIN_CUDA_ONLY(cuda::RmspropUpdate(value->device_id().ordinal, value->size(), lr_, rho_,
+                                           epsilon_, grad.data(), s[0].data(),
+                                           centered_ ? s[1].data() : nullptr, value->data()));
+  }
+  std::map<std::string, Tensor> RuleSlotState() const override { return slots_.State(); }
+  absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
+                                int64_t iterations) override {
+    if (absl::Status s = CheckIterations(iterations); !s.ok()) return s;
+    if (absl::Status s = slots_.Restore(slots, centered_ ? "centered rmsprop" : "rmsprop");
+        !s.ok()) {
+      return s;
+    }
+    iterations_ = iterations;
+    return absl::OkStatus();
+  }
+
+ private:
+  float lr_;
+  float rho_;
+  float epsilon_;
+  bool centered_;
+  SlotTable slots_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConfig& config,
@@ -317,23 +393,31 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const OptimizerConf
   if (absl::Status s = CheckRange("learningRate", config.learning_rate, false, false); !s.ok()) {
     return s;
   }
+  if (config.weight_decay) {
+    if (absl::Status s = CheckRange("weightDecay", *config.weight_decay, true, false); !s.ok()) {
+      return s;
+    }
+  }
   switch (config.type) {
     case OptimizerType::kSgd:
-      return std::unique_ptr<Optimizer>(new SgdOptimizer(config.learning_rate));
+      return std::unique_ptr<Optimizer>(new SgdOptimizer(config));
     case OptimizerType::kMomentum:
       if (absl::Status s = CheckRange("momentum", config.momentum, true, true); !s.ok()) return s;
-      return std::unique_ptr<Optimizer>(
-          new MomentumOptimizer(config.learning_rate, config.momentum, config.nesterov));
+      return std::unique_ptr<Optimizer>(new MomentumOptimizer(config));
     case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
       if (absl::Status s = CheckRange("beta1", config.beta1, true, true); !s.ok()) return s;
       if (absl::Status s = CheckRange("beta2", config.beta2, true, true); !s.ok()) return s;
       if (absl::Status s = CheckRange("epsilon", config.epsilon, false, false); !s.ok()) return s;
-      return std::unique_ptr<Optimizer>(new AdamOptimizer(config.learning_rate, config.beta1,
-                                                          config.beta2, config.epsilon));
+      return std::unique_ptr<Optimizer>(new AdamOptimizer(config));
+    case OptimizerType::kRmsprop:
+      if (absl::Status s = CheckRange("rho", config.rho, true, true); !s.ok()) return s;
+      if (absl::Status s = CheckRange("epsilon", config.epsilon, false, false); !s.ok()) return s;
+      return std::unique_ptr<Optimizer>(new RmspropOptimizer(config));
   }
   return absl::InvalidArgumentError(absl::StrCat("spec.training.optimizer.type: unknown type ",
                                                  static_cast<int>(config.type),
-                                                 "; use sgd, momentum or adam"));
+                                                 "; use sgd, momentum, adam, adamw or rmsprop"));
 }
 
 }  // namespace distrain

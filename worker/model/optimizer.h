@@ -19,6 +19,11 @@ namespace distrain {
 //   Momentum:  v = m*v - lr*g;  w += v            (nesterov: w += m*v - lr*g)
 //   Adam:      m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2;
 //              lr_t = lr * sqrt(1-b2^t) / (1-b1^t);  w -= lr_t * m / (sqrt(v) + eps)
+//   AdamW:     Adam, with weight decay 0.004 unless configured
+//   RMSprop:   v = rho*v + (1-rho)*g^2;  w -= lr * g / sqrt(v + eps)
+//              (centered: a = rho*a + (1-rho)*g;  w -= lr * g / sqrt(v - a^2 + eps))
+// and, for every rule with a weight decay wd (Keras' weight_decay), first
+// w -= w * wd * lr, as Keras' optimizer applies it before the update.
 // Slot variables are keyed by the parameter name, so the same optimizer
 // serves a local model (Apply) and a parameter-server shard (ApplyDense).
 // Thread-safety: none; callers serialise (a ps locks per variable shard).
@@ -55,14 +60,13 @@ class Optimizer {
   // updating a variable range by range equals one ApplyDense, bit for bit.
   // Lets a caller form a gradient block by block and apply each block while
   // it is still in cache.
-  virtual void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
-                               absl::Span<float> value, absl::Span<const float> grad,
-                               int64_t iteration) = 0;
+  void ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
+                       absl::Span<float> value, absl::Span<const float> grad, int64_t iteration);
 
   // The same rule for a whole variable on a GPU: slots live on the
   // variable's device, the update is queued on its compute stream.
-  virtual void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                             int64_t iteration) = 0;
+  void ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                     int64_t iteration);
 
   int64_t iterations() const { return iterations_; }
   // Slot tensors for checkpoints, named "<param>/<slot>" (e.g.
@@ -75,6 +79,16 @@ class Optimizer {
   absl::Status RestoreState(const std::map<std::string, Tensor>& slots, int64_t iterations);
 
  protected:
+  explicit Optimizer(const OptimizerConfig& config)
+      : learning_rate_(config.learning_rate), weight_decay_(config.EffectiveWeightDecay()) {}
+
+  // The update rule itself, after the weight decay (ApplyDenseRange,
+  // ApplyOnDevice).
+  virtual void UpdateRange(const std::string& name, int64_t size, int64_t offset,
+                           absl::Span<float> value, absl::Span<const float> grad,
+                           int64_t iteration) = 0;
+  virtual void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
+                              int64_t iteration) = 0;
   // The update rule's own slots (SlotState without the loss scale).
   virtual std::map<std::string, Tensor> RuleSlotState() const = 0;
   virtual absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
@@ -83,6 +97,8 @@ class Optimizer {
   int64_t iterations_ = 0;
 
  private:
+  float learning_rate_;
+  float weight_decay_;  // 0: none
   std::unique_ptr<DynamicLossScale> loss_scale_;
 };
 

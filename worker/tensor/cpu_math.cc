@@ -480,6 +480,31 @@ void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, 
   });
 }
 
+void RmspropUpdate(int64_t n, float lr, float rho, float epsilon, const float* g, float* v,
+                   float* a, float* w) {
+  const float one_minus_rho = 1.0f - rho;
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float gi = g[i];
+      const float vi = rho * v[i] + one_minus_rho * (gi * gi);
+      v[i] = vi;
+      float denominator = vi + epsilon;
+      if (a != nullptr) {
+        const float ai = rho * a[i] + one_minus_rho * gi;
+        a[i] = ai;
+        denominator = (vi - ai * ai) + epsilon;
+      }
+      w[i] -= (lr * gi) / std::sqrt(denominator);
+    }
+  });
+}
+
+void WeightDecay(int64_t n, float decay, float lr, float* w) {
+  ParallelRange(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) w[i] -= (w[i] * decay) * lr;
+  });
+}
+
 void SetBlasThreads(int threads) {
   DISTRAIN_CHECK_GE(threads, 1);
   openblas_set_num_threads(threads);

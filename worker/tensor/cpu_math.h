@@ -116,6 +116,12 @@ void MomentumUpdate(int64_t n, float lr, float momentum, bool nesterov, const fl
 // lr_t already carries Adam's bias correction.
 void AdamUpdate(int64_t n, float lr_t, float beta1, float beta2, float epsilon, const float* g,
                 float* m, float* v, float* w);
+// Keras' RMSprop: v = rho v + (1-rho) g^2; centered (a not null): a = rho a +
+// (1-rho) g and d = v - a^2 + eps, else d = v + eps; w -= lr g / sqrt(d).
+void RmspropUpdate(int64_t n, float lr, float rho, float epsilon, const float* g, float* v,
+                   float* a, float* w);
+// Keras' decoupled weight decay, before an update: w -= (w * decay) * lr.
+void WeightDecay(int64_t n, float decay, float lr, float* w);
 
 // The thread budget of a matrix product (process-wide; kept in OpenBLAS's
 // setting, which OPENBLAS_NUM_THREADS initialises, and applied to oneDNN's

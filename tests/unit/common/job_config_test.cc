@@ -290,7 +290,8 @@ TEST(JobConfigTest, ReportsEveryErrorInDocumentOrderOnePerLine) {
   EXPECT_THAT(
       lines[2],
       HasSubstr("line 13: spec.training.optimizer.type: must be one of \"sgd\", \"momentum\", "
-                "\"adam\", got \"SGD\"; values are case-sensitive: write \"sgd\""));
+                "\"adam\", \"adamw\", \"rmsprop\", got \"SGD\"; values are case-sensitive: write "
+                "\"sgd\""));
 }
 
 struct BadDocCase {
@@ -483,9 +484,13 @@ std::vector<BadDocCase> BadDocs() {
        "values are case-sensitive: write \"AUTO\""},
       {"NegativePrefetch", JobYaml("training: {dataset: {prefetchBatches: -1}}"),
        "spec.training.dataset.prefetchBatches: must be a non-negative integer, got -1"},
-      {"BadOptimizer", JobYaml("training: {optimizer: {type: rmsprop}}"),
-       "spec.training.optimizer.type: must be one of \"sgd\", \"momentum\", \"adam\", got "
-       "\"rmsprop\""},
+      {"BadOptimizer", JobYaml("training: {optimizer: {type: adagrad}}"),
+       "spec.training.optimizer.type: must be one of \"sgd\", \"momentum\", \"adam\", "
+       "\"adamw\", \"rmsprop\", got \"adagrad\""},
+      {"NegativeWeightDecay", JobYaml("training: {optimizer: {type: adamw, weightDecay: -0.1}}"),
+       "spec.training.optimizer.weightDecay: must be a non-negative number, got -0.1"},
+      {"RhoOfOne", JobYaml("training: {optimizer: {type: rmsprop, rho: 1}}"),
+       "spec.training.optimizer.rho: must be"},
       {"ZeroLearningRate", JobYaml("training: {optimizer: {learningRate: 0}}"),
        "spec.training.optimizer.learningRate: must be a positive number, got 0"},
       {"MomentumOne", JobYaml("training: {optimizer: {momentum: 1.0}}"),

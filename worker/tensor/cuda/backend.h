@@ -113,6 +113,9 @@ void MomentumUpdate(int device, int64_t n, float lr, float momentum, bool nester
                     const float* g, float* v, float* w);
 void AdamUpdate(int device, int64_t n, float lr_t, float beta1, float beta2, float epsilon,
                 const float* g, float* m, float* v, float* w);
+void RmspropUpdate(int device, int64_t n, float lr, float rho, float epsilon, const float* g,
+                   float* v, float* a, float* w);
+void WeightDecay(int device, int64_t n, float decay, float lr, float* w);
 
 }  // namespace distrain::cuda
 

@@ -512,6 +512,39 @@ struct AdamStep {
   }
 };
 
+// cpu::RmspropUpdate, operation for operation; a is null unless centered.
+struct RmspropStep {
+  float lr;
+  float rho;
+  float one_minus_rho;
+  float epsilon;
+  const float* g;
+  float* v;
+  float* a;
+  float* w;
+  __device__ void operator()(int64_t i) const {
+    const float gi = g[i];
+    const float vi = __fadd_rn(__fmul_rn(rho, v[i]), __fmul_rn(one_minus_rho, __fmul_rn(gi, gi)));
+    v[i] = vi;
+    float denominator = __fadd_rn(vi, epsilon);
+    if (a != nullptr) {
+      const float ai = __fadd_rn(__fmul_rn(rho, a[i]), __fmul_rn(one_minus_rho, gi));
+      a[i] = ai;
+      denominator = __fadd_rn(__fsub_rn(vi, __fmul_rn(ai, ai)), epsilon);
+    }
+    w[i] = __fsub_rn(w[i], __fdiv_rn(__fmul_rn(lr, gi), __fsqrt_rn(denominator)));
+  }
+};
+
+struct WeightDecayStep {
+  float decay;
+  float lr;
+  float* w;
+  __device__ void operator()(int64_t i) const {
+    w[i] = __fsub_rn(w[i], __fmul_rn(__fmul_rn(w[i], decay), lr));
+  }
+};
+
 }  // namespace
 
 void Fill(int device, int64_t n, float value, float* dst) {
@@ -766,6 +799,17 @@ void AdamUpdate(int device, int64_t n, float lr_t, float beta1, float beta2, flo
   DeviceContext& ctx = DeviceContext::Get(device);
   ForEach(ctx.compute_stream(), n,
           AdamStep{lr_t, beta1, beta2, 1.0f - beta1, 1.0f - beta2, epsilon, g, m, v, w});
+}
+
+void RmspropUpdate(int device, int64_t n, float lr, float rho, float epsilon, const float* g,
+                   float* v, float* a, float* w) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  ForEach(ctx.compute_stream(), n, RmspropStep{lr, rho, 1.0f - rho, epsilon, g, v, a, w});
+}
+
+void WeightDecay(int device, int64_t n, float decay, float lr, float* w) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  ForEach(ctx.compute_stream(), n, WeightDecayStep{decay, lr, w});
 }
 
 }  // namespace distrain::cuda

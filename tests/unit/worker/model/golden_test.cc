@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_config.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/layer_factory.h"
 #include "worker/model/model.h"
+#include "worker/model/optimizer.h"
 
 namespace distrain {
 namespace {
@@ -177,15 +180,44 @@ void RunModelCase(const Json& c) {
   }
 }
 
+// Three steps of an optimizer, its config read by the job parser as a user
+// writes it (spec.training.optimizer), against Keras' optimizer.apply.
+void RunOptimizerCase(const Json& c) {
+  absl::StatusOr<JobConfig> job = ParseJobYaml(absl::StrCat(
+      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
+      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n"
+      "  training: {optimizer: ",
+      c["optimizer"].dump(), "}\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto optimizer = Optimizer::Create(job->training.optimizer);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  std::map<std::string, Tensor> values;
+  for (const auto& [name, v] : c["variables"].items()) {
+    values[name] = ToTensor(v["shape"], v["value"]);
+  }
+  int64_t iteration = 0;
+  for (const Json& step : c["steps"]) {
+    ++iteration;
+    for (auto& [name, value] : values) {
+      const std::vector<float> grad = step.at(name).get<std::vector<float>>();
+      (*optimizer)->ApplyDense(name, value.span(), grad, iteration);
+    }
+  }
+  for (const auto& [name, value] : values) ExpectClose(value, c["after"][name], name);
+}
+
 TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
   const Json& cases = Goldens()["cases"];
   ASSERT_GT(cases.size(), 50u);
-  int layers = 0, models = 0;
+  int layers = 0, models = 0, optimizers = 0;
   for (const Json& c : cases) {
     SCOPED_TRACE(c["name"].get<std::string>());
     if (c["kind"] == "layer") {
       RunLayerCase(c);
       ++layers;
+    } else if (c["kind"] == "optimizer") {
+      RunOptimizerCase(c);
+      ++optimizers;
     } else {
       RunModelCase(c);
       ++models;
@@ -193,6 +225,7 @@ TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
   }
   EXPECT_GT(layers, 40);
   EXPECT_GT(models, 40);
+  EXPECT_GE(optimizers, 7);
 }
 
 // Every activation name distrain accepts, aliases included, has a golden case

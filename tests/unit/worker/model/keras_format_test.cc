@@ -161,6 +161,84 @@ TEST(KerasImportTest, ActivationLayersAndRescalingImportExportAndParseBack) {
   EXPECT_THAT(refused.status().message(), HasSubstr("threshold 1 is not supported"));
 }
 
+// Keras' RMSprop, AdamW and any optimizer's weight_decay come over; what
+// distrain lacks (RMSprop's momentum, EMA) is refused by name.
+TEST(KerasImportTest, RmspropAdamWAndWeightDecayImportAndWhatIsMissingIsRefused) {
+  auto import_with = [](const std::string& optimizer) {
+    Json json = GuideCnnJson();
+    json["compile_config"] = {{"optimizer", Json::parse(optimizer)}};
+    return ImportKerasModelJson(json.dump());
+  };
+  auto rmsprop = import_with(R"({"class_name": "RMSprop", "config": {"name": "rmsprop",
+      "learning_rate": 0.002, "weight_decay": null, "rho": 0.8, "momentum": 0.0,
+      "epsilon": 1e-06, "centered": true, "use_ema": false}})");
+  ASSERT_TRUE(rmsprop.ok()) << rmsprop.status();
+  EXPECT_EQ(rmsprop->optimizer->type, OptimizerType::kRmsprop);
+  EXPECT_FLOAT_EQ(rmsprop->optimizer->rho, 0.8f);
+  EXPECT_FLOAT_EQ(rmsprop->optimizer->epsilon, 1e-6f);
+  EXPECT_TRUE(rmsprop->optimizer->centered);
+  EXPECT_FALSE(rmsprop->optimizer->weight_decay.has_value());
+  const std::string block = KerasImportYaml(*rmsprop, "config.json");
+  EXPECT_THAT(block, AllOf(HasSubstr("type: rmsprop"), HasSubstr("rho: 0.8"),
+                           HasSubstr("centered: true")));
+  EXPECT_THAT(block, ::testing::Not(HasSubstr("beta1")));
+
+  auto adamw = import_with(R"({"class_name": "AdamW", "config": {"name": "adamw",
+      "learning_rate": 0.001, "weight_decay": 0.004, "beta_1": 0.9, "beta_2": 0.999,
+      "epsilon": 1e-07, "amsgrad": false}})");
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ(adamw->optimizer->type, OptimizerType::kAdamW);
+  EXPECT_FALSE(adamw->optimizer->weight_decay.has_value()) << "0.004 is AdamW's default";
+  EXPECT_FLOAT_EQ(adamw->optimizer->EffectiveWeightDecay(), 0.004f);
+
+  auto sgd = import_with(R"({"class_name": "SGD", "config": {"name": "SGD",
+      "learning_rate": 0.1, "weight_decay": 0.0005, "momentum": 0.9, "nesterov": true}})");
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->optimizer->type, OptimizerType::kMomentum);
+  EXPECT_EQ(sgd->optimizer->weight_decay, std::optional<float>(0.0005f));
+  EXPECT_THAT(KerasImportYaml(*sgd, "config.json"), HasSubstr("weightDecay: 0.0005"));
+
+  auto momentum = import_with(R"({"class_name": "RMSprop", "config": {"momentum": 0.9}})");
+  ASSERT_FALSE(momentum.ok());
+  EXPECT_THAT(momentum.status().message(),
+              HasSubstr("RMSprop with momentum 0.9 is not supported"));
+  auto ema = import_with(R"({"class_name": "Adam", "config": {"use_ema": true}})");
+  ASSERT_FALSE(ema.ok());
+  EXPECT_THAT(ema.status().message(), HasSubstr("use_ema is true"));
+}
+
+// distrain's own compile_config of every optimizer type reads back as the
+// same spec.training.optimizer.
+TEST(KerasImportTest, EveryOptimizerTypeRoundTripsThroughCompileConfig) {
+  auto imported = ImportKerasModelJson(GuideCnnJson().dump());
+  ASSERT_TRUE(imported.ok());
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdamW, OptimizerType::kRmsprop}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    KerasModelSpec spec;
+    spec.model = imported->model;
+    spec.example_shape = {28, 28, 1};
+    spec.num_classes = 10;
+    spec.optimizer.type = type;
+    spec.optimizer.learning_rate = 0.005f;
+    spec.optimizer.centered = type == OptimizerType::kRmsprop;
+    if (type != OptimizerType::kAdamW) spec.optimizer.weight_decay = 0.02f;
+    auto written = KerasConfigJson(spec);
+    ASSERT_TRUE(written.ok()) << written.status();
+    auto back = ImportKerasModelJson(*written);
+    ASSERT_TRUE(back.ok()) << back.status();
+    ASSERT_TRUE(back->optimizer.has_value());
+    OptimizerConfig want = spec.optimizer;
+    OptimizerConfig got = *back->optimizer;
+    // Fields the type does not read are not in Keras' config.
+    if (type != OptimizerType::kMomentum) {
+      got.momentum = want.momentum;
+      got.nesterov = want.nesterov;
+    }
+    EXPECT_EQ(got, want) << *written;
+  }
+}
+
 TEST(KerasImportTest, UnsupportedLayerIsNamedWithTheSupportedList) {
   Json json = GuideCnnJson();
   json["config"]["layers"].push_back(

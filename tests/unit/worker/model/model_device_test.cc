@@ -169,6 +169,16 @@ TEST(ModelDeviceTest, ACnnWithEveryLayerKindTrainsOnEveryGpuLikeOnTheCpu) {
   ExpectGpuTrainsLikeCpu(EveryLayerCnn(), OptimizerType::kMomentum, 30);
 }
 
+// RMSprop's and the weight decay's own kernels against cpu_math's.
+TEST(ModelDeviceTest, CenteredRmspropWithWeightDecayTrainsOnEveryGpuLikeOnTheCpu) {
+  OptimizerConfig optimizer;
+  optimizer.type = OptimizerType::kRmsprop;
+  optimizer.learning_rate = 1e-3f;
+  optimizer.centered = true;
+  optimizer.weight_decay = 0.01f;
+  ExpectGpuTrainsLikeCpu(GuideCnn(), optimizer, Batches(30, 32, 13), 1e-4, 1e-4);
+}
+
 // Mixed precision on a GPU (tensor-core products) trains as on the CPU
 // (float32 products of the same 16-bit values). Not within 1e-4: the two
 // sum the products in different orders, and a sum that lands near a

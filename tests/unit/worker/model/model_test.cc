@@ -238,6 +238,8 @@ TEST(ModelTest, LearnsXorBlobsWithEveryOptimizer) {
       {"momentum", OptimizerType::kMomentum, 0.1f, false},
       {"nesterov", OptimizerType::kMomentum, 0.1f, true},
       {"adam", OptimizerType::kAdam, 0.02f, false},
+      {"adamw", OptimizerType::kAdamW, 0.02f, false},
+      {"rmsprop", OptimizerType::kRmsprop, 0.01f, false},
   };
   const Batch test = XorBlobs(1000, 99);
   for (const Case& c : cases) {

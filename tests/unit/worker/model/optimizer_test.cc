@@ -146,10 +146,12 @@ TEST(OptimizerTest, ApplyDenseUsesTheGivenIteration) {
 // block on its own: every rule must give exactly what one whole update gives,
 // slots included, over several steps and with ranges that split SIMD widths.
 TEST(OptimizerTest, UpdatingRangeByRangeEqualsOneWholeUpdateBitForBit) {
-  for (OptimizerType type :
-       {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam}) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                            OptimizerType::kAdamW, OptimizerType::kRmsprop}) {
     SCOPED_TRACE(static_cast<int>(type));
     OptimizerConfig c = Config(type, 0.01f);
+    c.centered = true;        // rmsprop's second slot too
+    c.weight_decay = 0.05f;   // and the decay before every rule
     auto whole = MakeOptimizer(c);
     auto ranged = MakeOptimizer(c);
     const int64_t n = 1000;
@@ -247,6 +249,32 @@ TEST(OptimizerStateTest, MomentumResumesBitIdentically) {
   OptimizerConfig c = Config(OptimizerType::kMomentum, 0.05f);
   c.nesterov = true;
   ExpectExactResume(c);
+}
+
+TEST(OptimizerStateTest, CenteredRmspropWithWeightDecayResumesBitIdentically) {
+  OptimizerConfig c = Config(OptimizerType::kRmsprop, 0.01f);
+  c.centered = true;
+  c.weight_decay = 0.01f;
+  ExpectExactResume(c);
+}
+
+TEST(OptimizerStateTest, AdamWResumesBitIdentically) {
+  ExpectExactResume(Config(OptimizerType::kAdamW, 0.01f));
+}
+
+// A checkpoint of plain RMSprop lacks the centered variant's average
+// gradients: refused by name, not read as zeros.
+TEST(OptimizerStateTest, RmspropStateDoesNotRestoreIntoCenteredRmsprop) {
+  auto plain = MakeOptimizer(Config(OptimizerType::kRmsprop, 0.01f));
+  Parameter p{"w", Tensor({2}, 1.0f), Tensor({2}, 0.5f)};
+  Parameter* params[] = {&p};
+  plain->Apply(params);
+  OptimizerConfig c = Config(OptimizerType::kRmsprop, 0.01f);
+  c.centered = true;
+  auto centered = MakeOptimizer(c);
+  const absl::Status s = centered->RestoreState(plain->SlotState(), plain->iterations());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("w/average_gradient"));
 }
 
 TEST(OptimizerStateTest, SgdResumesWithIterations) {
