@@ -98,6 +98,14 @@ constexpr EnumName<OptimizerType> kOptimizerTypes[] = {
     {"adamw", OptimizerType::kAdamW},
     {"rmsprop", OptimizerType::kRmsprop},
 };
+constexpr EnumName<LearningRateScheduleType> kScheduleTypes[] = {
+    {"Constant", LearningRateScheduleType::kConstant},
+    {"ExponentialDecay", LearningRateScheduleType::kExponentialDecay},
+    {"InverseTimeDecay", LearningRateScheduleType::kInverseTimeDecay},
+    {"PolynomialDecay", LearningRateScheduleType::kPolynomialDecay},
+    {"PiecewiseConstantDecay", LearningRateScheduleType::kPiecewiseConstantDecay},
+    {"CosineDecay", LearningRateScheduleType::kCosineDecay},
+};
 // Keras' policy names (keras.mixed_precision.set_global_policy).
 constexpr EnumName<Precision> kPrecisions[] = {
     {"float32", Precision::kFloat32},
@@ -587,6 +595,20 @@ FieldSpec Field(std::string path, Ref ref, Rule rule = {}) {
     f.rule.int_max = INT_MAX;
     f.set = [ref](const Json& v, JobConfig* c) { ref(*c) = v.get<std::vector<int>>(); };
     f.get = [ref](const JobConfig& c) { return std::optional<Json>(Json(ref(c))); };
+  } else if constexpr (std::is_same_v<T, std::vector<float>>) {
+    f.rule.kind = Kind::kArray;
+    f.rule.item_kind = Kind::kNumber;
+    f.rule.number_abs_max = FLT_MAX;
+    f.set = [ref](const Json& v, JobConfig* c) {
+      std::vector<float>& out = ref(*c);
+      out.clear();
+      for (const Json& x : v) out.push_back(static_cast<float>(x.get<double>()));
+    };
+    f.get = [ref](const JobConfig& c) {
+      Json out = Json::array();
+      for (float x : ref(c)) out.push_back(FloatJson(x));
+      return std::optional<Json>(std::move(out));
+    };
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     f.rule.kind = Kind::kArray;
     f.rule.item_kind = Kind::kString;
@@ -1462,6 +1484,29 @@ const std::vector<FieldSpec>& SpecFields() {
       Field("training.optimizer.centered", DISTRAIN_REF(training.optimizer.centered)),
       Field("training.optimizer.weightDecay", DISTRAIN_REF(training.optimizer.weight_decay),
             Min(0)),
+      EnumField("training.optimizer.schedule.type", DISTRAIN_REF(training.optimizer.schedule.type),
+                kScheduleTypes),
+      Field("training.optimizer.schedule.decaySteps",
+            DISTRAIN_REF(training.optimizer.schedule.decay_steps), Min(0)),
+      Field("training.optimizer.schedule.decayRate",
+            DISTRAIN_REF(training.optimizer.schedule.decay_rate), Min(0)),
+      Field("training.optimizer.schedule.staircase",
+            DISTRAIN_REF(training.optimizer.schedule.staircase)),
+      Field("training.optimizer.schedule.endLearningRate",
+            DISTRAIN_REF(training.optimizer.schedule.end_learning_rate), Min(0)),
+      Field("training.optimizer.schedule.power", DISTRAIN_REF(training.optimizer.schedule.power),
+            Min(0)),
+      Field("training.optimizer.schedule.cycle", DISTRAIN_REF(training.optimizer.schedule.cycle)),
+      Field("training.optimizer.schedule.alpha", DISTRAIN_REF(training.optimizer.schedule.alpha),
+            ClosedUnitInterval()),
+      Field("training.optimizer.schedule.warmupSteps",
+            DISTRAIN_REF(training.optimizer.schedule.warmup_steps), Min(0)),
+      Field("training.optimizer.schedule.warmupTarget",
+            DISTRAIN_REF(training.optimizer.schedule.warmup_target), Above(0)),
+      Field("training.optimizer.schedule.boundaries",
+            DISTRAIN_REF(training.optimizer.schedule.boundaries), Min(1)),
+      Field("training.optimizer.schedule.values",
+            DISTRAIN_REF(training.optimizer.schedule.values), Above(0)),
 
       Field("training.checkpoint.dir", DISTRAIN_REF(training.checkpoint.dir)),
       Field("training.checkpoint.everySteps", DISTRAIN_REF(training.checkpoint.every_steps),
@@ -2228,6 +2273,44 @@ absl::Status ValidateModelWithData(const JobConfig& config, std::vector<std::str
   return absl::OkStatus();
 }
 
+// What each schedule needs besides the single-field rules (Keras raises the
+// same at construction).
+void CheckSchedule(const LearningRateScheduleConfig& s, Issues* issues) {
+  const std::string path = "spec.training.optimizer.schedule";
+  const char* type = ToName(kScheduleTypes, s.type);
+  using T = LearningRateScheduleType;
+  const bool decays = s.type == T::kExponentialDecay || s.type == T::kInverseTimeDecay ||
+                      s.type == T::kPolynomialDecay || s.type == T::kCosineDecay;
+  if (decays && s.decay_steps < 1) {
+    issues->Add(path + ".decaySteps",
+                absl::StrCat("required for ", type, ": the number of steps the decay takes, >= 1"));
+  }
+  if ((s.type == T::kExponentialDecay || s.type == T::kInverseTimeDecay) && !(s.decay_rate > 0)) {
+    issues->Add(path + ".decayRate",
+                absl::StrCat("required for ", type, ": a positive number, e.g. 0.96"));
+  }
+  if (s.type == T::kCosineDecay && s.warmup_steps > 0 && !s.warmup_target) {
+    issues->Add(path + ".warmupTarget",
+                "required with warmupSteps: the rate the warmup climbs to from learningRate");
+  }
+  if (s.type == T::kPiecewiseConstantDecay) {
+    if (s.values.size() != s.boundaries.size() + 1) {
+      issues->Add(path + ".values",
+                  absl::StrCat("needs one more entry than boundaries (a rate before the first "
+                               "boundary, between each two, and after the last): got ",
+                               s.values.size(), " values for ", s.boundaries.size(),
+                               " boundaries"));
+    }
+    for (size_t i = 1; i < s.boundaries.size(); ++i) {
+      if (s.boundaries[i] <= s.boundaries[i - 1]) {
+        issues->Add(JoinYamlPath(path + ".boundaries", i),
+                    absl::StrCat("must be greater than the boundary before it (",
+                                 s.boundaries[i - 1], "), got ", s.boundaries[i]));
+      }
+    }
+  }
+}
+
 absl::Status ValidateJobConfig(const JobConfig& config) {
   Issues issues;
   if (!IsDnsLabel(config.name)) issues.Add("metadata.name", DnsLabelProblem(Json(config.name)));
@@ -2382,6 +2465,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
 
   // The global batch is split evenly across the replicas that step together.
   const TrainingConfig& t = config.training;
+  CheckSchedule(t.optimizer.schedule, &issues);
   // keras.saving.load_model refuses any other extension.
   if (!t.export_model.path.empty() && !absl::EndsWith(t.export_model.path, ".keras")) {
     issues.Add("spec.training.export.path",
@@ -2575,6 +2659,58 @@ const std::vector<JobSpecField>& JobSpecFields() {
     return fields;
   }();
   return *kFields;
+}
+
+float LearningRateAt(const LearningRateScheduleConfig& s, float initial, int64_t step) {
+  // Keras computes in the initial rate's dtype, float32, op by op.
+  const float t = static_cast<float>(step);
+  const float decay_steps = static_cast<float>(s.decay_steps);
+  switch (s.type) {
+    case LearningRateScheduleType::kConstant:
+      return initial;
+    case LearningRateScheduleType::kExponentialDecay: {
+      float p = t / decay_steps;
+      if (s.staircase) p = std::floor(p);
+      return initial * std::pow(s.decay_rate, p);
+    }
+    case LearningRateScheduleType::kInverseTimeDecay: {
+      float p = t / decay_steps;
+      if (s.staircase) p = std::floor(p);
+      return initial / (1.0f + s.decay_rate * p);
+    }
+    case LearningRateScheduleType::kPolynomialDecay: {
+      float steps = decay_steps;
+      float at = t;
+      if (s.cycle) {
+        steps *= t == 0.0f ? 1.0f : std::ceil(t / decay_steps);
+      } else {
+        at = std::min(at, decay_steps);
+      }
+      const float p = at / steps;
+      return (initial - s.end_learning_rate) * std::pow(1.0f - p, s.power) + s.end_learning_rate;
+    }
+    case LearningRateScheduleType::kPiecewiseConstantDecay: {
+      // values[i] for boundaries[i - 1] < step <= boundaries[i].
+      size_t i = 0;
+      while (i < s.boundaries.size() && step > s.boundaries[i]) ++i;
+      return i < s.values.size() ? s.values[i] : initial;
+    }
+    case LearningRateScheduleType::kCosineDecay: {
+      auto decay = [&](float at, float from) {
+        const float fraction = at / decay_steps;
+        const float cosine = 0.5f * (1.0f + std::cos(static_cast<float>(M_PI) * fraction));
+        return from * ((1.0f - s.alpha) * cosine + s.alpha);
+      };
+      if (!s.warmup_target) return decay(std::min(t, decay_steps), initial);
+      const float warmup_steps = static_cast<float>(s.warmup_steps);
+      const float at = std::min(t, decay_steps + warmup_steps);
+      if (at < warmup_steps) {
+        return (*s.warmup_target - initial) * (at / warmup_steps) + initial;
+      }
+      return decay(at - warmup_steps, *s.warmup_target);
+    }
+  }
+  return initial;
 }
 
 }  // namespace distrain

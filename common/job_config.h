@@ -119,6 +119,39 @@ struct DatasetConfig {
   bool operator==(const DatasetConfig&) const = default;
 };
 
+// spec.training.optimizer.schedule: Keras' learning-rate schedules
+// (keras.optimizers.schedules), by class name, starting from the optimizer's
+// learningRate (Keras' initial_learning_rate) — PiecewiseConstantDecay's
+// `values` give every rate instead. The optimizer's step k (1-based) uses the
+// rate at step k - 1, as Keras evaluates the schedule at `iterations` before
+// incrementing it.
+enum class LearningRateScheduleType {
+  kConstant,                // learningRate throughout
+  kExponentialDecay,        // lr * decayRate^(step / decaySteps)
+  kInverseTimeDecay,        // lr / (1 + decayRate * step / decaySteps)
+  kPolynomialDecay,         // (lr - end) * (1 - step / decaySteps)^power + end
+  kPiecewiseConstantDecay,  // values[i] from boundaries[i - 1] (exclusive) to boundaries[i]
+  kCosineDecay,             // optional linear warmup to warmupTarget, then cosine to alpha * peak
+};
+struct LearningRateScheduleConfig {
+  LearningRateScheduleType type = LearningRateScheduleType::kConstant;
+  int64_t decay_steps = 0;         // every type but Constant and PiecewiseConstantDecay
+  float decay_rate = 0.0f;         // ExponentialDecay, InverseTimeDecay
+  bool staircase = false;          // ExponentialDecay, InverseTimeDecay: whole periods only
+  float end_learning_rate = 1e-4f;  // PolynomialDecay (Keras' defaults)
+  float power = 1.0f;
+  bool cycle = false;
+  float alpha = 0.0f;              // CosineDecay: the final rate as a fraction of the peak
+  int64_t warmup_steps = 0;        // CosineDecay
+  std::optional<float> warmup_target;  // CosineDecay: the peak after warmup; unset: no warmup
+  std::vector<int> boundaries;     // PiecewiseConstantDecay: increasing steps
+  std::vector<float> values;       // PiecewiseConstantDecay: boundaries + 1 rates
+  bool operator==(const LearningRateScheduleConfig&) const = default;
+};
+// The rate at optimizer step `step` (0-based: the number of updates already
+// applied), in float32 as Keras computes it; `initial` is learningRate.
+float LearningRateAt(const LearningRateScheduleConfig& schedule, float initial, int64_t step);
+
 // sgd and momentum are Keras' SGD without and with momentum; adamw is Keras'
 // AdamW (Adam with decoupled weight decay, 0.004 unless set).
 enum class OptimizerType { kSgd, kMomentum, kAdam, kAdamW, kRmsprop };
@@ -137,7 +170,11 @@ struct OptimizerConfig {
   // Keras' weight_decay, any type: before each update w -= w * weightDecay *
   // learningRate. Unset: none, except adamw's 0.004.
   std::optional<float> weight_decay;
+  LearningRateScheduleConfig schedule;
   bool operator==(const OptimizerConfig&) const = default;
+
+  // The learning rate of optimizer step `step` (0-based), schedule applied.
+  float LearningRate(int64_t step) const { return LearningRateAt(schedule, learning_rate, step); }
 
   float EffectiveWeightDecay() const {
     return weight_decay.value_or(type == OptimizerType::kAdamW ? 0.004f : 0.0f);

@@ -525,7 +525,8 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
       scalars.push_back(
           {"examples_per_second", examples_per_second * strategy_->num_input_shards()});
       scalars.push_back({"step_time_seconds", step_seconds});
-      scalars.push_back({"learning_rate", tc.optimizer.learning_rate});
+      // The rate this step's update used (the schedule's, at step - 1).
+      scalars.push_back({"learning_rate", tc.optimizer.LearningRate(step > 0 ? step - 1 : 0)});
       tensorboard.train.WriteScalars(step, scalars);
     }
     if (chief && eval_data != nullptr && tc.eval_every_steps > 0 && step % tc.eval_every_steps == 0 &&

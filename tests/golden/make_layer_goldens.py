@@ -412,7 +412,59 @@ OPTIMIZERS = [
                                "nesterov": True, "weightDecay": 0.01},
      lambda: keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True,
                                   weight_decay=0.01)),
+    # A schedule moves the rate between the three steps (and the decay uses it).
+    ("adamw_cosine_warmup", {"type": "adamw", "learningRate": 0.001, "weightDecay": 0.1,
+                             "schedule": {"type": "CosineDecay", "decaySteps": 2,
+                                          "warmupSteps": 1, "warmupTarget": 0.05}},
+     lambda: keras.optimizers.AdamW(
+         learning_rate=keras.optimizers.schedules.CosineDecay(
+             0.001, decay_steps=2, warmup_target=0.05, warmup_steps=1),
+         weight_decay=0.1)),
+    ("sgd_piecewise", {"type": "sgd", "learningRate": 0.1,
+                       "schedule": {"type": "PiecewiseConstantDecay", "boundaries": [1],
+                                    "values": [0.1, 0.02]}},
+     lambda: keras.optimizers.SGD(
+         learning_rate=keras.optimizers.schedules.PiecewiseConstantDecay([1], [0.1, 0.02]))),
 ]
+
+# Keras' schedules evaluated at steps around their corners.
+SCHEDULE_STEPS = [0, 1, 2, 5, 9, 10, 11, 50, 99, 100, 101, 150, 1000, 100000]
+SCHEDULES = [
+    ({"type": "ExponentialDecay", "decaySteps": 10, "decayRate": 0.9},
+     lambda: keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)),
+    ({"type": "ExponentialDecay", "decaySteps": 10, "decayRate": 0.5, "staircase": True},
+     lambda: keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5, staircase=True)),
+    ({"type": "InverseTimeDecay", "decaySteps": 10, "decayRate": 0.5},
+     lambda: keras.optimizers.schedules.InverseTimeDecay(0.1, 10, 0.5)),
+    ({"type": "InverseTimeDecay", "decaySteps": 10, "decayRate": 0.5, "staircase": True},
+     lambda: keras.optimizers.schedules.InverseTimeDecay(0.1, 10, 0.5, staircase=True)),
+    ({"type": "PolynomialDecay", "decaySteps": 100},
+     lambda: keras.optimizers.schedules.PolynomialDecay(0.1, 100)),
+    ({"type": "PolynomialDecay", "decaySteps": 100, "endLearningRate": 0.01, "power": 2.0,
+      "cycle": True},
+     lambda: keras.optimizers.schedules.PolynomialDecay(0.1, 100, 0.01, power=2.0, cycle=True)),
+    ({"type": "PiecewiseConstantDecay", "boundaries": [10, 100], "values": [0.1, 0.05, 0.01]},
+     lambda: keras.optimizers.schedules.PiecewiseConstantDecay([10, 100], [0.1, 0.05, 0.01])),
+    ({"type": "CosineDecay", "decaySteps": 100, "alpha": 0.1},
+     lambda: keras.optimizers.schedules.CosineDecay(0.1, 100, alpha=0.1)),
+    ({"type": "CosineDecay", "decaySteps": 100, "warmupSteps": 10, "warmupTarget": 0.5},
+     lambda: keras.optimizers.schedules.CosineDecay(0.1, 100, warmup_target=0.5,
+                                                      warmup_steps=10)),
+]
+
+
+def schedule_cases():
+    cases = []
+    for config, make in SCHEDULES:
+        schedule = make()
+        cases.append({
+            "name": "schedule_" + "_".join(str(v) for v in config.values()),
+            "kind": "schedule",
+            "optimizer": {"type": "sgd", "learningRate": 0.1, "schedule": config},
+            "steps": SCHEDULE_STEPS,
+            "rates": [float("%.9g" % float(schedule(s))) for s in SCHEDULE_STEPS],
+        })
+    return cases
 
 
 def optimizer_cases():
@@ -442,7 +494,8 @@ def optimizer_cases():
 
 def main():
     keras.utils.set_random_seed(7)
-    cases = layer_cases() + model_cases() + more_activation_cases() + optimizer_cases()
+    cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
+             schedule_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

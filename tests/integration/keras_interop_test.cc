@@ -257,11 +257,12 @@ TEST(KerasInteropTest, ActivationLayersAndRescalingPredictInKerasAsInDistrain) {
   std::filesystem::remove_all(dir);
 }
 
-// A model trained with centered RMSprop and weight decay opens in Keras with
-// that optimizer, its iterations and its slots in Keras' order: every
+// A model trained with centered RMSprop, weight decay and a cosine schedule
+// opens in Keras with that optimizer and schedule, its iterations and its
+// slots in Keras' order (no learning-rate variable under a schedule): every
 // velocity (a mean of squares, never negative) where Keras expects one,
 // every average gradient after them.
-TEST(KerasInteropTest, RmspropExportCarriesItsConfigAndSlotsInKerasOrder) {
+TEST(KerasInteropTest, RmspropWithAScheduleExportsItsConfigAndSlotsInKerasOrder) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
   const std::string dir = FreshTempDir("keras_rmsprop");
   const std::string exported = dir + "/rmsprop.keras";
@@ -270,7 +271,8 @@ TEST(KerasInteropTest, RmspropExportCarriesItsConfigAndSlotsInKerasOrder) {
   const std::string adam = "optimizer: {type: adam, learningRate: 0.001}";
   job_yaml.replace(job_yaml.find(adam), adam.size(),
                    "optimizer: {type: rmsprop, learningRate: 0.001, centered: true, "
-                   "weightDecay: 0.01}");
+                   "weightDecay: 0.01, schedule: {type: CosineDecay, decaySteps: 30, "
+                   "alpha: 0.1}}");
   RunJob(WriteTextFile(dir + "/job.yaml", job_yaml), dir);
   ASSERT_TRUE(std::filesystem::exists(exported));
   PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
@@ -287,12 +289,14 @@ model = keras.saving.load_model(sys.argv[1])
 opt = model.optimizer
 shapes = {v.path: tuple(v.shape) for v in model.trainable_variables}
 slots = []
-for v in opt.variables[2:]:
+for v in opt.variables[1:]:  # after iterations; a schedule has no rate variable
     value = np.asarray(v)
     slots.append({"path": v.path, "shape": list(value.shape),
                   "min": float(value.min()), "nonzero": bool(np.any(value != 0))})
 print("RESULT " + json.dumps({
     "config": {k: opt.get_config()[k] for k in ("rho", "centered", "weight_decay", "momentum")},
+    "schedule": type(opt._learning_rate).__name__,
+    "rate_now": float(opt.learning_rate),
     "trainable": len(shapes), "slots": slots}))
 )PY");
   Subprocess py({python, script, exported},
@@ -307,6 +311,10 @@ print("RESULT " + json.dumps({
   EXPECT_EQ(slots["config"]["centered"], true) << slots.dump();
   EXPECT_NEAR(slots["config"]["weight_decay"].get<double>(), 0.01, 1e-7);
   EXPECT_NEAR(slots["config"]["rho"].get<double>(), 0.9, 1e-7);
+  // The schedule travels as Keras' own object; after its 30 decay steps the
+  // rate is alpha * 0.001.
+  EXPECT_EQ(slots["schedule"], "CosineDecay");
+  EXPECT_NEAR(slots["rate_now"].get<double>(), 1e-4, 1e-9);
   const int trainable = slots["trainable"];
   ASSERT_EQ(slots["slots"].size(), 2u * trainable) << slots.dump();
   for (int i = 0; i < 2 * trainable; ++i) {

@@ -256,16 +256,56 @@ const char* KerasOptimizerName(OptimizerType type) {
   return "SGD";
 }
 
+// spec.training.optimizer.schedule's Keras class names, in the order of the
+// enum (Constant is no schedule: a plain learning_rate).
+constexpr const char* kScheduleClasses[] = {"Constant",       "ExponentialDecay",
+                                            "InverseTimeDecay", "PolynomialDecay",
+                                            "PiecewiseConstantDecay", "CosineDecay"};
+
+// The optimizer's learning_rate as Keras serializes it: a number, or the
+// schedule object (keras.optimizers.schedules.serialize).
+Json KerasLearningRate(const OptimizerConfig& o) {
+  const LearningRateScheduleConfig& s = o.schedule;
+  using T = LearningRateScheduleType;
+  Json c = Json::object();
+  switch (s.type) {
+    case T::kConstant:
+      return o.learning_rate;
+    case T::kExponentialDecay:
+    case T::kInverseTimeDecay:
+      c = {{"initial_learning_rate", o.learning_rate}, {"decay_steps", s.decay_steps},
+           {"decay_rate", s.decay_rate}, {"staircase", s.staircase}};
+      break;
+    case T::kPolynomialDecay:
+      c = {{"initial_learning_rate", o.learning_rate}, {"decay_steps", s.decay_steps},
+           {"end_learning_rate", s.end_learning_rate}, {"power", s.power}, {"cycle", s.cycle}};
+      break;
+    case T::kPiecewiseConstantDecay:
+      c = {{"boundaries", s.boundaries}, {"values", s.values}};
+      break;
+    case T::kCosineDecay:
+      c = {{"initial_learning_rate", o.learning_rate}, {"decay_steps", s.decay_steps},
+           {"alpha", s.alpha},
+           {"warmup_target", s.warmup_target ? Json(*s.warmup_target) : Json(nullptr)},
+           {"warmup_steps", s.warmup_steps}};
+      break;
+  }
+  const char* class_name = kScheduleClasses[static_cast<int>(s.type)];
+  c["name"] = class_name;
+  return Serialized("keras.optimizers.schedules", class_name, std::move(c));
+}
+
 Json KerasOptimizer(const OptimizerConfig& o) {
   // Keras' weight_decay: null for none, as Keras writes it.
   const float decay = o.EffectiveWeightDecay();
   const Json weight_decay = decay == 0.0f ? Json(nullptr) : Json(decay);
+  const Json learning_rate = KerasLearningRate(o);
   switch (o.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW:
       return Serialized("keras.optimizers", o.type == OptimizerType::kAdam ? "Adam" : "AdamW",
                         {{"name", KerasOptimizerName(o.type)},
-                         {"learning_rate", o.learning_rate},
+                         {"learning_rate", learning_rate},
                          {"weight_decay", weight_decay},
                          {"beta_1", o.beta1},
                          {"beta_2", o.beta2},
@@ -274,7 +314,7 @@ Json KerasOptimizer(const OptimizerConfig& o) {
     case OptimizerType::kRmsprop:
       return Serialized("keras.optimizers", "RMSprop",
                         {{"name", "rmsprop"},
-                         {"learning_rate", o.learning_rate},
+                         {"learning_rate", learning_rate},
                          {"weight_decay", weight_decay},
                          {"rho", o.rho},
                          {"momentum", 0.0f},
@@ -288,7 +328,7 @@ Json KerasOptimizer(const OptimizerConfig& o) {
   const bool momentum = o.type == OptimizerType::kMomentum;
   return Serialized("keras.optimizers", "SGD",
                     {{"name", "SGD"},
-                     {"learning_rate", o.learning_rate},
+                     {"learning_rate", learning_rate},
                      {"weight_decay", weight_decay},
                      {"momentum", momentum ? o.momentum : 0.0f},
                      {"nesterov", momentum && o.nesterov}});
@@ -437,7 +477,7 @@ absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState&
   }
   if (absl::Status s = h5->AddGroup("/vars", "sequential"); !s.ok()) return s;
 
-  // 2. The optimizer: iterations, learning rate, then each trainable
+  // 2. The optimizer: iterations, the learning rate (unless scheduled), then each trainable
   //    variable's slots. A checkpoint without slots (a parameter-server job
   //    whose chief could not read the ps files) exports the model without
   //    optimizer state; Keras then starts its optimizer from zero.
@@ -471,9 +511,13 @@ absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState&
       return s;
     }
     if (absl::Status s = h5->AddInt64Scalar(group + "/0", iterations); !s.ok()) return s;
-    const float lr = spec.optimizer.learning_rate;
-    if (absl::Status s = h5->AddFloats(group + "/1", {}, &lr); !s.ok()) return s;
-    int index = 2;
+    int index = 1;
+    // A constant rate is a variable of Keras' optimizer; a schedule is not.
+    if (spec.optimizer.schedule.type == LearningRateScheduleType::kConstant) {
+      const float lr = spec.optimizer.learning_rate;
+      if (absl::Status s = h5->AddFloats(group + "/1", {}, &lr); !s.ok()) return s;
+      index = 2;
+    }
     auto add = [&](const std::string& name, const std::vector<int64_t>& shape,
                    const char* slot) {
       const Tensor* t = FindTensor(state, CheckpointSlot(name, slot));
@@ -924,6 +968,48 @@ Precision ResolvePrecision(const std::vector<LayerPolicy>& policies, ImportIssue
   return agree ? mixed->precision : Precision::kFloat32;
 }
 
+// A serialized keras.optimizers.schedules object into o.schedule (and
+// o.learning_rate, its initial rate).
+void ReadSchedule(const Json& schedule, OptimizerConfig* o, ImportIssues* issues) {
+  const std::string class_name = schedule.value("class_name", std::string());
+  const Json config = schedule.contains("config") && schedule["config"].is_object()
+                          ? schedule["config"]
+                          : Json::object();
+  auto number = [&](const char* key, double fallback) {
+    auto v = config.find(key);
+    return v != config.end() && v->is_number() ? v->get<double>() : fallback;
+  };
+  LearningRateScheduleConfig& s = o->schedule;
+  using T = LearningRateScheduleType;
+  const auto* known = std::find(std::begin(kScheduleClasses), std::end(kScheduleClasses),
+                                class_name);
+  if (known == std::begin(kScheduleClasses) || known == std::end(kScheduleClasses)) {
+    issues->Add(absl::StrCat("compile_config.optimizer.learning_rate: the schedule '", class_name,
+                             "' is not supported; distrain has ExponentialDecay, "
+                             "InverseTimeDecay, PolynomialDecay, PiecewiseConstantDecay and "
+                             "CosineDecay"));
+    return;
+  }
+  s.type = static_cast<T>(known - std::begin(kScheduleClasses));
+  o->learning_rate = static_cast<float>(number("initial_learning_rate", o->learning_rate));
+  s.decay_steps = static_cast<int64_t>(number("decay_steps", 0));
+  s.decay_rate = static_cast<float>(number("decay_rate", 0));
+  s.staircase = config.value("staircase", false);
+  s.end_learning_rate = static_cast<float>(number("end_learning_rate", 1e-4));
+  s.power = static_cast<float>(number("power", 1.0));
+  s.cycle = config.value("cycle", false);
+  s.alpha = static_cast<float>(number("alpha", 0.0));
+  s.warmup_steps = static_cast<int64_t>(number("warmup_steps", 0));
+  if (auto t = config.find("warmup_target"); t != config.end() && t->is_number()) {
+    s.warmup_target = static_cast<float>(t->get<double>());
+  }
+  if (s.type == T::kPiecewiseConstantDecay) {
+    s.boundaries = config.value("boundaries", std::vector<int>{});
+    s.values = config.value("values", std::vector<float>{});
+    if (!s.values.empty()) o->learning_rate = s.values[0];
+  }
+}
+
 std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* issues,
                                              std::vector<std::string>* warnings) {
   auto it = compile.find("optimizer");
@@ -979,10 +1065,8 @@ std::optional<OptimizerConfig> ReadOptimizer(const Json& compile, ImportIssues* 
   if (o.type == OptimizerType::kAdamW && o.weight_decay == 0.004f) {
     o.weight_decay.reset();  // adamw's own default: the YAML need not say it
   }
-  if (config.contains("learning_rate") && !config["learning_rate"].is_number()) {
-    warnings->push_back(
-        "compile_config.optimizer: a learning-rate schedule is not supported; set "
-        "spec.training.optimizer.learningRate (its initial value is not known here)");
+  if (config.contains("learning_rate") && config["learning_rate"].is_object()) {
+    ReadSchedule(config["learning_rate"], &o, issues);
   }
   if (config.value("use_ema", false) == true) {
     issues->Add("compile_config.optimizer: use_ema is true; distrain keeps no moving average of "
@@ -1327,6 +1411,36 @@ std::string KerasImportYaml(const KerasImport& imported, const std::string& sour
         break;
     }
     for (const std::string& key : unused) optimizer.erase(key);
+    // The schedule with only the fields its type reads.
+    using T = LearningRateScheduleType;
+    std::vector<std::string> keep = {"type"};
+    switch (imported.optimizer->schedule.type) {
+      case T::kConstant:
+        keep.clear();
+        break;
+      case T::kExponentialDecay:
+      case T::kInverseTimeDecay:
+        keep.insert(keep.end(), {"decaySteps", "decayRate", "staircase"});
+        break;
+      case T::kPolynomialDecay:
+        keep.insert(keep.end(), {"decaySteps", "endLearningRate", "power", "cycle"});
+        break;
+      case T::kPiecewiseConstantDecay:
+        keep.insert(keep.end(), {"boundaries", "values"});
+        break;
+      case T::kCosineDecay:
+        keep.insert(keep.end(), {"decaySteps", "alpha", "warmupSteps", "warmupTarget"});
+        break;
+    }
+    if (keep.empty()) {
+      optimizer.erase("schedule");
+    } else {
+      OrderedJson schedule = OrderedJson::object();
+      for (const std::string& key : keep) {
+        if (optimizer["schedule"].contains(key)) schedule[key] = optimizer["schedule"][key];
+      }
+      optimizer["schedule"] = std::move(schedule);
+    }
     absl::StrAppend(&out, "optimizer: ", FlowYaml(optimizer), "\n");
   }
   if (imported.model.precision != Precision::kFloat32) {

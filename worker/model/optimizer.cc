@@ -38,20 +38,21 @@ bool Optimizer::Apply(absl::Span<Parameter* const> params) {
 void Optimizer::ApplyDenseRange(const std::string& name, int64_t size, int64_t offset,
                                 absl::Span<float> value, absl::Span<const float> grad,
                                 int64_t iteration) {
+  const float lr = RateOf(iteration);
   if (weight_decay_ != 0.0f) {
-    cpu::WeightDecay(static_cast<int64_t>(value.size()), weight_decay_, learning_rate_,
-                     value.data());
+    cpu::WeightDecay(static_cast<int64_t>(value.size()), weight_decay_, lr, value.data());
   }
-  UpdateRange(name, size, offset, value, grad, iteration);
+  UpdateRange(name, size, offset, value, grad, iteration, lr);
 }
 
 void Optimizer::ApplyOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
                               int64_t iteration) {
+  const float lr = RateOf(iteration);
   if (weight_decay_ != 0.0f) {
     DISTRAIN_CUDA_ONLY(cuda::WeightDecay(value->device_id().ordinal, value->size(),
-                                         weight_decay_, learning_rate_, value->data()));
+                                         weight_decay_, lr, value->data()));
   }
-  UpdateOnDevice(name, grad, value, iteration);
+  UpdateOnDevice(name, grad, value, iteration, lr);
 }
 
 void Optimizer::EnableDynamicLossScale(int64_t growth_steps) {
@@ -209,18 +210,18 @@ absl::Status CheckIterations(int64_t iterations) {
 class SgdOptimizer : public Optimizer {
  public:
   explicit SgdOptimizer(const OptimizerConfig& c)
-      : Optimizer(c), lr_(c.learning_rate), slots_({}) {}
+      : Optimizer(c), slots_({}) {}
 
   void UpdateRange(const std::string& name, int64_t size, int64_t offset,
-                   absl::Span<float> value, absl::Span<const float> grad,
-                   int64_t iteration) override {
+                   absl::Span<float> value, absl::Span<const float> grad, int64_t iteration,
+                   float lr) override {
     CheckUpdateRange(name, size, offset, value, grad);
-    cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr_, grad.data(), value.data());
+    cpu::SgdUpdate(static_cast<int64_t>(value.size()), lr, grad.data(), value.data());
   }
   void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                      int64_t iteration) override {
+                      int64_t iteration, float lr) override {
     DISTRAIN_CUDA_ONLY(
-        cuda::SgdUpdate(value->device_id().ordinal, value->size(), lr_, grad.data(), value->data()));
+        cuda::SgdUpdate(value->device_id().ordinal, value->size(), lr, grad.data(), value->data()));
   }
   std::map<std::string, Tensor> RuleSlotState() const override { return {}; }
   absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
@@ -232,7 +233,6 @@ class SgdOptimizer : public Optimizer {
   }
 
  private:
-  float lr_;
   SlotTable slots_;  // always empty; validates that a checkpoint has no slots
 };
 
@@ -240,24 +240,23 @@ class MomentumOptimizer : public Optimizer {
  public:
   explicit MomentumOptimizer(const OptimizerConfig& c)
       : Optimizer(c),
-        lr_(c.learning_rate),
         momentum_(c.momentum),
         nesterov_(c.nesterov),
         slots_({"momentum"}) {}
 
   void UpdateRange(const std::string& name, int64_t size, int64_t offset,
-                   absl::Span<float> value, absl::Span<const float> grad,
-                   int64_t iteration) override {
+                   absl::Span<float> value, absl::Span<const float> grad, int64_t iteration,
+                   float lr) override {
     CheckUpdateRange(name, size, offset, value, grad);
     const int64_t n = static_cast<int64_t>(value.size());
     std::vector<Tensor>& s = slots_.Get(name, size);
-    cpu::MomentumUpdate(n, lr_, momentum_, nesterov_, grad.data(), s[0].data() + offset,
+    cpu::MomentumUpdate(n, lr, momentum_, nesterov_, grad.data(), s[0].data() + offset,
                         value.data());
   }
   void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                      int64_t iteration) override {
+                      int64_t iteration, float lr) override {
     std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
-    DISTRAIN_CUDA_ONLY(cuda::MomentumUpdate(value->device_id().ordinal, value->size(), lr_,
+    DISTRAIN_CUDA_ONLY(cuda::MomentumUpdate(value->device_id().ordinal, value->size(), lr,
                                             momentum_, nesterov_, grad.data(), s[0].data(),
                                             value->data()));
   }
@@ -271,7 +270,6 @@ class MomentumOptimizer : public Optimizer {
   }
 
  private:
-  float lr_;
   float momentum_;
   bool nesterov_;
   SlotTable slots_;
@@ -281,28 +279,27 @@ class AdamOptimizer : public Optimizer {
  public:
   explicit AdamOptimizer(const OptimizerConfig& c)
       : Optimizer(c),
-        lr_(c.learning_rate),
         beta1_(c.beta1),
         beta2_(c.beta2),
         epsilon_(c.epsilon),
         slots_({"m", "v"}) {}
 
   void UpdateRange(const std::string& name, int64_t size, int64_t offset,
-                   absl::Span<float> value, absl::Span<const float> grad,
-                   int64_t iteration) override {
+                   absl::Span<float> value, absl::Span<const float> grad, int64_t iteration,
+                   float lr) override {
     CheckUpdateRange(name, size, offset, value, grad);
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     const int64_t n = static_cast<int64_t>(value.size());
     std::vector<Tensor>& s = slots_.Get(name, size);
-    cpu::AdamUpdate(n, CorrectedRate(iteration), beta1_, beta2_, epsilon_, grad.data(),
+    cpu::AdamUpdate(n, CorrectedRate(lr, iteration), beta1_, beta2_, epsilon_, grad.data(),
                     s[0].data() + offset, s[1].data() + offset, value.data());
   }
   void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                      int64_t iteration) override {
+                      int64_t iteration, float lr) override {
     DISTRAIN_CHECK_GE(iteration, 1) << name << ": Adam iterations are 1-based";
     std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
     DISTRAIN_CUDA_ONLY(cuda::AdamUpdate(value->device_id().ordinal, value->size(),
-                                        CorrectedRate(iteration), beta1_, beta2_, epsilon_,
+                                        CorrectedRate(lr, iteration), beta1_, beta2_, epsilon_,
                                         grad.data(), s[0].data(), s[1].data(), value->data()));
   }
   std::map<std::string, Tensor> RuleSlotState() const override { return slots_.State(); }
@@ -316,13 +313,12 @@ class AdamOptimizer : public Optimizer {
 
  private:
   // lr * sqrt(1 - b2^t) / (1 - b1^t), in double as Keras computes it.
-  float CorrectedRate(int64_t iteration) const {
+  float CorrectedRate(float lr, int64_t iteration) const {
     const double t = static_cast<double>(iteration);
-    return static_cast<float>(lr_ * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
+    return static_cast<float>(double{lr} * std::sqrt(1.0 - std::pow(double{beta2_}, t)) /
                               (1.0 - std::pow(double{beta1_}, t)));
   }
 
-  double lr_;
   float beta1_;
   float beta2_;
   float epsilon_;
@@ -333,7 +329,6 @@ class RmspropOptimizer : public Optimizer {
  public:
   explicit RmspropOptimizer(const OptimizerConfig& c)
       : Optimizer(c),
-        lr_(c.learning_rate),
         rho_(c.rho),
         epsilon_(c.epsilon),
         centered_(c.centered),
@@ -341,18 +336,18 @@ class RmspropOptimizer : public Optimizer {
                           : std::vector<std::string>{"velocity"}) {}
 
   void UpdateRange(const std::string& name, int64_t size, int64_t offset,
-                   absl::Span<float> value, absl::Span<const float> grad,
-                   int64_t iteration) override {
+                   absl::Span<float> value, absl::Span<const float> grad, int64_t iteration,
+                   float lr) override {
     CheckUpdateRange(name, size, offset, value, grad);
     std::vector<Tensor>& s = slots_.Get(name, size);
-    cpu::RmspropUpdate(static_cast<int64_t>(value.size()), lr_, rho_, epsilon_, grad.data(),
+    cpu::RmspropUpdate(static_cast<int64_t>(value.size()), lr, rho_, epsilon_, grad.data(),
                        s[0].data() + offset, centered_ ? s[1].data() + offset : nullptr,
                        value.data());
   }
   void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                      int64_t iteration) override {
+                      int64_t iteration, float lr) override {
     std::vector<Tensor>& s = slots_.Get(name, value->size(), value->device_id());
-    DISTRAIN_CUDA_ONLY(cuda::RmspropUpdate(value->device_id().ordinal, value->size(), lr_, rho_,
+    DISTRAIN_CUDA_ONLY(cuda::RmspropUpdate(value->device_id().ordinal, value->size(), lr, rho_,
                                            epsilon_, grad.data(), s[0].data(),
                                            centered_ ? s[1].data() : nullptr, value->data()));
   }
@@ -369,7 +364,6 @@ class RmspropOptimizer : public Optimizer {
   }
 
  private:
-  float lr_;
   float rho_;
   float epsilon_;
   bool centered_;

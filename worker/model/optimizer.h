@@ -23,7 +23,9 @@ namespace distrain {
 //   RMSprop:   v = rho*v + (1-rho)*g^2;  w -= lr * g / sqrt(v + eps)
 //              (centered: a = rho*a + (1-rho)*g;  w -= lr * g / sqrt(v - a^2 + eps))
 // and, for every rule with a weight decay wd (Keras' weight_decay), first
-// w -= w * wd * lr, as Keras' optimizer applies it before the update.
+// w -= w * wd * lr, as Keras' optimizer applies it before the update. lr is
+// the schedule's rate for the step (OptimizerConfig::LearningRate): step t
+// (1-based) uses the rate at t - 1, as Keras does.
 // Slot variables are keyed by the parameter name, so the same optimizer
 // serves a local model (Apply) and a parameter-server shard (ApplyDense).
 // Thread-safety: none; callers serialise (a ps locks per variable shard).
@@ -80,15 +82,15 @@ class Optimizer {
 
  protected:
   explicit Optimizer(const OptimizerConfig& config)
-      : learning_rate_(config.learning_rate), weight_decay_(config.EffectiveWeightDecay()) {}
+      : config_(config), weight_decay_(config.EffectiveWeightDecay()) {}
 
-  // The update rule itself, after the weight decay (ApplyDenseRange,
-  // ApplyOnDevice).
+  // The update rule itself with the step's learning rate `lr`, after the
+  // weight decay (ApplyDenseRange, ApplyOnDevice).
   virtual void UpdateRange(const std::string& name, int64_t size, int64_t offset,
                            absl::Span<float> value, absl::Span<const float> grad,
-                           int64_t iteration) = 0;
+                           int64_t iteration, float lr) = 0;
   virtual void UpdateOnDevice(const std::string& name, const Tensor& grad, Tensor* value,
-                              int64_t iteration) = 0;
+                              int64_t iteration, float lr) = 0;
   // The update rule's own slots (SlotState without the loss scale).
   virtual std::map<std::string, Tensor> RuleSlotState() const = 0;
   virtual absl::Status RestoreRuleState(const std::map<std::string, Tensor>& slots,
@@ -97,7 +99,12 @@ class Optimizer {
   int64_t iterations_ = 0;
 
  private:
-  float learning_rate_;
+  // The rate of 1-based `iteration`.
+  float RateOf(int64_t iteration) const {
+    return config_.LearningRate(iteration > 0 ? iteration - 1 : 0);
+  }
+
+  OptimizerConfig config_;
   float weight_decay_;  // 0: none
   std::unique_ptr<DynamicLossScale> loss_scale_;
 };

@@ -491,6 +491,9 @@ std::vector<BadDocCase> BadDocs() {
        "spec.training.optimizer.weightDecay: must be a non-negative number, got -0.1"},
       {"RhoOfOne", JobYaml("training: {optimizer: {type: rmsprop, rho: 1}}"),
        "spec.training.optimizer.rho: must be"},
+      {"ScheduleClassSpelling",
+       JobYaml("training: {optimizer: {schedule: {type: CosineDecayRestarts}}}"),
+       "spec.training.optimizer.schedule.type: must be one of \"Constant\""},
       {"ZeroLearningRate", JobYaml("training: {optimizer: {learningRate: 0}}"),
        "spec.training.optimizer.learningRate: must be a positive number, got 0"},
       {"MomentumOne", JobYaml("training: {optimizer: {momentum: 1.0}}"),
@@ -695,6 +698,30 @@ INSTANTIATE_TEST_SUITE_P(
     Rules, ValidateJobConfigTest,
     ::testing::Values(
         RuleCase{"OneDeviceOneWorker", "strategy: OneDevice", ""},
+        RuleCase{"CosineScheduleWithWarmup",
+                 "training: {optimizer: {schedule: {type: CosineDecay, decaySteps: 1000, "
+                 "warmupSteps: 100, warmupTarget: 0.01}}}",
+                 ""},
+        RuleCase{"ScheduleWithoutDecaySteps",
+                 "training: {optimizer: {schedule: {type: CosineDecay}}}",
+                 "spec.training.optimizer.schedule.decaySteps: required for CosineDecay"},
+        RuleCase{"ScheduleWithoutDecayRate",
+                 "training: {optimizer: {schedule: {type: ExponentialDecay, decaySteps: 100}}}",
+                 "spec.training.optimizer.schedule.decayRate: required for ExponentialDecay"},
+        RuleCase{"WarmupWithoutTarget",
+                 "training: {optimizer: {schedule: {type: CosineDecay, decaySteps: 100, "
+                 "warmupSteps: 10}}}",
+                 "spec.training.optimizer.schedule.warmupTarget: required with warmupSteps"},
+        RuleCase{"PiecewiseValuesCount",
+                 "training: {optimizer: {schedule: {type: PiecewiseConstantDecay, "
+                 "boundaries: [100, 200], values: [0.1, 0.01]}}}",
+                 "spec.training.optimizer.schedule.values: needs one more entry than "
+                 "boundaries"},
+        RuleCase{"PiecewiseBoundariesOrder",
+                 "training: {optimizer: {schedule: {type: PiecewiseConstantDecay, "
+                 "boundaries: [200, 100], values: [0.1, 0.01, 0.001]}}}",
+                 "spec.training.optimizer.schedule.boundaries[1]: must be greater than the "
+                 "boundary before it (200), got 100"},
         RuleCase{
             "MirroredWithEvaluator",
             "strategy: Mirrored\nreplicaSpecs: {Worker: {replicas: 1}, Evaluator: {replicas: 1}}\n"

@@ -1029,7 +1029,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "got \"log_softmax\""}}),
     [](const ::testing::TestParamInfo<BadModel>& info) { return std::string(info.param.name); });
 
-// Every `model:` / `dataset:` YAML block of docs/models.md is a valid
+// Every `model:` / `dataset:` / `optimizer:` YAML block of docs/models.md is a valid
 // spec.training (files it names need not exist: shape checks are skipped).
 TEST(ModelDocsTest, EveryTrainingBlockInTheDocsValidates) {
   std::ifstream in(absl::StrCat(DISTRAIN_SOURCE_DIR, "/docs/models.md"));
@@ -1044,7 +1044,8 @@ TEST(ModelDocsTest, EveryTrainingBlockInTheDocsValidates) {
       block.clear();
     } else if (in_yaml && line == "```") {
       in_yaml = false;
-      if (block.rfind("model:", 0) == 0 || block.rfind("dataset:", 0) == 0) {
+      if (block.rfind("model:", 0) == 0 || block.rfind("dataset:", 0) == 0 ||
+          block.rfind("optimizer:", 0) == 0) {
         SCOPED_TRACE(block);
         std::vector<std::string> notes;
         EXPECT_EQ(Problems(block, &notes), "<ok>");

@@ -197,6 +197,24 @@ TEST(TrainerTest, ChiefWritesTensorBoardRunsAtTheLoggedAndEvaluatedSteps) {
   fs::remove_all(dir);
 }
 
+// Under a schedule the learning_rate curve is the rate each logged step's
+// update used: the schedule at step - 1, as Keras' iterations count.
+TEST(TrainerTest, TensorBoardLearningRateFollowsTheSchedule) {
+  const std::string dir = TempDir("schedule");
+  JobConfig c = SmallJob(40);
+  LearningRateScheduleConfig& schedule = c.training.optimizer.schedule;
+  schedule.type = LearningRateScheduleType::kPiecewiseConstantDecay;
+  schedule.boundaries = {15, 25};
+  schedule.values = {0.01f, 0.005f, 0.001f};
+  TrainOutcome out = Train(c, dir);
+  ASSERT_EQ(out.exit_code, kExitOk) << out.status;
+  const testing::ScalarCurves train = testing::ReadScalars(dir + "/train");
+  ASSERT_EQ(train.count("learning_rate"), 1u);
+  EXPECT_EQ(train.at("learning_rate"),
+            (std::map<int64_t, float>{{10, 0.01f}, {20, 0.005f}, {30, 0.001f}, {40, 0.001f}}));
+  fs::remove_all(dir);
+}
+
 // A resumed chief appends a new file whose START is the step after its
 // checkpoint: TensorBoard drops what the previous process logged after it.
 TEST(TrainerTest, ResumedChiefStartsANewEventFileAtTheStepAfterItsCheckpoint) {

@@ -182,12 +182,20 @@ void RunModelCase(const Json& c) {
 
 // Three steps of an optimizer, its config read by the job parser as a user
 // writes it (spec.training.optimizer), against Keras' optimizer.apply.
-void RunOptimizerCase(const Json& c) {
+absl::StatusOr<JobConfig> ParseOptimizerBlock(const Json& optimizer) {
   absl::StatusOr<JobConfig> job = ParseJobYaml(absl::StrCat(
       "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
       "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n"
       "  training: {optimizer: ",
-      c["optimizer"].dump(), "}\n"));
+      optimizer.dump(), "}\n"));
+  if (job.ok()) {
+    if (absl::Status s = ValidateJobConfig(*job); !s.ok()) return s;
+  }
+  return job;
+}
+
+void RunOptimizerCase(const Json& c) {
+  absl::StatusOr<JobConfig> job = ParseOptimizerBlock(c["optimizer"]);
   ASSERT_TRUE(job.ok()) << job.status();
   auto optimizer = Optimizer::Create(job->training.optimizer);
   ASSERT_TRUE(optimizer.ok()) << optimizer.status();
@@ -206,10 +214,24 @@ void RunOptimizerCase(const Json& c) {
   for (const auto& [name, value] : values) ExpectClose(value, c["after"][name], name);
 }
 
+// A learning-rate schedule at steps around its corners, against Keras'
+// schedule object: relative to the rate, however small it gets.
+void RunScheduleCase(const Json& c) {
+  absl::StatusOr<JobConfig> job = ParseOptimizerBlock(c["optimizer"]);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const std::vector<int64_t> steps = c["steps"].get<std::vector<int64_t>>();
+  const std::vector<double> rates = c["rates"].get<std::vector<double>>();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double got = job->training.optimizer.LearningRate(steps[i]);
+    EXPECT_LE(std::abs(got - rates[i]), 2e-6 * std::abs(rates[i]) + 1e-30)
+        << "step " << steps[i] << ": distrain " << got << ", Keras " << rates[i];
+  }
+}
+
 TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
   const Json& cases = Goldens()["cases"];
   ASSERT_GT(cases.size(), 50u);
-  int layers = 0, models = 0, optimizers = 0;
+  int layers = 0, models = 0, optimizers = 0, schedules = 0;
   for (const Json& c : cases) {
     SCOPED_TRACE(c["name"].get<std::string>());
     if (c["kind"] == "layer") {
@@ -218,6 +240,9 @@ TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
     } else if (c["kind"] == "optimizer") {
       RunOptimizerCase(c);
       ++optimizers;
+    } else if (c["kind"] == "schedule") {
+      RunScheduleCase(c);
+      ++schedules;
     } else {
       RunModelCase(c);
       ++models;
@@ -225,7 +250,8 @@ TEST(KerasGoldenTest, EveryCaseMatchesKeras) {
   }
   EXPECT_GT(layers, 40);
   EXPECT_GT(models, 40);
-  EXPECT_GE(optimizers, 7);
+  EXPECT_GE(optimizers, 9);
+  EXPECT_GE(schedules, 9);
 }
 
 // Every activation name distrain accepts, aliases included, has a golden case

@@ -207,6 +207,39 @@ TEST(KerasImportTest, RmspropAdamWAndWeightDecayImportAndWhatIsMissingIsRefused)
   EXPECT_THAT(ema.status().message(), HasSubstr("use_ema is true"));
 }
 
+// Keras' schedules come over as spec.training.optimizer.schedule, with only
+// the fields their type reads in the YAML block; others are refused by name.
+TEST(KerasImportTest, LearningRateSchedulesImportAsTheScheduleBlock) {
+  Json json = GuideCnnJson();
+  json["compile_config"] = {{"optimizer", Json::parse(R"({"class_name": "Adam", "config": {
+      "learning_rate": {"module": "keras.optimizers.schedules", "class_name": "CosineDecay",
+                        "config": {"initial_learning_rate": 0.0001, "decay_steps": 1000,
+                                   "alpha": 0.05, "name": "CosineDecay",
+                                   "warmup_target": 0.001, "warmup_steps": 100},
+                        "registered_name": null}}})")}};
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const OptimizerConfig& o = *imported->optimizer;
+  EXPECT_FLOAT_EQ(o.learning_rate, 1e-4f);
+  EXPECT_EQ(o.schedule.type, LearningRateScheduleType::kCosineDecay);
+  EXPECT_EQ(o.schedule.decay_steps, 1000);
+  EXPECT_FLOAT_EQ(o.schedule.alpha, 0.05f);
+  EXPECT_EQ(o.schedule.warmup_steps, 100);
+  EXPECT_EQ(o.schedule.warmup_target, std::optional<float>(1e-3f));
+  EXPECT_TRUE(imported->warnings.empty());
+  const std::string block = KerasImportYaml(*imported, "config.json");
+  EXPECT_THAT(block, AllOf(HasSubstr("schedule: {type: CosineDecay, decaySteps: 1000"),
+                           HasSubstr("warmupTarget: 0.001")));
+  EXPECT_THAT(block, ::testing::Not(HasSubstr("boundaries")));
+
+  json["compile_config"]["optimizer"]["config"]["learning_rate"] = {
+      {"class_name", "CosineDecayRestarts"}, {"config", {{"initial_learning_rate", 0.1}}}};
+  auto refused = ImportKerasModelJson(json.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the schedule 'CosineDecayRestarts' is not supported"));
+}
+
 // distrain's own compile_config of every optimizer type reads back as the
 // same spec.training.optimizer.
 TEST(KerasImportTest, EveryOptimizerTypeRoundTripsThroughCompileConfig) {
@@ -223,6 +256,17 @@ TEST(KerasImportTest, EveryOptimizerTypeRoundTripsThroughCompileConfig) {
     spec.optimizer.learning_rate = 0.005f;
     spec.optimizer.centered = type == OptimizerType::kRmsprop;
     if (type != OptimizerType::kAdamW) spec.optimizer.weight_decay = 0.02f;
+    // And a schedule of each kind along the way.
+    LearningRateScheduleConfig& schedule = spec.optimizer.schedule;
+    schedule.type = static_cast<LearningRateScheduleType>(static_cast<int>(type) + 1);
+    schedule.decay_steps = 500;
+    schedule.decay_rate = 0.9f;
+    schedule.warmup_steps = 10;
+    schedule.warmup_target = 0.01f;
+    if (schedule.type == LearningRateScheduleType::kPiecewiseConstantDecay) {
+      schedule.boundaries = {100, 200};
+      schedule.values = {0.005f, 0.001f, 0.0001f};
+    }
     auto written = KerasConfigJson(spec);
     ASSERT_TRUE(written.ok()) << written.status();
     auto back = ImportKerasModelJson(*written);
@@ -235,6 +279,16 @@ TEST(KerasImportTest, EveryOptimizerTypeRoundTripsThroughCompileConfig) {
       got.momentum = want.momentum;
       got.nesterov = want.nesterov;
     }
+    // Nor are the fields the schedule's type does not read.
+    const LearningRateScheduleConfig& w = want.schedule;
+    LearningRateScheduleConfig& g = got.schedule;
+    using T = LearningRateScheduleType;
+    if (w.type != T::kExponentialDecay && w.type != T::kInverseTimeDecay) g.decay_rate = w.decay_rate;
+    if (w.type != T::kCosineDecay) {
+      g.warmup_steps = w.warmup_steps;
+      g.warmup_target = w.warmup_target;
+    }
+    if (w.type == T::kPiecewiseConstantDecay) g.decay_steps = w.decay_steps;
     EXPECT_EQ(got, want) << *written;
   }
 }
