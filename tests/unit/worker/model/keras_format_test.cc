@@ -53,6 +53,18 @@ Json GuideCnnJson() {
     ]}})");
 }
 
+// `distrain import-keras`'s block pasted under spec.training of a job, as a
+// user does, and parsed.
+absl::StatusOr<JobConfig> ParsePastedBlock(const std::string& block) {
+  std::string indented;
+  std::istringstream lines(block);
+  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
+  return ParseJobYaml(
+      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
+      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
+      indented);
+}
+
 TEST(KerasImportTest, GuideCnnBecomesTheSameLayersWithKerasParameterCount) {
   auto imported = ImportKerasModelJson(GuideCnnJson().dump());
   ASSERT_TRUE(imported.ok()) << imported.status();
@@ -75,17 +87,9 @@ TEST(KerasImportTest, YamlBlockParsesBackIntoTheSameModel) {
   ASSERT_TRUE(imported.ok());
   const std::string block = KerasImportYaml(*imported, "model.json");
   EXPECT_THAT(block, HasSubstr("54410 parameters"));
-  // Indent it under spec.training of a job, as a user pastes it.
-  std::string indented;
-  std::istringstream lines(block);
-  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
-  const std::string job = "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\n"
-                          "metadata: {name: t}\nspec:\n  strategy: OneDevice\n"
-                          "  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
-                          indented;
-  auto parsed = ParseJobYaml(job);
-  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << job;
-  EXPECT_EQ(parsed->training.model.layers, imported->model.layers) << job;
+  auto parsed = ParsePastedBlock(block);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
+  EXPECT_EQ(parsed->training.model.layers, imported->model.layers) << block;
 }
 
 // Keras 3.15's to_json() of activation layers and Rescaling (trimmed as
@@ -134,17 +138,11 @@ TEST(KerasImportTest, ActivationLayersAndRescalingImportExportAndParseBack) {
   EXPECT_EQ(again->model.layers, layers) << *written;
 
   // And the YAML block `distrain import-keras` prints parses back into them.
-  std::string indented;
   const std::string block = KerasImportYaml(*imported, "model.json");
   EXPECT_THAT(block, HasSubstr("set dataset.scale: 1 to scale them once"));
-  std::istringstream lines(block);
-  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
-  auto parsed = ParseJobYaml(
-      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
-      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
-      indented);
-  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << indented;
-  EXPECT_EQ(parsed->training.model.layers, layers) << indented;
+  auto parsed = ParsePastedBlock(block);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
+  EXPECT_EQ(parsed->training.model.layers, layers) << block;
 
   // What distrain cannot compute is refused by name.
   Json per_channel = json;
@@ -667,13 +665,7 @@ TEST(KerasImportTest, MixedPolicyBecomesPrecisionInTheBlockAndParsesBack) {
   ASSERT_TRUE(imported.ok()) << imported.status();
   const std::string block = KerasImportYaml(*imported, "model.json");
   EXPECT_THAT(block, HasSubstr("\nprecision: mixed_bfloat16"));
-  std::string indented;
-  std::istringstream lines(block);
-  for (std::string line; std::getline(lines, line);) indented += "    " + line + "\n";
-  auto parsed = ParseJobYaml(
-      "apiVersion: distrain.io/v1alpha1\nkind: DistributedTrainingJob\nmetadata: {name: t}\n"
-      "spec:\n  strategy: OneDevice\n  replicaSpecs: {Worker: {replicas: 1}}\n  training:\n" +
-      indented);
+  auto parsed = ParsePastedBlock(block);
   ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
   EXPECT_EQ(parsed->training.model.precision, Precision::kMixedBfloat16);
   EXPECT_EQ(parsed->training.model.layers, imported->model.layers);
