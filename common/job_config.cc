@@ -752,12 +752,16 @@ std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
     case LayerKind::kReshape:
       return {A::kTargetShape, A::kName};
     case LayerKind::kConv2D:
+    case LayerKind::kConv1D:
       return {A::kFilters, A::kKernelSize, A::kStrides, A::kPadding,
               A::kActivation, A::kUseBias, A::kName};
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
       return {A::kPoolSize, A::kStrides, A::kPadding, A::kName};
     case LayerKind::kGlobalAveragePooling2D:
+    case LayerKind::kGlobalAveragePooling1D:
     case LayerKind::kFlatten:
       return {A::kName};
     case LayerKind::kDense:
@@ -792,6 +796,8 @@ std::vector<std::pair<LayerArg, const char*>> RequiredArgsOf(LayerKind kind) {
       return {{A::kTargetShape, "targetShape: [28, 28, 1]"}};
     case LayerKind::kConv2D:
       return {{A::kFilters, "filters: 32"}, {A::kKernelSize, "kernelSize: [3, 3]"}};
+    case LayerKind::kConv1D:
+      return {{A::kFilters, "filters: 32"}, {A::kKernelSize, "kernelSize: 3"}};
     case LayerKind::kDense:
       return {{A::kUnits, "units: 64"}};
     case LayerKind::kDropout:
@@ -914,6 +920,28 @@ std::optional<std::array<int64_t, 2>> DecodePair(const Json& v, const std::strin
   return std::array<int64_t, 2>{n, n};
 }
 
+// A 1-D layer's kernelSize, poolSize or strides: an integer or [length]
+// (Keras takes a tuple of one), kept as {length, 1}.
+std::optional<std::array<int64_t, 2>> DecodeLength(const Json& v, const std::string& path,
+                                                   Issues* issues) {
+  const Json* value = &v;
+  if (v.is_array()) {
+    if (v.size() != 1) {
+      issues->Add(path, absl::StrCat("must be an integer or a list of 1 integer [length] (a "
+                                     "1-D layer), got ",
+                                     Show(v)));
+      return std::nullopt;
+    }
+    value = &v[0];
+  }
+  std::string problem = ScalarProblem(LayerIntRule(), Kind::kInteger, *value);
+  if (!problem.empty()) {
+    issues->Add(path, std::move(problem));
+    return std::nullopt;
+  }
+  return std::array<int64_t, 2>{value->get<int64_t>(), 1};
+}
+
 // Limits the CRD states too (maxItems, maxLength), so both reject the same.
 constexpr size_t kMaxShapeRank = 8;
 constexpr size_t kMaxLayers = 128;
@@ -959,14 +987,20 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
       }
       break;
     case LayerArg::kKernelSize:
-      if (auto pair = DecodePair(v, path, issues)) layer->kernel_size = *pair;
-      break;
     case LayerArg::kPoolSize:
-      if (auto pair = DecodePair(v, path, issues)) layer->pool_size = *pair;
+    case LayerArg::kStrides: {
+      auto pair = IsOneDimensional(layer->kind) ? DecodeLength(v, path, issues)
+                                                : DecodePair(v, path, issues);
+      if (!pair) break;
+      if (arg == LayerArg::kKernelSize) {
+        layer->kernel_size = *pair;
+      } else if (arg == LayerArg::kPoolSize) {
+        layer->pool_size = *pair;
+      } else {
+        layer->strides = *pair;
+      }
       break;
-    case LayerArg::kStrides:
-      if (auto pair = DecodePair(v, path, issues)) layer->strides = *pair;
-      break;
+    }
     case LayerArg::kPadding:
       if (Check(OneOf({"valid", "same"}), v, path, issues)) {
         layer->padding = v.get<std::string>() == "same" ? PaddingKind::kSame : PaddingKind::kValid;
@@ -1121,6 +1155,9 @@ std::optional<LayerConfig> DecodeLayer(const Json& entry, const std::string& pat
   }
   LayerConfig layer;
   layer.kind = *kind;
+  if (*kind == LayerKind::kMaxPooling1D || *kind == LayerKind::kAveragePooling1D) {
+    layer.pool_size = {2, 1};  // Keras' pool_size=2 of a 1-D layer
+  }
   if (args.is_null()) return layer;  // `- Flatten:` with nothing after it
   if (!args.is_object()) {
     issues->Add(class_path, absl::StrCat("must be a mapping of ", class_name,
@@ -1187,6 +1224,7 @@ Json PairJson(const std::array<int64_t, 2>& pair) { return Json::array({pair[0],
 // LayerConfig.
 Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
   const LayerConfig defaults;
+  const bool one_d = IsOneDimensional(layer.kind);
   Json args = Json::object();
   for (LayerArg arg : LayerArgsOf(layer.kind)) {
     const char* name = LayerArgName(arg);
@@ -1198,13 +1236,13 @@ Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
         args[name] = layer.units;
         break;
       case LayerArg::kKernelSize:
-        args[name] = PairJson(layer.kernel_size);
+        args[name] = one_d ? Json(layer.kernel_size[0]) : PairJson(layer.kernel_size);
         break;
       case LayerArg::kPoolSize:
-        args[name] = PairJson(layer.pool_size);
+        args[name] = one_d ? Json(layer.pool_size[0]) : PairJson(layer.pool_size);
         break;
       case LayerArg::kStrides:
-        if (layer.strides) args[name] = PairJson(*layer.strides);
+        if (layer.strides) args[name] = one_d ? Json((*layer.strides)[0]) : PairJson(*layer.strides);
         break;
       case LayerArg::kPadding:
         if (layer.padding != defaults.padding) {

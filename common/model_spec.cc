@@ -41,6 +41,10 @@ constexpr LayerKindEntry kLayerKinds[] = {
     {LayerKind::kELU, "ELU", "elu"},
     {LayerKind::kSoftmax, "Softmax", "softmax"},
     {LayerKind::kRescaling, "Rescaling", "rescaling"},
+    {LayerKind::kConv1D, "Conv1D", "conv1d"},
+    {LayerKind::kMaxPooling1D, "MaxPooling1D", "max_pooling1d"},
+    {LayerKind::kAveragePooling1D, "AveragePooling1D", "average_pooling1d"},
+    {LayerKind::kGlobalAveragePooling1D, "GlobalAveragePooling1D", "global_average_pooling1d"},
 };
 
 // In the order of the enum; each kind's first entry is the name Keras
@@ -119,7 +123,8 @@ class ModelIssues {
   std::vector<std::string> lines_;
 };
 
-// Conv2D and pooling: the 2-D window along both spatial axes. Returns the
+// Convolution and pooling: the 2-D window along both spatial axes (a 1-D
+// layer's along [steps, 1]). Returns the
 // output's spatial size, or nullopt after reporting why there is none.
 std::optional<std::array<int64_t, 2>> SpatialOutput(const LayerConfig& layer, size_t index,
                                                     const std::vector<int64_t>& in,
@@ -130,10 +135,15 @@ std::optional<std::array<int64_t, 2>> SpatialOutput(const LayerConfig& layer, si
   const AxisWindow rows = KerasAxisWindow(in[0], window[0], strides[0], layer.padding);
   const AxisWindow cols = KerasAxisWindow(in[1], window[1], strides[1], layer.padding);
   if (rows.out > 0 && cols.out > 0) return std::array<int64_t, 2>{rows.out, cols.out};
+  // A 1-D layer's [steps, 1, channels] said as the user wrote it.
+  const bool one_d = IsOneDimensional(layer.kind);
+  const std::string size = one_d ? absl::StrCat(window[0]) : PairString(window);
+  const std::string spatial =
+      one_d ? absl::StrCat("length ", in[0]) : absl::StrCat("spatial size [", in[0], ", ", in[1], "]");
+  const std::string input = one_d ? ShapeString({in[0], in[2]}) : ShapeString(in);
   issues->Add(index, layer.kind,
-              absl::StrCat(window_field, " ", PairString(window),
-                           " is larger than its input's spatial size [", in[0], ", ", in[1],
-                           "] (input ", ShapeString(in), ", padding ", PaddingName(layer.padding),
+              absl::StrCat(window_field, " ", size, " is larger than its input's ", spatial,
+                           " (input ", input, ", padding ", PaddingName(layer.padding),
                            "); use a smaller ", window_field,
                            layer.padding == PaddingKind::kValid ? ", padding: same," : "",
                            " or remove a downsampling layer before it"));
@@ -183,6 +193,7 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
       break;
     }
     case LayerKind::kConv2D:
+    case LayerKind::kConv1D:
       if (layer.filters < 1) {
         issues->Add(index, layer.kind,
                     absl::StrCat("filters must be a positive integer, got ", layer.filters));
@@ -192,6 +203,8 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
       break;
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
       positive_pair(layer.pool_size, "poolSize");
       if (layer.strides) positive_pair(*layer.strides, "strides");
       break;
@@ -257,6 +270,7 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
       }
       break;
     case LayerKind::kGlobalAveragePooling2D:
+    case LayerKind::kGlobalAveragePooling1D:
     case LayerKind::kFlatten:
     case LayerKind::kActivation:
     case LayerKind::kSoftmax:
@@ -280,6 +294,11 @@ const char* LayerKindName(LayerKind kind) {
     if (e.kind == kind) return e.class_name;
   }
   return "Unknown";
+}
+
+bool IsOneDimensional(LayerKind kind) {
+  return kind == LayerKind::kConv1D || kind == LayerKind::kMaxPooling1D ||
+         kind == LayerKind::kAveragePooling1D || kind == LayerKind::kGlobalAveragePooling1D;
 }
 
 std::optional<LayerKind> ParseLayerKind(const std::string& class_name) {
@@ -337,6 +356,7 @@ ActivationFunction LayerConfig::Activation() const {
   switch (kind) {
     case LayerKind::kDense:
     case LayerKind::kConv2D:
+    case LayerKind::kConv1D:
     case LayerKind::kActivation:
       return activation;
     case LayerKind::kReLU:
@@ -361,7 +381,10 @@ ActivationFunction LayerConfig::Activation() const {
 std::array<int64_t, 2> LayerConfig::EffectiveStrides() const {
   if (strides) return *strides;
   // Keras: pooling layers stride by their window unless told otherwise.
-  if (kind == LayerKind::kMaxPooling2D || kind == LayerKind::kAveragePooling2D) return pool_size;
+  if (kind == LayerKind::kMaxPooling2D || kind == LayerKind::kAveragePooling2D ||
+      kind == LayerKind::kMaxPooling1D || kind == LayerKind::kAveragePooling1D) {
+    return pool_size;
+  }
   return {1, 1};
 }
 
@@ -525,6 +548,37 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
         }
         break;
       }
+      case LayerKind::kConv1D:
+      case LayerKind::kMaxPooling1D:
+      case LayerKind::kAveragePooling1D:
+      case LayerKind::kGlobalAveragePooling1D: {
+        if (!current) break;
+        if (current->size() != 2) {
+          issues.Add(i, layer.kind,
+                     absl::StrCat("expects a 2-D input [steps, channels] but gets ", in_text, "; ",
+                                  current->size() == 1
+                                      ? absl::StrCat("add Reshape: {targetShape: [",
+                                                     (*current)[0], ", 1]} before it")
+                                      : "add a Reshape to [steps, channels] before it"));
+          break;
+        }
+        if (!arguments_ok) break;
+        if (layer.kind == LayerKind::kGlobalAveragePooling1D) {
+          out = std::vector<int64_t>{(*current)[1]};
+          break;
+        }
+        // The 2-D arithmetic on [steps, 1, channels]; the window's second
+        // axis is 1, so only the steps can be too short.
+        const bool conv = layer.kind == LayerKind::kConv1D;
+        const std::vector<int64_t> as_image = {(*current)[0], 1, (*current)[1]};
+        std::optional<std::array<int64_t, 2>> spatial =
+            SpatialOutput(layer, i, as_image, conv ? layer.kernel_size : layer.pool_size,
+                          conv ? "kernelSize" : "poolSize", &issues);
+        if (spatial) {
+          out = std::vector<int64_t>{(*spatial)[0], conv ? layer.filters : (*current)[1]};
+        }
+        break;
+      }
       case LayerKind::kFlatten:
         if (current) out = std::vector<int64_t>{Elements(*current)};
         break;
@@ -566,6 +620,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       if (layer.kind == LayerKind::kConv2D && current->size() == 3) {
         kernel = {{Elements({layer.kernel_size[0], layer.kernel_size[1], (*current)[2],
                              layer.filters}),
+                   "kernelSize x input channels x filters"}};
+      } else if (layer.kind == LayerKind::kConv1D && current->size() == 2) {
+        kernel = {{Elements({layer.kernel_size[0], (*current)[1], layer.filters}),
                    "kernelSize x input channels x filters"}};
       } else if (layer.kind == LayerKind::kDense) {
         kernel = {{Elements({Elements(*current), layer.units}), "input features x units"}};

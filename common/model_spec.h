@@ -47,7 +47,16 @@ enum class LayerKind {
   kELU,                     // {alpha}
   kSoftmax,                 // {axis}: the last axis only
   kRescaling,               // {scale, offset}
+  // Keras' 1-D layers over sequences [steps, channels]: the 2-D layers on a
+  // [steps, 1, channels] image; their kernelSize, poolSize and strides are
+  // one length, stored as {length, 1}.
+  kConv1D,                  // {filters, kernelSize, strides, padding, activation, useBias}
+  kMaxPooling1D,            // {poolSize, strides, padding}
+  kAveragePooling1D,        // {poolSize, strides, padding}
+  kGlobalAveragePooling1D,  // {}
 };
+// Whether the class is one of the 1-D layers above.
+bool IsOneDimensional(LayerKind kind);
 // Keras' class name ("Conv2D") and its inverse.
 const char* LayerKindName(LayerKind kind);
 std::optional<LayerKind> ParseLayerKind(const std::string& class_name);
@@ -118,12 +127,12 @@ struct LayerConfig {
   std::vector<int64_t> shape;         // Input: shape; Reshape: targetShape
   int64_t filters = 0;                // Conv2D
   int64_t units = 0;                  // Dense
-  std::array<int64_t, 2> kernel_size = {0, 0};  // Conv2D (a scalar means both)
-  std::array<int64_t, 2> pool_size = {2, 2};    // pooling
+  std::array<int64_t, 2> kernel_size = {0, 0};  // Conv2D (a scalar means both); Conv1D {k, 1}
+  std::array<int64_t, 2> pool_size = {2, 2};    // pooling (1-D: {p, 1})
   // Conv2D: (1, 1) when unset; pooling: pool_size when unset (Keras).
   std::optional<std::array<int64_t, 2>> strides;
   PaddingKind padding = PaddingKind::kValid;
-  ActivationKind activation = ActivationKind::kLinear;  // Conv2D, Dense, Activation
+  ActivationKind activation = ActivationKind::kLinear;  // Conv2D, Conv1D, Dense, Activation
   bool use_bias = true;
   double rate = 0;           // Dropout: fraction of inputs dropped, in [0, 1)
   double momentum = 0.99;    // BatchNormalization (Keras defaults)

@@ -492,10 +492,64 @@ def optimizer_cases():
     return cases
 
 
+def one_d_cases():
+    """Keras' 1-D layers on [steps, channels] sequences."""
+    cases = []
+    K = keras.layers
+    for padding in ["valid", "same"]:
+        for stride in [1, 2]:
+            for steps, k in [(9, 3), (8, 4)]:
+                cases.append(layer_case(
+                    f"conv1d_{padding}_s{stride}_{steps}_k{k}",
+                    {"class": "Conv1D", "filters": 3, "kernelSize": k, "strides": stride,
+                     "padding": padding},
+                    K.Conv1D(3, k, strides=stride, padding=padding, name="conv1d"),
+                    (steps, 2)))
+    cases.append(layer_case(
+        "conv1d_same_gelu_no_bias",
+        {"class": "Conv1D", "filters": 4, "kernelSize": 5, "padding": "same",
+         "activation": "gelu", "useBias": False},
+        K.Conv1D(4, 5, padding="same", activation="gelu", use_bias=False, name="conv1d"),
+        (7, 3)))
+    for cls, kname in [(K.MaxPooling1D, "MaxPooling1D"), (K.AveragePooling1D, "AveragePooling1D")]:
+        for padding in ["valid", "same"]:
+            for pool, stride in [(2, None), (3, 2), (3, 1)]:
+                cfg = {"class": kname, "poolSize": pool, "padding": padding}
+                if stride is not None:
+                    cfg["strides"] = stride
+                cases.append(layer_case(
+                    f"{kname.lower()}_{padding}_p{pool}_s{stride or pool}", cfg,
+                    cls(pool, strides=stride, padding=padding, name="pool"), (9, 3),
+                    distinct_input=True))
+    cases.append(layer_case(
+        "global_average_pooling1d", {"class": "GlobalAveragePooling1D"},
+        K.GlobalAveragePooling1D(name="gap"), (7, 4)))
+    # A sequence model: rows reshaped to [steps, 1], Conv1D relu into max
+    # pooling (the fused ReLU gradient), another Conv1D, global pooling, Dense.
+    seq = [
+        ({"class": "Reshape", "targetShape": [12, 1], "name": "reshape"},
+         K.Reshape((12, 1), name="reshape")),
+        ({"class": "Conv1D", "filters": 4, "kernelSize": 3, "activation": "relu",
+          "name": "conv1d"}, K.Conv1D(4, 3, activation="relu", name="conv1d")),
+        ({"class": "MaxPooling1D", "poolSize": 2, "name": "max_pooling1d"},
+         K.MaxPooling1D(2, name="max_pooling1d")),
+        ({"class": "Conv1D", "filters": 6, "kernelSize": 2, "padding": "same",
+          "activation": "tanh", "name": "conv1d_1"},
+         K.Conv1D(6, 2, padding="same", activation="tanh", name="conv1d_1")),
+        ({"class": "GlobalAveragePooling1D", "name": "global_average_pooling1d"},
+         K.GlobalAveragePooling1D(name="global_average_pooling1d")),
+        ({"class": "Dense", "units": 3, "name": "dense"}, K.Dense(3, name="dense")),
+    ]
+    cases.append(model_case(
+        "conv1d_sequence_model", [c for c, _ in seq], [l for _, l in seq], (12,),
+        "SparseCategoricalCrossentropy", True, 3, batch=5))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
-             schedule_cases())
+             schedule_cases() + one_d_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -267,6 +267,31 @@ TEST(KerasInteropTest, ActivationLayersAndRescalingPredictInKerasAsInDistrain) {
   std::filesystem::remove_all(dir);
 }
 
+// Keras' 1-D layers, over each digit's rows as a sequence of 28 steps of 28
+// channels: what Keras loads computes what distrain computed.
+TEST(KerasInteropTest, Conv1DSequenceModelPredictsInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_conv1d");
+  nlohmann::json r = TrainExportAndCompare(
+      python, dir, "OneDevice", "    Worker: {replicas: 1}\n",
+      "    model:\n"
+      "      layers:\n"
+      "        - Reshape: {targetShape: [28, 28]}\n"
+      "        - Conv1D: {filters: 16, kernelSize: 3, activation: relu}\n"
+      "        - MaxPooling1D: {}\n"
+      "        - Conv1D: {filters: 16, kernelSize: 3, strides: 2, padding: same}\n"
+      "        - AveragePooling1D: {poolSize: 3, strides: 1, padding: same}\n"
+      "        - GlobalAveragePooling1D: {}\n"
+      "        - Dense: {units: 10}\n"
+      "      loss: {fromLogits: true}\n");
+  EXPECT_LE(r.value("max_abs_diff", 1.0), 1e-5) << r.dump();
+  EXPECT_EQ(r.value("params", int64_t{0}), r.value("distrain_params", int64_t{-1})) << r.dump();
+  EXPECT_EQ(r.value("layers", nlohmann::json::array()),
+            nlohmann::json({"Reshape", "Conv1D", "MaxPooling1D", "Conv1D", "AveragePooling1D",
+                            "GlobalAveragePooling1D", "Dense"}));
+  std::filesystem::remove_all(dir);
+}
+
 // A model trained with centered RMSprop, weight decay and a cosine schedule
 // opens in Keras with that optimizer and schedule, its iterations and its
 // slots in Keras' order (no learning-rate variable under a schedule): every

@@ -11,13 +11,37 @@ void CheckImage(const std::string& name, const std::vector<int64_t>& shape) {
                                       << shape.size() << " dimensions";
 }
 
+// A 1-D layer's [batch, steps, channels] as the [batch, steps, 1, channels]
+// image the 2-D ops take; the 2-D layers' shapes as they are.
+std::vector<int64_t> ImageShape(bool one_d, const std::string& name,
+                                const std::vector<int64_t>& shape) {
+  if (!one_d) return shape;
+  DISTRAIN_CHECK_EQ(shape.size(), 3u) << name << " expects [batch, steps, channels], got "
+                                      << shape.size() << " dimensions";
+  return {shape[0], shape[1], 1, shape[2]};
+}
+
+// `t` itself, or (1-D) `alias` made the image view of it.
+const Tensor& AsImage(bool one_d, const std::string& name, const Tensor& t, Tensor* alias) {
+  if (!one_d) return t;
+  *alias = Tensor::Alias(t, ImageShape(true, name, t.shape()));
+  return *alias;
+}
+
+// An image-shaped result of a 1-D layer back to [batch, steps, channels]
+// (same elements, so Resize keeps them).
+void ToSequence(bool one_d, Tensor* t) {
+  if (one_d && t != nullptr) t->Resize({t->dim(0), t->dim(1), t->dim(3)});
+}
+
 }  // namespace
 
 // ---- Conv2D ---------------------------------------------------------------
 
 Conv2D::Conv2D(std::string name, int64_t in_channels, int64_t filters,
                std::array<int64_t, 2> kernel, std::array<int64_t, 2> strides,
-               PaddingKind padding, ActivationFunction activation, bool use_bias, uint64_t seed)
+               PaddingKind padding, ActivationFunction activation, bool use_bias, uint64_t seed,
+               bool one_d)
     : name_(std::move(name)),
       in_channels_(in_channels),
       filters_(filters),
@@ -25,11 +49,16 @@ Conv2D::Conv2D(std::string name, int64_t in_channels, int64_t filters,
       strides_(strides),
       padding_(padding),
       use_bias_(use_bias),
+      one_d_(one_d),
       activation_(activation) {
   DISTRAIN_CHECK(in_channels >= 1 && filters >= 1 && kernel[0] >= 1 && kernel[1] >= 1 &&
                  strides[0] >= 1 && strides[1] >= 1)
       << name_ << ": in_channels=" << in_channels << " filters=" << filters;
-  const std::vector<int64_t> shape = {kernel[0], kernel[1], in_channels, filters};
+  DISTRAIN_CHECK(!one_d || (kernel[1] == 1 && strides[1] == 1))
+      << name_ << ": a 1-D kernel and stride are {length, 1}";
+  const std::vector<int64_t> shape =
+      one_d ? std::vector<int64_t>{kernel[0], in_channels, filters}
+            : std::vector<int64_t>{kernel[0], kernel[1], in_channels, filters};
   kernel_.name = name_ + "/kernel";
   kernel_.value = Tensor(shape);
   kernel_.grad = Tensor(shape);
@@ -49,7 +78,8 @@ std::vector<Parameter*> Conv2D::parameters() {
   return {&kernel_};
 }
 
-ops::Window2D Conv2D::Window(const std::vector<int64_t>& s) const {
+ops::Window2D Conv2D::Window(const std::vector<int64_t>& shape) const {
+  const std::vector<int64_t> s = ImageShape(one_d_, name_, shape);
   CheckImage(name_, s);
   DISTRAIN_CHECK_EQ(s[3], in_channels_) << name_ << " input channels";
   return ops::KerasWindow2D(s[0], s[1], s[2], s[3], filters_, kernel_size_, strides_, padding_);
@@ -57,68 +87,86 @@ ops::Window2D Conv2D::Window(const std::vector<int64_t>& s) const {
 
 std::vector<int64_t> Conv2D::OutputShape(const std::vector<int64_t>& input_shape) const {
   const ops::Window2D w = Window(input_shape);
+  if (one_d_) return {w.batch, w.out_h, w.out_c};
   return {w.batch, w.out_h, w.out_w, w.out_c};
+}
+
+const Tensor& Conv2D::KernelImage(const Tensor& kernel) {
+  if (!one_d_) return kernel;
+  kernel_image_ = Tensor::Alias(kernel, {kernel_size_[0], 1, in_channels_, filters_});
+  return kernel_image_;
 }
 
 void Conv2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   window_ = Window(input.shape());
-  const Tensor& kernel = ComputeKernel(kernel_.value, &kernel_compute_);
-  ops::Conv2DForward(window_, input, kernel, use_bias_ ? &bias_.value : nullptr, output, compute_);
+  const Tensor& x = AsImage(one_d_, name_, input, &input_image_);
+  const Tensor& kernel = KernelImage(ComputeKernel(kernel_.value, &kernel_compute_));
+  ops::Conv2DForward(window_, x, kernel, use_bias_ ? &bias_.value : nullptr, output, compute_);
   if (!activation_.is_linear()) activation_.Forward(*output, output, compute_);
-  input_ = &input;
+  ToSequence(one_d_, output);
+  input_ = &x;
 }
 
 void Conv2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
   DISTRAIN_CHECK(input_ != nullptr) << name_ << ": Backward before Forward";
-  DISTRAIN_CHECK(grad_output.shape() == (std::vector<int64_t>{window_.batch, window_.out_h,
-                                                              window_.out_w, window_.out_c}))
+  const Tensor& dy = AsImage(one_d_, name_, grad_output, &grad_output_image_);
+  DISTRAIN_CHECK(dy.shape() == (std::vector<int64_t>{window_.batch, window_.out_h, window_.out_w,
+                                                     window_.out_c}))
       << name_ << ": grad_output " << grad_output.ShapeString();
-  const Tensor* dz = &grad_output;
+  const Tensor* dz = &dy;
   const Tensor* relu_output = nullptr;
   if (activation_.kind() == ActivationKind::kRelu && !activation_.backward_is_identity()) {
     // The op applies ReLU's gradient in the pass that reads dy anyway (a
     // CPU under mixed_bfloat16), or into grad_pre_activation_ first.
-    relu_output = &activation_.relu_output();
+    relu_output = &AsImage(one_d_, name_, activation_.relu_output(), &relu_output_image_);
   } else if (!activation_.backward_is_identity()) {
-    activation_.Backward(grad_output, &grad_pre_activation_);
+    activation_.Backward(dy, &grad_pre_activation_);
     // The others' gradients need rounding (ReLU's keeps the rounded values).
     RoundToComputeType(&grad_pre_activation_);
     dz = &grad_pre_activation_;
   }
   // The rounded kernel of this step's Forward (the variable has not changed since).
-  const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
+  const Tensor& kernel =
+      KernelImage(compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_);
   ops::Conv2DBackward(window_, *input_, *dz, kernel, &kernel_.grad,
                       use_bias_ ? &bias_.grad : nullptr, grad_input, compute_, relu_output,
                       &grad_pre_activation_);
+  if (one_d_) kernel_.grad.Resize(kernel_.value.shape());  // the op wrote it as an image
+  ToSequence(one_d_, grad_input);
 }
 
 // ---- Pooling2D ------------------------------------------------------------
 
 Pooling2D::Pooling2D(std::string name, ops::PoolKind kind, std::array<int64_t, 2> pool_size,
-                     std::array<int64_t, 2> strides, PaddingKind padding)
+                     std::array<int64_t, 2> strides, PaddingKind padding, bool one_d)
     : name_(std::move(name)),
       kind_(kind),
       pool_size_(pool_size),
       strides_(strides),
-      padding_(padding) {
+      padding_(padding),
+      one_d_(one_d) {
   DISTRAIN_CHECK(pool_size[0] >= 1 && pool_size[1] >= 1 && strides[0] >= 1 && strides[1] >= 1)
       << name_ << ": pool size and strides must be positive";
 }
 
-ops::Window2D Pooling2D::Window(const std::vector<int64_t>& s) const {
+ops::Window2D Pooling2D::Window(const std::vector<int64_t>& shape) const {
+  const std::vector<int64_t> s = ImageShape(one_d_, name_, shape);
   CheckImage(name_, s);
   return ops::KerasWindow2D(s[0], s[1], s[2], s[3], s[3], pool_size_, strides_, padding_);
 }
 
 std::vector<int64_t> Pooling2D::OutputShape(const std::vector<int64_t>& input_shape) const {
   const ops::Window2D w = Window(input_shape);
+  if (one_d_) return {w.batch, w.out_h, w.out_c};
   return {w.batch, w.out_h, w.out_w, w.out_c};
 }
 
 void Pooling2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
   window_ = Window(input.shape());
-  ops::Pool2DForward(kind_, window_, input, output, &workspace_);
-  input_ = &input;
+  const Tensor& x = AsImage(one_d_, name_, input, &input_image_);
+  ops::Pool2DForward(kind_, window_, x, output, &workspace_);
+  ToSequence(one_d_, output);
+  input_ = &x;
   output_ = output;
 }
 
@@ -128,15 +176,16 @@ void Pooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
       << name_ << ": grad_output " << grad_output.ShapeString() << " vs output "
       << output_->ShapeString();
   if (grad_input == nullptr) return;
-  const Tensor* dy = &grad_output;
+  const Tensor& y = AsImage(one_d_, name_, *output_, &output_image_);
+  const Tensor* dy = &AsImage(one_d_, name_, grad_output, &grad_output_image_);
   if (applies_relu_gradient_) {
     // ReLU's gradient for the layer before (Layer::ApplyPrecedingReluGradient):
     // relu'(input) at the input a window routes to is (pooled output > 0).
-    ops::ActivationBackward(ActivationKind::kRelu, *output_, *output_, grad_output,
-                            &relu_masked_grad_);
+    ops::ActivationBackward(ActivationKind::kRelu, y, y, *dy, &relu_masked_grad_);
     dy = &relu_masked_grad_;
   }
-  ops::Pool2DBackward(kind_, window_, *input_, *output_, *dy, workspace_, grad_input);
+  ops::Pool2DBackward(kind_, window_, *input_, y, *dy, workspace_, grad_input);
+  ToSequence(one_d_, grad_input);
 }
 
 bool Pooling2D::ApplyPrecedingReluGradient() {
@@ -150,20 +199,23 @@ bool Pooling2D::ApplyPrecedingReluGradient() {
 
 std::vector<int64_t> GlobalAveragePooling2D::OutputShape(
     const std::vector<int64_t>& input_shape) const {
-  CheckImage(name_, input_shape);
-  return {input_shape[0], input_shape[3]};
+  const std::vector<int64_t> s = ImageShape(one_d_, name_, input_shape);
+  CheckImage(name_, s);
+  return {s[0], s[3]};
 }
 
 void GlobalAveragePooling2D::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
-  CheckImage(name_, input.shape());
-  height_ = input.dim(1);
-  width_ = input.dim(2);
-  ops::GlobalAveragePool2DForward(input, output);
+  const Tensor& x = AsImage(one_d_, name_, input, &input_image_);
+  CheckImage(name_, x.shape());
+  height_ = x.dim(1);
+  width_ = x.dim(2);
+  ops::GlobalAveragePool2DForward(x, output);
 }
 
 void GlobalAveragePooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
   if (grad_input == nullptr) return;
   ops::GlobalAveragePool2DBackward(grad_output, height_, width_, grad_input);
+  ToSequence(one_d_, grad_input);
 }
 
 }  // namespace distrain

@@ -2,7 +2,11 @@
 #define DISTRAIN_WORKER_MODEL_CONV_LAYERS_H_
 
 // Keras' convolution and pooling layers over NHWC images: Conv2D,
-// MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D. Geometry is Keras'
+// MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D — and, with
+// `one_d`, their 1-D forms over sequences [batch, steps, channels] (Conv1D,
+// MaxPooling1D, AveragePooling1D, GlobalAveragePooling1D), which run the
+// same ops on the [batch, steps, 1, channels] image those bytes already are
+// (aliases, no copies; window {length, 1}). Geometry is Keras'
 // (ops::KerasWindow2D: padding valid|same, the odd padding element at the
 // bottom/right). Each layer owns its variables and backward caches and
 // borrows its input until Backward. Not thread-safe (one replica at a time).
@@ -22,14 +26,15 @@ namespace distrain {
 // [batch, H, W, C]: y = activation(conv(x, kernel) + bias), kernel [KH, KW,
 // C, filters] ("<name>/kernel", HWIO as Keras stores it), bias [filters]
 // ("<name>/bias"). Glorot-uniform kernel with Keras' fans (receptive field
-// times channels), zero bias.
+// times channels), zero bias. Conv1D (one_d, kernel and strides {k, 1}): the
+// kernel variable is [k, C, filters], Keras' Conv1D layout.
 class Conv2D : public Layer {
  public:
   Conv2D(std::string name, int64_t in_channels, int64_t filters, std::array<int64_t, 2> kernel,
          std::array<int64_t, 2> strides, PaddingKind padding, ActivationFunction activation,
-         bool use_bias, uint64_t seed);
+         bool use_bias, uint64_t seed, bool one_d = false);
   const std::string& name() const override { return name_; }
-  const char* class_name() const override { return "Conv2D"; }
+  const char* class_name() const override { return one_d_ ? "Conv1D" : "Conv2D"; }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
@@ -41,18 +46,24 @@ class Conv2D : public Layer {
  private:
   ops::Window2D Window(const std::vector<int64_t>& input_shape) const;
 
+  // The kernel (or its rounded copy) as the [KH, KW, C, F] the ops take.
+  const Tensor& KernelImage(const Tensor& kernel);
+
   std::string name_;
   int64_t in_channels_, filters_;
   std::array<int64_t, 2> kernel_size_, strides_;
   PaddingKind padding_;
   bool use_bias_;
+  bool one_d_;
   Parameter kernel_;
   Parameter bias_;
   ActivationState activation_;
-  const Tensor* input_ = nullptr;  // borrowed until Backward
+  const Tensor* input_ = nullptr;  // borrowed until Backward (1-D: &input_image_)
   ops::Window2D window_;           // of the last Forward
   Tensor grad_pre_activation_;
   Tensor kernel_compute_;  // the kernel rounded, under mixed precision
+  // 1-D: aliases of the sequences as images (Tensor::Alias).
+  Tensor input_image_, grad_output_image_, relu_output_image_, kernel_image_;
 };
 
 // MaxPooling2D / AveragePooling2D(pool_size, strides, padding). Average
@@ -61,9 +72,10 @@ class Conv2D : public Layer {
 class Pooling2D : public Layer {
  public:
   Pooling2D(std::string name, ops::PoolKind kind, std::array<int64_t, 2> pool_size,
-            std::array<int64_t, 2> strides, PaddingKind padding);
+            std::array<int64_t, 2> strides, PaddingKind padding, bool one_d = false);
   const std::string& name() const override { return name_; }
   const char* class_name() const override {
+    if (one_d_) return kind_ == ops::PoolKind::kMax ? "MaxPooling1D" : "AveragePooling1D";
     return kind_ == ops::PoolKind::kMax ? "MaxPooling2D" : "AveragePooling2D";
   }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
@@ -87,6 +99,9 @@ class Pooling2D : public Layer {
   ops::PoolKind kind_;
   std::array<int64_t, 2> pool_size_, strides_;
   PaddingKind padding_;
+  bool one_d_;
+  // 1-D: aliases of the sequences as images; input_ is then &input_image_.
+  Tensor input_image_, output_image_, grad_output_image_;
   // Both borrowed until Backward, as every layer's: Model keeps each layer's
   // input and output unchanged until the step's backward pass (a copy of the
   // output cost the guide's CNN 5.5 MB of memcpy per step at batch 256).
@@ -98,12 +113,16 @@ class Pooling2D : public Layer {
   ops::Window2D window_;
 };
 
-// GlobalAveragePooling2D: [batch, H, W, C] -> [batch, C]. No variables.
+// GlobalAveragePooling2D: [batch, H, W, C] -> [batch, C]; 1-D: [batch,
+// steps, C] -> [batch, C]. No variables.
 class GlobalAveragePooling2D : public Layer {
  public:
-  explicit GlobalAveragePooling2D(std::string name) : name_(std::move(name)) {}
+  explicit GlobalAveragePooling2D(std::string name, bool one_d = false)
+      : name_(std::move(name)), one_d_(one_d) {}
   const std::string& name() const override { return name_; }
-  const char* class_name() const override { return "GlobalAveragePooling2D"; }
+  const char* class_name() const override {
+    return one_d_ ? "GlobalAveragePooling1D" : "GlobalAveragePooling2D";
+  }
   std::vector<int64_t> OutputShape(const std::vector<int64_t>& input_shape) const override;
   using Layer::Forward;
   void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
@@ -111,7 +130,9 @@ class GlobalAveragePooling2D : public Layer {
 
  private:
   std::string name_;
+  bool one_d_;
   int64_t height_ = 0, width_ = 0;  // of the last Forward
+  Tensor input_image_;              // 1-D: the sequence as an image
 };
 
 }  // namespace distrain

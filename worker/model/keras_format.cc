@@ -131,6 +131,29 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
     case LayerKind::kReshape:
       c["target_shape"] = layer.shape;
       break;
+    case LayerKind::kConv1D:
+      c["filters"] = layer.filters;
+      c["kernel_size"] = Json::array({layer.kernel_size[0]});
+      c["strides"] = Json::array({layer.EffectiveStrides()[0]});
+      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+      c["data_format"] = "channels_last";
+      c["dilation_rate"] = Json::array({1});
+      c["groups"] = 1;
+      c["activation"] = ActivationName(layer.activation);
+      AddKernelArguments(layer, &c);
+      c["activity_regularizer"] = nullptr;
+      break;
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
+      c["pool_size"] = Json::array({layer.pool_size[0]});
+      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+      c["strides"] = Json::array({layer.EffectiveStrides()[0]});
+      c["data_format"] = "channels_last";
+      break;
+    case LayerKind::kGlobalAveragePooling1D:
+      c["data_format"] = "channels_last";
+      c["keepdims"] = false;
+      break;
     case LayerKind::kConv2D:
       c["filters"] = layer.filters;
       c["kernel_size"] = Pair(layer.kernel_size);
@@ -368,6 +391,7 @@ LayerVariables VariablesOf(const LayerConfig& layer) {
   const std::string& n = layer.name;
   switch (layer.kind) {
     case LayerKind::kConv2D:
+    case LayerKind::kConv1D:
     case LayerKind::kDense:
       if (layer.use_bias) return {{n + "/kernel", n + "/bias"}, 2};
       return {{n + "/kernel"}, 1};
@@ -664,6 +688,17 @@ class LayerReader {
     Bad(key, absl::StrCat("must be an integer or a pair of integers, got ", v->dump()));
     return std::nullopt;
   }
+  // A 1-D layer's size or stride: an int or a list of one, as {length, 1}.
+  std::optional<std::array<int64_t, 2>> Length(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return std::nullopt;
+    if (v->is_number_integer()) return std::array<int64_t, 2>{v->get<int64_t>(), 1};
+    if (v->is_array() && v->size() == 1 && (*v)[0].is_number_integer()) {
+      return std::array<int64_t, 2>{(*v)[0].get<int64_t>(), 1};
+    }
+    Bad(key, absl::StrCat("must be an integer or a list of one integer, got ", v->dump()));
+    return std::nullopt;
+  }
   std::vector<int64_t> Shape(const char* key, bool drop_batch) {
     const Json* v = Get(key);
     std::vector<int64_t> out;
@@ -784,6 +819,42 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
                               "kernel_constraint", "bias_constraint"}) {
         r.RequireNull(key);
       }
+      break;
+    case LayerKind::kConv1D: {
+      layer->filters = r.Int("filters", 0);
+      if (auto k = r.Length("kernel_size")) layer->kernel_size = *k;
+      if (auto s = r.Length("strides"); s && (*s)[0] != 1) layer->strides = *s;
+      const std::string padding = r.String("padding", "valid");
+      if (padding == "causal") {
+        r.Bad("padding", "is causal; distrain's Conv1D pads valid or same");
+      } else {
+        layer->padding = r.Padding();
+      }
+      r.RequireChannelsLast();
+      if (auto d = r.Length("dilation_rate"); d && (*d)[0] != 1) {
+        r.Bad("dilation_rate", "is not 1; dilated convolutions are not supported");
+      }
+      r.RequireEqual("groups", 1);
+      layer->activation = r.Activation("activation");
+      layer->use_bias = r.Bool("use_bias", true);
+      r.ExpectInitializer("kernel_initializer", "GlorotUniform");
+      r.ExpectInitializer("bias_initializer", "Zeros");
+      for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                              "kernel_constraint", "bias_constraint"}) {
+        r.RequireNull(key);
+      }
+      break;
+    }
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
+      layer->pool_size = r.Length("pool_size").value_or(std::array<int64_t, 2>{2, 1});
+      if (auto s = r.Length("strides"); s && *s != layer->pool_size) layer->strides = *s;
+      layer->padding = r.Padding();
+      r.RequireChannelsLast();
+      break;
+    case LayerKind::kGlobalAveragePooling1D:
+      r.RequireChannelsLast();
+      r.RequireEqual("keepdims", false);
       break;
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:

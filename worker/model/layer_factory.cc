@@ -40,14 +40,24 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
       return std::make_unique<Conv2D>(c.name, input_shape[2], c.filters, c.kernel_size,
                                       c.EffectiveStrides(), c.padding, c.Activation(), c.use_bias,
                                       seed);
+    case LayerKind::kConv1D:
+      DISTRAIN_CHECK_EQ(input_shape.size(), 2u) << c.name << ": Conv1D needs [steps, ch]";
+      return std::make_unique<Conv2D>(c.name, input_shape[1], c.filters, c.kernel_size,
+                                      c.EffectiveStrides(), c.padding, c.Activation(), c.use_bias,
+                                      seed, /*one_d=*/true);
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
       return std::make_unique<Pooling2D>(
           c.name,
-          c.kind == LayerKind::kMaxPooling2D ? ops::PoolKind::kMax : ops::PoolKind::kAverage,
-          c.pool_size, c.EffectiveStrides(), c.padding);
+          c.kind == LayerKind::kMaxPooling2D || c.kind == LayerKind::kMaxPooling1D
+              ? ops::PoolKind::kMax
+              : ops::PoolKind::kAverage,
+          c.pool_size, c.EffectiveStrides(), c.padding, IsOneDimensional(c.kind));
     case LayerKind::kGlobalAveragePooling2D:
-      return std::make_unique<GlobalAveragePooling2D>(c.name);
+    case LayerKind::kGlobalAveragePooling1D:
+      return std::make_unique<GlobalAveragePooling2D>(c.name, IsOneDimensional(c.kind));
     case LayerKind::kBatchNormalization:
       return std::make_unique<BatchNormalization>(c.name, input_shape.back(), c.momentum,
                                                   c.epsilon);

@@ -113,7 +113,7 @@ const std::string kGuideCnnJob =
 
 TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
   const std::vector<std::string> names = LayerKindNames();
-  EXPECT_EQ(names.size(), 16u);
+  EXPECT_EQ(names.size(), 20u);
   for (const std::string& name : names) {
     std::optional<LayerKind> kind = ParseLayerKind(name);
     ASSERT_TRUE(kind.has_value()) << name;
@@ -756,6 +756,17 @@ dataset: {numClasses: 2}
     - Softmax: {axis: 1}
 dataset: {numFeatures: 8, numClasses: 10}
 )"),
+        std::string(R"(model:
+  layers:
+    - Reshape: {targetShape: [392, 2]}
+    - Conv1D: {filters: 8, kernelSize: 5, strides: 2, padding: same, activation: relu}
+    - MaxPooling1D: {}
+    - AveragePooling1D: {poolSize: 3, strides: 1}
+    - Conv1D: {filters: 4, kernelSize: [3], useBias: false}
+    - GlobalAveragePooling1D: {}
+    - Dense: {units: 10}
+dataset: {numFeatures: 784, numClasses: 10}
+)"),
         std::string(
             "model: {type: mlp, hiddenUnits: [32, 16], loss: {type: MeanSquaredError}}\n")}) {
     SCOPED_TRACE(training);
@@ -1005,6 +1016,23 @@ INSTANTIATE_TEST_SUITE_P(
                   "a Dense layer without activation"}},
         BadModel{"LayersNotAList", "model: {layers: {Dense: {units: 10}}}\n",
                  {"spec.training.model.layers: must be a list of layers"}},
+        BadModel{"Conv1DOnAnImage",
+                 Layers(absl::StrCat(kImage, "    - Conv1D: {filters: 4, kernelSize: 3}\n")),
+                 {"spec.training.model.layers[1] (Conv1D): expects a 2-D input [steps, channels] "
+                  "but gets [28, 28, 1]; add a Reshape to [steps, channels] before it"}},
+        BadModel{"Conv1DOnRows", Layers("    - Conv1D: {filters: 4, kernelSize: 3}\n"),
+                 {"(Conv1D): expects a 2-D input [steps, channels] but gets [784]; add Reshape: "
+                  "{targetShape: [784, 1]} before it"}},
+        BadModel{"Conv1DKernelLongerThanTheSequence",
+                 Layers("    - Reshape: {targetShape: [4, 196]}\n"
+                        "    - Conv1D: {filters: 4, kernelSize: 5}\n"),
+                 {"spec.training.model.layers[1] (Conv1D): kernelSize 5 is larger than its "
+                  "input's length 4 (input [4, 196], padding valid)"}},
+        BadModel{"Conv1DKernelPair",
+                 Layers("    - Reshape: {targetShape: [784, 1]}\n"
+                        "    - Conv1D: {filters: 4, kernelSize: [3, 3]}\n"),
+                 {"spec.training.model.layers[1].Conv1D.kernelSize: must be an integer or a list "
+                  "of 1 integer [length] (a 1-D layer), got [3,3]"}},
         BadModel{"ReluThreshold", Layers("    - ReLU: {threshold: 0.5}\n"),
                  {"spec.training.model.layers[0] (ReLU): threshold 0.5 is not supported"}},
         BadModel{"ReluMaxValue", Layers("    - ReLU: {maxValue: 1}\n"),

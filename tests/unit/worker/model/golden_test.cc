@@ -63,11 +63,18 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
   EXPECT_TRUE(kind.has_value()) << j.dump();
   c.kind = kind.value_or(LayerKind::kDense);
   c.name = j.value("name", default_name);
+  // A 1-D layer's sizes are one length, {length, 1}.
+  const bool one_d = IsOneDimensional(c.kind);
+  auto size = [&](const Json& v) -> std::array<int64_t, 2> {
+    if (one_d) return {v.is_array() ? v[0].get<int64_t>() : v.get<int64_t>(), 1};
+    return Pair(v);
+  };
+  if (one_d) c.pool_size = {2, 1};
   if (j.contains("units")) c.units = j["units"];
   if (j.contains("filters")) c.filters = j["filters"];
-  if (j.contains("kernelSize")) c.kernel_size = Pair(j["kernelSize"]);
-  if (j.contains("poolSize")) c.pool_size = Pair(j["poolSize"]);
-  if (j.contains("strides")) c.strides = Pair(j["strides"]);
+  if (j.contains("kernelSize")) c.kernel_size = size(j["kernelSize"]);
+  if (j.contains("poolSize")) c.pool_size = size(j["poolSize"]);
+  if (j.contains("strides")) c.strides = size(j["strides"]);
   if (j.contains("padding")) {
     c.padding = j["padding"] == "same" ? PaddingKind::kSame : PaddingKind::kValid;
   }

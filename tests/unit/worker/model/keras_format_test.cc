@@ -205,6 +205,58 @@ TEST(KerasImportTest, RmspropAdamWAndWeightDecayImportAndWhatIsMissingIsRefused)
   EXPECT_THAT(ema.status().message(), HasSubstr("use_ema is true"));
 }
 
+// Keras 3.15's to_json() of the 1-D layers (trimmed as above): imported as
+// {length, 1} sizes, written back the way Keras writes them, and the YAML
+// block says one length.
+TEST(KerasImportTest, OneDimensionalLayersImportExportAndParseBack) {
+  const Json json = Json::parse(R"({
+    "module": "keras", "class_name": "Sequential", "registered_name": null,
+    "config": {"name": "sequential", "trainable": true, "layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 50, 3], "sparse": false, "ragged": false, "name": "input_layer", "optional": false}},
+      {"class_name": "Conv1D", "config": {"name": "conv1d", "filters": 8, "kernel_size": [5], "strides": [1], "padding": "same", "data_format": "channels_last", "dilation_rate": [1], "groups": 1, "activation": "relu", "use_bias": true}},
+      {"class_name": "MaxPooling1D", "config": {"name": "max_pooling1d", "pool_size": [2], "padding": "valid", "strides": [2], "data_format": "channels_last"}},
+      {"class_name": "AveragePooling1D", "config": {"name": "average_pooling1d", "pool_size": [3], "padding": "same", "strides": [1], "data_format": "channels_last"}},
+      {"class_name": "GlobalAveragePooling1D", "config": {"name": "global_average_pooling1d", "data_format": "channels_last", "keepdims": false}},
+      {"class_name": "Dense", "config": {"name": "dense", "units": 4, "activation": "linear", "use_bias": true}}
+    ]}})");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::vector<LayerConfig>& layers = imported->model.layers;
+  ASSERT_EQ(layers.size(), 6u);
+  EXPECT_EQ(layers[1].kind, LayerKind::kConv1D);
+  EXPECT_EQ(layers[1].kernel_size, (std::array<int64_t, 2>{5, 1}));
+  EXPECT_FALSE(layers[1].strides.has_value());
+  EXPECT_EQ(layers[1].Activation(), ActivationFunction(ActivationKind::kRelu));
+  EXPECT_EQ(layers[2].pool_size, (std::array<int64_t, 2>{2, 1}));
+  EXPECT_FALSE(layers[2].strides.has_value()) << "strides equal to pool_size are Keras' default";
+  EXPECT_EQ(layers[3].strides, (std::optional<std::array<int64_t, 2>>{{1, 1}}));
+  EXPECT_EQ(layers[4].kind, LayerKind::kGlobalAveragePooling1D);
+  EXPECT_EQ(imported->num_parameters, 5 * 3 * 8 + 8 + 8 * 4 + 4);
+
+  KerasModelSpec spec;
+  spec.model = imported->model;
+  spec.example_shape = {50, 3};
+  spec.num_classes = 4;
+  auto written = KerasConfigJson(spec);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_THAT(*written, HasSubstr("\"kernel_size\":[5]"));
+  auto again = ImportKerasModelJson(*written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->model.layers, layers) << *written;
+
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("- Conv1D: {filters: 8, kernelSize: 5, padding: same"));
+  auto parsed = ParsePastedBlock(block);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
+  EXPECT_EQ(parsed->training.model.layers, layers) << block;
+
+  Json causal = json;
+  causal["config"]["layers"][1]["config"]["padding"] = "causal";
+  auto refused = ImportKerasModelJson(causal.dump());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("Conv1D 'conv1d': padding is causal"));
+}
+
 // Keras' schedules come over as spec.training.optimizer.schedule, with only
 // the fields their type reads in the YAML block; others are refused by name.
 TEST(KerasImportTest, LearningRateSchedulesImportAsTheScheduleBlock) {

@@ -53,6 +53,37 @@ ModelConfig EveryLayerCnn() {
   return c;
 }
 
+// Each digit's rows as a sequence, through every 1-D layer (the 2-D ops on
+// [steps, 1, channels] images) and some of the newer activation layers.
+ModelConfig SequenceModel() {
+  ModelConfig c;
+  c.type = "sequential";
+  LayerConfig reshape = L(LayerKind::kReshape);
+  reshape.shape = {28, 28};
+  LayerConfig conv = L(LayerKind::kConv1D);
+  conv.filters = 16;
+  conv.kernel_size = {3, 1};
+  conv.activation = ActivationKind::kRelu;
+  LayerConfig max_pool = L(LayerKind::kMaxPooling1D);
+  max_pool.pool_size = {2, 1};
+  LayerConfig conv2 = conv;
+  conv2.filters = 12;
+  conv2.strides = std::array<int64_t, 2>{2, 1};
+  conv2.padding = PaddingKind::kSame;
+  conv2.activation = ActivationKind::kLinear;
+  LayerConfig leaky = L(LayerKind::kLeakyReLU);
+  LayerConfig avg_pool = L(LayerKind::kAveragePooling1D);
+  avg_pool.pool_size = {3, 1};
+  avg_pool.strides = std::array<int64_t, 2>{1, 1};
+  avg_pool.padding = PaddingKind::kSame;
+  c.layers = {reshape, conv, max_pool, conv2, leaky, avg_pool,
+              L(LayerKind::kGlobalAveragePooling1D), DenseL(32, ActivationKind::kSilu),
+              DenseL(10, ActivationKind::kLinear)};
+  c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
+  c.loss.from_logits = true;
+  return c;
+}
+
 using Batch = testing::ImageBatch;
 std::vector<Batch> Batches(int steps, int64_t n, uint32_t seed) {
   return testing::ImageBatches(steps, n, seed);
@@ -167,6 +198,22 @@ TEST(ModelDeviceTest, TheGuidesCnnTrainsOnEveryGpuLikeOnTheCpuFor100AdamSteps) {
 
 TEST(ModelDeviceTest, ACnnWithEveryLayerKindTrainsOnEveryGpuLikeOnTheCpu) {
   ExpectGpuTrainsLikeCpu(EveryLayerCnn(), OptimizerType::kMomentum, 30);
+}
+
+// The GPU tests' models build and step on the CPU here, so a GPU session
+// finds no mistake in them.
+TEST(ModelDeviceTest, TheModelsTheGpuTestsTrainAreValidOnTheCpu) {
+  for (const ModelConfig& config : {GuideCnn(), EveryLayerCnn(), SequenceModel()}) {
+    auto model = Model::Create(config, {28, 28, 1}, 10, /*seed=*/7);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const Batch batch = Batches(1, 8, 5)[0];
+    const LossResult result = (*model)->TrainStep(batch.features, batch.labels);
+    EXPECT_TRUE(std::isfinite(result.loss)) << (*model)->Summary();
+  }
+}
+
+TEST(ModelDeviceTest, ASequenceModelOfTheOneDimensionalLayersTrainsOnEveryGpuLikeOnTheCpu) {
+  ExpectGpuTrainsLikeCpu(SequenceModel(), OptimizerType::kAdam, 30);
 }
 
 // RMSprop's and the weight decay's own kernels against cpu_math's.
