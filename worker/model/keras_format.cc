@@ -1050,6 +1050,12 @@ void ReadSchedule(const Json& schedule, OptimizerConfig* o, ImportIssues* issues
     auto v = config.find(key);
     return v != config.end() && v->is_number() ? v->get<double>() : fallback;
   };
+  // Step counts as Keras writes them, integers; anything else reads as 0,
+  // which validation then refuses by name.
+  auto steps = [&](const char* key) -> int64_t {
+    auto v = config.find(key);
+    return v != config.end() && v->is_number_integer() ? v->get<int64_t>() : 0;
+  };
   LearningRateScheduleConfig& s = o->schedule;
   using T = LearningRateScheduleType;
   const auto* known = std::find(std::begin(kScheduleClasses), std::end(kScheduleClasses),
@@ -1063,14 +1069,14 @@ void ReadSchedule(const Json& schedule, OptimizerConfig* o, ImportIssues* issues
   }
   s.type = static_cast<T>(known - std::begin(kScheduleClasses));
   o->learning_rate = static_cast<float>(number("initial_learning_rate", o->learning_rate));
-  s.decay_steps = static_cast<int64_t>(number("decay_steps", 0));
+  s.decay_steps = steps("decay_steps");
   s.decay_rate = static_cast<float>(number("decay_rate", 0));
   s.staircase = config.value("staircase", false);
   s.end_learning_rate = static_cast<float>(number("end_learning_rate", 1e-4));
   s.power = static_cast<float>(number("power", 1.0));
   s.cycle = config.value("cycle", false);
   s.alpha = static_cast<float>(number("alpha", 0.0));
-  s.warmup_steps = static_cast<int64_t>(number("warmup_steps", 0));
+  s.warmup_steps = steps("warmup_steps");
   if (auto t = config.find("warmup_target"); t != config.end() && t->is_number()) {
     s.warmup_target = static_cast<float>(t->get<double>());
   }
