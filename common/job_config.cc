@@ -762,6 +762,8 @@ std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
       return {A::kPoolSize, A::kStrides, A::kPadding, A::kName};
     case LayerKind::kGlobalAveragePooling2D:
     case LayerKind::kGlobalAveragePooling1D:
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
     case LayerKind::kFlatten:
       return {A::kName};
     case LayerKind::kDense:

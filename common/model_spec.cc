@@ -45,6 +45,8 @@ constexpr LayerKindEntry kLayerKinds[] = {
     {LayerKind::kMaxPooling1D, "MaxPooling1D", "max_pooling1d"},
     {LayerKind::kAveragePooling1D, "AveragePooling1D", "average_pooling1d"},
     {LayerKind::kGlobalAveragePooling1D, "GlobalAveragePooling1D", "global_average_pooling1d"},
+    {LayerKind::kGlobalMaxPooling2D, "GlobalMaxPooling2D", "global_max_pooling2d"},
+    {LayerKind::kGlobalMaxPooling1D, "GlobalMaxPooling1D", "global_max_pooling1d"},
 };
 
 // In the order of the enum; each kind's first entry is the name Keras
@@ -271,6 +273,8 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
       break;
     case LayerKind::kGlobalAveragePooling2D:
     case LayerKind::kGlobalAveragePooling1D:
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
     case LayerKind::kFlatten:
     case LayerKind::kActivation:
     case LayerKind::kSoftmax:
@@ -298,7 +302,8 @@ const char* LayerKindName(LayerKind kind) {
 
 bool IsOneDimensional(LayerKind kind) {
   return kind == LayerKind::kConv1D || kind == LayerKind::kMaxPooling1D ||
-         kind == LayerKind::kAveragePooling1D || kind == LayerKind::kGlobalAveragePooling1D;
+         kind == LayerKind::kAveragePooling1D || kind == LayerKind::kGlobalAveragePooling1D ||
+         kind == LayerKind::kGlobalMaxPooling1D;
 }
 
 std::optional<LayerKind> ParseLayerKind(const std::string& class_name) {
@@ -514,7 +519,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       case LayerKind::kConv2D:
       case LayerKind::kMaxPooling2D:
       case LayerKind::kAveragePooling2D:
-      case LayerKind::kGlobalAveragePooling2D: {
+      case LayerKind::kGlobalAveragePooling2D:
+      case LayerKind::kGlobalMaxPooling2D: {
         if (!current) break;
         if (current->size() != 3) {
           std::string fix = "add Flatten and Dense layers instead";
@@ -534,7 +540,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
           break;
         }
         if (!arguments_ok) break;
-        if (layer.kind == LayerKind::kGlobalAveragePooling2D) {
+        if (layer.kind == LayerKind::kGlobalAveragePooling2D ||
+            layer.kind == LayerKind::kGlobalMaxPooling2D) {
           out = std::vector<int64_t>{(*current)[2]};
           break;
         }
@@ -551,7 +558,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       case LayerKind::kConv1D:
       case LayerKind::kMaxPooling1D:
       case LayerKind::kAveragePooling1D:
-      case LayerKind::kGlobalAveragePooling1D: {
+      case LayerKind::kGlobalAveragePooling1D:
+      case LayerKind::kGlobalMaxPooling1D: {
         if (!current) break;
         if (current->size() != 2) {
           issues.Add(i, layer.kind,
@@ -563,7 +571,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
           break;
         }
         if (!arguments_ok) break;
-        if (layer.kind == LayerKind::kGlobalAveragePooling1D) {
+        if (layer.kind == LayerKind::kGlobalAveragePooling1D ||
+            layer.kind == LayerKind::kGlobalMaxPooling1D) {
           out = std::vector<int64_t>{(*current)[1]};
           break;
         }

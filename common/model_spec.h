@@ -54,6 +54,8 @@ enum class LayerKind {
   kMaxPooling1D,            // {poolSize, strides, padding}
   kAveragePooling1D,        // {poolSize, strides, padding}
   kGlobalAveragePooling1D,  // {}
+  kGlobalMaxPooling2D,      // {}: [rows, cols, channels] -> [channels]
+  kGlobalMaxPooling1D,      // {}: [steps, channels] -> [channels]
 };
 // Whether the class is one of the 1-D layers above.
 bool IsOneDimensional(LayerKind kind);

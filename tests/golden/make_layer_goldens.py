@@ -546,10 +546,33 @@ def one_d_cases():
     return cases
 
 
+def global_max_cases():
+    """GlobalMaxPooling2D and 1D; a ReLU before one, whose zeros tie."""
+    cases = []
+    K = keras.layers
+    cases.append(layer_case(
+        "global_max_pooling2d", {"class": "GlobalMaxPooling2D"},
+        K.GlobalMaxPooling2D(name="gmp"), (5, 4, 3), distinct_input=True))
+    cases.append(layer_case(
+        "global_max_pooling1d", {"class": "GlobalMaxPooling1D"},
+        K.GlobalMaxPooling1D(name="gmp"), (7, 4), distinct_input=True))
+    model = [
+        ({"class": "Conv2D", "filters": 6, "kernelSize": [3, 3], "activation": "relu",
+          "name": "conv2d"}, K.Conv2D(6, 3, activation="relu", name="conv2d")),
+        ({"class": "GlobalMaxPooling2D", "name": "global_max_pooling2d"},
+         K.GlobalMaxPooling2D(name="global_max_pooling2d")),
+        ({"class": "Dense", "units": 3, "name": "dense"}, K.Dense(3, name="dense")),
+    ]
+    cases.append(model_case(
+        "relu_global_max_pooling2d_model", [c for c, _ in model], [l for _, l in model],
+        (6, 5, 2), "SparseCategoricalCrossentropy", True, 3, batch=4))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
-             schedule_cases() + one_d_cases())
+             schedule_cases() + one_d_cases() + global_max_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -149,14 +149,28 @@ Pooling2D::Pooling2D(std::string name, ops::PoolKind kind, std::array<int64_t, 2
       << name_ << ": pool size and strides must be positive";
 }
 
+std::unique_ptr<Pooling2D> Pooling2D::GlobalMax(std::string name, bool one_d) {
+  auto layer = std::make_unique<Pooling2D>(std::move(name), ops::PoolKind::kMax,
+                                           std::array<int64_t, 2>{1, 1},
+                                           std::array<int64_t, 2>{1, 1}, PaddingKind::kValid,
+                                           one_d);
+  layer->global_ = true;
+  return layer;
+}
+
 ops::Window2D Pooling2D::Window(const std::vector<int64_t>& shape) const {
   const std::vector<int64_t> s = ImageShape(one_d_, name_, shape);
   CheckImage(name_, s);
+  if (global_) {
+    const std::array<int64_t, 2> whole = {s[1], s[2]};
+    return ops::KerasWindow2D(s[0], s[1], s[2], s[3], s[3], whole, whole, PaddingKind::kValid);
+  }
   return ops::KerasWindow2D(s[0], s[1], s[2], s[3], s[3], pool_size_, strides_, padding_);
 }
 
 std::vector<int64_t> Pooling2D::OutputShape(const std::vector<int64_t>& input_shape) const {
   const ops::Window2D w = Window(input_shape);
+  if (global_) return {w.batch, w.out_c};
   if (one_d_) return {w.batch, w.out_h, w.out_c};
   return {w.batch, w.out_h, w.out_w, w.out_c};
 }
@@ -165,7 +179,9 @@ void Pooling2D::Forward(const Tensor& input, Tensor* output, const ForwardContex
   window_ = Window(input.shape());
   const Tensor& x = AsImage(one_d_, name_, input, &input_image_);
   ops::Pool2DForward(kind_, window_, x, output, &workspace_);
-  ToSequence(one_d_, output);
+  // The op's [batch, out_h, out_w, C] as the layer's output shape (same
+  // elements, so Resize keeps them).
+  if (one_d_ || global_) output->Resize(OutputShape(input.shape()));
   input_ = &x;
   output_ = output;
 }
@@ -176,8 +192,15 @@ void Pooling2D::Backward(const Tensor& grad_output, Tensor* grad_input) {
       << name_ << ": grad_output " << grad_output.ShapeString() << " vs output "
       << output_->ShapeString();
   if (grad_input == nullptr) return;
-  const Tensor& y = AsImage(one_d_, name_, *output_, &output_image_);
-  const Tensor* dy = &AsImage(one_d_, name_, grad_output, &grad_output_image_);
+  // The output and its gradient as the op's images.
+  const std::vector<int64_t> image = {window_.batch, window_.out_h, window_.out_w, window_.out_c};
+  const bool reshaped = one_d_ || global_;
+  if (reshaped) {
+    output_image_ = Tensor::Alias(*output_, image);
+    grad_output_image_ = Tensor::Alias(grad_output, image);
+  }
+  const Tensor& y = reshaped ? output_image_ : *output_;
+  const Tensor* dy = reshaped ? &grad_output_image_ : &grad_output;
   if (applies_relu_gradient_) {
     // ReLU's gradient for the layer before (Layer::ApplyPrecedingReluGradient):
     // relu'(input) at the input a window routes to is (pooled output > 0).

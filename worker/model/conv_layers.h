@@ -12,6 +12,7 @@
 // borrows its input until Backward. Not thread-safe (one replica at a time).
 
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,8 +74,15 @@ class Pooling2D : public Layer {
  public:
   Pooling2D(std::string name, ops::PoolKind kind, std::array<int64_t, 2> pool_size,
             std::array<int64_t, 2> strides, PaddingKind padding, bool one_d = false);
+  // GlobalMaxPooling2D (1D): max pooling whose window is the whole input,
+  // [batch, H, W, C] (or [batch, steps, C]) -> [batch, C]. Its gradient goes
+  // to one maximum per channel where TensorFlow's reduce_max splits it
+  // among tied maxima; ties need equal inputs, and the common ones, a
+  // ReLU's zeros, get no gradient either way.
+  static std::unique_ptr<Pooling2D> GlobalMax(std::string name, bool one_d);
   const std::string& name() const override { return name_; }
   const char* class_name() const override {
+    if (global_) return one_d_ ? "GlobalMaxPooling1D" : "GlobalMaxPooling2D";
     if (one_d_) return kind_ == ops::PoolKind::kMax ? "MaxPooling1D" : "AveragePooling1D";
     return kind_ == ops::PoolKind::kMax ? "MaxPooling2D" : "AveragePooling2D";
   }
@@ -87,8 +95,8 @@ class Pooling2D : public Layer {
   // input may collect the sum of several.
   bool OutputKeepsInputValues() const override { return kind_ == ops::PoolKind::kMax; }
   bool InputGradKeepsOutputGradValues() const override {
-    return kind_ == ops::PoolKind::kMax && strides_[0] >= pool_size_[0] &&
-           strides_[1] >= pool_size_[1];
+    return kind_ == ops::PoolKind::kMax &&
+           (global_ || (strides_[0] >= pool_size_[0] && strides_[1] >= pool_size_[1]));
   }
   bool ApplyPrecedingReluGradient() override;
 
@@ -100,7 +108,9 @@ class Pooling2D : public Layer {
   std::array<int64_t, 2> pool_size_, strides_;
   PaddingKind padding_;
   bool one_d_;
-  // 1-D: aliases of the sequences as images; input_ is then &input_image_.
+  bool global_ = false;  // the window is the whole input (GlobalMax)
+  // 1-D and global: aliases of the tensors as images; input_ is then
+  // &input_image_.
   Tensor input_image_, output_image_, grad_output_image_;
   // Both borrowed until Backward, as every layer's: Model keeps each layer's
   // input and output unchanged until the step's backward pass (a copy of the

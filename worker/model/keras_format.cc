@@ -151,6 +151,8 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
       c["data_format"] = "channels_last";
       break;
     case LayerKind::kGlobalAveragePooling1D:
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
       c["data_format"] = "channels_last";
       c["keepdims"] = false;
       break;
@@ -853,6 +855,8 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       r.RequireChannelsLast();
       break;
     case LayerKind::kGlobalAveragePooling1D:
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
       r.RequireChannelsLast();
       r.RequireEqual("keepdims", false);
       break;

@@ -58,6 +58,9 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
     case LayerKind::kGlobalAveragePooling2D:
     case LayerKind::kGlobalAveragePooling1D:
       return std::make_unique<GlobalAveragePooling2D>(c.name, IsOneDimensional(c.kind));
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
+      return Pooling2D::GlobalMax(c.name, IsOneDimensional(c.kind));
     case LayerKind::kBatchNormalization:
       return std::make_unique<BatchNormalization>(c.name, input_shape.back(), c.momentum,
                                                   c.epsilon);

@@ -113,7 +113,7 @@ const std::string kGuideCnnJob =
 
 TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
   const std::vector<std::string> names = LayerKindNames();
-  EXPECT_EQ(names.size(), 20u);
+  EXPECT_EQ(names.size(), 22u);
   for (const std::string& name : names) {
     std::optional<LayerKind> kind = ParseLayerKind(name);
     ASSERT_TRUE(kind.has_value()) << name;

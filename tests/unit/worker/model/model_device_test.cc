@@ -53,7 +53,7 @@ ModelConfig EveryLayerCnn() {
   return c;
 }
 
-// Each digit's rows as a sequence, through every 1-D layer (the 2-D ops on
+// Each digit's rows as a sequence, through the 1-D layers (the 2-D ops on
 // [steps, 1, channels] images) and some of the newer activation layers.
 ModelConfig SequenceModel() {
   ModelConfig c;
@@ -77,7 +77,7 @@ ModelConfig SequenceModel() {
   avg_pool.strides = std::array<int64_t, 2>{1, 1};
   avg_pool.padding = PaddingKind::kSame;
   c.layers = {reshape, conv, max_pool, conv2, leaky, avg_pool,
-              L(LayerKind::kGlobalAveragePooling1D), DenseL(32, ActivationKind::kSilu),
+              L(LayerKind::kGlobalMaxPooling1D), DenseL(32, ActivationKind::kSilu),
               DenseL(10, ActivationKind::kLinear)};
   c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
   c.loss.from_logits = true;
