@@ -116,6 +116,12 @@ void AddKernelArguments(const LayerConfig& layer, Json* c) {
   }
 }
 
+// A size or stride as Keras writes it: a pair, or a 1-D layer's [length].
+Json KerasSize(const LayerConfig& layer, const std::array<int64_t, 2>& size) {
+  if (IsOneDimensional(layer.kind)) return Json::array({size[0]});
+  return Pair(size);
+}
+
 // One layer's config as Keras' get_config() writes it, restricted to keys
 // every Keras 3 release accepts (from_config rejects unknown keywords). The
 // InputLayer's "dtype" is the input tensor's type, not a policy: float32
@@ -131,38 +137,14 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
     case LayerKind::kReshape:
       c["target_shape"] = layer.shape;
       break;
+    case LayerKind::kConv2D:
     case LayerKind::kConv1D:
       c["filters"] = layer.filters;
-      c["kernel_size"] = Json::array({layer.kernel_size[0]});
-      c["strides"] = Json::array({layer.EffectiveStrides()[0]});
+      c["kernel_size"] = KerasSize(layer, layer.kernel_size);
+      c["strides"] = KerasSize(layer, layer.EffectiveStrides());
       c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
       c["data_format"] = "channels_last";
-      c["dilation_rate"] = Json::array({1});
-      c["groups"] = 1;
-      c["activation"] = ActivationName(layer.activation);
-      AddKernelArguments(layer, &c);
-      c["activity_regularizer"] = nullptr;
-      break;
-    case LayerKind::kMaxPooling1D:
-    case LayerKind::kAveragePooling1D:
-      c["pool_size"] = Json::array({layer.pool_size[0]});
-      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
-      c["strides"] = Json::array({layer.EffectiveStrides()[0]});
-      c["data_format"] = "channels_last";
-      break;
-    case LayerKind::kGlobalAveragePooling1D:
-    case LayerKind::kGlobalMaxPooling2D:
-    case LayerKind::kGlobalMaxPooling1D:
-      c["data_format"] = "channels_last";
-      c["keepdims"] = false;
-      break;
-    case LayerKind::kConv2D:
-      c["filters"] = layer.filters;
-      c["kernel_size"] = Pair(layer.kernel_size);
-      c["strides"] = Pair(layer.EffectiveStrides());
-      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
-      c["data_format"] = "channels_last";
-      c["dilation_rate"] = Json::array({1, 1});
+      c["dilation_rate"] = KerasSize(layer, {1, 1});
       c["groups"] = 1;
       c["activation"] = ActivationName(layer.activation);
       AddKernelArguments(layer, &c);
@@ -170,12 +152,17 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
       break;
     case LayerKind::kMaxPooling2D:
     case LayerKind::kAveragePooling2D:
-      c["pool_size"] = Pair(layer.pool_size);
+    case LayerKind::kMaxPooling1D:
+    case LayerKind::kAveragePooling1D:
+      c["pool_size"] = KerasSize(layer, layer.pool_size);
       c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
-      c["strides"] = Pair(layer.EffectiveStrides());
+      c["strides"] = KerasSize(layer, layer.EffectiveStrides());
       c["data_format"] = "channels_last";
       break;
     case LayerKind::kGlobalAveragePooling2D:
+    case LayerKind::kGlobalAveragePooling1D:
+    case LayerKind::kGlobalMaxPooling2D:
+    case LayerKind::kGlobalMaxPooling1D:
       c["data_format"] = "channels_last";
       c["keepdims"] = false;
       break;
@@ -804,37 +791,23 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       layer->shape = r.Shape("target_shape", false);
       break;
     case LayerKind::kConv2D:
-      layer->filters = r.Int("filters", 0);
-      if (auto k = r.Pair("kernel_size")) layer->kernel_size = *k;
-      if (auto s = r.Pair("strides"); s && *s != std::array<int64_t, 2>{1, 1}) layer->strides = *s;
-      layer->padding = r.Padding();
-      r.RequireChannelsLast();
-      if (auto d = r.Pair("dilation_rate"); d && *d != std::array<int64_t, 2>{1, 1}) {
-        r.Bad("dilation_rate", "is not [1, 1]; dilated convolutions are not supported");
-      }
-      r.RequireEqual("groups", 1);
-      layer->activation = r.Activation("activation");
-      layer->use_bias = r.Bool("use_bias", true);
-      r.ExpectInitializer("kernel_initializer", "GlorotUniform");
-      r.ExpectInitializer("bias_initializer", "Zeros");
-      for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                              "kernel_constraint", "bias_constraint"}) {
-        r.RequireNull(key);
-      }
-      break;
     case LayerKind::kConv1D: {
+      // Sizes are pairs, or a 1-D layer's one length as {length, 1}.
+      const bool one_d = kind == LayerKind::kConv1D;
+      auto size = [&](const char* key) { return one_d ? r.Length(key) : r.Pair(key); };
+      const std::array<int64_t, 2> unit = {1, 1};
       layer->filters = r.Int("filters", 0);
-      if (auto k = r.Length("kernel_size")) layer->kernel_size = *k;
-      if (auto s = r.Length("strides"); s && (*s)[0] != 1) layer->strides = *s;
-      const std::string padding = r.String("padding", "valid");
-      if (padding == "causal") {
+      if (auto k = size("kernel_size")) layer->kernel_size = *k;
+      if (auto s = size("strides"); s && *s != unit) layer->strides = *s;
+      if (one_d && r.String("padding", "valid") == "causal") {
         r.Bad("padding", "is causal; distrain's Conv1D pads valid or same");
       } else {
         layer->padding = r.Padding();
       }
       r.RequireChannelsLast();
-      if (auto d = r.Length("dilation_rate"); d && (*d)[0] != 1) {
-        r.Bad("dilation_rate", "is not 1; dilated convolutions are not supported");
+      if (auto d = size("dilation_rate"); d && *d != unit) {
+        r.Bad("dilation_rate", absl::StrCat("is not ", one_d ? "1" : "[1, 1]",
+                                            "; dilated convolutions are not supported"));
       }
       r.RequireEqual("groups", 1);
       layer->activation = r.Activation("activation");
@@ -847,27 +820,23 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       }
       break;
     }
+    case LayerKind::kMaxPooling2D:
+    case LayerKind::kAveragePooling2D:
     case LayerKind::kMaxPooling1D:
-    case LayerKind::kAveragePooling1D:
-      layer->pool_size = r.Length("pool_size").value_or(std::array<int64_t, 2>{2, 1});
-      if (auto s = r.Length("strides"); s && *s != layer->pool_size) layer->strides = *s;
+    case LayerKind::kAveragePooling1D: {
+      const bool one_d = IsOneDimensional(kind);
+      auto size = [&](const char* key) { return one_d ? r.Length(key) : r.Pair(key); };
+      if (one_d) layer->pool_size = {2, 1};  // Keras' pool_size=2 of a 1-D layer
+      if (auto p = size("pool_size")) layer->pool_size = *p;
+      if (auto s = size("strides"); s && *s != layer->pool_size) layer->strides = *s;
       layer->padding = r.Padding();
       r.RequireChannelsLast();
       break;
+    }
+    case LayerKind::kGlobalAveragePooling2D:
     case LayerKind::kGlobalAveragePooling1D:
     case LayerKind::kGlobalMaxPooling2D:
     case LayerKind::kGlobalMaxPooling1D:
-      r.RequireChannelsLast();
-      r.RequireEqual("keepdims", false);
-      break;
-    case LayerKind::kMaxPooling2D:
-    case LayerKind::kAveragePooling2D:
-      if (auto p = r.Pair("pool_size")) layer->pool_size = *p;
-      if (auto s = r.Pair("strides"); s && *s != layer->pool_size) layer->strides = *s;
-      layer->padding = r.Padding();
-      r.RequireChannelsLast();
-      break;
-    case LayerKind::kGlobalAveragePooling2D:
       r.RequireChannelsLast();
       r.RequireEqual("keepdims", false);
       break;
