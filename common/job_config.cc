@@ -1061,7 +1061,7 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
     case LayerArg::kAlpha:
     case LayerArg::kScale:
     case LayerArg::kOffset: {
-      Rule r;
+      Rule r = arg == LayerArg::kAlpha ? Min(0) : Rule();
       r.kind = Kind::kNumber;
       if (!Check(r, v, path, issues)) break;
       const double x = v.get<double>();

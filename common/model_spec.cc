@@ -259,9 +259,11 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
       }
       break;
     case LayerKind::kELU:
-      if (!std::isfinite(layer.alpha)) {
+      // ELU's gradient is read off its output, which a negative alpha would
+      // make positive below 0 too.
+      if (!(std::isfinite(layer.alpha) && layer.alpha >= 0)) {
         issues->Add(index, layer.kind,
-                    absl::StrCat("alpha must be a finite number, got ", layer.alpha));
+                    absl::StrCat("alpha must be a finite number >= 0, got ", layer.alpha));
       }
       break;
     case LayerKind::kRescaling:

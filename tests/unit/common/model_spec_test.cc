@@ -1043,6 +1043,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"LeakyReluNegativeSlope", Layers("    - LeakyReLU: {negativeSlope: -0.2}\n"),
                  {"spec.training.model.layers[0].LeakyReLU.negativeSlope: must be a non-negative "
                   "number, got -0.2"}},
+        BadModel{"EluNegativeAlpha", Layers("    - ELU: {alpha: -1}\n"),
+                 {"spec.training.model.layers[0].ELU.alpha: must be a non-negative number, got "
+                  "-1"}},
         BadModel{"SoftmaxAxis", Layers("    - Softmax: {axis: 0}\n"),
                  {"spec.training.model.layers[0] (Softmax): axis 0 is not supported; "
                   "distrain's softmax is over the last axis: use axis: -1 (here also 1"}},
