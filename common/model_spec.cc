@@ -522,11 +522,23 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       case LayerKind::kMaxPooling2D:
       case LayerKind::kAveragePooling2D:
       case LayerKind::kGlobalAveragePooling2D:
-      case LayerKind::kGlobalMaxPooling2D: {
+      case LayerKind::kGlobalMaxPooling2D:
+      case LayerKind::kConv1D:
+      case LayerKind::kMaxPooling1D:
+      case LayerKind::kAveragePooling1D:
+      case LayerKind::kGlobalAveragePooling1D:
+      case LayerKind::kGlobalMaxPooling1D: {
         if (!current) break;
-        if (current->size() != 3) {
-          std::string fix = "add Flatten and Dense layers instead";
-          if (current->size() == 1) {
+        // A 1-D layer is the 2-D arithmetic on [steps, 1, channels]; its
+        // window's second axis is 1, so only the steps can be too short.
+        const bool one_d = IsOneDimensional(layer.kind);
+        if (current->size() != (one_d ? 2u : 3u)) {
+          std::string fix;
+          if (one_d) {
+            fix = current->size() == 1 ? absl::StrCat("add Reshape: {targetShape: [",
+                                                      (*current)[0], ", 1]} before it")
+                                       : "add a Reshape to [steps, channels] before it";
+          } else if (current->size() == 1) {
             // A row of features: suggest the square image it may be.
             const int64_t n = (*current)[0];
             int64_t side = 1;
@@ -535,58 +547,35 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
                       ? absl::StrCat("add Reshape: {targetShape: [", side, ", ", side,
                                      ", 1]} before it")
                       : "add a Reshape to [rows, cols, channels] before it";
+          } else {
+            fix = "add Flatten and Dense layers instead";
           }
           issues.Add(i, layer.kind,
-                     absl::StrCat("expects a 3-D input [rows, cols, channels] but gets ",
+                     absl::StrCat(one_d ? "expects a 2-D input [steps, channels] but gets "
+                                        : "expects a 3-D input [rows, cols, channels] but gets ",
                                   in_text, "; ", fix));
           break;
         }
         if (!arguments_ok) break;
-        if (layer.kind == LayerKind::kGlobalAveragePooling2D ||
-            layer.kind == LayerKind::kGlobalMaxPooling2D) {
-          out = std::vector<int64_t>{(*current)[2]};
+        const std::vector<int64_t> image =
+            one_d ? std::vector<int64_t>{(*current)[0], 1, (*current)[1]} : *current;
+        const int64_t channels = image[2];
+        const bool global = layer.kind == LayerKind::kGlobalAveragePooling2D ||
+                            layer.kind == LayerKind::kGlobalMaxPooling2D ||
+                            layer.kind == LayerKind::kGlobalAveragePooling1D ||
+                            layer.kind == LayerKind::kGlobalMaxPooling1D;
+        if (global) {
+          out = std::vector<int64_t>{channels};
           break;
         }
-        const bool conv = layer.kind == LayerKind::kConv2D;
+        const bool conv = layer.kind == LayerKind::kConv2D || layer.kind == LayerKind::kConv1D;
         std::optional<std::array<int64_t, 2>> spatial =
-            SpatialOutput(layer, i, *current, conv ? layer.kernel_size : layer.pool_size,
+            SpatialOutput(layer, i, image, conv ? layer.kernel_size : layer.pool_size,
                           conv ? "kernelSize" : "poolSize", &issues);
         if (spatial) {
-          out = std::vector<int64_t>{(*spatial)[0], (*spatial)[1],
-                                     conv ? layer.filters : (*current)[2]};
-        }
-        break;
-      }
-      case LayerKind::kConv1D:
-      case LayerKind::kMaxPooling1D:
-      case LayerKind::kAveragePooling1D:
-      case LayerKind::kGlobalAveragePooling1D:
-      case LayerKind::kGlobalMaxPooling1D: {
-        if (!current) break;
-        if (current->size() != 2) {
-          issues.Add(i, layer.kind,
-                     absl::StrCat("expects a 2-D input [steps, channels] but gets ", in_text, "; ",
-                                  current->size() == 1
-                                      ? absl::StrCat("add Reshape: {targetShape: [",
-                                                     (*current)[0], ", 1]} before it")
-                                      : "add a Reshape to [steps, channels] before it"));
-          break;
-        }
-        if (!arguments_ok) break;
-        if (layer.kind == LayerKind::kGlobalAveragePooling1D ||
-            layer.kind == LayerKind::kGlobalMaxPooling1D) {
-          out = std::vector<int64_t>{(*current)[1]};
-          break;
-        }
-        // The 2-D arithmetic on [steps, 1, channels]; the window's second
-        // axis is 1, so only the steps can be too short.
-        const bool conv = layer.kind == LayerKind::kConv1D;
-        const std::vector<int64_t> as_image = {(*current)[0], 1, (*current)[1]};
-        std::optional<std::array<int64_t, 2>> spatial =
-            SpatialOutput(layer, i, as_image, conv ? layer.kernel_size : layer.pool_size,
-                          conv ? "kernelSize" : "poolSize", &issues);
-        if (spatial) {
-          out = std::vector<int64_t>{(*spatial)[0], conv ? layer.filters : (*current)[1]};
+          const int64_t out_channels = conv ? layer.filters : channels;
+          out = one_d ? std::vector<int64_t>{(*spatial)[0], out_channels}
+                      : std::vector<int64_t>{(*spatial)[0], (*spatial)[1], out_channels};
         }
         break;
       }
