@@ -702,6 +702,8 @@ enum class LayerArg {
   kAxis,
   kScale,
   kOffset,
+  kCenter,
+  kScaleOutput,  // LayerNormalization's boolean `scale` (Rescaling's kScale is a number)
   kName,
 };
 
@@ -732,6 +734,8 @@ constexpr LayerArgInfo kLayerArgs[] = {
     {LayerArg::kAxis, "axis", "axis"},
     {LayerArg::kScale, "scale", "scale"},
     {LayerArg::kOffset, "offset", "offset"},
+    {LayerArg::kCenter, "center", "center"},
+    {LayerArg::kScaleOutput, "scale", "scale"},
     {LayerArg::kName, "name", "name"},
 };
 
@@ -771,7 +775,11 @@ std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
     case LayerKind::kDropout:
       return {A::kRate, A::kName};
     case LayerKind::kBatchNormalization:
-      return {A::kMomentum, A::kEpsilon, A::kName};
+      return {A::kAxis, A::kMomentum, A::kEpsilon, A::kName};
+    case LayerKind::kLayerNormalization:
+      return {A::kAxis, A::kEpsilon, A::kCenter, A::kScaleOutput, A::kName};
+    case LayerKind::kRMSNormalization:
+      return {A::kAxis, A::kEpsilon, A::kName};
     case LayerKind::kActivation:
       return {A::kActivation, A::kName};
     case LayerKind::kReLU:
@@ -1013,10 +1021,15 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
         layer->activation = *ParseActivationName(v.get<std::string>());
       }
       break;
-    case LayerArg::kUseBias: {
+    case LayerArg::kUseBias:
+    case LayerArg::kCenter:
+    case LayerArg::kScaleOutput: {
       Rule r;
       r.kind = Kind::kBoolean;
-      if (Check(r, v, path, issues)) layer->use_bias = v.get<bool>();
+      if (!Check(r, v, path, issues)) break;
+      (arg == LayerArg::kUseBias  ? layer->use_bias
+       : arg == LayerArg::kCenter ? layer->center
+                                  : layer->scale_output) = v.get<bool>();
       break;
     }
     case LayerArg::kRate: {
@@ -1160,6 +1173,7 @@ std::optional<LayerConfig> DecodeLayer(const Json& entry, const std::string& pat
   if (*kind == LayerKind::kMaxPooling1D || *kind == LayerKind::kAveragePooling1D) {
     layer.pool_size = {2, 1};  // Keras' pool_size=2 of a 1-D layer
   }
+  layer.epsilon = DefaultEpsilon(*kind);
   if (args.is_null()) return layer;  // `- Flatten:` with nothing after it
   if (!args.is_object()) {
     issues->Add(class_path, absl::StrCat("must be a mapping of ", class_name,
@@ -1266,7 +1280,13 @@ Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
         if (layer.momentum != defaults.momentum) args[name] = layer.momentum;
         break;
       case LayerArg::kEpsilon:
-        if (layer.epsilon != defaults.epsilon) args[name] = layer.epsilon;
+        if (layer.epsilon != DefaultEpsilon(layer.kind)) args[name] = layer.epsilon;
+        break;
+      case LayerArg::kCenter:
+        if (layer.center != defaults.center) args[name] = layer.center;
+        break;
+      case LayerArg::kScaleOutput:
+        if (layer.scale_output != defaults.scale_output) args[name] = layer.scale_output;
         break;
       case LayerArg::kTargetShape:
       case LayerArg::kShape:

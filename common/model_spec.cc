@@ -47,6 +47,8 @@ constexpr LayerKindEntry kLayerKinds[] = {
     {LayerKind::kGlobalAveragePooling1D, "GlobalAveragePooling1D", "global_average_pooling1d"},
     {LayerKind::kGlobalMaxPooling2D, "GlobalMaxPooling2D", "global_max_pooling2d"},
     {LayerKind::kGlobalMaxPooling1D, "GlobalMaxPooling1D", "global_max_pooling1d"},
+    {LayerKind::kLayerNormalization, "LayerNormalization", "layer_normalization"},
+    {LayerKind::kRMSNormalization, "RMSNormalization", "rms_normalization"},
 };
 
 // In the order of the enum; each kind's first entry is the name Keras
@@ -228,7 +230,10 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
         issues->Add(index, layer.kind,
                     absl::StrCat("momentum must be in [0, 1], got ", layer.momentum));
       }
-      if (!(layer.epsilon > 0)) {
+      [[fallthrough]];
+    case LayerKind::kLayerNormalization:
+    case LayerKind::kRMSNormalization:
+      if (!(layer.epsilon > 0 && std::isfinite(layer.epsilon))) {
         issues->Add(index, layer.kind,
                     absl::StrCat("epsilon must be a positive number, got ", layer.epsilon));
       }
@@ -300,6 +305,10 @@ const char* LayerKindName(LayerKind kind) {
     if (e.kind == kind) return e.class_name;
   }
   return "Unknown";
+}
+
+double DefaultEpsilon(LayerKind kind) {
+  return kind == LayerKind::kRMSNormalization ? 1e-6 : 1e-3;
 }
 
 bool IsOneDimensional(LayerKind kind) {
@@ -592,17 +601,22 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
         if (arguments_ok && current) out = std::vector<int64_t>{layer.units};
         break;
       case LayerKind::kSoftmax:
+      case LayerKind::kBatchNormalization:
+      case LayerKind::kLayerNormalization:
+      case LayerKind::kRMSNormalization:
         // Keras counts the batch as axis 0, so the last axis is the rank.
         if (current && layer.axis != -1 && layer.axis != static_cast<int64_t>(current->size())) {
+          const char* what = layer.kind == LayerKind::kSoftmax
+                                 ? "distrain's softmax is over the last axis"
+                                 : "distrain normalises the last axis (features, or channels)";
           issues.Add(i, layer.kind,
-                     absl::StrCat("axis ", layer.axis, " is not supported; distrain's softmax is "
-                                  "over the last axis: use axis: -1 (here also ",
-                                  current->size(), ", for the input ", in_text, ")"));
+                     absl::StrCat("axis ", layer.axis, " is not supported; ", what,
+                                  ": use axis: -1 (here also ", current->size(),
+                                  ", for the input ", in_text, ")"));
         }
         out = current;
         break;
       case LayerKind::kDropout:
-      case LayerKind::kBatchNormalization:
       case LayerKind::kActivation:
       case LayerKind::kReLU:
       case LayerKind::kLeakyReLU:

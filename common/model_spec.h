@@ -40,7 +40,7 @@ enum class LayerKind {
   kFlatten,                 // {}
   kDense,                   // {units, activation, useBias}
   kDropout,                 // {rate}
-  kBatchNormalization,      // {momentum, epsilon}
+  kBatchNormalization,      // {axis, momentum, epsilon}
   kActivation,              // {activation}
   kReLU,                    // {maxValue, negativeSlope, threshold}
   kLeakyReLU,               // {negativeSlope}
@@ -56,9 +56,15 @@ enum class LayerKind {
   kGlobalAveragePooling1D,  // {}
   kGlobalMaxPooling2D,      // {}: [rows, cols, channels] -> [channels]
   kGlobalMaxPooling1D,      // {}: [steps, channels] -> [channels]
+  // Per-example normalisation over the last axis (Keras' layer_normalization
+  // and rms_normalization).
+  kLayerNormalization,      // {axis, epsilon, center, scale}
+  kRMSNormalization,        // {axis, epsilon}
 };
 // Whether the class is one of the 1-D layers above.
 bool IsOneDimensional(LayerKind kind);
+// Keras' default epsilon of a normalisation layer.
+double DefaultEpsilon(LayerKind kind);
 // Keras' class name ("Conv2D") and its inverse.
 const char* LayerKindName(LayerKind kind);
 std::optional<LayerKind> ParseLayerKind(const std::string& class_name);
@@ -138,13 +144,19 @@ struct LayerConfig {
   bool use_bias = true;
   double rate = 0;           // Dropout: fraction of inputs dropped, in [0, 1)
   double momentum = 0.99;    // BatchNormalization (Keras defaults)
+  // BatchNormalization, LayerNormalization: 1e-3; RMSNormalization: 1e-6
+  // (DefaultEpsilon).
   double epsilon = 1e-3;
+  bool center = true;        // LayerNormalization: learn beta (Keras' `center`)
+  bool scale_output = true;  // LayerNormalization: learn gamma (Keras' `scale`)
   // ReLU and LeakyReLU; unset: 0 for ReLU, 0.3 for LeakyReLU (Keras).
   std::optional<double> negative_slope;
   std::optional<double> max_value;  // ReLU: unset (no ceiling) or 6
   double threshold = 0;             // ReLU: only 0
   double alpha = 1.0;               // ELU
-  int64_t axis = -1;                // Softmax: -1 or the last axis' index
+  // Softmax and the normalisation layers: -1 or the last axis' index
+  // (counting the batch as axis 0, as Keras does).
+  int64_t axis = -1;
   double scale = 1.0;               // Rescaling: y = x * scale + offset
   double offset = 0.0;
   bool operator==(const LayerConfig&) const = default;

@@ -195,6 +195,23 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
       c["gamma_constraint"] = nullptr;
       c["synchronized"] = false;
       break;
+    case LayerKind::kLayerNormalization:
+      c["axis"] = Json::array({-1});
+      c["epsilon"] = layer.epsilon;
+      c["center"] = layer.center;
+      c["scale"] = layer.scale_output;
+      c["rms_scaling"] = false;
+      c["beta_initializer"] = Initializer("Zeros");
+      c["gamma_initializer"] = Initializer("Ones");
+      c["beta_regularizer"] = nullptr;
+      c["gamma_regularizer"] = nullptr;
+      c["beta_constraint"] = nullptr;
+      c["gamma_constraint"] = nullptr;
+      break;
+    case LayerKind::kRMSNormalization:
+      c["axis"] = Json::array({-1});
+      c["epsilon"] = layer.epsilon;
+      break;
     case LayerKind::kActivation:
       c["activation"] = ActivationName(layer.activation);
       break;
@@ -386,6 +403,15 @@ LayerVariables VariablesOf(const LayerConfig& layer) {
       return {{n + "/kernel"}, 1};
     case LayerKind::kBatchNormalization:
       return {{n + "/gamma", n + "/beta", n + "/moving_mean", n + "/moving_variance"}, 2};
+    case LayerKind::kLayerNormalization: {
+      LayerVariables v;
+      if (layer.scale_output) v.names.push_back(n + "/gamma");
+      if (layer.center) v.names.push_back(n + "/beta");
+      v.trainable = v.names.size();
+      return v;
+    }
+    case LayerKind::kRMSNormalization:
+      return {{n + "/scale"}, 1};
     default:
       return {};
   }
@@ -688,6 +714,18 @@ class LayerReader {
     Bad(key, absl::StrCat("must be an integer or a list of one integer, got ", v->dump()));
     return std::nullopt;
   }
+  // A normalisation's axis: an int, or the list of one that Keras writes
+  // once the layer is built ([-1]); several axes are refused.
+  int64_t Axis(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return -1;
+    if (v->is_number_integer()) return v->get<int64_t>();
+    if (v->is_array() && v->size() == 1 && (*v)[0].is_number_integer()) {
+      return (*v)[0].get<int64_t>();
+    }
+    Bad(key, absl::StrCat("is ", v->dump(), "; distrain normalises one axis, the last: use -1"));
+    return -1;
+  }
   std::vector<int64_t> Shape(const char* key, bool drop_batch) {
     const Json* v = Get(key);
     std::vector<int64_t> out;
@@ -860,10 +898,8 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       r.RequireNull("noise_shape");
       break;
     case LayerKind::kBatchNormalization: {
-      const int64_t axis = r.Int("axis", -1);
-      if (axis != -1 && axis != 3 && axis != 1) {
-        r.Bad("axis", absl::StrCat("is ", axis, "; distrain normalises the last (channel) axis, -1"));
-      }
+      // Checked against the input's rank with the shapes (InferLayerShapes).
+      layer->axis = r.Axis("axis");
       layer->momentum = r.Number("momentum", 0.99);
       layer->epsilon = r.Number("epsilon", 1e-3);
       r.RequireEqual("center", true);
@@ -879,6 +915,24 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       r.ExpectInitializer("moving_variance_initializer", "Ones");
       break;
     }
+    case LayerKind::kLayerNormalization:
+    case LayerKind::kRMSNormalization:
+      layer->axis = r.Axis("axis");
+      layer->epsilon = r.Number("epsilon", DefaultEpsilon(layer->kind));
+      if (layer->kind == LayerKind::kRMSNormalization) break;
+      layer->center = r.Bool("center", true);
+      layer->scale_output = r.Bool("scale", true);
+      if (r.Bool("rms_scaling", false)) {
+        r.Bad("rms_scaling", "is true (deprecated in Keras, and it scales by the variance); "
+                             "use RMSNormalization instead");
+      }
+      for (const char* key : {"beta_regularizer", "gamma_regularizer", "beta_constraint",
+                              "gamma_constraint"}) {
+        r.RequireNull(key);
+      }
+      r.ExpectInitializer("beta_initializer", "Zeros");
+      r.ExpectInitializer("gamma_initializer", "Ones");
+      break;
     case LayerKind::kActivation:
       layer->activation = r.Activation("activation");
       break;

@@ -64,6 +64,11 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
     case LayerKind::kBatchNormalization:
       return std::make_unique<BatchNormalization>(c.name, input_shape.back(), c.momentum,
                                                   c.epsilon);
+    case LayerKind::kLayerNormalization:
+    case LayerKind::kRMSNormalization:
+      return std::make_unique<LayerNormalization>(
+          c.name, input_shape.back(), c.epsilon, c.center, c.scale_output,
+          /*rms=*/c.kind == LayerKind::kRMSNormalization);
   }
   DISTRAIN_CHECK(false) << "unknown layer kind " << static_cast<int>(c.kind);
   return nullptr;

@@ -71,6 +71,54 @@ void BatchNormalization::Backward(const Tensor& grad_output, Tensor* grad_input)
                          dx, &gamma_.grad, &beta_.grad);
 }
 
+LayerNormalization::LayerNormalization(std::string name, int64_t features, double epsilon,
+                                       bool center, bool scale, bool rms)
+    : name_(std::move(name)),
+      features_(features),
+      // Keras adds the Python float to the float32 variance: rounded once.
+      epsilon_(static_cast<float>(epsilon)),
+      center_(center && !rms),
+      scale_(scale),
+      rms_(rms) {
+  DISTRAIN_CHECK_GE(features, 1) << name_;
+  DISTRAIN_CHECK(epsilon > 0) << name_ << ": epsilon " << epsilon;
+  if (scale_) gamma_ = Variable(name_ + (rms ? "/scale" : "/gamma"), features, 1.0f);
+  if (center_) beta_ = Variable(name_ + "/beta", features, 0.0f);
+}
+
+std::vector<int64_t> LayerNormalization::OutputShape(const std::vector<int64_t>& s) const {
+  DISTRAIN_CHECK(s.size() >= 2 && s.back() == features_)
+      << name_ << ": expects " << features_ << " features on the last axis";
+  return s;
+}
+
+std::vector<Parameter*> LayerNormalization::parameters() {
+  std::vector<Parameter*> out;
+  if (scale_) out.push_back(&gamma_);
+  if (center_) out.push_back(&beta_);
+  return out;
+}
+
+void LayerNormalization::Forward(const Tensor& input, Tensor* output,
+                                 const ForwardContext& ctx) {
+  OutputShape(input.shape());
+  ops::LayerNormForward(input, scale_ ? &gamma_.value : nullptr,
+                        center_ ? &beta_.value : nullptr, epsilon_, rms_, output, &row_mean_,
+                        &row_rstd_);
+  input_ = ctx.training ? &input : nullptr;
+}
+
+void LayerNormalization::Backward(const Tensor& grad_output, Tensor* grad_input) {
+  DISTRAIN_CHECK(input_ != nullptr) << name_ << ": Backward without a training Forward";
+  DISTRAIN_CHECK(grad_output.SameShape(*input_))
+      << name_ << ": grad_output " << grad_output.ShapeString() << " vs input "
+      << input_->ShapeString();
+  Tensor* dx = grad_input != nullptr ? grad_input : &scratch_grad_;
+  ops::LayerNormBackward(*input_, grad_output, scale_ ? &gamma_.value : nullptr, row_mean_,
+                         row_rstd_, rms_, dx, scale_ ? &gamma_.grad : nullptr,
+                         center_ ? &beta_.grad : nullptr);
+}
+
 void BatchNormalization::MoveTo(DeviceId device) {
   Layer::MoveTo(device);
   ops::MoveTo(device, &one_);

@@ -42,6 +42,41 @@ class BatchNormalization : public Layer {
   Tensor scratch_grad_;  // dx when the caller does not want it
 };
 
+// Keras' LayerNormalization(axis=-1, epsilon, center, scale) and, with
+// `rms`, RMSNormalization(axis=-1, epsilon): each example's last axis is
+// normalised on its own, with the same arithmetic in training and
+// evaluation (no batch statistics, no moving averages, so nothing to
+// synchronise across replicas). Trainable gamma (ones; RMSNormalization
+// calls it "scale") unless scale is false, and beta (zeros) unless center
+// is false or rms. Computes in float32 under mixed precision, as Keras
+// does. Owns its variables and the rows' statistics; borrows its input
+// until Backward. Not thread-safe (one replica at a time).
+class LayerNormalization : public Layer {
+ public:
+  LayerNormalization(std::string name, int64_t features, double epsilon, bool center,
+                     bool scale, bool rms);
+  const std::string& name() const override { return name_; }
+  const char* class_name() const override {
+    return rms_ ? "RMSNormalization" : "LayerNormalization";
+  }
+  std::vector<int64_t> OutputShape(const std::vector<int64_t>& s) const override;
+  using Layer::Forward;
+  void Forward(const Tensor& input, Tensor* output, const ForwardContext& ctx) override;
+  void Backward(const Tensor& grad_output, Tensor* grad_input) override;
+  std::vector<Parameter*> parameters() override;
+  bool ComputesInFloat32() const override { return true; }
+
+ private:
+  std::string name_;
+  int64_t features_;
+  float epsilon_;
+  bool center_, scale_, rms_;
+  Parameter gamma_, beta_;  // each only when the layer learns it
+  const Tensor* input_ = nullptr;  // borrowed until Backward
+  Tensor row_mean_, row_rstd_;
+  Tensor scratch_grad_;  // dx when the caller does not want it
+};
+
 }  // namespace distrain
 
 #endif  // DISTRAIN_WORKER_MODEL_NORMALIZATION_H_

@@ -422,6 +422,43 @@ struct SquaredError {
   }
 };
 
+// ---- Layer and RMS normalisation (per row) -----------------------------------
+// ops::LayerNormForward/Backward normalise each row of x[m, c] on its own.
+// Each backend reduces a row its own way (the CPU sequentially, CUDA over a
+// block tree, both in double) into the row's statistics; the per-element
+// math below is what both then run. `rms` is Keras' RMSNormalization: no
+// centring, so mean is 0 and the row's mean gradient term drops out.
+
+struct NormRow {
+  float mean;  // 0 for rms
+  float rstd;  // 1 / sqrt(var + eps); rms: 1 / sqrt(mean(x^2) + eps)
+};
+
+// Keras' order of operations (keras.ops.layer_normalization): inv = rstd *
+// gamma, y = x * inv + (beta - mean * inv); rms (keras.ops.rms_normalization):
+// y = (x * rstd) * gamma. An absent gamma is 1 and beta 0, which leave
+// Keras' formula's values unchanged.
+DISTRAIN_HOST_DEVICE inline float NormOutput(bool rms, float x, NormRow row, float gamma,
+                                             float beta) {
+  if (rms) return x * row.rstd * gamma;
+  const float inv = row.rstd * gamma;
+  return x * inv + (beta - row.mean * inv);
+}
+
+DISTRAIN_HOST_DEVICE inline float NormNormalized(float x, NormRow row) {
+  return (x - row.mean) * row.rstd;
+}
+
+// dx of one element from g = dy * gamma, its normalised input xhat and the
+// row's means of g and g * xhat (mean_g is 0 for rms):
+// dx = rstd (g - mean(g) - xhat mean(g xhat)). The centred form is exact
+// because the variance's derivative through the mean vanishes
+// (tf.nn.moments stops that gradient for the same reason).
+DISTRAIN_HOST_DEVICE inline float NormInputGrad(float g, float xhat, NormRow row, float mean_g,
+                                                float mean_g_xhat) {
+  return row.rstd * (g - mean_g - xhat * mean_g_xhat);
+}
+
 }  // namespace distrain::elementwise
 
 #endif  // DISTRAIN_WORKER_TENSOR_ELEMENTWISE_H_

@@ -148,6 +148,21 @@ void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                        const Tensor& batch_mean, const Tensor& batch_var, float epsilon,
                        Tensor* dx, Tensor* dgamma, Tensor* dbeta);
 
+// ---- Layer and RMS normalisation over the last axis (own kernels) -----------
+// x is viewed as [M, C], C its last dimension; each row is normalised on its
+// own (Keras' LayerNormalization(axis=-1): y = gamma (x - mean) / sqrt(var +
+// eps) + beta with the row's mean and biased variance; `rms`, Keras'
+// RMSNormalization: y = gamma x / sqrt(mean(x^2) + eps)). gamma and beta
+// ([C]) may be null: Keras' center=False / scale=False. mean and rstd
+// ([M]) receive the rows' statistics (mean 0 under rms) for the backward pass.
+void LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float epsilon,
+                      bool rms, Tensor* y, Tensor* mean, Tensor* rstd);
+// dx (overwritten) from dy and the forward pass's statistics; dgamma and
+// dbeta, when not null, are overwritten with their gradients.
+void LayerNormBackward(const Tensor& x, const Tensor& dy, const Tensor* gamma,
+                       const Tensor& mean, const Tensor& rstd, bool rms, Tensor* dx,
+                       Tensor* dgamma, Tensor* dbeta);
+
 // ---- Pooling without a window ----------------------------------------------
 
 // y[N, C] = mean of x[N, H, W, C] over H and W; dx spreads dy evenly back.

@@ -1,9 +1,9 @@
-// ops.h's windowed ops (Conv2D, pooling), batch normalisation, global
-// average pooling and SetCpuThreadsForThisThread: shape checks, output
-// sizing and dispatch on the tensors' device. The CPU backend is
-// worker/tensor/cpu/window_ops.h (oneDNN), the CUDA backend
-// worker/tensor/cuda/backend.h (cuDNN). Outputs are sized on the inputs'
-// device.
+// ops.h's windowed ops (Conv2D, pooling), batch, layer and RMS
+// normalisation, global average pooling and SetCpuThreadsForThisThread:
+// shape checks, output sizing and dispatch on the tensors' device. The CPU
+// backend is worker/tensor/cpu/window_ops.h (oneDNN; layer norm's own loops
+// in cpu/elementwise_cpu.h), the CUDA backend worker/tensor/cuda/backend.h
+// (cuDNN; layer norm's own kernels). Outputs are sized on the inputs' device.
 //
 // Thread-safety: reentrant (the backend keeps per-thread state).
 
@@ -14,6 +14,7 @@
 
 #include "common/check.h"
 #include "worker/tensor/cpu/conv_kernels.h"
+#include "worker/tensor/cpu/elementwise_cpu.h"
 #include "worker/tensor/cpu/window_ops.h"
 #include "worker/tensor/cpu_math.h"
 #include "worker/tensor/ops.h"
@@ -280,6 +281,65 @@ void BatchNormBackward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
   }
   cpu::BatchNormBackward(m, c, x.data(), dy.data(), gamma.data(), batch_mean.data(),
                          batch_var.data(), epsilon, dx->data(), dgamma->data(), dbeta->data());
+}
+
+namespace {
+
+// Rows of x viewed as [M, C] with C = its last dimension; a present gamma
+// or beta must be [C].
+int64_t NormRows(const Tensor& x, const Tensor* gamma, const Tensor* beta) {
+  DISTRAIN_CHECK(x.rank() >= 1 && x.size() > 0) << "layer norm over " << x.ShapeString();
+  const int64_t c = x.dim(x.rank() - 1);
+  if (gamma != nullptr) CheckShape(*gamma, {c}, "layer norm gamma");
+  if (beta != nullptr) CheckShape(*beta, {c}, "layer norm beta");
+  return x.size() / c;
+}
+
+}  // namespace
+
+void LayerNormForward(const Tensor& x, const Tensor* gamma, const Tensor* beta, float epsilon,
+                      bool rms, Tensor* y, Tensor* mean, Tensor* rstd) {
+  const int64_t m = NormRows(x, gamma, beta), c = x.dim(x.rank() - 1);
+  DISTRAIN_CHECK(y != &x);
+  DISTRAIN_CHECK(epsilon > 0) << "layer norm epsilon " << epsilon;
+  const DeviceId d = CallDevice({&x, gamma, beta});
+  y->Resize(x.shape(), d);
+  mean->Resize({m}, d);
+  rstd->Resize({m}, d);
+  const float* g = gamma != nullptr ? gamma->data() : nullptr;
+  const float* b = beta != nullptr ? beta->data() : nullptr;
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::LayerNormForward(d.ordinal, m, c, x.data(), g, b, epsilon, rms,
+                                              y->data(), mean->data(), rstd->data()));
+    return;
+  }
+  cpu::LayerNormForward(m, c, x.data(), g, b, epsilon, rms, y->data(), mean->data(),
+                        rstd->data());
+}
+
+void LayerNormBackward(const Tensor& x, const Tensor& dy, const Tensor* gamma,
+                       const Tensor& mean, const Tensor& rstd, bool rms, Tensor* dx,
+                       Tensor* dgamma, Tensor* dbeta) {
+  const int64_t m = NormRows(x, gamma, nullptr), c = x.dim(x.rank() - 1);
+  CheckShape(dy, x.shape(), "layer norm output gradient");
+  CheckShape(mean, {m}, "layer norm row means");
+  CheckShape(rstd, {m}, "layer norm row scales");
+  DISTRAIN_CHECK(dx != &x && dx != &dy);
+  const DeviceId d = CallDevice({&x, &dy, gamma, &mean, &rstd});
+  dx->Resize(x.shape(), d);
+  if (dgamma != nullptr) dgamma->Resize({c}, d);
+  if (dbeta != nullptr) dbeta->Resize({c}, d);
+  const float* g = gamma != nullptr ? gamma->data() : nullptr;
+  float* dg = dgamma != nullptr ? dgamma->data() : nullptr;
+  float* db = dbeta != nullptr ? dbeta->data() : nullptr;
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::LayerNormBackward(d.ordinal, m, c, x.data(), dy.data(), g,
+                                               mean.data(), rstd.data(), rms, dx->data(), dg,
+                                               db));
+    return;
+  }
+  cpu::LayerNormBackward(m, c, x.data(), dy.data(), g, mean.data(), rstd.data(), rms,
+                         dx->data(), dg, db);
 }
 
 void GlobalAveragePool2DForward(const Tensor& x, Tensor* y) {

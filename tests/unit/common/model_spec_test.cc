@@ -113,7 +113,7 @@ const std::string kGuideCnnJob =
 
 TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
   const std::vector<std::string> names = LayerKindNames();
-  EXPECT_EQ(names.size(), 22u);
+  EXPECT_EQ(names.size(), 24u);
   for (const std::string& name : names) {
     std::optional<LayerKind> kind = ParseLayerKind(name);
     ASSERT_TRUE(kind.has_value()) << name;
@@ -649,6 +649,36 @@ TEST(ModelParseTest, DropoutBatchNormGlobalPooling) {
   EXPECT_EQ(shapes->back(), (std::vector<int64_t>{10}));
 }
 
+TEST(ModelParseTest, LayerAndRmsNormalizationTakeKerasArgumentsAndDefaults) {
+  JobConfig config = MustParse(R"(model:
+  layers:
+    - Dense: {units: 16}
+    - LayerNormalization: {}
+    - LayerNormalization: {axis: 1, epsilon: 0.00001, center: false}
+    - RMSNormalization: {}
+    - RMSNormalization: {epsilon: 0.01, name: rms}
+    - Dense: {units: 10}
+  loss: {type: SparseCategoricalCrossentropy, fromLogits: true}
+)");
+  const std::vector<LayerConfig>& layers = config.training.model.layers;
+  ASSERT_EQ(layers.size(), 6u);
+  LayerConfig ln = Layer(LayerKind::kLayerNormalization, "layer_normalization");
+  EXPECT_EQ(layers[1], ln) << "Keras' defaults: epsilon 1e-3, center and scale";
+  EXPECT_EQ(layers[1].epsilon, 1e-3);
+  ln.name = "layer_normalization_1";
+  ln.axis = 1;
+  ln.epsilon = 1e-5;
+  ln.center = false;
+  EXPECT_EQ(layers[2], ln);
+  EXPECT_EQ(layers[3].kind, LayerKind::kRMSNormalization);
+  EXPECT_EQ(layers[3].name, "rms_normalization");
+  EXPECT_EQ(layers[3].epsilon, 1e-6) << "RMSNormalization's own default";
+  EXPECT_EQ(layers[4].epsilon, 0.01);
+  absl::StatusOr<Shapes> shapes = InferLayerShapes(layers, {784});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ((*shapes)[3], (std::vector<int64_t>{16}));
+}
+
 TEST(ModelParseTest, ReshapeCsvRowsIntoImages) {
   TempDir dir;
   // Label first, then 16 features: a 4x4 image per row.
@@ -765,6 +795,19 @@ dataset: {numFeatures: 8, numClasses: 10}
     - Conv1D: {filters: 4, kernelSize: [3], useBias: false}
     - GlobalAveragePooling1D: {}
     - Dense: {units: 10}
+dataset: {numFeatures: 784, numClasses: 10}
+)"),
+        std::string(R"(model:
+  layers:
+    - Reshape: {targetShape: [49, 16]}
+    - LayerNormalization: {}
+    - LayerNormalization: {axis: 2, epsilon: 0.00001, center: false, scale: false}
+    - RMSNormalization: {}
+    - RMSNormalization: {epsilon: 0.001}
+    - BatchNormalization: {axis: 2}
+    - Flatten: {}
+    - Dense: {units: 10}
+    - LayerNormalization: {scale: false}
 dataset: {numFeatures: 784, numClasses: 10}
 )"),
         std::string(
@@ -1051,6 +1094,22 @@ INSTANTIATE_TEST_SUITE_P(
                   "distrain's softmax is over the last axis: use axis: -1 (here also 1"}},
         BadModel{"SoftmaxAxisOfAnImage", Layers(absl::StrCat(kImage, "    - Softmax: {axis: 1}\n")),
                  {"spec.training.model.layers[1] (Softmax): axis 1 is not supported", "(here also 3"}},
+        BadModel{"LayerNormalizationAxisOfAnImage",
+                 Layers(absl::StrCat(kImage, "    - LayerNormalization: {axis: 1}\n")),
+                 {"spec.training.model.layers[1] (LayerNormalization): axis 1 is not supported; "
+                  "distrain normalises the last axis (features, or channels): use axis: -1 "
+                  "(here also 3, for the input [28, 28, 1])"}},
+        BadModel{"BatchNormalizationAxisOfAnImage",
+                 Layers(absl::StrCat(kImage, "    - BatchNormalization: {axis: 2}\n")),
+                 {"(BatchNormalization): axis 2 is not supported", "(here also 3"}},
+        BadModel{"RmsNormalizationZeroEpsilon", Layers("    - RMSNormalization: {epsilon: 0}\n"),
+                 {"spec.training.model.layers[0].RMSNormalization.epsilon: must be"}},
+        BadModel{"LayerNormalizationScaleNotABoolean",
+                 Layers("    - LayerNormalization: {scale: 2}\n"),
+                 {"spec.training.model.layers[0].LayerNormalization.scale: must be true or false, got 2"}},
+        BadModel{"RmsNormalizationCenter", Layers("    - RMSNormalization: {center: true}\n"),
+                 {"spec.training.model.layers[0].RMSNormalization.center: RMSNormalization takes "
+                  "no argument \"center\""}},
         BadModel{"RescalingWithoutScale", Layers("    - Rescaling: {offset: 1}\n"),
                  {"spec.training.model.layers[0].Rescaling.scale: required", "scale: 0.0039"}},
         BadModel{"LeakyReluSnakeCase", Layers("    - LeakyReLU: {negative_slope: 0.1}\n"),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/check.h"
 #include "worker/tensor/cpu_math.h"
@@ -104,6 +105,114 @@ void ReluRoundToBfloat16(int64_t n, const float* x, float* y) {
 
 void ReluRoundToFloat16(int64_t n, const float* x, float* y) {
   ParallelRange(n, [&](int64_t b, int64_t e) { ReluRoundToFloat16Range(e - b, x + b, y + b); });
+}
+
+// ---- Layer and RMS normalisation ----------------------------------------------
+// Rows are independent, so the forward pass and dx split the rows across the
+// thread's team; the parameter gradients split the columns instead, each
+// column summed over every row in row order, so no result depends on the
+// team's size.
+namespace {
+
+template <typename Fn>
+void ParallelSpans(int64_t count, int64_t elements_each, const Fn& fn) {
+  const int threads = omp_get_max_threads();
+  if (threads <= 1 || count * elements_each < kParallelElements || count < 2) {
+    fn(int64_t{0}, count);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t parts = omp_get_num_threads();
+    const int64_t chunk = (count + parts - 1) / parts;
+    const int64_t begin = std::min(count, chunk * omp_get_thread_num());
+    const int64_t end = std::min(count, begin + chunk);
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// The statistics of one row, summed in double (Keras' float32 reductions
+// are tree sums; double keeps this side within a rounding of the exact
+// value, whatever the width).
+elementwise::NormRow RowStatistics(int64_t cols, const float* x, float epsilon, bool rms) {
+  double sum = 0;
+  if (!rms) {
+    for (int64_t c = 0; c < cols; ++c) sum += x[c];
+  }
+  const float mean = rms ? 0.0f : static_cast<float>(sum / static_cast<double>(cols));
+  double squares = 0;
+  for (int64_t c = 0; c < cols; ++c) {
+    const double d = static_cast<double>(x[c]) - mean;
+    squares += d * d;
+  }
+  const float var = static_cast<float>(squares / static_cast<double>(cols));
+  return {mean, 1.0f / std::sqrt(var + epsilon)};
+}
+
+}  // namespace
+
+void LayerNormForward(int64_t rows, int64_t cols, const float* x, const float* gamma,
+                      const float* beta, float epsilon, bool rms, float* y, float* mean,
+                      float* rstd) {
+  ParallelSpans(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float* yr = y + r * cols;
+      const elementwise::NormRow row = RowStatistics(cols, xr, epsilon, rms);
+      mean[r] = row.mean;
+      rstd[r] = row.rstd;
+      for (int64_t c = 0; c < cols; ++c) {
+        yr[c] = elementwise::NormOutput(rms, xr[c], row, gamma ? gamma[c] : 1.0f,
+                                        beta ? beta[c] : 0.0f);
+      }
+    }
+  });
+}
+
+void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* dy,
+                       const float* gamma, const float* mean, const float* rstd, bool rms,
+                       float* dx, float* dgamma, float* dbeta) {
+  const double inv_cols = 1.0 / static_cast<double>(cols);
+  ParallelSpans(rows, cols, [&](int64_t first, int64_t end) {
+    for (int64_t r = first; r < end; ++r) {
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      float* dxr = dx + r * cols;
+      const elementwise::NormRow row{mean[r], rstd[r]};
+      double sum_g = 0, sum_g_xhat = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float g = gamma ? dyr[c] * gamma[c] : dyr[c];
+        sum_g += g;
+        sum_g_xhat += static_cast<double>(g) * elementwise::NormNormalized(xr[c], row);
+      }
+      const float mean_g = rms ? 0.0f : static_cast<float>(sum_g * inv_cols);
+      const float mean_g_xhat = static_cast<float>(sum_g_xhat * inv_cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float g = gamma ? dyr[c] * gamma[c] : dyr[c];
+        dxr[c] = elementwise::NormInputGrad(g, elementwise::NormNormalized(xr[c], row), row,
+                                            mean_g, mean_g_xhat);
+      }
+    }
+  });
+  if (dgamma == nullptr && dbeta == nullptr) return;
+  ParallelSpans(cols, rows, [&](int64_t first, int64_t end) {
+    std::vector<double> sum_dy_xhat(static_cast<size_t>(end - first), 0.0);
+    std::vector<double> sum_dy(static_cast<size_t>(end - first), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const elementwise::NormRow row{mean[r], rstd[r]};
+      const float* xr = x + r * cols;
+      const float* dyr = dy + r * cols;
+      for (int64_t c = first; c < end; ++c) {
+        sum_dy_xhat[c - first] +=
+            static_cast<double>(dyr[c]) * elementwise::NormNormalized(xr[c], row);
+        sum_dy[c - first] += dyr[c];
+      }
+    }
+    for (int64_t c = first; c < end; ++c) {
+      if (dgamma) dgamma[c] = static_cast<float>(sum_dy_xhat[c - first]);
+      if (dbeta) dbeta[c] = static_cast<float>(sum_dy[c - first]);
+    }
+  });
 }
 
 void CopyFloats(int64_t n, const float* src, float* dst) {

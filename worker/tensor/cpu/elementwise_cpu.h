@@ -29,6 +29,18 @@ void ActivationBackward(ActivationFunction f, int64_t rows, int64_t cols, const 
 // y = x * scale + offset (Rescaling). y may alias x.
 void ScaleShift(int64_t n, float scale, float offset, const float* x, float* y);
 
+// Layer (rms: RMS) normalisation of each row of x[rows, cols]
+// (elementwise::NormOutput); gamma and beta [cols] may be null (1 and 0).
+// mean and rstd [rows] receive each row's statistics for the backward pass.
+void LayerNormForward(int64_t rows, int64_t cols, const float* x, const float* gamma,
+                      const float* beta, float epsilon, bool rms, float* y, float* mean,
+                      float* rstd);
+// dx from dy and the forward pass's statistics; dgamma and dbeta [cols], when
+// not null, receive the column sums of dy * xhat and dy. Nothing aliases.
+void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* dy,
+                       const float* gamma, const float* mean, const float* rstd, bool rms,
+                       float* dx, float* dgamma, float* dbeta);
+
 // mask[i] = f(i); y = x * mask. y may alias x.
 void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,
                     float* mask);

@@ -13,7 +13,8 @@
 //   cublas_ops.cc     MatMul (cuBLAS SGEMM)
 //   cudnn_ops.cc      Conv2D, pooling, batch norm, softmax (cuDNN)
 //   elementwise.cu    activations, dropout, bias broadcasts and sums, global
-//                     average pooling, losses and accuracy, optimizer updates
+//                     average pooling, layer and RMS normalisation, losses and
+//                     accuracy, optimizer updates
 //                     — own kernels running the functors of
 //                     worker/tensor/elementwise.h, the math the CPU backend
 //                     runs and the unit tests check on any machine.
@@ -69,6 +70,14 @@ void SoftmaxBackward(int device, int64_t rows, int64_t cols, const float* y, con
 
 // ---- elementwise.cu --------------------------------------------------------------
 void Fill(int device, int64_t n, float value, float* dst);
+// ops::LayerNormForward/Backward over x[rows, cols], cpu/elementwise_cpu.h's
+// semantics; gamma, beta, dgamma and dbeta may be null.
+void LayerNormForward(int device, int64_t rows, int64_t cols, const float* x,
+                      const float* gamma, const float* beta, float epsilon, bool rms, float* y,
+                      float* mean, float* rstd);
+void LayerNormBackward(int device, int64_t rows, int64_t cols, const float* x, const float* dy,
+                       const float* gamma, const float* mean, const float* rstd, bool rms,
+                       float* dx, float* dgamma, float* dbeta);
 // y[r, c] += bias[c] / y[r, c] = bias[c] / dbias[c] = sum_r dy[r, c].
 void BiasAdd(int device, int64_t rows, int64_t cols, const float* bias, float* y);
 void BroadcastBias(int device, int64_t rows, int64_t cols, const float* bias, float* y);

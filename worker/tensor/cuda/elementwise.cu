@@ -1,6 +1,6 @@
 // The CUDA backend's own kernels (backend.h, the "elementwise.cu" section):
 // fills, bias broadcasts and sums, the activations other than softmax,
-// dropout, global average pooling, the losses with their accuracy counts and
+// dropout, global average pooling, layer and RMS normalisation, the losses with their accuracy counts and
 // the optimizer updates. worker/tensor/ops.cc and ops_window.cc call them for
 // tensors on a GPU, worker/model/optimizer.cc for variables on one.
 //
@@ -166,20 +166,30 @@ constexpr int kRowLanes = 8;
 constexpr int64_t kMinRowsPerChunk = 1024;
 constexpr int64_t kMaxChunks = 4096;  // keeps the second pass to one chunk
 
+// The summed element: x[b, r, c] of row-major matrices.
+struct MatrixElement {
+  const float* x;
+  int64_t rows;
+  int64_t cols;
+  __device__ float operator()(int64_t b, int64_t r, int64_t c) const {
+    return x[(b * rows + r) * cols + c];
+  }
+};
+
 // Grid: x over column tiles, y over row chunks, z (strided) over matrices;
-// writes out[b, chunk, c] for chunk = blockIdx.y of gridDim.y.
+// writes out[b, chunk, c] for chunk = blockIdx.y of gridDim.y. `value(b, r,
+// c)` is the summed element (MatrixElement, or a product formed on the fly).
+template <typename Value>
 __global__ void ColumnSumsKernel(int64_t batch, int64_t rows, int64_t cols,
-                                 int64_t rows_per_chunk, float scale, const float* x,
-                                 float* out) {
+                                 int64_t rows_per_chunk, float scale, Value value, float* out) {
   __shared__ float partial[kRowLanes][kTileCols];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t end = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    const float* m = x + b * rows * cols;
     float acc = 0.0f;
     if (c < cols) {
-      for (int64_t r = first + threadIdx.y; r < end; r += kRowLanes) acc += m[r * cols + c];
+      for (int64_t r = first + threadIdx.y; r < end; r += kRowLanes) acc += value(b, r, c);
     }
     partial[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -192,33 +202,43 @@ __global__ void ColumnSumsKernel(int64_t batch, int64_t rows, int64_t cols,
   }
 }
 
+template <typename Value>
 void LaunchColumnSums(cudaStream_t stream, int64_t batch, int64_t rows, int64_t cols,
-                      int64_t rows_per_chunk, int64_t chunks, float scale, const float* x,
+                      int64_t rows_per_chunk, int64_t chunks, float scale, Value value,
                       float* out) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(cols, kTileCols)), static_cast<unsigned>(chunks),
                   static_cast<unsigned>(std::min<int64_t>(batch, 65535)));
   ColumnSumsKernel<<<grid, dim3(kTileCols, kRowLanes), 0, stream>>>(batch, rows, cols,
-                                                                    rows_per_chunk, scale, x, out);
+                                                                    rows_per_chunk, scale, value,
+                                                                    out);
   DISTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-// batch, rows and cols > 0. `scale` multiplies each final sum once, as the
-// CPU's GlobalAveragePool2D multiplies its float sum by 1 / hw.
-void ColumnSums(DeviceContext& ctx, int64_t batch, int64_t rows, int64_t cols, float scale,
-                const float* x, float* out) {
+// out[b, c] = scale * sum_r value(b, r, c); batch, rows and cols > 0.
+// `scale` multiplies each final sum once, as the CPU's GlobalAveragePool2D
+// multiplies its float sum by 1 / hw.
+template <typename Value>
+void ColumnSumsOf(DeviceContext& ctx, int64_t batch, int64_t rows, int64_t cols, float scale,
+                  Value value, float* out) {
   const cudaStream_t stream = ctx.compute_stream();
   const int64_t rows_per_chunk = std::max(kMinRowsPerChunk, CeilDiv(rows, kMaxChunks));
   const int64_t chunks = CeilDiv(rows, rows_per_chunk);
   if (chunks == 1) {
-    LaunchColumnSums(stream, batch, rows, cols, rows, 1, scale, x, out);
+    LaunchColumnSums(stream, batch, rows, cols, rows, 1, scale, value, out);
     return;
   }
   absl::MutexLock lock(&ctx.op_mutex());
   float* partials = static_cast<float*>(
       ctx.Scratch(static_cast<size_t>(batch * chunks * cols) * sizeof(float)));
-  LaunchColumnSums(stream, batch, rows, cols, rows_per_chunk, chunks, 1.0f, x, partials);
+  LaunchColumnSums(stream, batch, rows, cols, rows_per_chunk, chunks, 1.0f, value, partials);
   // chunks <= kMaxChunks rows per matrix: one chunk in the second pass.
-  LaunchColumnSums(stream, batch, chunks, cols, chunks, 1, scale, partials, out);
+  LaunchColumnSums(stream, batch, chunks, cols, chunks, 1, scale,
+                   MatrixElement{partials, chunks, cols}, out);
+}
+
+void ColumnSums(DeviceContext& ctx, int64_t batch, int64_t rows, int64_t cols, float scale,
+                const float* x, float* out) {
+  ColumnSumsOf(ctx, batch, rows, cols, scale, MatrixElement{x, rows, cols}, out);
 }
 
 // ---- Block reductions (the row-wise losses) -------------------------------------
@@ -462,6 +482,85 @@ unsigned RowThreads(int64_t width) {
 }
 unsigned RowBlocks(int64_t batch) { return static_cast<unsigned>(std::min<int64_t>(batch, 65535)); }
 
+// ---- Layer and RMS normalisation ---------------------------------------------------
+// One block per row (strided), as the losses: the row's sums in double over
+// the block tree, then elementwise.h's per-element math, the functions
+// cpu/elementwise_cpu.cc runs. The parameter gradients are column sums
+// (ColumnSumsOf) of dy * xhat, formed on the fly, and of dy.
+
+__device__ float RowScale(double squares, int64_t cols, float epsilon) {
+  const float var = static_cast<float>(squares / static_cast<double>(cols));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, epsilon)));
+}
+
+__global__ void LayerNormForwardRows(int64_t rows, int64_t cols, const float* x,
+                                     const float* gamma, const float* beta, float epsilon,
+                                     bool rms, float* y, float* row_mean, float* row_rstd) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    float mean = 0.0f;
+    if (!rms) {
+      double sum = 0;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += xr[c];
+      mean = static_cast<float>(BlockReduce(sum, Sum(), 0.0) / static_cast<double>(cols));
+    }
+    double squares = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const double d = static_cast<double>(xr[c]) - mean;
+      squares += d * d;
+    }
+    const elementwise::NormRow row{mean,
+                                   RowScale(BlockReduce(squares, Sum(), 0.0), cols, epsilon)};
+    if (threadIdx.x == 0) {
+      row_mean[r] = row.mean;
+      row_rstd[r] = row.rstd;
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      y[r * cols + c] = elementwise::NormOutput(rms, xr[c], row, gamma ? gamma[c] : 1.0f,
+                                                beta ? beta[c] : 0.0f);
+    }
+  }
+}
+
+__global__ void LayerNormInputGradRows(int64_t rows, int64_t cols, const float* x,
+                                       const float* dy, const float* gamma,
+                                       const float* row_mean, const float* row_rstd, bool rms,
+                                       float* dx) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * cols;
+    const float* dyr = dy + r * cols;
+    const elementwise::NormRow row{row_mean[r], row_rstd[r]};
+    double sum_g = 0, sum_g_xhat = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float g = gamma ? __fmul_rn(dyr[c], gamma[c]) : dyr[c];
+      sum_g += g;
+      sum_g_xhat += static_cast<double>(g) * elementwise::NormNormalized(xr[c], row);
+    }
+    sum_g = BlockReduce(sum_g, Sum(), 0.0);
+    sum_g_xhat = BlockReduce(sum_g_xhat, Sum(), 0.0);
+    const float mean_g = rms ? 0.0f : static_cast<float>(sum_g / static_cast<double>(cols));
+    const float mean_g_xhat = static_cast<float>(sum_g_xhat / static_cast<double>(cols));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float g = gamma ? __fmul_rn(dyr[c], gamma[c]) : dyr[c];
+      dx[r * cols + c] = elementwise::NormInputGrad(g, elementwise::NormNormalized(xr[c], row),
+                                                    row, mean_g, mean_g_xhat);
+    }
+  }
+}
+
+// dy[r, c] * xhat[r, c], the summand of dgamma.
+struct OutputGradTimesNormalized {
+  const float* x;
+  const float* dy;
+  const float* row_mean;
+  const float* row_rstd;
+  int64_t cols;
+  __device__ float operator()(int64_t, int64_t r, int64_t c) const {
+    const elementwise::NormRow row{row_mean[r], row_rstd[r]};
+    return dy[r * cols + c] * elementwise::NormNormalized(x[r * cols + c], row);
+  }
+};
+
 // ---- Optimizer updates ------------------------------------------------------------
 // cpu_math.cc's formulas in its operation order, each product rounded before
 // it is added (that file is built -ffp-contract=off).
@@ -581,6 +680,31 @@ void BiasGrad(int device, int64_t rows, int64_t cols, const float* dy, float* db
     return;
   }
   ColumnSums(ctx, 1, rows, cols, 1.0f, dy, dbias);
+}
+
+void LayerNormForward(int device, int64_t rows, int64_t cols, const float* x,
+                      const float* gamma, const float* beta, float epsilon, bool rms, float* y,
+                      float* mean, float* rstd) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  if (rows <= 0 || cols <= 0) return;
+  LayerNormForwardRows<<<RowBlocks(rows), RowThreads(cols), 0, ctx.compute_stream()>>>(
+      rows, cols, x, gamma, beta, epsilon, rms, y, mean, rstd);
+  DISTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void LayerNormBackward(int device, int64_t rows, int64_t cols, const float* x, const float* dy,
+                       const float* gamma, const float* mean, const float* rstd, bool rms,
+                       float* dx, float* dgamma, float* dbeta) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  if (rows <= 0 || cols <= 0) return;
+  LayerNormInputGradRows<<<RowBlocks(rows), RowThreads(cols), 0, ctx.compute_stream()>>>(
+      rows, cols, x, dy, gamma, mean, rstd, rms, dx);
+  DISTRAIN_CUDA_CHECK(cudaGetLastError());
+  if (dgamma != nullptr) {
+    ColumnSumsOf(ctx, 1, rows, cols, 1.0f, OutputGradTimesNormalized{x, dy, mean, rstd, cols},
+                 dgamma);
+  }
+  if (dbeta != nullptr) ColumnSums(ctx, 1, rows, cols, 1.0f, dy, dbeta);
 }
 
 void ActivationForward(int device, ActivationFunction f, int64_t n, const float* x, float* y) {

@@ -1,6 +1,10 @@
 // BatchNormalization: Keras' initial values and names, batch statistics
 // while training with the moving-average update, moving statistics at
 // evaluation, and gradients against central differences.
+// LayerNormalization and RMSNormalization: Keras' variables for each
+// center/scale choice, per-example statistics (the batch never mixes), the
+// same output in training and evaluation, and gradients against central
+// differences. Values against Keras itself: tests/golden/layers.json.
 
 #include <cmath>
 #include <vector>
@@ -84,6 +88,88 @@ TEST(BatchNormalizationTest, TrainingGradientsMatchFiniteDifferences) {
     bn.parameters()[1]->value = RandomTensor({c}, 2, 1.0f);
     ExpectLayerGradients(bn, RandomTensor(shape, 3, 2.0f), Training(), 4,
                          {.h = 1e-2f, .rtol = 2e-2, .atol = 2e-3});
+  }
+}
+
+TEST(LayerNormalizationTest, KerasVariablesForEachChoice) {
+  struct Case {
+    bool center, scale, rms;
+    std::vector<std::string> names;
+  };
+  for (const Case& c : std::vector<Case>{
+           {true, true, false, {"ln/gamma", "ln/beta"}},
+           {false, true, false, {"ln/gamma"}},
+           {true, false, false, {"ln/beta"}},
+           {false, false, false, {}},
+           {true, true, true, {"ln/scale"}},  // RMSNormalization has no beta
+       }) {
+    LayerNormalization ln("ln", 3, 1e-3, c.center, c.scale, c.rms);
+    std::vector<std::string> names;
+    for (Parameter* p : ln.parameters()) {
+      names.push_back(p->name);
+      EXPECT_EQ(p->value.shape(), std::vector<int64_t>{3});
+    }
+    EXPECT_EQ(names, c.names);
+    EXPECT_TRUE(ln.state_variables().empty());
+  }
+}
+
+TEST(LayerNormalizationTest, EachExampleIsNormalisedOnItsOwn) {
+  const double eps = 1e-3;
+  LayerNormalization ln("ln", 4, eps, true, true, false);
+  ln.parameters()[0]->value = Tensor({4}, std::vector<float>{1, 2, 0.5f, -1});
+  ln.parameters()[1]->value = Tensor({4}, std::vector<float>{0, 1, -1, 0.25f});
+  // Row 0: 1, 3, 5, 7 (mean 4, biased variance 5); row 1 is row 0 times 100
+  // plus 9: the same normalised values, so no statistic crosses rows.
+  const Tensor x({2, 4}, std::vector<float>{1, 3, 5, 7, 109, 309, 509, 709});
+  Tensor train_y, eval_y;
+  ln.Forward(x, &train_y, Training());
+  ln.Forward(x, &eval_y, ForwardContext{});
+  EXPECT_EQ(Values(train_y), Values(eval_y)) << "no batch statistics: training == evaluation";
+  const float gamma[] = {1, 2, 0.5f, -1}, beta[] = {0, 1, -1, 0.25f};
+  for (int r = 0; r < 2; ++r) {
+    const double var = r == 0 ? 5.0 : 50000.0;
+    for (int k = 0; k < 4; ++k) {
+      const double xhat = (x[r * 4 + k] - (r == 0 ? 4.0 : 409.0)) / std::sqrt(var + eps);
+      EXPECT_NEAR(train_y[r * 4 + k], gamma[k] * xhat + beta[k], 2e-5) << r << "," << k;
+    }
+  }
+}
+
+TEST(LayerNormalizationTest, RmsNormalisationDividesByTheRootMeanSquare) {
+  const double eps = 1e-6;
+  LayerNormalization rms("rms", 3, eps, true, true, /*rms=*/true);
+  rms.parameters()[0]->value = Tensor({3}, std::vector<float>{1, 2, -0.5f});
+  const Tensor x({2, 3}, std::vector<float>{1, 2, 2, -3, 0, 4});
+  Tensor y;
+  rms.Forward(x, &y, ForwardContext{});
+  const float scale[] = {1, 2, -0.5f};
+  for (int r = 0; r < 2; ++r) {
+    const double ms = r == 0 ? 3.0 : 25.0 / 3.0;  // (1 + 4 + 4) / 3, (9 + 0 + 16) / 3
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_NEAR(y[r * 3 + k], scale[k] * x[r * 3 + k] / std::sqrt(ms + eps), 1e-6);
+    }
+  }
+}
+
+TEST(LayerNormalizationTest, GradientsMatchFiniteDifferences) {
+  struct Case {
+    bool center, scale, rms;
+  };
+  for (const Case& c : std::vector<Case>{{true, true, false},
+                                         {false, false, false},
+                                         {true, false, false},
+                                         {false, true, true}}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 6}, {2, 3, 2, 4}}) {
+      SCOPED_TRACE(::testing::Message() << Tensor(shape).ShapeString() << " center " << c.center
+                                        << " scale " << c.scale << " rms " << c.rms);
+      const int64_t features = shape.back();
+      LayerNormalization ln("ln", features, 1e-3, c.center, c.scale, c.rms);
+      uint32_t seed = 10;
+      for (Parameter* p : ln.parameters()) p->value = RandomTensor({features}, ++seed, 1.0f);
+      ExpectLayerGradients(ln, RandomTensor(shape, 3, 2.0f), Training(), 4,
+                           {.h = 1e-2f, .rtol = 2e-2, .atol = 2e-3});
+    }
   }
 }
 
