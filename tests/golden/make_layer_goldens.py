@@ -569,10 +569,67 @@ def global_max_cases():
     return cases
 
 
+def layer_and_rms_normalization_cases():
+    """LayerNormalization for each center/scale choice, on rows, images and
+    sequences, and RMSNormalization; inputs off-centre (an offset and a
+    spread per example), so the row statistics matter. Keras computes both
+    the same in training and evaluation."""
+    cases = []
+    K = keras.layers
+
+    def shifted(vs):
+        for k, v in vs.items():
+            v.assign((1.0 if k in ("gamma", "scale") else 0.0) + small(v.shape, 0.5))
+
+    for center, scale in [(True, True), (False, True), (True, False), (False, False)]:
+        cases.append(layer_case(
+            f"layer_normalization_rows_center{int(center)}_scale{int(scale)}",
+            {"class": "LayerNormalization", "center": center, "scale": scale},
+            K.LayerNormalization(center=center, scale=scale, name="ln"), (7,), training=True,
+            input_scale=3.0, set_weights=shifted))
+    cases.append(layer_case(
+        "layer_normalization_images_eps1e-5",
+        {"class": "LayerNormalization", "epsilon": 1e-5},
+        K.LayerNormalization(epsilon=1e-5, name="ln"), (3, 2, 5), training=True,
+        input_scale=2.0, set_weights=shifted))
+    cases.append(layer_case(
+        "layer_normalization_sequence_axis2", {"class": "LayerNormalization", "axis": 2},
+        K.LayerNormalization(axis=2, name="ln"), (4, 6), training=True, set_weights=shifted))
+    # Nearly constant rows: the variance is tiny next to epsilon.
+    cases.append(layer_case(
+        "layer_normalization_nearly_constant_rows", {"class": "LayerNormalization"},
+        K.LayerNormalization(name="ln"), (9,), training=True, input_scale=0.01,
+        set_weights=shifted))
+    cases.append(layer_case(
+        "rms_normalization_rows", {"class": "RMSNormalization"},
+        K.RMSNormalization(name="rms"), (8,), training=True, input_scale=2.0,
+        set_weights=shifted))
+    cases.append(layer_case(
+        "rms_normalization_sequence_eps1e-3", {"class": "RMSNormalization", "epsilon": 1e-3},
+        K.RMSNormalization(epsilon=1e-3, name="rms"), (3, 5), training=True,
+        set_weights=shifted))
+    model = [
+        ({"class": "Dense", "units": 12, "name": "dense"}, K.Dense(12, name="dense")),
+        ({"class": "LayerNormalization", "name": "layer_normalization"},
+         K.LayerNormalization(name="layer_normalization")),
+        ({"class": "Activation", "activation": "gelu", "name": "activation"},
+         K.Activation("gelu", name="activation")),
+        ({"class": "Dense", "units": 8, "name": "dense_1"}, K.Dense(8, name="dense_1")),
+        ({"class": "RMSNormalization", "name": "rms_normalization"},
+         K.RMSNormalization(name="rms_normalization")),
+        ({"class": "Dense", "units": 4, "name": "dense_2"}, K.Dense(4, name="dense_2")),
+    ]
+    cases.append(model_case(
+        "layer_and_rms_normalization_model", [c for c, _ in model], [l for _, l in model],
+        (10,), "SparseCategoricalCrossentropy", True, 4, batch=5, input_scale=2.0))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
-             schedule_cases() + one_d_cases() + global_max_cases())
+             schedule_cases() + one_d_cases() + global_max_cases() +
+             layer_and_rms_normalization_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -3,7 +3,8 @@
 #
 # Checks, each printed as it runs:
 #   1. crds/ applies without warnings and the CRD becomes Established;
-#   2. every examples/*.yaml passes server-side dry-run (schema, defaults, CEL);
+#   2. every examples/*.yaml and tests/kube/valid/*.yaml passes server-side
+#      dry-run (schema, defaults, CEL; strict: an unknown field is an error);
 #   3. every tests/kube/invalid/*.yaml is rejected at apply time, and the error
 #      contains each of the file's `# expect: <substring>` lines;
 #   4. the examples apply for real and the API server fills in the schema defaults;
@@ -90,10 +91,10 @@ done
 pass "CRD established, names accepted, served in discovery"
 
 # --- 2. Every example passes server-side validation ---------------------------
-say "2. server-side dry-run of every examples/*.yaml"
+say "2. server-side dry-run of every examples/*.yaml and tests/kube/valid/*.yaml"
 examples=(examples/*.yaml)
 [ ${#examples[@]} -gt 0 ] && [ -f "${examples[0]}" ] || fail "no examples/*.yaml found"
-for f in "${examples[@]}"; do
+for f in "${examples[@]}" tests/kube/valid/*.yaml; do
   out="$(k apply --dry-run=server -n "$NS" -f "$f" 2>&1)" || fail "$f was rejected by the API server:
 $out"
   pass "$f: $out"

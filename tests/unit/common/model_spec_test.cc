@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -1146,6 +1147,27 @@ TEST(ModelDocsTest, EveryTrainingBlockInTheDocsValidates) {
     }
   }
   EXPECT_GE(checked, 3);
+}
+
+// tests/kube/valid/every-layer-class.yaml, which the kube tier sends to the
+// API server to prove the CRD's schema takes every class, must name every
+// class and be a model distrain accepts (shapes included).
+TEST(ModelDocsTest, TheKubeTiersEveryLayerManifestNamesEveryClassAndValidates) {
+  const std::string path =
+      absl::StrCat(DISTRAIN_SOURCE_DIR, "/tests/kube/valid/every-layer-class.yaml");
+  absl::StatusOr<JobConfig> config = LoadJobYamlFile(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(ValidateJobConfig(*config).ok()) << ValidateJobConfig(*config);
+  std::vector<std::string> notes;
+  EXPECT_TRUE(ValidateModelWithData(*config, &notes).ok())
+      << ValidateModelWithData(*config, &notes);
+  std::set<std::string> named;
+  for (const LayerConfig& layer : config->training.model.layers) {
+    named.insert(LayerKindName(layer.kind));
+  }
+  for (const std::string& name : LayerKindNames()) {
+    EXPECT_TRUE(named.count(name)) << path << " has no " << name << " layer";
+  }
 }
 
 TEST(BadModelTest, YamlErrorsCarryTheLine) {

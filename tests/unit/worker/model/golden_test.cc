@@ -92,7 +92,16 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
   if (j.contains("maxValue")) c.max_value = j["maxValue"].get<double>();
   if (j.contains("alpha")) c.alpha = j["alpha"];
   if (j.contains("axis")) c.axis = j["axis"];
-  if (j.contains("scale")) c.scale = j["scale"];
+  // LayerNormalization's `scale` is a switch, Rescaling's a number.
+  if (j.contains("scale") && j["scale"].is_boolean()) {
+    c.scale_output = j["scale"];
+  } else if (j.contains("scale")) {
+    c.scale = j["scale"];
+  }
+  if (j.contains("center")) c.center = j["center"];
+  if (c.kind == LayerKind::kRMSNormalization && !j.contains("epsilon")) {
+    c.epsilon = DefaultEpsilon(c.kind);
+  }
   if (j.contains("offset")) c.offset = j["offset"];
   return c;
 }
