@@ -293,6 +293,36 @@ TEST(KerasInteropTest, Conv1DSequenceModelPredictsInKerasAsInDistrain) {
   std::filesystem::remove_all(dir);
 }
 
+// LayerNormalization (each center/scale choice that changes the variables)
+// and RMSNormalization, on images and on rows, trained by two workers in
+// sync: Keras loads what distrain computed, with Keras' variable layout.
+TEST(KerasInteropTest, LayerAndRmsNormalizationPredictInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_layer_norm");
+  nlohmann::json r = TrainExportAndCompare(
+      python, dir, "MultiWorkerMirrored", "    Worker: {replicas: 2}\n",
+      "    model:\n"
+      "      layers:\n"
+      "        - Conv2D: {filters: 8, kernelSize: 3}\n"
+      "        - LayerNormalization: {}\n"
+      "        - Activation: {activation: relu}\n"
+      "        - MaxPooling2D: {}\n"
+      "        - Flatten: {}\n"
+      "        - Dense: {units: 32}\n"
+      "        - LayerNormalization: {center: false, epsilon: 0.00001}\n"
+      "        - Activation: {activation: gelu}\n"
+      "        - Dense: {units: 32}\n"
+      "        - RMSNormalization: {}\n"
+      "        - Dense: {units: 10}\n"
+      "        - LayerNormalization: {scale: false}\n"
+      "      loss: {fromLogits: true}\n");
+  ExpectKerasRebuildsTheModel(
+      r, {"Conv2D", "LayerNormalization", "Activation", "MaxPooling2D", "Flatten", "Dense",
+          "LayerNormalization", "Activation", "Dense", "RMSNormalization", "Dense",
+          "LayerNormalization"});
+  std::filesystem::remove_all(dir);
+}
+
 // A model trained with centered RMSprop, weight decay and a cosine schedule
 // opens in Keras with that optimizer and schedule, its iterations and its
 // slots in Keras' order (no learning-rate variable under a schedule): every

@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -255,6 +256,77 @@ TEST(KerasImportTest, OneDimensionalLayersImportExportAndParseBack) {
   auto refused = ImportKerasModelJson(causal.dump());
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("Conv1D 'conv1d': padding is causal"));
+}
+
+// LayerNormalization and RMSNormalization as Keras 3.15 writes them once
+// built (axis as a list of one), with every center/scale choice; the axis
+// of BatchNormalization and LayerNormalization is checked against the input.
+TEST(KerasImportTest, LayerAndRmsNormalizationImportExportAndParseBack) {
+  const Json json = Json::parse(R"({
+    "module": "keras", "class_name": "Sequential", "registered_name": null,
+    "config": {"name": "sequential", "trainable": true, "layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 6, 4], "sparse": false, "ragged": false, "name": "input_layer", "optional": false}},
+      {"class_name": "LayerNormalization", "config": {"name": "layer_normalization", "trainable": true, "axis": [-1], "epsilon": 0.001, "center": true, "scale": true, "rms_scaling": false, "beta_initializer": {"module": "keras.initializers", "class_name": "Zeros", "config": {}, "registered_name": null}, "gamma_initializer": {"module": "keras.initializers", "class_name": "Ones", "config": {}, "registered_name": null}, "beta_regularizer": null, "gamma_regularizer": null, "beta_constraint": null, "gamma_constraint": null}},
+      {"class_name": "LayerNormalization", "config": {"name": "layer_normalization_1", "axis": [2], "epsilon": 1e-05, "center": false, "scale": true, "rms_scaling": false}},
+      {"class_name": "RMSNormalization", "config": {"name": "rms_normalization", "trainable": true, "axis": [-1], "epsilon": 1e-06}},
+      {"class_name": "BatchNormalization", "config": {"name": "batch_normalization", "axis": 2, "momentum": 0.99, "epsilon": 0.001, "center": true, "scale": true}},
+      {"class_name": "Flatten", "config": {"name": "flatten", "data_format": "channels_last"}},
+      {"class_name": "Dense", "config": {"name": "dense", "units": 3, "activation": "linear", "use_bias": true}},
+      {"class_name": "LayerNormalization", "config": {"name": "layer_normalization_2", "axis": -1, "center": true, "scale": false}}
+    ]}})");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  const std::vector<LayerConfig>& layers = imported->model.layers;
+  ASSERT_EQ(layers.size(), 8u);
+  EXPECT_EQ(layers[1].kind, LayerKind::kLayerNormalization);
+  EXPECT_TRUE(layers[1].center && layers[1].scale_output);
+  EXPECT_EQ(layers[2].axis, 2);
+  EXPECT_EQ(layers[2].epsilon, 1e-5);
+  EXPECT_FALSE(layers[2].center);
+  EXPECT_EQ(layers[3].kind, LayerKind::kRMSNormalization);
+  EXPECT_EQ(layers[3].epsilon, 1e-6);
+  EXPECT_FALSE(layers[7].scale_output);
+  // gamma and beta; gamma; scale; BN's gamma, beta and moving statistics;
+  // the Dense layer; beta.
+  EXPECT_EQ(imported->num_parameters, 8 + 4 + 4 + 4 * 4 + 24 * 3 + 3 + 3);
+
+  KerasModelSpec spec;
+  spec.model = imported->model;
+  spec.example_shape = {6, 4};
+  spec.num_classes = 3;
+  auto written = KerasConfigJson(spec);
+  ASSERT_TRUE(written.ok()) << written.status();
+  auto again = ImportKerasModelJson(*written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerConfig want = layers[i];
+    want.axis = -1;  // written as Keras' [-1]: the same axis
+    EXPECT_EQ(again->model.layers[i], want) << i << "\n" << *written;
+  }
+
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("- LayerNormalization: {axis: 2, epsilon: 1e-05, center: false}"));
+  EXPECT_THAT(block, HasSubstr("- RMSNormalization: {}"));
+  auto parsed = ParsePastedBlock(block);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
+  EXPECT_EQ(parsed->training.model.layers, layers) << block;
+
+  for (const auto& [index, key, value, message] :
+       std::vector<std::tuple<int, std::string, Json, std::string>>{
+           {1, "rms_scaling", true, "LayerNormalization 'layer_normalization': rms_scaling is "
+                                    "true (deprecated in Keras"},
+           {1, "axis", Json::array({1, 2}), "axis is [1,2]; distrain normalises one axis"},
+           {2, "axis", Json::array({1}), "(LayerNormalization): axis 1 is not supported"},
+           {4, "axis", 1, "(BatchNormalization): axis 1 is not supported"},
+           {1, "gamma_regularizer", Json::object({{"class_name", "L2"}}),
+            "gamma_regularizer is set"},
+       }) {
+    Json bad = json;
+    bad["config"]["layers"][index]["config"][key] = value;
+    auto refused = ImportKerasModelJson(bad.dump());
+    ASSERT_FALSE(refused.ok()) << key;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message));
+  }
 }
 
 // Keras' schedules come over as spec.training.optimizer.schedule, with only
