@@ -202,36 +202,43 @@ TEST(MixedPrecisionModelTest, Bfloat16GradientsHold16BitValuesWhileVariablesStay
   EXPECT_GT(float32_only, 1000);
 }
 
-// Keras' BatchNormalization computes in float32 under a mixed policy: its
-// output is rounded like every layer's, its gamma/beta gradients are not.
-TEST(MixedPrecisionModelTest, BatchNormalizationKeepsFloat32Gradients) {
-  ModelConfig config;
-  config.type = "sequential";
-  LayerConfig bn;
-  bn.kind = LayerKind::kBatchNormalization;
-  LayerConfig flatten;
-  flatten.kind = LayerKind::kFlatten;
-  config.layers = {testing::ConvLayer(4, 3, ActivationKind::kRelu, PaddingKind::kValid), bn,
-                   flatten, testing::DenseLayer(10, ActivationKind::kLinear)};
-  config.loss.kind = LossKind::kSparseCategoricalCrossentropy;
-  config.loss.from_logits = true;
-  config.precision = Precision::kMixedBfloat16;
-  auto model = Model::Create(config, std::vector<int64_t>{28, 28, 1}, 10, /*seed=*/2);
-  ASSERT_TRUE(model.ok()) << model.status();
-  const auto batch = ImageBatches(1, 8, 5)[0];
-  (*model)->TrainStep(batch.features, batch.labels);
-  int64_t bn_float32_only = 0;
-  for (Parameter* p : (*model)->parameters()) {
-    const bool is_bn = p->name.rfind("batch_normalization", 0) == 0;
-    for (int64_t i = 0; i < p->grad.size(); ++i) {
-      if (is_bn) {
-        bn_float32_only += !IsBfloat16(p->grad[i]);
-      } else {
-        ASSERT_TRUE(IsBfloat16(p->grad[i])) << p->name;
+// Keras' normalisation layers compute in float32 under a mixed policy: their
+// output is rounded like every layer's, their gamma/beta (scale) gradients
+// are not.
+TEST(MixedPrecisionModelTest, NormalizationLayersKeepFloat32Gradients) {
+  for (LayerKind kind : {LayerKind::kBatchNormalization, LayerKind::kLayerNormalization,
+                         LayerKind::kRMSNormalization}) {
+    SCOPED_TRACE(LayerKindName(kind));
+    ModelConfig config;
+    config.type = "sequential";
+    LayerConfig norm;
+    norm.kind = kind;
+    norm.epsilon = DefaultEpsilon(kind);
+    LayerConfig flatten;
+    flatten.kind = LayerKind::kFlatten;
+    config.layers = {testing::ConvLayer(4, 3, ActivationKind::kRelu, PaddingKind::kValid), norm,
+                     flatten, testing::DenseLayer(10, ActivationKind::kLinear)};
+    config.loss.kind = LossKind::kSparseCategoricalCrossentropy;
+    config.loss.from_logits = true;
+    config.precision = Precision::kMixedBfloat16;
+    auto model = Model::Create(config, std::vector<int64_t>{28, 28, 1}, 10, /*seed=*/2);
+    ASSERT_TRUE(model.ok()) << model.status();
+    const auto batch = ImageBatches(1, 8, 5)[0];
+    (*model)->TrainStep(batch.features, batch.labels);
+    const std::string prefix = LayerKindSnakeName(kind);
+    int64_t norm_float32_only = 0;
+    for (Parameter* p : (*model)->parameters()) {
+      const bool is_norm = p->name.rfind(prefix, 0) == 0;
+      for (int64_t i = 0; i < p->grad.size(); ++i) {
+        if (is_norm) {
+          norm_float32_only += !IsBfloat16(p->grad[i]);
+        } else {
+          ASSERT_TRUE(IsBfloat16(p->grad[i])) << p->name;
+        }
       }
     }
+    EXPECT_GT(norm_float32_only, 0);
   }
-  EXPECT_GT(bn_float32_only, 0);
 }
 
 // Mixed precision trains the same function: the CNN's loss after 30 SGD steps

@@ -1,7 +1,8 @@
 // A model trained on a GPU equals the same model trained on the CPU: the
 // guide's CNN after 100 Adam steps, and a CNN with every other layer kind
 // (batch norm, dropout, 'same' padding, average and global pooling, GELU)
-// under momentum, every variable within 1e-4. Runs on every visible GPU of
+// under momentum, the 1-D layers, layer and RMS normalisation, every
+// variable within 1e-4. Runs on every visible GPU of
 // a CUDA build; skips elsewhere (docs/architecture.md §6a).
 
 #include <algorithm>
@@ -79,6 +80,39 @@ ModelConfig SequenceModel() {
   c.layers = {reshape, conv, max_pool, conv2, leaky, avg_pool,
               L(LayerKind::kGlobalMaxPooling1D), DenseL(32, ActivationKind::kSilu),
               DenseL(10, ActivationKind::kLinear)};
+  c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
+  c.loss.from_logits = true;
+  return c;
+}
+
+// A CNN and an MLP head normalised per example: LayerNormalization on the
+// feature maps (each center/scale choice) and RMSNormalization on rows.
+ModelConfig NormalizedModel() {
+  ModelConfig c;
+  c.type = "sequential";
+  LayerConfig ln = L(LayerKind::kLayerNormalization);
+  LayerConfig ln_no_center = ln;
+  ln_no_center.center = false;
+  ln_no_center.epsilon = 1e-5;
+  LayerConfig ln_no_scale = ln;
+  ln_no_scale.scale_output = false;
+  LayerConfig rms = L(LayerKind::kRMSNormalization);
+  rms.epsilon = DefaultEpsilon(LayerKind::kRMSNormalization);
+  c.layers = {Conv(16, 3, ActivationKind::kLinear, PaddingKind::kValid),
+              ln,
+              [] {
+                LayerConfig a = L(LayerKind::kActivation);
+                a.activation = ActivationKind::kRelu;
+                return a;
+              }(),
+              Pool(LayerKind::kMaxPooling2D),
+              L(LayerKind::kFlatten),
+              DenseL(64, ActivationKind::kLinear),
+              ln_no_center,
+              DenseL(32, ActivationKind::kGelu),
+              rms,
+              DenseL(10, ActivationKind::kLinear),
+              ln_no_scale};
   c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
   c.loss.from_logits = true;
   return c;
@@ -203,7 +237,8 @@ TEST(ModelDeviceTest, ACnnWithEveryLayerKindTrainsOnEveryGpuLikeOnTheCpu) {
 // The GPU tests' models build and step on the CPU here, so a GPU session
 // finds no mistake in them.
 TEST(ModelDeviceTest, TheModelsTheGpuTestsTrainAreValidOnTheCpu) {
-  for (const ModelConfig& config : {GuideCnn(), EveryLayerCnn(), SequenceModel()}) {
+  for (const ModelConfig& config :
+       {GuideCnn(), EveryLayerCnn(), SequenceModel(), NormalizedModel()}) {
     auto model = Model::Create(config, {28, 28, 1}, 10, /*seed=*/7);
     ASSERT_TRUE(model.ok()) << model.status();
     const Batch batch = Batches(1, 8, 5)[0];
@@ -214,6 +249,10 @@ TEST(ModelDeviceTest, TheModelsTheGpuTestsTrainAreValidOnTheCpu) {
 
 TEST(ModelDeviceTest, ASequenceModelOfTheOneDimensionalLayersTrainsOnEveryGpuLikeOnTheCpu) {
   ExpectGpuTrainsLikeCpu(SequenceModel(), OptimizerType::kAdam, 30);
+}
+
+TEST(ModelDeviceTest, LayerAndRmsNormalizationTrainOnEveryGpuLikeOnTheCpu) {
+  ExpectGpuTrainsLikeCpu(NormalizedModel(), OptimizerType::kAdam, 30);
 }
 
 // RMSprop's and the weight decay's own kernels against cpu_math's.

@@ -670,6 +670,65 @@ TEST_P(OpsDeviceTest, BatchNormTrainingInferenceAndBackward) {
   }
 }
 
+// ---- Layer and RMS normalisation -----------------------------------------------------
+
+TEST_P(OpsDeviceTest, LayerNormForwardAndBackwardEveryVariant) {
+  struct Case {
+    std::vector<int64_t> shape;  // each row of the last axis is normalised
+    float epsilon;
+  };
+  // Widths below, at and past a warp and the 256-thread block; row counts
+  // past one ColumnSums chunk (1024) and past the 65535-block grid.
+  const Case cases[] = {{{1, 1}, 1e-3f},        {{3, 7}, 1e-3f},         {{64, 32}, 1e-5f},
+                        {{5, 33}, 1e-3f},       {{2, 300}, 1e-3f},       {{4, 4096}, 1e-6f},
+                        {{8, 13, 13, 32}, 1e-3f}, {{3, 1029}, 1e-3f},    {{70000, 3}, 1e-3f},
+                        {{2, 600, 64}, 1e-5f}};
+  struct Variant {
+    bool gamma, beta, rms;
+  };
+  const Variant variants[] = {
+      {true, true, false}, {false, false, false}, {true, false, false}, {true, false, true},
+      {false, false, true}};
+  uint32_t seed = 750;
+  for (const Case& c : cases) {
+    for (const Variant& v : variants) {
+      SCOPED_TRACE(absl::StrCat(Tensor(c.shape).ShapeString(), " epsilon ", c.epsilon,
+                                v.rms ? " rms" : "", v.gamma ? " gamma" : "",
+                                v.beta ? " beta" : ""));
+      const int64_t ch = c.shape.back();
+      const int64_t rows = Tensor(c.shape).size() / ch;
+      const Tensor x = Uniform(c.shape, ++seed, -1, 3);  // off centre, as activations are
+      const Tensor gamma = Uniform({ch}, ++seed, 0.5f, 1.5f);
+      const Tensor beta = Uniform({ch}, ++seed, -0.5f, 0.5f);
+      const Tensor dy = Uniform(c.shape, ++seed, -1, 1);
+      const Tensor xd = ToGpu(x), gamma_d = ToGpu(gamma), beta_d = ToGpu(beta);
+      const Tensor* g = v.gamma ? &gamma : nullptr;
+      const Tensor* b = v.beta ? &beta : nullptr;
+      const Tensor* g_d = v.gamma ? &gamma_d : nullptr;
+      const Tensor* b_d = v.beta ? &beta_d : nullptr;
+
+      Tensor y, mean, rstd;
+      LayerNormForward(x, g, b, c.epsilon, v.rms, &y, &mean, &rstd);
+      Tensor y_d = Poisoned(c.shape), mean_d = Poisoned({rows}), rstd_d = Poisoned({rows});
+      LayerNormForward(xd, g_d, b_d, c.epsilon, v.rms, &y_d, &mean_d, &rstd_d);
+      EXPECT_TRUE(MatchesCpu(y, y_d)) << "y";
+      EXPECT_TRUE(MatchesCpu(mean, mean_d)) << "row means";
+      EXPECT_TRUE(MatchesCpu(rstd, rstd_d)) << "row scales";
+
+      // The CPU's statistics on both devices.
+      Tensor dx, dgamma, dbeta;
+      LayerNormBackward(x, dy, g, mean, rstd, v.rms, &dx, v.gamma ? &dgamma : nullptr,
+                        v.beta ? &dbeta : nullptr);
+      Tensor dx_d = Poisoned(c.shape), dgamma_d = Poisoned({ch}), dbeta_d = Poisoned({ch});
+      LayerNormBackward(xd, ToGpu(dy), g_d, ToGpu(mean), ToGpu(rstd), v.rms, &dx_d,
+                        v.gamma ? &dgamma_d : nullptr, v.beta ? &dbeta_d : nullptr);
+      EXPECT_TRUE(MatchesCpu(dx, dx_d)) << "dx";
+      if (v.gamma) EXPECT_TRUE(MatchesCpu(dgamma, dgamma_d)) << "dgamma";
+      if (v.beta) EXPECT_TRUE(MatchesCpu(dbeta, dbeta_d)) << "dbeta";
+    }
+  }
+}
+
 // ---- Global average pooling ----------------------------------------------------------
 
 TEST_P(OpsDeviceTest, GlobalAveragePool2DForwardAndBackward) {

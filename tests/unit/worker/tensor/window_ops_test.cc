@@ -1,5 +1,5 @@
-// Tests of ops.h's windowed ops (Conv2D, pooling), batch normalisation and
-// global average pooling on the CPU backend: every op against a naive
+// Tests of ops.h's windowed ops (Conv2D, pooling), batch and layer
+// normalisation and global average pooling on the CPU backend: every op against a naive
 // reference written here (plain loops, double accumulation), every backward
 // op against central finite differences of the double reference forward on
 // a weighted-sum loss, and the padding semantics TensorFlow has.
@@ -16,6 +16,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <omp.h>
 
 #include "gtest/gtest.h"
 #include "worker/tensor/cpu/conv_kernels.h"
@@ -718,6 +720,61 @@ TEST(GlobalAveragePoolTest, ForwardAndBackward) {
 }
 
 // ---- Threads -----------------------------------------------------------------------
+
+// Layer norm splits rows (forward, dx) and columns (dgamma, dbeta) across
+// the thread's team: any team size gives the same bits, and the values are
+// the formula's, computed here in double.
+TEST(LayerNormOpTest, EveryTeamSizeGivesTheSameBitsAndTheFormulasValues) {
+  const int64_t rows = 3000, cols = 48;  // past the split threshold (2^16 elements)
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1.0f, 3.0f);
+  Tensor x({rows, cols}), dy({rows, cols}), gamma({cols}), beta({cols});
+  for (Tensor* t : {&x, &dy, &gamma, &beta}) {
+    for (float& v : t->span()) v = u(gen);
+  }
+  for (const bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "rms" : "layer");
+    std::vector<std::vector<float>> results;
+    const int before = omp_get_max_threads();
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      Tensor y, mean, rstd, dx, dgamma, dbeta;
+      ops::LayerNormForward(x, &gamma, rms ? nullptr : &beta, 1e-3f, rms, &y, &mean, &rstd);
+      ops::LayerNormBackward(x, dy, &gamma, mean, rstd, rms, &dx, &dgamma,
+                             rms ? nullptr : &dbeta);
+      std::vector<float>& flat = results.emplace_back();
+      for (const Tensor* t : {&y, &dx, &dgamma}) {
+        flat.insert(flat.end(), t->span().begin(), t->span().end());
+      }
+      if (!rms) flat.insert(flat.end(), dbeta.span().begin(), dbeta.span().end());
+      if (threads > 1) continue;
+      // The formula in double, for a few rows and columns.
+      for (int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+        double mu = 0, var = 0;
+        for (int64_t c = 0; c < cols; ++c) mu += x[r * cols + c];
+        mu = rms ? 0.0 : mu / cols;
+        for (int64_t c = 0; c < cols; ++c) var += std::pow(x[r * cols + c] - mu, 2);
+        const double inv = 1 / std::sqrt(var / cols + 1e-3);
+        for (int64_t c = 0; c < cols; ++c) {
+          const double want = gamma[c] * (x[r * cols + c] - mu) * inv + (rms ? 0.0 : beta[c]);
+          ASSERT_NEAR(y[r * cols + c], want, 1e-5 * (1 + std::abs(want))) << r << "," << c;
+        }
+      }
+      for (int64_t c : {int64_t{0}, cols - 1}) {
+        double sum_dy = 0, sum_dy_xhat = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          sum_dy += dy[r * cols + c];
+          sum_dy_xhat += double{dy[r * cols + c]} * (x[r * cols + c] - mean[r]) * rstd[r];
+        }
+        EXPECT_NEAR(dgamma[c], sum_dy_xhat, 1e-5 * (1 + std::abs(sum_dy_xhat)));
+        if (!rms) EXPECT_NEAR(dbeta[c], sum_dy, 1e-5 * (1 + std::abs(sum_dy)));
+      }
+    }
+    omp_set_num_threads(before);
+    EXPECT_EQ(results[0], results[1]);
+    EXPECT_EQ(results[0], results[2]);
+  }
+}
 
 TEST(WindowOpsThreadsTest, ConcurrentReplicaThreadsGetCorrectResults) {
   // Replica threads, each with its own primitive cache and one OpenMP thread,
