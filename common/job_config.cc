@@ -703,7 +703,9 @@ enum class LayerArg {
   kScale,
   kOffset,
   kCenter,
-  kScaleOutput,  // LayerNormalization's boolean `scale` (Rescaling's kScale is a number)
+  kScaleOutput,
+  kInputDim,
+  kOutputDim,  // LayerNormalization's boolean `scale` (Rescaling's kScale is a number)
   kName,
 };
 
@@ -736,6 +738,8 @@ constexpr LayerArgInfo kLayerArgs[] = {
     {LayerArg::kOffset, "offset", "offset"},
     {LayerArg::kCenter, "center", "center"},
     {LayerArg::kScaleOutput, "scale", "scale"},
+    {LayerArg::kInputDim, "inputDim", "input_dim"},
+    {LayerArg::kOutputDim, "outputDim", "output_dim"},
     {LayerArg::kName, "name", "name"},
 };
 
@@ -780,6 +784,8 @@ std::vector<LayerArg> LayerArgsOf(LayerKind kind) {
       return {A::kAxis, A::kEpsilon, A::kCenter, A::kScaleOutput, A::kName};
     case LayerKind::kRMSNormalization:
       return {A::kAxis, A::kEpsilon, A::kName};
+    case LayerKind::kEmbedding:
+      return {A::kInputDim, A::kOutputDim, A::kName};
     case LayerKind::kActivation:
       return {A::kActivation, A::kName};
     case LayerKind::kReLU:
@@ -816,6 +822,8 @@ std::vector<std::pair<LayerArg, const char*>> RequiredArgsOf(LayerKind kind) {
       return {{A::kActivation, "activation: relu"}};
     case LayerKind::kRescaling:
       return {{A::kScale, "scale: 0.00392156862745098"}};
+    case LayerKind::kEmbedding:
+      return {{A::kInputDim, "inputDim: 10000"}, {A::kOutputDim, "outputDim: 16"}};
     default:
       return {};
   }
@@ -992,8 +1000,13 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
   switch (arg) {
     case LayerArg::kFilters:
     case LayerArg::kUnits:
+    case LayerArg::kInputDim:
+    case LayerArg::kOutputDim:
       if (Check(LayerIntRule(), v, path, issues)) {
-        (arg == LayerArg::kFilters ? layer->filters : layer->units) = v.get<int64_t>();
+        (arg == LayerArg::kFilters     ? layer->filters
+         : arg == LayerArg::kUnits     ? layer->units
+         : arg == LayerArg::kInputDim ? layer->input_dim
+                                       : layer->output_dim) = v.get<int64_t>();
       }
       break;
     case LayerArg::kKernelSize:
@@ -1250,6 +1263,12 @@ Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
         break;
       case LayerArg::kUnits:
         args[name] = layer.units;
+        break;
+      case LayerArg::kInputDim:
+        args[name] = layer.input_dim;
+        break;
+      case LayerArg::kOutputDim:
+        args[name] = layer.output_dim;
         break;
       case LayerArg::kKernelSize:
         args[name] = one_d ? Json(layer.kernel_size[0]) : PairJson(layer.kernel_size);
@@ -1957,6 +1976,13 @@ void ValidateModel(const TrainingConfig& t,
   if (!argument_issues.empty()) {
     issues->Append(argument_issues);
     return;
+  }
+  const size_t first = m.layers.front().kind == LayerKind::kInput ? 1 : 0;
+  if (t.dataset.type == DatasetType::kSynthetic && first < m.layers.size() &&
+      m.layers[first].kind == LayerKind::kEmbedding) {
+    issues->Add(absl::StrCat(path, ".layers[", first, "]"),
+                "(Embedding) looks up integer token ids, but synthetic data are real-valued "
+                "features; train it on csv or tfrecord data whose features are the ids");
   }
   std::optional<std::vector<int64_t>> shape = example_shape;
   // Without the data, an Input layer still says what the model expects.

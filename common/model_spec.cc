@@ -49,6 +49,7 @@ constexpr LayerKindEntry kLayerKinds[] = {
     {LayerKind::kGlobalMaxPooling1D, "GlobalMaxPooling1D", "global_max_pooling1d"},
     {LayerKind::kLayerNormalization, "LayerNormalization", "layer_normalization"},
     {LayerKind::kRMSNormalization, "RMSNormalization", "rms_normalization"},
+    {LayerKind::kEmbedding, "Embedding", "embedding"},
 };
 
 // In the order of the enum; each kind's first entry is the name Keras
@@ -211,6 +212,17 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
     case LayerKind::kAveragePooling1D:
       positive_pair(layer.pool_size, "poolSize");
       if (layer.strides) positive_pair(*layer.strides, "strides");
+      break;
+    case LayerKind::kEmbedding:
+      if (layer.input_dim < 1) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("inputDim (the vocabulary size) must be a positive integer, got ",
+                                 layer.input_dim));
+      }
+      if (layer.output_dim < 1) {
+        issues->Add(index, layer.kind,
+                    absl::StrCat("outputDim must be a positive integer, got ", layer.output_dim));
+      }
       break;
     case LayerKind::kDense:
       if (layer.units < 1) {
@@ -591,6 +603,19 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
       case LayerKind::kFlatten:
         if (current) out = std::vector<int64_t>{Elements(*current)};
         break;
+      case LayerKind::kEmbedding:
+        // Token ids are the model's input itself: a layer before would hand
+        // it real numbers, and nothing could pass a gradient through ids.
+        if (i != 0 && !(i == 1 && layers[0].kind == LayerKind::kInput)) {
+          issues.Add(i, layer.kind,
+                     "Embedding reads the integer token ids the dataset holds, so it must be "
+                     "the first layer (after Input); move it to layers[0]");
+        }
+        if (current && arguments_ok) {
+          out = *current;
+          out->push_back(layer.output_dim);
+        }
+        break;
       case LayerKind::kDense:
         if (current && current->size() != 1) {
           issues.Add(i, layer.kind,
@@ -640,6 +665,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
                    "kernelSize x input channels x filters"}};
       } else if (layer.kind == LayerKind::kDense) {
         kernel = {{Elements({Elements(*current), layer.units}), "input features x units"}};
+      } else if (layer.kind == LayerKind::kEmbedding) {
+        kernel = {{Elements({layer.input_dim, layer.output_dim}), "inputDim x outputDim"}};
       }
       if (kernel && kernel->first > kMaxTensorElements) {
         issues.Add(i, layer.kind,

@@ -60,6 +60,9 @@ enum class LayerKind {
   // and rms_normalization).
   kLayerNormalization,      // {axis, epsilon, center, scale}
   kRMSNormalization,        // {axis, epsilon}
+  // Integer token ids in [0, inputDim) -> rows of a trained [inputDim,
+  // outputDim] table; the first layer (after Input) only.
+  kEmbedding,               // {inputDim, outputDim}
 };
 // Whether the class is one of the 1-D layers above.
 bool IsOneDimensional(LayerKind kind);
@@ -135,6 +138,8 @@ struct LayerConfig {
   std::vector<int64_t> shape;         // Input: shape; Reshape: targetShape
   int64_t filters = 0;                // Conv2D
   int64_t units = 0;                  // Dense
+  int64_t input_dim = 0;              // Embedding: the vocabulary size
+  int64_t output_dim = 0;             // Embedding: each token's vector length
   std::array<int64_t, 2> kernel_size = {0, 0};  // Conv2D (a scalar means both); Conv1D {k, 1}
   std::array<int64_t, 2> pool_size = {2, 2};    // pooling (1-D: {p, 1})
   // Conv2D: (1, 1) when unset; pooling: pool_size when unset (Keras).

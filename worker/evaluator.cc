@@ -101,6 +101,7 @@ absl::StatusOr<std::unique_ptr<Evaluator>> Evaluator::Create(const JobConfig& co
                                                              EvaluatorMetrics* metrics) {
   auto eval = OpenEvalDataset(config.training.dataset, config.training.seed);
   if (!eval.ok()) return eval.status();
+  if (absl::Status ids = CheckTokenIds(**eval, config.training.model); !ids.ok()) return ids;
   return CreateWithDataset(config, std::move(options), std::move(*eval), metrics);
 }
 

@@ -236,6 +236,13 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     if (!eval.ok()) return fail(kExitInvalidData, eval.status());
     eval_data = std::move(*eval);
   }
+  for (const Dataset* data : {static_cast<const Dataset*>(train_data.get()),
+                              static_cast<const Dataset*>(eval_data.get())}) {
+    if (data == nullptr) continue;
+    if (absl::Status ids = CheckTokenIds(*data, tc.model); !ids.ok()) {
+      return fail(kExitInvalidData, ids);
+    }
+  }
   int num_classes = train_data->num_classes();
   if (eval_data != nullptr) num_classes = std::max(num_classes, eval_data->num_classes());
   if (eval_data != nullptr && eval_data->example_shape() != train_data->example_shape()) {

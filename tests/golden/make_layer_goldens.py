@@ -50,9 +50,15 @@ def variables(layer):
 
 
 def layer_case(name, config, layer, input_shape, training=False, input_scale=1.0,
-               set_weights=None, distinct_input=False):
-    """Runs one layer on a fixed input and records output and gradients."""
-    x = small((2,) + tuple(input_shape), input_scale)
+               set_weights=None, distinct_input=False, ids_below=None):
+    """Runs one layer on a fixed input and records output and gradients.
+    ids_below: the input is whole-number token ids in [0, ids_below), held
+    as floats, which have no gradient (Embedding)."""
+    if ids_below is not None:
+        x = RNG.integers(0, ids_below, size=(3,) + tuple(input_shape)).astype(np.float32)
+        x.reshape(-1)[:2] = 1.0  # a repeated id at least once
+    else:
+        x = small((2,) + tuple(input_shape), input_scale)
     if distinct_input:
         # Distinct values far apart, so max pooling's argmax is unambiguous.
         n = x.size
@@ -84,11 +90,13 @@ def layer_case(name, config, layer, input_shape, training=False, input_scale=1.0
         "output_shape": list(y.shape),
         "output": arr(y),
         "upstream": arr(upstream),
-        "grad_input": arr(grads[0]),
         "grad_variables": {
-            v.path.split("/")[-1]: arr(g) for v, g in zip(trainable, grads[1:])
+            v.path.split("/")[-1]: arr(tf.convert_to_tensor(g))
+            for v, g in zip(trainable, grads[1:])
         },
     }
+    if ids_below is None:
+        case["grad_input"] = arr(grads[0])
     if training and any(k.startswith("moving_") for k in vs):
         case["variables_after"] = {k: arr(v) for k, v in vs.items() if k.startswith("moving_")}
     return case
@@ -182,8 +190,10 @@ LOSSES = {
 
 
 def model_case(name, layer_configs, keras_layers, example_shape, loss_name, from_logits,
-               num_classes, batch=6, input_scale=1.0, labels=None, weight_scale=0.5):
-    """A Sequential model: Keras' loss and accuracy and the loss's gradients."""
+               num_classes, batch=6, input_scale=1.0, labels=None, weight_scale=0.5,
+               ids_below=None):
+    """A Sequential model: Keras' loss and accuracy and the loss's gradients.
+    ids_below: the input is token ids in [0, ids_below) (an Embedding first)."""
     model = keras.Sequential([keras.Input(example_shape)] + keras_layers)
     loss_kwargs = {} if loss_name == "MeanSquaredError" else {"from_logits": from_logits}
     loss_fn = LOSSES[loss_name](**loss_kwargs)
@@ -204,7 +214,10 @@ def model_case(name, layer_configs, keras_layers, example_shape, loss_name, from
         for v in layer.weights:
             names[id(v)] = f"{layer.name}/{v.path.split('/')[-1]}"
             variables_out[names[id(v)]] = {"shape": list(v.shape), "value": arr(v)}
-    x = small((batch,) + tuple(example_shape), input_scale)
+    if ids_below is not None:
+        x = RNG.integers(0, ids_below, size=(batch,) + tuple(example_shape)).astype(np.float32)
+    else:
+        x = small((batch,) + tuple(example_shape), input_scale)
     if labels is None:
         labels = RNG.integers(0, num_classes, size=(batch,))
     labels = np.asarray(labels, dtype=np.int32)
@@ -239,7 +252,7 @@ def model_case(name, layer_configs, keras_layers, example_shape, loss_name, from
         "loss_value": float(loss),
         "tape_loss": float(tape_loss),
         "accuracy": float(accuracy),
-        "grads": {names[id(v)]: arr(g) for v, g in zip(trainable, grads)},
+        "grads": {names[id(v)]: arr(tf.convert_to_tensor(g)) for v, g in zip(trainable, grads)},
         "state_after_training_call": state_after,
         "keras_warned": any("from_logits=True" in str(w.message) for w in caught),
     }
@@ -625,11 +638,44 @@ def layer_and_rms_normalization_cases():
     return cases
 
 
+def embedding_cases():
+    """Embedding on whole-number ids held as floats (as distrain's features
+    are): a sequence, a grid, repeated ids (their gradients add), and models
+    that pool, flatten or convolve the vectors."""
+    cases = []
+    K = keras.layers
+    for name, shape, vocab, dim in [("embedding_sequence", (6,), 9, 4),
+                                    ("embedding_grid", (3, 4), 5, 3),
+                                    ("embedding_one_id_column", (1,), 4, 7)]:
+        cases.append(layer_case(
+            name, {"class": "Embedding", "inputDim": vocab, "outputDim": dim},
+            K.Embedding(vocab, dim, name="embedding"), shape, training=True, ids_below=vocab))
+    for name, vocab, body in [
+        ("embedding_average_pooling_model", 12, [
+            ({"class": "Embedding", "inputDim": 12, "outputDim": 8, "name": "embedding"},
+             K.Embedding(12, 8, name="embedding")),
+            ({"class": "GlobalAveragePooling1D", "name": "global_average_pooling1d"},
+             K.GlobalAveragePooling1D(name="global_average_pooling1d")),
+            ({"class": "Dense", "units": 3, "name": "dense"}, K.Dense(3, name="dense"))]),
+        ("embedding_conv1d_model", 7, [
+            ({"class": "Embedding", "inputDim": 7, "outputDim": 5, "name": "embedding"},
+             K.Embedding(7, 5, name="embedding")),
+            ({"class": "Conv1D", "filters": 4, "kernelSize": 3, "activation": "relu",
+              "name": "conv1d"}, K.Conv1D(4, 3, activation="relu", name="conv1d")),
+            ({"class": "Flatten", "name": "flatten"}, K.Flatten(name="flatten")),
+            ({"class": "Dense", "units": 3, "name": "dense"}, K.Dense(3, name="dense"))]),
+    ]:
+        cases.append(model_case(name, [c for c, _ in body], [l for _, l in body], (10,),
+                                "SparseCategoricalCrossentropy", True, 3, batch=4,
+                                ids_below=vocab))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
              schedule_cases() + one_d_cases() + global_max_cases() +
-             layer_and_rms_normalization_cases())
+             layer_and_rms_normalization_cases() + embedding_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

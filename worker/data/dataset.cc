@@ -166,6 +166,31 @@ absl::StatusOr<std::unique_ptr<Dataset>> Concat(std::vector<std::unique_ptr<Data
 
 }  // namespace
 
+absl::Status CheckTokenIds(const Dataset& data, const ModelConfig& model) {
+  const std::vector<LayerConfig>& layers = model.layers;
+  size_t index = !layers.empty() && layers[0].kind == LayerKind::kInput ? 1 : 0;
+  if (model.type != "sequential" || index >= layers.size() ||
+      layers[index].kind != LayerKind::kEmbedding) {
+    return absl::OkStatus();
+  }
+  const int64_t vocab = layers[index].input_dim;
+  std::vector<float> features(static_cast<size_t>(data.num_features()));
+  int32_t label = 0;
+  for (int64_t e = 0; e < data.size(); ++e) {
+    data.Get(e, features.data(), &label);
+    for (size_t f = 0; f < features.size(); ++f) {
+      const float id = features[f];
+      if (id >= 0 && id < static_cast<float>(vocab) && std::floor(id) == id) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          data.description(), ": example ", e, ", feature ", f, " is ", id,
+          ", but spec.training.model.layers[", index, "] (Embedding) looks up token ids, whole "
+          "numbers in [0, ", vocab, ") (inputDim: ", vocab, "): fix the data, raise inputDim, "
+          "or set spec.training.dataset.scale: 1 if the ids arrived scaled"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(
     std::vector<std::unique_ptr<Dataset>> parts) {
   if (parts.size() == 1 && parts[0] != nullptr) return std::move(parts[0]);

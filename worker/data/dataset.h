@@ -111,6 +111,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> LoadTfRecordDataset(const std::string& 
                                                              const DatasetConfig& config,
                                                              int num_classes);
 
+// When the model's first layer (after Input) is an Embedding, checks that
+// every feature of `data` is a token id it can look up: a whole number in
+// [0, inputDim). The first bad one is named (its example, feature and value)
+// with the fix; anything else is OK.
+absl::Status CheckTokenIds(const Dataset& data, const ModelConfig& model);
+
 // Concatenation of datasets with equal example_shape (num_classes = max); the
 // result has that example_shape.
 absl::StatusOr<std::unique_ptr<Dataset>> ConcatDatasets(std::vector<std::unique_ptr<Dataset>> parts);

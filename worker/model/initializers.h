@@ -25,6 +25,10 @@ uint64_t Mix(uint64_t x);
 // kernel [kh, kw, in, out] Keras' fans are kh*kw*in and kh*kw*out.
 void GlorotUniform(uint64_t seed, int64_t fan_in, int64_t fan_out, Tensor* out);
 
+// Keras' RandomUniform(minval, maxval) (Embedding's "uniform": -0.05, 0.05),
+// drawn as GlorotUniform draws.
+void RandomUniform(uint64_t seed, double minval, double maxval, Tensor* out);
+
 }  // namespace distrain::init
 
 #endif  // DISTRAIN_WORKER_MODEL_INITIALIZERS_H_

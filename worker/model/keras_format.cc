@@ -100,6 +100,9 @@ Json Initializer(const char* class_name) {
   // Keras' defaults, which distrain's initialisers follow (initializers.h).
   Json config = Json::object();
   if (std::string(class_name) == "GlorotUniform") config["seed"] = nullptr;
+  if (std::string(class_name) == "RandomUniform") {  // Embedding's "uniform"
+    config = {{"seed", nullptr}, {"minval", -0.05}, {"maxval", 0.05}};
+  }
   return Serialized("keras.initializers", class_name, std::move(config));
 }
 
@@ -211,6 +214,15 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
     case LayerKind::kRMSNormalization:
       c["axis"] = Json::array({-1});
       c["epsilon"] = layer.epsilon;
+      break;
+    case LayerKind::kEmbedding:
+      c["input_dim"] = layer.input_dim;
+      c["output_dim"] = layer.output_dim;
+      c["embeddings_initializer"] = Initializer("RandomUniform");
+      c["embeddings_regularizer"] = nullptr;
+      c["activity_regularizer"] = nullptr;
+      c["embeddings_constraint"] = nullptr;
+      c["mask_zero"] = false;
       break;
     case LayerKind::kActivation:
       c["activation"] = ActivationName(layer.activation);
@@ -412,6 +424,8 @@ LayerVariables VariablesOf(const LayerConfig& layer) {
     }
     case LayerKind::kRMSNormalization:
       return {{n + "/scale"}, 1};
+    case LayerKind::kEmbedding:
+      return {{n + "/embeddings"}, 1};
     default:
       return {};
   }
@@ -933,6 +947,28 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       r.ExpectInitializer("beta_initializer", "Zeros");
       r.ExpectInitializer("gamma_initializer", "Ones");
       break;
+    case LayerKind::kEmbedding: {
+      layer->input_dim = r.Int("input_dim", 0);
+      layer->output_dim = r.Int("output_dim", 0);
+      if (r.Bool("mask_zero", false)) {
+        r.Bad("mask_zero", "is true; distrain has no masks (id 0 is a token like any other): "
+                           "set mask_zero=False");
+      }
+      if (r.Get("input_length") != nullptr) {
+        r.Bad("input_length", "is set (a Keras 2 argument): declare the sequence length with "
+                              "the Input layer's shape instead");
+      }
+      for (const char* key : {"embeddings_regularizer", "activity_regularizer",
+                              "embeddings_constraint", "quantization_config"}) {
+        r.RequireNull(key);
+      }
+      if (r.Bool("sparse", false)) r.Bad("sparse", "is true; distrain's gradients are dense");
+      const Json* init = r.Get("embeddings_initializer");
+      if (!(init != nullptr && init->is_string() && init->get<std::string>() == "uniform")) {
+        r.ExpectInitializer("embeddings_initializer", "RandomUniform");
+      }
+      break;
+    }
     case LayerKind::kActivation:
       layer->activation = r.Activation("activation");
       break;

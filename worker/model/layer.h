@@ -52,7 +52,8 @@ struct ForwardContext {
 // replica at a time (replicas own separate Model copies). Not thread-safe.
 // Layers compute through worker/tensor/ops.h only, so one layer serves every
 // device. Families: layer.h (this base, Dense), activation_layer.h,
-// reshape_layers.h, dropout.h, conv_layers.h, normalization.h, rescaling.h;
+// reshape_layers.h, dropout.h, conv_layers.h, normalization.h, rescaling.h,
+// embedding.h;
 // layer_factory.h builds one from a LayerConfig.
 class Layer {
  public:
@@ -115,6 +116,9 @@ class Layer {
   // BatchNormalization does: its output is still rounded, its parameter
   // gradients are not.
   virtual bool ComputesInFloat32() const { return false; }
+  // Whether the layer's input is token ids (Embedding), which the model
+  // must pass on exactly: a mixed policy does not round them.
+  virtual bool ReadsTokenIds() const { return false; }
 
   // The type the layer's matrix products and convolutions compute in (the
   // model's precision, ComputeType). Under a 16-bit type the model hands

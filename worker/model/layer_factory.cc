@@ -4,6 +4,7 @@
 #include "worker/model/activation_layer.h"
 #include "worker/model/conv_layers.h"
 #include "worker/model/dropout.h"
+#include "worker/model/embedding.h"
 #include "worker/model/normalization.h"
 #include "worker/model/rescaling.h"
 #include "worker/model/reshape_layers.h"
@@ -64,6 +65,8 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
     case LayerKind::kBatchNormalization:
       return std::make_unique<BatchNormalization>(c.name, input_shape.back(), c.momentum,
                                                   c.epsilon);
+    case LayerKind::kEmbedding:
+      return std::make_unique<Embedding>(c.name, c.input_dim, c.output_dim, seed);
     case LayerKind::kLayerNormalization:
     case LayerKind::kRMSNormalization:
       return std::make_unique<LayerNormalization>(

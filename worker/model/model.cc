@@ -208,7 +208,8 @@ void Model::Finalize(std::string summary) {
 
 const Tensor& Model::LayerInput(const Tensor& features) {
   const bool elsewhere = features.device_id() != device_;
-  if (compute_ != ComputeType::kFloat32) {
+  const bool token_ids = !layers_.empty() && layers_[0]->ReadsTokenIds();
+  if (compute_ != ComputeType::kFloat32 && !token_ids) {
     // Keras casts a mixed-precision model's input to the compute type.
     if (elsewhere) {
       input_.Resize(features.shape(), device_);

@@ -1,5 +1,5 @@
-// ops.h's matrix products, broadcasts, activations, dropout, losses and
-// copies: device dispatch plus shape checks, with the CPU work in
+// ops.h's matrix products, broadcasts, activations, embedding lookups,
+// dropout, losses and copies: device dispatch plus shape checks, with the CPU work in
 // cpu_math.h (GEMM, ReLU, softmax cross-entropy from logits) and
 // cpu/elementwise_cpu.h (the elementwise.h functors), the GPU work in
 // cuda/backend.h. The windowed ops, batch norm and pooling live in
@@ -174,6 +174,39 @@ void ScaleShift(float scale, float offset, const Tensor& x, Tensor* y) {
     return;
   }
   cpu::ScaleShift(x.size(), scale, offset, x.data(), y->data());
+}
+
+// ---- Embedding -------------------------------------------------------------
+
+void EmbeddingForward(const Tensor& table, const Tensor& ids, Tensor* y) {
+  DISTRAIN_CHECK(table.rank() == 2 && y != &ids && y != &table) << table.ShapeString();
+  const int64_t vocab = table.dim(0), dim = table.dim(1);
+  const DeviceId d = CallDevice({&table, &ids});
+  std::vector<int64_t> shape = ids.shape();
+  shape.push_back(dim);
+  y->Resize(shape, d);
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::EmbeddingForward(d.ordinal, ids.size(), vocab, dim, ids.data(),
+                                              table.data(), y->data()));
+    return;
+  }
+  cpu::EmbeddingForward(ids.size(), vocab, dim, ids.data(), table.data(), y->data());
+}
+
+void EmbeddingBackward(const Tensor& ids, const Tensor& dy, Tensor* dtable) {
+  DISTRAIN_CHECK(dtable->rank() == 2 && dtable != &dy) << dtable->ShapeString();
+  const int64_t vocab = dtable->dim(0), dim = dtable->dim(1);
+  std::vector<int64_t> want = ids.shape();
+  want.push_back(dim);
+  DISTRAIN_CHECK(dy.shape() == want) << "embedding gradient " << dy.ShapeString() << " for ids "
+                                     << ids.ShapeString();
+  const DeviceId d = CallDevice({&ids, &dy, dtable});
+  if (OnGpu(d)) {
+    DISTRAIN_CUDA_ONLY(cuda::EmbeddingBackward(d.ordinal, ids.size(), vocab, dim, ids.data(),
+                                               dy.data(), dtable->data()));
+    return;
+  }
+  cpu::EmbeddingBackward(ids.size(), vocab, dim, ids.data(), dy.data(), dtable->data());
 }
 
 // ---- Dropout ---------------------------------------------------------------

@@ -163,6 +163,15 @@ void LayerNormBackward(const Tensor& x, const Tensor& dy, const Tensor* gamma,
                        const Tensor& mean, const Tensor& rstd, bool rms, Tensor* dx,
                        Tensor* dgamma, Tensor* dbeta);
 
+// ---- Embedding lookup -------------------------------------------------------
+// ids holds token ids as floats (whole numbers in [0, V), which the data
+// loaders check against the layer; an id outside gives a zero row on a GPU
+// and fails a CHECK on the CPU). y[..., D] = table[id, :] per id; the
+// backward pass overwrites dtable [V, D] with the sum of dy's rows per id,
+// added in the ids' order (so both backends give the same bits).
+void EmbeddingForward(const Tensor& table, const Tensor& ids, Tensor* y);
+void EmbeddingBackward(const Tensor& ids, const Tensor& dy, Tensor* dtable);
+
 // ---- Pooling without a window ----------------------------------------------
 
 // y[N, C] = mean of x[N, H, W, C] over H and W; dx spreads dy evenly back.

@@ -114,7 +114,7 @@ const std::string kGuideCnnJob =
 
 TEST(ModelSpecNamesTest, LayerClassesRoundTrip) {
   const std::vector<std::string> names = LayerKindNames();
-  EXPECT_EQ(names.size(), 24u);
+  EXPECT_EQ(names.size(), 25u);
   for (const std::string& name : names) {
     std::optional<LayerKind> kind = ParseLayerKind(name);
     ASSERT_TRUE(kind.has_value()) << name;

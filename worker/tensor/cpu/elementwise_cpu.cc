@@ -215,6 +215,41 @@ void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* 
   });
 }
 
+// ---- Embedding ------------------------------------------------------------------
+
+namespace {
+int64_t TokenRow(float id, int64_t vocab) {
+  const auto row = static_cast<int64_t>(id);
+  DISTRAIN_CHECK(static_cast<float>(row) == id && row >= 0 && row < vocab)
+      << "embedding id " << id << " outside [0, " << vocab << ")";
+  return row;
+}
+}  // namespace
+
+void EmbeddingForward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                      const float* table, float* y) {
+  ParallelSpans(n, dim, [&](int64_t first, int64_t end) {
+    for (int64_t i = first; i < end; ++i) {
+      std::memcpy(y + i * dim, table + TokenRow(ids[i], vocab) * dim,
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+  });
+}
+
+void EmbeddingBackward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                       const float* dy, float* dtable) {
+  std::fill(dtable, dtable + vocab * dim, 0.0f);
+  // Columns across the team, positions in order within each: no two threads
+  // touch one element, and every sum is added in the ids' order.
+  ParallelSpans(dim, n, [&](int64_t first, int64_t end) {
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = dtable + TokenRow(ids[i], vocab) * dim;
+      const float* g = dy + i * dim;
+      for (int64_t j = first; j < end; ++j) row[j] += g[j];
+    }
+  });
+}
+
 void CopyFloats(int64_t n, const float* src, float* dst) {
   ParallelRange(n, [&](int64_t b, int64_t e) {
     std::memcpy(dst + b, src + b, static_cast<size_t>(e - b) * sizeof(float));

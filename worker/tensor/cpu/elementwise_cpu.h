@@ -41,6 +41,14 @@ void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* 
                        const float* gamma, const float* mean, const float* rstd, bool rms,
                        float* dx, float* dgamma, float* dbeta);
 
+// Embedding rows of table[vocab, dim] for n float ids (whole numbers in
+// [0, vocab), CHECKed), and the table's gradient: dtable (overwritten) =
+// per id, the sum of dy's rows in the ids' order.
+void EmbeddingForward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                      const float* table, float* y);
+void EmbeddingBackward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                       const float* dy, float* dtable);
+
 // mask[i] = f(i); y = x * mask. y may alias x.
 void DropoutForward(int64_t n, const elementwise::DropoutMask& f, const float* x, float* y,
                     float* mask);

@@ -78,6 +78,12 @@ void LayerNormForward(int device, int64_t rows, int64_t cols, const float* x,
 void LayerNormBackward(int device, int64_t rows, int64_t cols, const float* x, const float* dy,
                        const float* gamma, const float* mean, const float* rstd, bool rms,
                        float* dx, float* dgamma, float* dbeta);
+// ops::EmbeddingForward/Backward: an id outside [0, vocab) reads a zero row
+// and adds nothing (the loaders refuse such data first).
+void EmbeddingForward(int device, int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                      const float* table, float* y);
+void EmbeddingBackward(int device, int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                       const float* dy, float* dtable);
 // y[r, c] += bias[c] / y[r, c] = bias[c] / dbias[c] = sum_r dy[r, c].
 void BiasAdd(int device, int64_t rows, int64_t cols, const float* bias, float* y);
 void BroadcastBias(int device, int64_t rows, int64_t cols, const float* bias, float* y);

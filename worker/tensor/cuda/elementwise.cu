@@ -561,6 +561,39 @@ struct OutputGradTimesNormalized {
   }
 };
 
+// ---- Embedding ---------------------------------------------------------------------
+// The gradient is cpu::EmbeddingBackward's loop: a thread per column adds
+// the positions' rows in order, so the sums are the CPU's bit for bit and
+// the same on every run (atomics would reorder them). Its parallelism is the
+// embedding width; the pass is small next to the layers after it.
+
+__device__ int64_t TokenRowOrMinusOne(float id, int64_t vocab) {
+  const auto row = static_cast<int64_t>(id);
+  return static_cast<float>(row) == id && row >= 0 && row < vocab ? row : -1;
+}
+
+struct EmbeddingGather {
+  const float* ids;
+  const float* table;
+  float* y;
+  int64_t vocab;
+  int64_t dim;
+  __device__ void operator()(int64_t k) const {
+    const int64_t row = TokenRowOrMinusOne(ids[k / dim], vocab);
+    y[k] = row < 0 ? 0.0f : table[row * dim + k % dim];
+  }
+};
+
+__global__ void EmbeddingGradColumns(int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                                     const float* dy, float* dtable) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= dim) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = TokenRowOrMinusOne(ids[i], vocab);
+    if (row >= 0) dtable[row * dim + j] += dy[i * dim + j];
+  }
+}
+
 // ---- Optimizer updates ------------------------------------------------------------
 // cpu_math.cc's formulas in its operation order, each product rounded before
 // it is added (that file is built -ffp-contract=off).
@@ -705,6 +738,27 @@ void LayerNormBackward(int device, int64_t rows, int64_t cols, const float* x, c
                  dgamma);
   }
   if (dbeta != nullptr) ColumnSums(ctx, 1, rows, cols, 1.0f, dy, dbeta);
+}
+
+void EmbeddingForward(int device, int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                      const float* table, float* y) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  if (n <= 0 || dim <= 0) return;
+  ForEach(ctx.compute_stream(), n * dim, EmbeddingGather{ids, table, y, vocab, dim});
+}
+
+void EmbeddingBackward(int device, int64_t n, int64_t vocab, int64_t dim, const float* ids,
+                       const float* dy, float* dtable) {
+  DeviceContext& ctx = DeviceContext::Get(device);
+  if (vocab <= 0 || dim <= 0) return;
+  DISTRAIN_CUDA_CHECK(cudaMemsetAsync(dtable, 0,
+                                      static_cast<size_t>(vocab * dim) * sizeof(float),
+                                      ctx.compute_stream()));
+  if (n <= 0) return;
+  constexpr unsigned kColumnThreads = 64;
+  EmbeddingGradColumns<<<static_cast<unsigned>(CeilDiv(dim, kColumnThreads)), kColumnThreads, 0,
+                         ctx.compute_stream()>>>(n, vocab, dim, ids, dy, dtable);
+  DISTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 void ActivationForward(int device, ActivationFunction f, int64_t n, const float* x, float* y) {
