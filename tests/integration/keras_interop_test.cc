@@ -47,8 +47,10 @@ using testing::WriteTextFile;
 
 constexpr int kPredictExamples = 64;
 
+// pixel_scale: spec.training.dataset.scale (Keras-style 1/255 unless given).
 std::string JobYaml(const std::string& strategy, const std::string& replica_specs,
-                    const std::string& model_block, const std::string& export_path) {
+                    const std::string& model_block, const std::string& export_path,
+                    float pixel_scale = 1.0f / 255) {
   const std::string& d = MnistDir();
   return absl::StrCat("apiVersion: distrain.io/v1alpha1\n", "kind: DistributedTrainingJob\n",
                       "metadata: {name: keras-interop}\n", "spec:\n", "  strategy: ", strategy,
@@ -56,6 +58,8 @@ std::string JobYaml(const std::string& strategy, const std::string& replica_spec
                       "    dataset:\n", "      type: idx\n", "      trainFiles: [", d,
                       "/train-images-idx3-ubyte]\n", "      trainLabelFiles: [", d,
                       "/train-labels-idx1-ubyte]\n", "      numClasses: 10\n",
+                      pixel_scale == 1.0f / 255 ? ""
+                                                : absl::StrCat("      scale: ", pixel_scale, "\n"),
                       "    optimizer: {type: adam, learningRate: 0.001}\n",
                       "    globalBatchSize: 64\n", "    steps: 30\n", "    logEverySteps: 10\n",
                       "    export: {path: ", export_path, "}\n");
@@ -75,9 +79,9 @@ std::string RunJob(const std::string& job, const std::string& dir) {
 // in `predictions_path`. Returns the model's parameter count (Keras'
 // count_params: every model variable), -1 on failure.
 int64_t PredictWithDistrain(const std::string& checkpoint_dir, const std::string& inputs_path,
-                            const std::string& predictions_path) {
+                            const std::string& predictions_path, float pixel_scale = 1.0f / 255) {
   auto data = LoadIdxDataset(MnistDir() + "/t10k-images-idx3-ubyte",
-                             MnistDir() + "/t10k-labels-idx1-ubyte", 1.0f / 255);
+                             MnistDir() + "/t10k-labels-idx1-ubyte", pixel_scale);
   EXPECT_TRUE(data.ok()) << data.status();
   if (!data.ok()) return -1;
   const int features = (*data)->num_features();
@@ -157,16 +161,18 @@ nlohmann::json TrainExportAndCompare(const std::string& python, const std::strin
                                      const std::string& strategy,
                                      const std::string& replica_specs,
                                      const std::string& model_block,
-                                     const std::string& optimizer = "") {
+                                     const std::string& optimizer = "",
+                                     float pixel_scale = 1.0f / 255) {
   const std::string exported = dir + "/model.keras";
-  std::string job = JobYaml(strategy, replica_specs, model_block, exported);
+  std::string job = JobYaml(strategy, replica_specs, model_block, exported, pixel_scale);
   if (!optimizer.empty()) {
     const std::string adam = "optimizer: {type: adam, learningRate: 0.001}";
     job.replace(job.find(adam), adam.size(), "optimizer: " + optimizer);
   }
   RunJob(WriteTextFile(dir + "/job.yaml", job), dir);
   EXPECT_TRUE(std::filesystem::exists(exported)) << exported;
-  const int64_t params = PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32");
+  const int64_t params =
+      PredictWithDistrain(dir + "/ckpt", dir + "/x.f32", dir + "/p.f32", pixel_scale);
   nlohmann::json result = CompareInKeras(python, dir, exported);
   result["distrain_params"] = params;
   return result;
@@ -320,6 +326,28 @@ TEST(KerasInteropTest, LayerAndRmsNormalizationPredictInKerasAsInDistrain) {
       r, {"Conv2D", "LayerNormalization", "Activation", "MaxPooling2D", "Flatten", "Dense",
           "LayerNormalization", "Activation", "Dense", "RMSNormalization", "Dense",
           "LayerNormalization"});
+  std::filesystem::remove_all(dir);
+}
+
+// Embedding over each digit's raw pixels as token ids (0-255, dataset.scale:
+// 1), the table gradient summed per id, trained as a Mirrored job of two
+// replicas: Keras' Embedding, fed the same ids, predicts what distrain does.
+TEST(KerasInteropTest, EmbeddingOfPixelTokensPredictsInKerasAsInDistrain) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_embedding");
+  nlohmann::json r = TrainExportAndCompare(
+      python, dir, "Mirrored", "    Worker: {replicas: 1}\n",
+      "    localReplicas: 2\n"
+      "    model:\n"
+      "      layers:\n"
+      "        - Embedding: {inputDim: 256, outputDim: 4}\n"
+      "        - Reshape: {targetShape: [784, 4]}\n"
+      "        - Conv1D: {filters: 8, kernelSize: 28, strides: 28, activation: relu}\n"
+      "        - Flatten: {}\n"
+      "        - Dense: {units: 10}\n"
+      "      loss: {fromLogits: true}\n",
+      "", /*pixel_scale=*/1.0f);
+  ExpectKerasRebuildsTheModel(r, {"Embedding", "Reshape", "Conv1D", "Flatten", "Dense"});
   std::filesystem::remove_all(dir);
 }
 

@@ -680,6 +680,32 @@ TEST(ModelParseTest, LayerAndRmsNormalizationTakeKerasArgumentsAndDefaults) {
   EXPECT_EQ((*shapes)[3], (std::vector<int64_t>{16}));
 }
 
+TEST(ModelParseTest, EmbeddingTakesTokenIdsAndAddsAnAxis) {
+  JobConfig config = MustParse(R"(dataset: {type: csv, trainFiles: [reviews.csv], numClasses: 2}
+model:
+  layers:
+    - Input: {shape: [20]}
+    - Embedding: {inputDim: 5000, outputDim: 16}
+    - GlobalAveragePooling1D: {}
+    - Dense: {units: 2}
+  loss: {type: SparseCategoricalCrossentropy, fromLogits: true}
+)");
+  const std::vector<LayerConfig>& layers = config.training.model.layers;
+  ASSERT_EQ(layers.size(), 4u);
+  EXPECT_EQ(layers[1].kind, LayerKind::kEmbedding);
+  EXPECT_EQ(layers[1].name, "embedding");
+  EXPECT_EQ(layers[1].input_dim, 5000);
+  EXPECT_EQ(layers[1].output_dim, 16);
+  absl::StatusOr<Shapes> shapes = InferLayerShapes(layers, {20});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ((*shapes)[1], (std::vector<int64_t>{20, 16}));
+  EXPECT_EQ((*shapes)[2], (std::vector<int64_t>{16}));
+  // A grid of ids keeps its shape and gains the vector axis.
+  shapes = InferLayerShapes({layers[1]}, {4, 5});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ((*shapes)[0], (std::vector<int64_t>{4, 5, 16}));
+}
+
 TEST(ModelParseTest, ReshapeCsvRowsIntoImages) {
   TempDir dir;
   // Label first, then 16 features: a 4x4 image per row.
@@ -1111,6 +1137,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"RmsNormalizationCenter", Layers("    - RMSNormalization: {center: true}\n"),
                  {"spec.training.model.layers[0].RMSNormalization.center: RMSNormalization takes "
                   "no argument \"center\""}},
+        BadModel{"EmbeddingWithoutDims", Layers("    - Embedding: {}\n"),
+                 {"spec.training.model.layers[0].Embedding.inputDim: required",
+                  "spec.training.model.layers[0].Embedding.outputDim: required"}},
+        BadModel{"EmbeddingAfterAnotherLayer",
+                 Layers("    - Dense: {units: 8}\n    - Embedding: {inputDim: 10, outputDim: 4}\n"),
+                 {"spec.training.model.layers[1] (Embedding): Embedding reads the integer token "
+                  "ids the dataset holds, so it must be the first layer (after Input)"}},
+        BadModel{"EmbeddingOnSyntheticData",
+                 Layers("    - Embedding: {inputDim: 10, outputDim: 4}\n    - Flatten: {}\n"
+                        "    - Dense: {units: 10}\n"),
+                 {"spec.training.model.layers[0]: (Embedding) looks up integer token ids, but "
+                  "synthetic data are real-valued features"}},
+        BadModel{"EmbeddingTableTooLarge",
+                 Layers("    - Embedding: {inputDim: 2000000000, outputDim: 64}\n"),
+                 {"(Embedding): its kernel would hold 128000000000 floats (inputDim x "
+                  "outputDim)"}},
         BadModel{"RescalingWithoutScale", Layers("    - Rescaling: {offset: 1}\n"),
                  {"spec.training.model.layers[0].Rescaling.scale: required", "scale: 0.0039"}},
         BadModel{"LeakyReluSnakeCase", Layers("    - LeakyReLU: {negative_slope: 0.1}\n"),

@@ -105,6 +105,39 @@ TEST(InMemoryDatasetTest, DefaultExampleShapeIsFlat) {
 
 TEST(ConcatDatasetsTest, EmptyListIsAnError) { EXPECT_FALSE(ConcatDatasets({}).ok()); }
 
+// A model that starts with Embedding accepts only whole-number ids below
+// inputDim; the first bad one is named with the fix. Other models take any
+// features.
+TEST(CheckTokenIdsTest, EmbeddingModelsNeedWholeIdsBelowInputDim) {
+  ModelConfig model;
+  model.type = "sequential";
+  LayerConfig input;
+  input.kind = LayerKind::kInput;
+  input.shape = {3};
+  LayerConfig embedding;
+  embedding.kind = LayerKind::kEmbedding;
+  embedding.input_dim = 10;
+  embedding.output_dim = 4;
+  model.layers = {input, embedding};
+  auto data = [](std::vector<float> features) {
+    const size_t n = features.size() / 3;
+    return InMemoryDataset("tokens.csv", 3, 2, std::move(features), std::vector<int32_t>(n, 0));
+  };
+  EXPECT_TRUE(CheckTokenIds(data({0, 9, 3, 1, 1, 1}), model).ok());
+  for (const auto& [features, value] : std::vector<std::pair<std::vector<float>, std::string>>{
+           {{0, 9, 3, 1, 10, 1}, "10"}, {{0, 9, 3, 1, 2.5f, 1}, "2.5"},
+           {{0, 9, 3, 1, -1, 1}, "-1"}}) {
+    const absl::Status s = CheckTokenIds(data(features), model);
+    EXPECT_THAT(s.message(), AllOf(HasSubstr(absl::StrCat("tokens.csv: example 1, feature 1 is ",
+                                                          value)),
+                                   HasSubstr("spec.training.model.layers[1] (Embedding)"),
+                                   HasSubstr("[0, 10) (inputDim: 10)")))
+        << s;
+  }
+  model.layers = {input};  // no Embedding: real-valued features are fine
+  EXPECT_TRUE(CheckTokenIds(data({0.5f, -3, 2.5f}), model).ok());
+}
+
 TEST(OpenTrainingInputTest, SyntheticResolvesPolicies) {
   DatasetConfig config;
   config.num_examples = 50;

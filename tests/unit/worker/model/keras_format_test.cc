@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -323,6 +324,61 @@ TEST(KerasImportTest, LayerAndRmsNormalizationImportExportAndParseBack) {
        }) {
     Json bad = json;
     bad["config"]["layers"][index]["config"][key] = value;
+    auto refused = ImportKerasModelJson(bad.dump());
+    ASSERT_FALSE(refused.ok()) << key;
+    EXPECT_THAT(refused.status().message(), HasSubstr(message));
+  }
+}
+
+// Keras' Embedding as Keras 3.15 writes it, both ways; what distrain cannot
+// honour (masks, Keras 2's input_length, regularizers) is refused by name.
+TEST(KerasImportTest, EmbeddingImportsExportsAndRefusesMasks) {
+  const Json json = Json::parse(R"({
+    "module": "keras", "class_name": "Sequential", "registered_name": null,
+    "config": {"name": "sequential", "trainable": true, "layers": [
+      {"class_name": "InputLayer", "config": {"batch_shape": [null, 5], "sparse": false, "ragged": false, "name": "input_layer", "optional": false}},
+      {"module": "keras.layers", "class_name": "Embedding", "config": {"name": "embedding", "trainable": true, "input_dim": 20, "output_dim": 4, "embeddings_initializer": {"module": "keras.initializers", "class_name": "RandomUniform", "config": {"seed": null, "minval": -0.05, "maxval": 0.05}, "registered_name": null}, "embeddings_regularizer": null, "activity_regularizer": null, "embeddings_constraint": null, "mask_zero": false, "quantization_config": null}},
+      {"class_name": "GlobalAveragePooling1D", "config": {"name": "global_average_pooling1d", "data_format": "channels_last", "keepdims": false}},
+      {"class_name": "Dense", "config": {"name": "dense", "units": 2, "activation": "linear", "use_bias": true}}
+    ]}})");
+  auto imported = ImportKerasModelJson(json.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_TRUE(imported->warnings.empty()) << absl::StrJoin(imported->warnings, "\n");
+  const std::vector<LayerConfig>& layers = imported->model.layers;
+  ASSERT_EQ(layers.size(), 4u);
+  EXPECT_EQ(layers[1].kind, LayerKind::kEmbedding);
+  EXPECT_EQ(layers[1].input_dim, 20);
+  EXPECT_EQ(layers[1].output_dim, 4);
+  EXPECT_EQ(imported->num_parameters, 20 * 4 + 4 * 2 + 2);
+
+  KerasModelSpec spec;
+  spec.model = imported->model;
+  spec.example_shape = {5};
+  spec.num_classes = 2;
+  auto written = KerasConfigJson(spec);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_THAT(*written, HasSubstr("\"mask_zero\":false"));
+  auto again = ImportKerasModelJson(*written);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->model.layers, layers) << *written;
+  EXPECT_TRUE(again->warnings.empty()) << absl::StrJoin(again->warnings, "\n");
+
+  const std::string block = KerasImportYaml(*imported, "model.json");
+  EXPECT_THAT(block, HasSubstr("- Embedding: {inputDim: 20, outputDim: 4}"));
+  Json string_initializer = json;  // Keras 2 writes the initialiser as "uniform"
+  string_initializer["config"]["layers"][1]["config"]["embeddings_initializer"] = "uniform";
+  auto from_string = ImportKerasModelJson(string_initializer.dump());
+  ASSERT_TRUE(from_string.ok()) << from_string.status();
+  EXPECT_TRUE(from_string->warnings.empty()) << absl::StrJoin(from_string->warnings, "\n");
+
+  for (const auto& [key, value, message] : std::vector<std::tuple<std::string, Json, std::string>>{
+           {"mask_zero", true, "Embedding 'embedding': mask_zero is true; distrain has no masks"},
+           {"input_length", 5, "input_length is set (a Keras 2 argument)"},
+           {"embeddings_regularizer", Json::object({{"class_name", "L2"}}),
+            "embeddings_regularizer is set"},
+       }) {
+    Json bad = json;
+    bad["config"]["layers"][1]["config"][key] = value;
     auto refused = ImportKerasModelJson(bad.dump());
     ASSERT_FALSE(refused.ok()) << key;
     EXPECT_THAT(refused.status().message(), HasSubstr(message));
