@@ -118,9 +118,39 @@ ModelConfig NormalizedModel() {
   return c;
 }
 
+// Each digit's pixels quantised to 16 levels as token ids: Embedding, then
+// the vectors convolved as a sequence.
+ModelConfig TokenModel() {
+  ModelConfig c;
+  c.type = "sequential";
+  LayerConfig embedding = L(LayerKind::kEmbedding);
+  embedding.input_dim = 16;
+  embedding.output_dim = 8;
+  LayerConfig reshape = L(LayerKind::kReshape);
+  reshape.shape = {784, 8};
+  LayerConfig conv = L(LayerKind::kConv1D);
+  conv.filters = 16;
+  conv.kernel_size = {28, 1};
+  conv.strides = std::array<int64_t, 2>{28, 1};
+  conv.activation = ActivationKind::kRelu;
+  c.layers = {embedding, reshape, conv, L(LayerKind::kGlobalAveragePooling1D),
+              DenseL(10, ActivationKind::kLinear)};
+  c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
+  c.loss.from_logits = true;
+  return c;
+}
+
 using Batch = testing::ImageBatch;
 std::vector<Batch> Batches(int steps, int64_t n, uint32_t seed) {
   return testing::ImageBatches(steps, n, seed);
+}
+// The same images as token ids 0-15.
+std::vector<Batch> TokenBatches(int steps, int64_t n, uint32_t seed) {
+  std::vector<Batch> batches = Batches(steps, n, seed);
+  for (Batch& b : batches) {
+    for (float& v : b.features.span()) v = std::floor(v * 16.0f);  // v < 1: at most 15
+  }
+  return batches;
 }
 
 // Trains `config` for batches.size() steps on `device` and returns every
@@ -238,10 +268,10 @@ TEST(ModelDeviceTest, ACnnWithEveryLayerKindTrainsOnEveryGpuLikeOnTheCpu) {
 // finds no mistake in them.
 TEST(ModelDeviceTest, TheModelsTheGpuTestsTrainAreValidOnTheCpu) {
   for (const ModelConfig& config :
-       {GuideCnn(), EveryLayerCnn(), SequenceModel(), NormalizedModel()}) {
+       {GuideCnn(), EveryLayerCnn(), SequenceModel(), NormalizedModel(), TokenModel()}) {
     auto model = Model::Create(config, {28, 28, 1}, 10, /*seed=*/7);
     ASSERT_TRUE(model.ok()) << model.status();
-    const Batch batch = Batches(1, 8, 5)[0];
+    const Batch batch = TokenBatches(1, 8, 5)[0];
     const LossResult result = (*model)->TrainStep(batch.features, batch.labels);
     EXPECT_TRUE(std::isfinite(result.loss)) << (*model)->Summary();
   }
@@ -253,6 +283,13 @@ TEST(ModelDeviceTest, ASequenceModelOfTheOneDimensionalLayersTrainsOnEveryGpuLik
 
 TEST(ModelDeviceTest, LayerAndRmsNormalizationTrainOnEveryGpuLikeOnTheCpu) {
   ExpectGpuTrainsLikeCpu(NormalizedModel(), OptimizerType::kAdam, 30);
+}
+
+TEST(ModelDeviceTest, AnEmbeddingModelTrainsOnEveryGpuLikeOnTheCpu) {
+  OptimizerConfig adam;
+  adam.type = OptimizerType::kAdam;
+  adam.learning_rate = 1e-3f;
+  ExpectGpuTrainsLikeCpu(TokenModel(), adam, TokenBatches(30, 32, 14), 1e-4, 1e-4);
 }
 
 // RMSprop's and the weight decay's own kernels against cpu_math's.

@@ -729,6 +729,43 @@ TEST_P(OpsDeviceTest, LayerNormForwardAndBackwardEveryVariant) {
   }
 }
 
+// ---- Embedding ------------------------------------------------------------------------
+
+// The gather is a copy and the gradient adds each id's rows in the ids'
+// order on both backends: bit for bit the CPU's, repeated ids included.
+TEST_P(OpsDeviceTest, EmbeddingForwardAndBackwardAreBitIdenticalToTheCpu) {
+  struct Case {
+    std::vector<int64_t> ids_shape;
+    int64_t vocab, dim;
+  };
+  const Case cases[] = {{{1, 1}, 1, 1},        {{4, 7}, 3, 5},      {{32, 200}, 1000, 64},
+                        {{2, 28, 28, 1}, 256, 4}, {{8, 50}, 20000, 130}};
+  uint32_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(Tensor(c.ids_shape).ShapeString(), " vocab ", c.vocab, " dim ",
+                              c.dim));
+    Tensor ids(c.ids_shape);
+    std::mt19937 gen(++seed);
+    // Few distinct ids, so most rows of the gradient add several positions.
+    const int64_t distinct = std::max<int64_t>(1, c.vocab / 4);
+    for (float& id : ids.span()) id = static_cast<float>(gen() % distinct);
+    const Tensor table = Uniform({c.vocab, c.dim}, ++seed, -1, 1);
+    std::vector<int64_t> out_shape = c.ids_shape;
+    out_shape.push_back(c.dim);
+    const Tensor dy = Uniform(out_shape, ++seed, -1, 1);
+
+    Tensor y, y_d = Poisoned(out_shape);
+    EmbeddingForward(table, ids, &y);
+    EmbeddingForward(ToGpu(table), ToGpu(ids), &y_d);
+    EXPECT_TRUE(BitIdenticalToCpu(y, y_d)) << "forward";
+
+    Tensor dtable({c.vocab, c.dim}), dtable_d = Poisoned({c.vocab, c.dim});
+    EmbeddingBackward(ids, dy, &dtable);
+    EmbeddingBackward(ToGpu(ids), ToGpu(dy), &dtable_d);
+    EXPECT_TRUE(BitIdenticalToCpu(dtable, dtable_d)) << "backward";
+  }
+}
+
 // ---- Global average pooling ----------------------------------------------------------
 
 TEST_P(OpsDeviceTest, GlobalAveragePool2DForwardAndBackward) {
