@@ -1984,6 +1984,16 @@ void ValidateModel(const TrainingConfig& t,
                 "(Embedding) looks up integer token ids, but synthetic data are real-valued "
                 "features; train it on csv or tfrecord data whose features are the ids");
   }
+  const bool scaled_ids = t.dataset.type == DatasetType::kIdx ||
+                          (t.dataset.type == DatasetType::kTfRecord &&
+                           t.dataset.feature_encoding != FeatureEncoding::kFloatList);
+  if (scaled_ids && t.dataset.scale != 1.0f && first < m.layers.size() &&
+      m.layers[first].kind == LayerKind::kEmbedding) {
+    issues->Add("spec.training.dataset.scale",
+                absl::StrCat("is ", t.dataset.scale, ", so the values reach spec.training.model."
+                             "layers[", first, "] (Embedding) as fractions, not token ids; set "
+                             "scale: 1"));
+  }
   std::optional<std::vector<int64_t>> shape = example_shape;
   // Without the data, an Input layer still says what the model expects.
   if (!shape && m.layers.front().kind == LayerKind::kInput) shape = m.layers.front().shape;

@@ -1149,6 +1149,12 @@ INSTANTIATE_TEST_SUITE_P(
                         "    - Dense: {units: 10}\n"),
                  {"spec.training.model.layers[0]: (Embedding) looks up integer token ids, but "
                   "synthetic data are real-valued features"}},
+        BadModel{"EmbeddingOnScaledPixels",
+                 "dataset: {type: idx, trainFiles: [x.idx], trainLabelFiles: [y.idx]}\n"
+                 "model:\n  layers:\n    - Embedding: {inputDim: 256, outputDim: 4}\n",
+                 {"spec.training.dataset.scale: is 0.00392157, so the values reach "
+                  "spec.training.model.layers[0] (Embedding) as fractions, not token ids; set "
+                  "scale: 1"}},
         BadModel{"EmbeddingTableTooLarge",
                  Layers("    - Embedding: {inputDim: 2000000000, outputDim: 64}\n"),
                  {"(Embedding): its kernel would hold 128000000000 floats (inputDim x "
