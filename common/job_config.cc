@@ -2005,7 +2005,8 @@ void ValidateModel(const TrainingConfig& t,
     }
     return;
   }
-  if (absl::Status s = CheckModelOutput(shapes->back(), num_classes, m.loss); !s.ok()) {
+  if (absl::Status s = CheckModelOutput(m.layers, *shape, *shapes, num_classes, m.loss);
+      !s.ok()) {
     issues->Add("", std::string(s.message()));
   }
 }

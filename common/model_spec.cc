@@ -617,13 +617,12 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
         }
         break;
       case LayerKind::kDense:
-        if (current && current->size() != 1) {
-          issues.Add(i, layer.kind,
-                     absl::StrCat("expects a 1-D input but gets ", in_text,
-                                  "; add Flatten (or GlobalAveragePooling2D) before it"));
+        // As Keras: the last axis only, each position on its own ([steps,
+        // features] -> [steps, units]; on an image, a 1x1 convolution).
+        if (arguments_ok && current) {
+          out = *current;
+          out->back() = layer.units;
         }
-        // Carry on as if flattened, so later layers are still checked.
-        if (arguments_ok && current) out = std::vector<int64_t>{layer.units};
         break;
       case LayerKind::kSoftmax:
       case LayerKind::kBatchNormalization:
@@ -664,7 +663,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
         kernel = {{Elements({layer.kernel_size[0], (*current)[1], layer.filters}),
                    "kernelSize x input channels x filters"}};
       } else if (layer.kind == LayerKind::kDense) {
-        kernel = {{Elements({Elements(*current), layer.units}), "input features x units"}};
+        kernel = {{Elements({current->back(), layer.units}), "input features x units"}};
       } else if (layer.kind == LayerKind::kEmbedding) {
         kernel = {{Elements({layer.input_dim, layer.output_dim}), "inputDim x outputDim"}};
       }
@@ -685,6 +684,27 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
   }
   if (!issues.empty()) return issues.ToStatus();
   return shapes;
+}
+
+absl::Status CheckModelOutput(const std::vector<LayerConfig>& layers,
+                              const std::vector<int64_t>& example_shape,
+                              const std::vector<std::vector<int64_t>>& shapes, int num_classes,
+                              const LossConfig& loss) {
+  absl::Status s = CheckModelOutput(shapes.empty() ? example_shape : shapes.back(),
+                                    num_classes, loss);
+  if (s.ok() || shapes.size() != layers.size() || shapes.back().size() < 2) return s;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::vector<int64_t>& in = i == 0 ? example_shape : shapes[i - 1];
+    if (layers[i].kind != LayerKind::kDense || in.size() < 2) continue;
+    // The advice to end the model with a Dense layer is moot: it has one.
+    std::string problem(s.message());
+    problem.erase(std::min(problem.find("; end the model"), problem.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        problem, "; layers[", i, "] (Dense) gets ", ShapeString(in),
+        " and, as in Keras, applies to its last axis only: add Flatten (or a global pooling) "
+        "before it"));
+  }
+  return s;
 }
 
 absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,

@@ -209,14 +209,23 @@ void AssignLayerNames(std::vector<LayerConfig>* layers);
 // The shape after each layer, per example (no batch dimension), from the
 // dataset's example shape (IDX images: {28, 28, 1}; CSV and synthetic rows:
 // {features}). Every mistake is reported, each naming the layer —
-// "spec.training.model.layers[3] (Dense): expects a 1-D input but gets
-// [13, 13, 32]; add Flatten before it" — in one InvalidArgument status.
+// "spec.training.model.layers[2] (Conv2D): kernelSize [5, 5] is larger than
+// its input's spatial size [3, 3] ..." — in one InvalidArgument status.
+// Dense applies to the last axis, as in Keras: [13, 13, 32] -> [13, 13, units].
 absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
     const std::vector<LayerConfig>& layers, const std::vector<int64_t>& example_shape);
 
 // Checks the model's output against the data and the loss: the last shape
 // must be [num_classes] for the categorical losses and MeanSquaredError, or
 // [1] for BinaryCrossentropy (num_classes must then be 2) or MeanSquaredError.
+// `shapes` (InferLayerShapes' result, for `layers` on `example_shape`)
+// lets the error name the usual cause of an output with several axes: a
+// Dense layer that got an image or a sequence where a Flatten was meant.
+absl::Status CheckModelOutput(const std::vector<LayerConfig>& layers,
+                              const std::vector<int64_t>& example_shape,
+                              const std::vector<std::vector<int64_t>>& shapes, int num_classes,
+                              const LossConfig& loss);
+// The output check alone (the mlp shorthand, whose output is [num_classes]).
 absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,
                               const LossConfig& loss);
 

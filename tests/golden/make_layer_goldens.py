@@ -671,11 +671,55 @@ def embedding_cases():
     return cases
 
 
+def dense_on_more_axes_cases():
+    """Keras' Dense on a sequence or an image: the last axis, each position
+    on its own (softmax too), and models that use it per token."""
+    cases = []
+    K = keras.layers
+    cases.append(layer_case(
+        "dense_sequence_relu", {"class": "Dense", "units": 5, "activation": "relu"},
+        K.Dense(5, activation="relu", name="dense"), (4, 6)))
+    cases.append(layer_case(
+        "dense_sequence_softmax_no_bias",
+        {"class": "Dense", "units": 3, "activation": "softmax", "useBias": False},
+        K.Dense(3, activation="softmax", use_bias=False, name="dense"), (5, 4)))
+    cases.append(layer_case(
+        "dense_image", {"class": "Dense", "units": 4, "activation": "tanh"},
+        K.Dense(4, activation="tanh", name="dense"), (3, 3, 2)))
+    body = [
+        ({"class": "Embedding", "inputDim": 9, "outputDim": 6, "name": "embedding"},
+         K.Embedding(9, 6, name="embedding")),
+        ({"class": "Dense", "units": 8, "activation": "gelu", "name": "dense"},
+         K.Dense(8, activation="gelu", name="dense")),
+        ({"class": "LayerNormalization", "name": "layer_normalization"},
+         K.LayerNormalization(name="layer_normalization")),
+        ({"class": "GlobalAveragePooling1D", "name": "global_average_pooling1d"},
+         K.GlobalAveragePooling1D(name="global_average_pooling1d")),
+        ({"class": "Dense", "units": 3, "name": "dense_1"}, K.Dense(3, name="dense_1")),
+    ]
+    cases.append(model_case(
+        "embedding_dense_per_token_model", [c for c, _ in body], [l for _, l in body], (7,),
+        "SparseCategoricalCrossentropy", True, 3, batch=4, ids_below=9))
+    body = [
+        ({"class": "Conv1D", "filters": 4, "kernelSize": 3, "name": "conv1d"},
+         K.Conv1D(4, 3, name="conv1d")),
+        ({"class": "Dense", "units": 5, "activation": "relu", "name": "dense"},
+         K.Dense(5, activation="relu", name="dense")),
+        ({"class": "Flatten", "name": "flatten"}, K.Flatten(name="flatten")),
+        ({"class": "Dense", "units": 3, "name": "dense_1"}, K.Dense(3, name="dense_1")),
+    ]
+    cases.append(model_case(
+        "conv1d_dense_per_step_model", [c for c, _ in body], [l for _, l in body], (8, 2),
+        "SparseCategoricalCrossentropy", True, 3, batch=4))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
              schedule_cases() + one_d_cases() + global_max_cases() +
-             layer_and_rms_normalization_cases() + embedding_cases())
+             layer_and_rms_normalization_cases() + embedding_cases() +
+             dense_on_more_axes_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -48,13 +48,16 @@ std::vector<Parameter*> Dense::parameters() {
 }
 
 std::vector<int64_t> Dense::OutputShape(const std::vector<int64_t>& input_shape) const {
-  DISTRAIN_CHECK_EQ(input_shape.size(), 2u) << name_ << " expects [batch, features]";
-  DISTRAIN_CHECK_EQ(input_shape[1], kernel_.value.dim(0)) << name_ << " input features";
-  return {input_shape[0], kernel_.value.dim(1)};
+  DISTRAIN_CHECK_GE(input_shape.size(), 2u) << name_ << " expects [batch, ..., features]";
+  DISTRAIN_CHECK_EQ(input_shape.back(), kernel_.value.dim(0)) << name_ << " input features";
+  std::vector<int64_t> out = input_shape;
+  out.back() = kernel_.value.dim(1);
+  return out;
 }
 
 void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) {
-  const int64_t batch = input.dim(0);
+  // Every position of every example is one row of the product.
+  const int64_t batch = input.size() / kernel_.value.dim(0);
   const int64_t in = kernel_.value.dim(0);
   const int64_t out = kernel_.value.dim(1);
   output->Resize(OutputShape(input.shape()), input.device_id());
@@ -72,11 +75,10 @@ void Dense::Forward(const Tensor& input, Tensor* output, const ForwardContext&) 
 void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
   DISTRAIN_CHECK(input_ != nullptr) << name_ << ": Backward before Forward";
   const Tensor& input = *input_;
-  const int64_t batch = input.dim(0);
   const int64_t in = kernel_.value.dim(0);
   const int64_t out = kernel_.value.dim(1);
-  DISTRAIN_CHECK(grad_output.rank() == 2 && grad_output.dim(0) == batch &&
-                 grad_output.dim(1) == out)
+  const int64_t batch = input.size() / in;  // rows: every position of every example
+  DISTRAIN_CHECK(grad_output.shape() == OutputShape(input.shape()))
       << name_ << ": grad_output " << grad_output.ShapeString();
   // dz = dL/d(x W + b); then dW = x^T dz, db = sum over the batch of dz,
   // dx = dz W^T.
@@ -88,12 +90,16 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
     dz = &grad_pre_activation_;
   }
   grad_output_ = dz;
+  if (factored_ && input.rank() > 2) {
+    input_rows_ = Tensor::Alias(input, {batch, in});
+    grad_output_rows_ = Tensor::Alias(*dz, {batch, out});
+  }
   if (!factored_) {
     ops::MatMul(true, false, in, out, batch, 1.0f, input, *dz, 0.0f, &kernel_.grad, compute_);
   }
   if (use_bias_) ops::BiasGrad(*dz, &bias_.grad);
   if (grad_input != nullptr) {
-    grad_input->Resize({batch, in}, dz->device_id());
+    grad_input->Resize(input.shape(), dz->device_id());
     // The rounded kernel of this step's Forward (the variable has not changed since).
     const Tensor& kernel = compute_ == ComputeType::kFloat32 ? kernel_.value : kernel_compute_;
     ops::MatMul(false, true, batch, in, out, 1.0f, *dz, kernel, 0.0f, grad_input, compute_);
@@ -102,7 +108,8 @@ void Dense::Backward(const Tensor& grad_output, Tensor* grad_input) {
 
 std::optional<GradFactors> Dense::KernelGradFactors() const {
   if (!factored_ || input_ == nullptr || grad_output_ == nullptr) return std::nullopt;
-  return GradFactors{&kernel_, input_, grad_output_};
+  if (input_->rank() == 2) return GradFactors{&kernel_, input_, grad_output_};
+  return GradFactors{&kernel_, &input_rows_, &grad_output_rows_};
 }
 
 }  // namespace distrain

@@ -139,11 +139,14 @@ class Layer {
   ComputeType compute_ = ComputeType::kFloat32;
 };
 
-// Keras' Dense on [batch, in]: y = activation(x W + b), W: [in, out]
-// ("<name>/kernel"), b: [out] ("<name>/bias", absent without use_bias).
+// Keras' Dense on [batch, ..., in]: y = activation(x W + b) over the last
+// axis, W: [in, out] ("<name>/kernel"), b: [out] ("<name>/bias", absent
+// without use_bias); every leading position on its own, as Keras ([batch,
+// steps, in] -> [batch, steps, out]), one matrix product over all of them.
 // Initialised like Keras: Glorot-uniform kernel, zero bias, from `seed` and
 // the name. Supports factored kernel gradients (the parameter server's
-// pushes): the factors are the input and dL/d(x W + b).
+// pushes): the factors are the input and dL/d(x W + b), each viewed as a
+// matrix of rows [positions, features].
 class Dense : public Layer {
  public:
   Dense(std::string name, int64_t in_features, int64_t out_features, uint64_t seed,
@@ -171,6 +174,9 @@ class Dense : public Layer {
   ActivationState activation_;
   const Tensor* input_ = nullptr;        // borrowed from the caller until Backward
   const Tensor* grad_output_ = nullptr;  // dL/d(x W + b) of the last Backward, for the factors
+  // The factors as [rows, features] matrices when the input has more than
+  // two axes (aliases of input_ and grad_output_).
+  Tensor input_rows_, grad_output_rows_;
   Tensor grad_pre_activation_;           // dL/d(x W + b) when there is an activation
   Tensor kernel_compute_;                // the kernel rounded, under mixed precision
   bool factored_ = false;

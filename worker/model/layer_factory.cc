@@ -23,8 +23,7 @@ std::unique_ptr<Layer> MakeLayer(const LayerConfig& c, const std::vector<int64_t
     case LayerKind::kFlatten:
       return std::make_unique<Flatten>(c.name);
     case LayerKind::kDense:
-      DISTRAIN_CHECK_EQ(input_shape.size(), 1u) << c.name << ": Dense needs a 1-D input";
-      return std::make_unique<Dense>(c.name, input_shape[0], c.units, seed, c.Activation(),
+      return std::make_unique<Dense>(c.name, input_shape.back(), c.units, seed, c.Activation(),
                                      c.use_bias);
     case LayerKind::kActivation:
     case LayerKind::kReLU:

@@ -125,7 +125,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config,
   absl::StatusOr<std::vector<std::vector<int64_t>>> shapes =
       InferLayerShapes(layers, example_shape);
   if (!shapes.ok()) return shapes.status();
-  if (absl::Status s = CheckModelOutput(shapes->back(), num_classes, config.loss); !s.ok()) {
+  if (absl::Status s = CheckModelOutput(layers, example_shape, *shapes, num_classes, config.loss);
+      !s.ok()) {
     return s;
   }
   for (const std::string& warning : ModelWarnings(layers, config.loss)) WarnOnce(warning);

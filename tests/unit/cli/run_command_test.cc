@@ -72,17 +72,18 @@ spec:
     dataset: {type: idx, trainFiles: [")", images, R"("], trainLabelFiles: [")", labels, R"("]}
     model:
       layers:
-        - Conv2D: {filters: 32, kernelSize: 3, activation: relu}
-        - MaxPooling2D: {poolSize: 2}
+        - Conv2D: {filters: 32, kernelSize: 3, activation: relu, name: features}
+        - MaxPooling2D: {poolSize: 2, name: features}
+        - Flatten: {}
         - Dense: {units: 64, activation: relu}
         - Conv2D: {filters: 8, kernelSize: 3}
         - Dense: {units: 10}
 )"));
   std::string err;
   EXPECT_EQ(Run(job, &err), kExitInvalidConfig);
-  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[2] (Dense): expects a 1-D input but gets "
-                             "[13, 13, 32]; add Flatten"));
-  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[3] (Conv2D): expects a 3-D input [rows, "
+  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[1] (MaxPooling2D): name \"features\" is "
+                             "already used by layers[0]"));
+  EXPECT_THAT(err, HasSubstr("spec.training.model.layers[4] (Conv2D): expects a 3-D input [rows, "
                              "cols, channels] but gets [64]"));
   EXPECT_FALSE(std::filesystem::exists(dir_ / "work")) << "nothing may start: " << err;
 }

@@ -425,18 +425,26 @@ TEST(InferLayerShapesTest, ReportsEveryMistakeAtOnce) {
   EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 3) << message;
 }
 
-TEST(InferLayerShapesTest, DenseOnAnImageSaysAddFlatten) {
+// Keras' Dense works on the last axis: on an image it maps each pixel's
+// channels; the output check then names the Dense layer a Flatten was
+// probably meant before.
+TEST(InferLayerShapesTest, DenseMapsTheLastAxisAndAForgottenFlattenIsNamed) {
   LayerConfig conv = Layer(LayerKind::kConv2D, "conv2d");
   conv.filters = 32;
   conv.kernel_size = {3, 3};
   LayerConfig pool = Layer(LayerKind::kMaxPooling2D, "max_pooling2d");
   LayerConfig dense = Layer(LayerKind::kDense, "dense");
-  dense.units = 64;
-  absl::StatusOr<Shapes> shapes = InferLayerShapes({conv, pool, dense}, {28, 28, 1});
-  ASSERT_FALSE(shapes.ok());
-  EXPECT_EQ(shapes.status().message(),
-            "spec.training.model.layers[2] (Dense): expects a 1-D input but gets [13, 13, 32]; "
-            "add Flatten (or GlobalAveragePooling2D) before it");
+  dense.units = 10;
+  const std::vector<LayerConfig> layers = {conv, pool, dense};
+  absl::StatusOr<Shapes> shapes = InferLayerShapes(layers, {28, 28, 1});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ(shapes->back(), (std::vector<int64_t>{13, 13, 10}));
+  LossConfig loss;
+  EXPECT_EQ(CheckModelOutput(layers, {28, 28, 1}, *shapes, 10, loss).message(),
+            "spec.training.model.layers: the model's output is [13, 13, 10] but "
+            "SparseCategoricalCrossentropy needs one value per class, [10]; layers[2] (Dense) "
+            "gets [13, 13, 32] and, as in Keras, applies to its last axis only: add Flatten (or "
+            "a global pooling) before it");
 }
 
 // ---------------------------------------------------------------------------
@@ -749,8 +757,8 @@ TEST(ModelParseTest, IdxHeaderGivesTheImageShape) {
                         "its input's spatial size [2, 2]"));
   // A dense model on images needs Flatten.
   EXPECT_THAT(Problems(data + "model: {layers: [{Dense: {units: 10}}]}\n"),
-              HasSubstr("layers[0] (Dense): expects a 1-D input but gets [28, 28, 1]; add "
-                        "Flatten"));
+              HasSubstr("layers[0] (Dense) gets [28, 28, 1] and, as in Keras, applies to its last "
+                        "axis only: add Flatten"));
 }
 
 TEST(ModelParseTest, UnreadableDataSkipsShapeChecksWithANote) {
@@ -938,8 +946,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"DenseWithoutFlatten",
                  Layers(absl::StrCat(kImage, "    - Conv2D: {filters: 8, kernelSize: 3}\n"
                                              "    - Dense: {units: 10}\n")),
-                 {"spec.training.model.layers[2] (Dense): expects a 1-D input but gets "
-                  "[26, 26, 8]; add Flatten"}},
+                 {"the model's output is [26, 26, 10] but SparseCategoricalCrossentropy needs "
+                  "one value per class, [10]; layers[2] (Dense) gets [26, 26, 8] and, as in "
+                  "Keras, applies to its last axis only: add Flatten"}},
         BadModel{"PoolLargerThanInput",
                  Layers(absl::StrCat(kImage, "    - MaxPooling2D: {poolSize: 32}\n"
                                              "    - Flatten: {}\n    - Dense: {units: 10}\n")),

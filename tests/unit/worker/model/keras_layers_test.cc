@@ -141,27 +141,56 @@ TEST(DenseTest, ActivationIsAppliedAfterTheBias) {
   EXPECT_THAT(y.span(), ElementsAre(0.0f, 0.5f));  // relu(0.5 - 1), relu(-0.5 + 1)
 }
 
+// The parameter server's factors, for a batch of rows and for a batch of
+// sequences (each position a row of the matrices the push carries).
 TEST(DenseTest, FactorsAreTheInputAndThePreActivationGradient) {
-  Dense dense("dense", 3, 2, 1, ActivationKind::kTanh);
-  ASSERT_TRUE(dense.SetFactoredKernelGrad(true));
-  Dense plain("dense", 3, 2, 1, ActivationKind::kTanh);
-  const Tensor x = RandomTensor({4, 3}, 1);
-  const Tensor dy = RandomTensor({4, 2}, 2);
-  Tensor y, dx;
-  plain.Forward(x, &y);
-  plain.Backward(dy, &dx);
-  dense.Forward(x, &y);
-  dense.Backward(dy, &dx);
-  const std::optional<GradFactors> f = dense.KernelGradFactors();
-  ASSERT_TRUE(f.has_value());
-  const Tensor& want = plain.parameters()[0]->grad;
-  for (int64_t i = 0; i < 3; ++i) {
-    for (int64_t j = 0; j < 2; ++j) {
-      double g = 0;
-      for (int64_t b = 0; b < 4; ++b) g += double{f->left->at(b, i)} * f->right->at(b, j);
-      EXPECT_NEAR(g, want.at(i, j), 1e-6);
+  for (const std::vector<int64_t>& lead : {std::vector<int64_t>{4}, {2, 3}}) {
+    SCOPED_TRACE(lead.size());
+    Dense dense("dense", 3, 2, 1, ActivationKind::kTanh);
+    ASSERT_TRUE(dense.SetFactoredKernelGrad(true));
+    Dense plain("dense", 3, 2, 1, ActivationKind::kTanh);
+    std::vector<int64_t> x_shape = lead, dy_shape = lead;
+    x_shape.push_back(3);
+    dy_shape.push_back(2);
+    const Tensor x = RandomTensor(x_shape, 1);
+    const Tensor dy = RandomTensor(dy_shape, 2);
+    Tensor y, dx;
+    plain.Forward(x, &y);
+    plain.Backward(dy, &dx);
+    dense.Forward(x, &y);
+    dense.Backward(dy, &dx);
+    const std::optional<GradFactors> f = dense.KernelGradFactors();
+    ASSERT_TRUE(f.has_value());
+    const int64_t rows = x.size() / 3;
+    ASSERT_EQ(f->left->shape(), (std::vector<int64_t>{rows, 3}));
+    ASSERT_EQ(f->right->shape(), (std::vector<int64_t>{rows, 2}));
+    const Tensor& want = plain.parameters()[0]->grad;
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t j = 0; j < 2; ++j) {
+        double g = 0;
+        for (int64_t b = 0; b < rows; ++b) g += double{f->left->at(b, i)} * f->right->at(b, j);
+        EXPECT_NEAR(g, want.at(i, j), 1e-6);
+      }
     }
   }
+}
+
+// Keras' Dense on a sequence: each step through the same kernel, gradients
+// against central differences.
+TEST(DenseTest, OnASequenceEachStepIsARowAndGradientsMatchFiniteDifferences) {
+  Dense dense("dense", 4, 3, 7, ActivationKind::kTanh);
+  dense.parameters()[1]->value = RandomTensor({3}, 5);
+  const Tensor x = RandomTensor({2, 5, 4}, 6);
+  Tensor y;
+  dense.Forward(x, &y);
+  EXPECT_THAT(y.shape(), ElementsAre(2, 5, 3));
+  Dense rows("dense", 4, 3, 7, ActivationKind::kTanh);
+  rows.parameters()[1]->value = dense.parameters()[1]->value;
+  Tensor flat_y;
+  rows.Forward(Tensor({10, 4}, std::vector<float>(x.span().begin(), x.span().end())), &flat_y);
+  EXPECT_EQ(std::vector<float>(y.span().begin(), y.span().end()),
+            std::vector<float>(flat_y.span().begin(), flat_y.span().end()));
+  ExpectLayerGradients(dense, x, Training(), 8, {.h = 1e-3f, .rtol = 2e-2, .atol = 2e-3});
 }
 
 TEST(ReshapeLayersTest, FlattenAndReshapeKeepRowMajorOrder) {
