@@ -479,6 +479,79 @@ print("SHAPES", [list(l.output.shape[1:]) for l in model.layers])
 
 // A model trained in Keras comes in with its weights: distrain predicts what
 // Keras predicts, and a job fine-tunes it from there.
+// A model written with Keras' Functional API that is a chain (the common
+// tutorial form: inputs = keras.Input(...); x = layer(x); ...) imports as the
+// Sequential it equals, its weights included: distrain's predictions from
+// the imported file equal Keras'.
+TEST(KerasInteropTest, AFunctionalChainImportsWithItsWeights) {
+  DISTRAIN_REQUIRE_TENSORFLOW(python);
+  const std::string dir = FreshTempDir("keras_functional");
+  const std::string script = WriteTextFile(dir + "/build.py", R"PY(
+import sys
+import numpy as np
+import keras
+d, out = sys.argv[1], sys.argv[2]
+keras.utils.set_random_seed(3)
+inputs = keras.Input(shape=(28, 28, 1), name="pixels")
+x = keras.layers.Rescaling(2.0, offset=-1.0)(inputs)
+x = keras.layers.Conv2D(8, 3, activation="relu", name="features")(x)
+x = keras.layers.Conv2D(8, 3, padding="same")(x)
+x = keras.layers.LayerNormalization()(x)
+x = keras.layers.MaxPooling2D()(x)
+x = keras.layers.Flatten()(x)
+x = keras.layers.Dense(32, activation="gelu")(x)
+x = keras.layers.BatchNormalization()(x)
+outputs = keras.layers.Dense(10, name="head")(x)
+model = keras.Model(inputs, outputs)
+# Weights away from their initial values, BatchNormalization's statistics too.
+rng = np.random.default_rng(3)
+for w in model.weights:
+    v = rng.uniform(-0.1, 0.1, w.shape)
+    if w.path.endswith(("gamma", "moving_variance")):
+        v += 1.0
+    w.assign(v.astype("float32"))
+model.save(out + "/functional.keras")
+t = (np.fromfile(f"{d}/t10k-images-idx3-ubyte", dtype=np.uint8)[16:]
+     .reshape(-1, 28, 28, 1)[:64].astype("float32") / 255)
+model.predict(t, verbose=0).astype("float32").tofile(out + "/keras-predictions.f32")
+t.tofile(out + "/x.f32")
+)PY");
+  Subprocess build({python, script, MnistDir(), dir},
+                   {{"TF_CPP_MIN_LOG_LEVEL", "3"}, {"CUDA_VISIBLE_DEVICES", ""}});
+  auto rc = build.Wait(300);
+  ASSERT_TRUE(rc.has_value() && *rc == 0) << build.output();
+
+  auto file = ImportKerasFile(dir + "/functional.keras");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<std::string> classes;
+  for (const LayerConfig& l : file->imported.model.layers) classes.push_back(LayerKindName(l.kind));
+  EXPECT_EQ(classes, (std::vector<std::string>{"Input", "Rescaling", "Conv2D", "Conv2D",
+                                               "LayerNormalization", "MaxPooling2D", "Flatten",
+                                               "Dense", "BatchNormalization", "Dense"}));
+  auto model = Model::Create(file->imported.model, file->imported.input_shape, 10, 0);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto optimizer = Optimizer::Create(OptimizerConfig{});
+  ASSERT_TRUE(optimizer.ok());
+  absl::Status restored = RestoreVariableState(file->weights, **model, **optimizer);
+  ASSERT_TRUE(restored.ok()) << restored;
+  std::ifstream xs(dir + "/x.f32", std::ios::binary);
+  std::vector<float> x(64 * 784);
+  xs.read(reinterpret_cast<char*>(x.data()), x.size() * sizeof(float));
+  const Tensor& ours = (*model)->Predict(Tensor({64, 784}, x));
+  std::ifstream ps(dir + "/keras-predictions.f32", std::ios::binary);
+  std::vector<float> theirs(64 * 10);
+  ps.read(reinterpret_cast<char*>(theirs.data()), theirs.size() * sizeof(float));
+  float max_diff = 0, largest = 0;
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(ours.data()[i] - theirs[i]));
+    largest = std::max(largest, std::abs(theirs[i]));
+  }
+  std::cout << "functional import: max |keras - distrain| = " << max_diff << " (outputs up to "
+            << largest << ")\n";
+  EXPECT_LE(max_diff, 1e-5 * std::max(1.0f, largest));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(KerasInteropTest, KerasFileImportsWithItsWeightsAndFineTunes) {
   DISTRAIN_REQUIRE_TENSORFLOW(python);
   const std::string dir = FreshTempDir("keras_file_import");

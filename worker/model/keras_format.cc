@@ -1261,6 +1261,85 @@ bool ReadLoss(const Json& compile, LossConfig* loss, ImportIssues* issues) {
   return true;
 }
 
+// A Functional model distrain can import is a Sequential in all but name:
+// one input, one output, and every layer after the InputLayer called once on
+// the output of the layer listed before it, with no keyword arguments. Its
+// config.layers list is then the Sequential's layer list (and the weights
+// file addresses the layers as a Sequential's, by class name and count).
+// Anything else (branches, merges, several inputs or outputs, shared
+// layers) is refused naming the layer that breaks the chain.
+absl::Status CheckFunctionalChain(const Json& config) {
+  const std::string fix =
+      "; distrain imports Functional models whose layers form one chain, input to output "
+      "(a Sequential would do: keras.Sequential(model.layers))";
+  const Json& layers = config["layers"];
+  auto name_of = [&](size_t i) {
+    const Json& entry = layers[i];
+    return entry.is_object() ? entry.value("name", std::string()) : std::string();
+  };
+  // Keras writes one input or output as ["name", 0, 0], several as a list of those.
+  auto single = [&](const char* key) -> std::optional<std::string> {
+    if (!config.contains(key)) return std::nullopt;
+    const Json& v = config[key];
+    const Json& one = v.is_array() && v.size() == 1 && v[0].is_array() ? v[0] : v;
+    if (one.is_array() && !one.empty() && one[0].is_string()) return one[0].get<std::string>();
+    return std::nullopt;
+  };
+  if (layers.empty() || name_of(0).empty() ||
+      !layers[0].is_object() || layers[0].value("class_name", "") != "InputLayer" ||
+      single("input_layers") != name_of(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the Functional model's first layer is not its one InputLayer", fix));
+  }
+  if (single("output_layers") != name_of(layers.size() - 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the Functional model's one output is not its last layer '", name_of(layers.size() - 1),
+        "'", fix));
+  }
+  for (size_t i = 1; i < layers.size(); ++i) {
+    const Json& entry = layers[i];
+    const std::string where =
+        absl::StrCat("layers[", i, "] ", entry.is_object() ? entry.value("class_name", "") : "",
+                     " '", name_of(i), "'");
+    const Json* nodes = entry.is_object() && entry.contains("inbound_nodes")
+                            ? &entry["inbound_nodes"] : nullptr;
+    if (nodes == nullptr || !nodes->is_array() || nodes->size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " is called ", nodes != nullptr && nodes->is_array() ? nodes->size() : 0,
+          " times (a shared layer, or none)", fix));
+    }
+    const Json& node = (*nodes)[0];
+    const Json* args = node.is_object() && node.contains("args") ? &node["args"] : nullptr;
+    if (args == nullptr || !args->is_array() || args->size() != 1 || !(*args)[0].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " takes ", args != nullptr && args->is_array() ? args->size() : 0,
+                       " inputs", fix));
+    }
+    const Json& tensor = (*args)[0];
+    const Json* history = tensor.contains("config") && tensor["config"].is_object() &&
+                                  tensor["config"].contains("keras_history")
+                              ? &tensor["config"]["keras_history"] : nullptr;
+    const std::string from = history != nullptr && history->is_array() && !history->empty() &&
+                                     (*history)[0].is_string()
+                                 ? (*history)[0].get<std::string>() : std::string();
+    if (from != name_of(i - 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, " takes the output of '", from.empty() ? "(unknown)" : from,
+          "', not of the layer listed before it, '", name_of(i - 1), "'", fix));
+    }
+    // Keras records unset call arguments too ({"mask": null} for
+    // BatchNormalization); a set one (training=True, a mask) changes the call.
+    if (node.contains("kwargs") && node["kwargs"].is_object()) {
+      for (const auto& [key, value] : node["kwargs"].items()) {
+        if (value.is_null()) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " is called with the keyword argument ", key, "=", value.dump(), fix));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ImportKerasModelJson without the guard: a field read without a type check
 // first throws nlohmann's type_error.
 absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
@@ -1271,14 +1350,19 @@ absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
         "({\"class_name\": \"Sequential\", \"config\": {\"layers\": [...]}})");
   }
   const std::string class_name = root.value("class_name", std::string());
-  if (class_name != "Sequential") {
+  if (class_name != "Sequential" && class_name != "Functional") {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model is a ", class_name.empty() ? std::string("(no class_name)") : class_name,
-        "; distrain imports Sequential models only (rebuild it with keras.Sequential)"));
+        "; distrain imports Sequential models, and Functional models whose layers form one "
+        "chain (rebuild it with keras.Sequential)"));
   }
   const Json& config = root.contains("config") ? root["config"] : Json::object();
   if (!config.is_object() || !config.contains("layers") || !config["layers"].is_array()) {
-    return absl::InvalidArgumentError("the Sequential has no config.layers list");
+    return absl::InvalidArgumentError(absl::StrCat("the ", class_name,
+                                                   " has no config.layers list"));
+  }
+  if (class_name == "Functional") {
+    if (absl::Status chain = CheckFunctionalChain(config); !chain.ok()) return chain;
   }
   KerasImport out;
   out.model.type = "sequential";
@@ -1340,7 +1424,7 @@ absl::StatusOr<KerasImport> ImportOrThrow(const std::string& json_text) {
   }
   if (!issues.empty()) return issues.ToStatus();
   if (out.model.layers.empty()) {
-    return absl::InvalidArgumentError("the Sequential has no layers");
+    return absl::InvalidArgumentError(absl::StrCat("the ", class_name, " has no layers"));
   }
   AssignLayerNames(&out.model.layers);
 

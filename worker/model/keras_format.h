@@ -8,8 +8,9 @@
 //           with the job's loss and optimizer and carrying the optimizer's
 //           state, so model.predict matches distrain and model.fit continues;
 //   import: a Keras `model.to_json()` (or a .keras file's config.json) of a
-//           Sequential -> the model (and, when present, loss and optimizer)
-//           blocks of a DistributedTrainingJob.
+//           Sequential, or of a Functional model whose layers form one chain
+//           (the Sequential it equals) -> the model (and, when present, loss
+//           and optimizer) blocks of a DistributedTrainingJob.
 // Only the layers of common/model_spec.h exist on either side; anything else
 // is an error naming the layer and listing the supported classes.
 
@@ -58,7 +59,7 @@ absl::Status ExportKerasModel(const KerasModelSpec& spec, const CheckpointState&
 // job's YAML instead).
 absl::StatusOr<KerasModelSpec> KerasModelSpecFromCheckpoint(const CheckpointState& state);
 
-// A Keras Sequential's JSON as spec.training blocks.
+// A Keras Sequential's (or Functional chain's) JSON as spec.training blocks.
 struct KerasImport {
   ModelConfig model;                         // type sequential, named layers; precision from
                                              // the layers' dtype policies (one for all)

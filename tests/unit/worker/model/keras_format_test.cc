@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <functional>
 #include <string>
 #include <tuple>
 
@@ -502,10 +503,97 @@ TEST(KerasImportTest, ArgumentsThatChangeTheModelAreErrorsInitialisersAreNotes) 
   EXPECT_THAT(imported->warnings[0], AllOf(HasSubstr("HeNormal"), HasSubstr("GlorotUniform")));
 }
 
+// The guide CNN as Keras 3.15 writes it with the Functional API (inputs =
+// keras.Input(...); x = layer(x); ...; keras.Model(inputs, outputs)).
+Json FunctionalGuideCnnJson() {
+  Json json = GuideCnnJson();
+  json["class_name"] = "Functional";
+  Json& config = json["config"];
+  config["name"] = "functional";
+  config["input_layers"] = Json::array({"input_layer", 0, 0});
+  config["output_layers"] = Json::array({"dense", 0, 0});
+  Json& layers = config["layers"];
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i]["name"] = layers[i]["config"]["name"];
+    layers[i]["inbound_nodes"] = Json::array();
+    if (i == 0) continue;
+    layers[i]["inbound_nodes"].push_back(
+        {{"args", Json::array({{{"class_name", "__keras_tensor__"},
+                                {"config", {{"shape", Json::array({nullptr, 1})},
+                                            {"dtype", "float32"},
+                                            {"keras_history", Json::array({layers[i - 1]["name"], 0,
+                                                                           0})}}}}})},
+         {"kwargs", Json::object()}});
+  }
+  return json;
+}
+
+// A Functional chain is the Sequential it equals; a graph that is not a
+// chain is refused naming the layer that breaks it.
+TEST(KerasImportTest, FunctionalChainsImportAsTheSequentialTheyEqual) {
+  auto sequential = ImportKerasModelJson(GuideCnnJson().dump());
+  ASSERT_TRUE(sequential.ok()) << sequential.status();
+  const Json functional = FunctionalGuideCnnJson();
+  auto imported = ImportKerasModelJson(functional.dump());
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->model.layers, sequential->model.layers);
+  EXPECT_EQ(imported->num_parameters, sequential->num_parameters);
+  EXPECT_EQ(imported->input_shape, sequential->input_shape);
+  // Keras records unset call arguments as null ({"mask": null}): no effect.
+  Json with_null = functional;
+  with_null["config"]["layers"][2]["inbound_nodes"][0]["kwargs"] = {{"mask", nullptr}};
+  EXPECT_TRUE(ImportKerasModelJson(with_null.dump()).ok());
+  // Several outputs as Keras lists them: one is fine.
+  Json listed = functional;
+  listed["config"]["output_layers"] = Json::array({Json::array({"dense", 0, 0})});
+  EXPECT_TRUE(ImportKerasModelJson(listed.dump()).ok());
+
+  struct Bad {
+    std::function<void(Json&)> edit;
+    std::string message;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {[](Json& j) {  // a skip connection: the Dense reads the pooling's output
+              j["config"]["layers"][4]["inbound_nodes"][0]["args"][0]["config"]["keras_history"][0] =
+                  "max_pooling2d";
+            },
+            "layers[4] Dense 'dense' takes the output of 'max_pooling2d', not of the layer listed "
+            "before it, 'flatten'"},
+           {[](Json& j) {  // a merge: two inputs
+              Json& args = j["config"]["layers"][3]["inbound_nodes"][0]["args"];
+              args.push_back(args[0]);
+            },
+            "layers[3] Flatten 'flatten' takes 2 inputs"},
+           {[](Json& j) {  // a shared layer: called twice
+              Json& nodes = j["config"]["layers"][2]["inbound_nodes"];
+              nodes.push_back(nodes[0]);
+            },
+            "layers[2] MaxPooling2D 'max_pooling2d' is called 2 times"},
+           {[](Json& j) { j["config"]["output_layers"] = Json::array({"flatten", 0, 0}); },
+            "the Functional model's one output is not its last layer 'dense'"},
+           {[](Json& j) {
+              j["config"]["layers"][1]["inbound_nodes"][0]["kwargs"] = {{"mask", nullptr},
+                                                                         {"training", true}};
+            },
+            "layers[1] Conv2D 'conv2d' is called with the keyword argument training=true"},
+       }) {
+    Json j = functional;
+    bad.edit(j);
+    auto refused = ImportKerasModelJson(j.dump());
+    ASSERT_FALSE(refused.ok()) << bad.message;
+    EXPECT_THAT(refused.status().message(),
+                AllOf(HasSubstr(bad.message), HasSubstr("form one chain")));
+  }
+}
+
 TEST(KerasImportTest, FunctionalModelsAndGarbageAreRefusedClearly) {
   auto functional = ImportKerasModelJson(R"({"class_name": "Functional", "config": {}})");
   ASSERT_FALSE(functional.ok());
-  EXPECT_THAT(functional.status().message(), AllOf(HasSubstr("Functional"), HasSubstr("Sequential")));
+  EXPECT_THAT(functional.status().message(), AllOf(HasSubstr("Functional"), HasSubstr("layers")));
+  auto subclassed = ImportKerasModelJson(R"({"class_name": "MyModel", "config": {}})");
+  ASSERT_FALSE(subclassed.ok());
+  EXPECT_THAT(subclassed.status().message(),
+              AllOf(HasSubstr("MyModel"), HasSubstr("Sequential")));
   auto garbage = ImportKerasModelJson("not json");
   ASSERT_FALSE(garbage.ok());
   EXPECT_THAT(garbage.status().message(), HasSubstr("to_json"));
