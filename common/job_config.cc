@@ -1025,8 +1025,14 @@ void DecodeLayerArg(LayerArg arg, const Json& v, const std::string& path, LayerC
       break;
     }
     case LayerArg::kPadding:
-      if (Check(OneOf({"valid", "same"}), v, path, issues)) {
-        layer->padding = v.get<std::string>() == "same" ? PaddingKind::kSame : PaddingKind::kValid;
+      // Keras pads causally in Conv1D only.
+      if (Check(layer->kind == LayerKind::kConv1D ? OneOf({"valid", "same", "causal"})
+                                                  : OneOf({"valid", "same"}),
+                v, path, issues)) {
+        const std::string padding = v.get<std::string>();
+        layer->padding = padding == "same"     ? PaddingKind::kSame
+                         : padding == "causal" ? PaddingKind::kCausal
+                                               : PaddingKind::kValid;
       }
       break;
     case LayerArg::kActivation:
@@ -1281,7 +1287,7 @@ Json LayerToJson(const LayerConfig& layer, bool automatic_name) {
         break;
       case LayerArg::kPadding:
         if (layer.padding != defaults.padding) {
-          args[name] = layer.padding == PaddingKind::kSame ? "same" : "<invalid>";
+          args[name] = PaddingName(layer.padding);
         }
         break;
       case LayerArg::kActivation:

@@ -108,9 +108,21 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+}  // namespace
+
 const char* PaddingName(PaddingKind padding) {
-  return padding == PaddingKind::kSame ? "same" : "valid";
+  switch (padding) {
+    case PaddingKind::kSame:
+      return "same";
+    case PaddingKind::kCausal:
+      return "causal";
+    case PaddingKind::kValid:
+      break;
+  }
+  return "valid";
 }
+
+namespace {
 
 // Collects the problems of one model; every message starts with the layer.
 class ModelIssues {
@@ -165,6 +177,10 @@ bool CheckArguments(const LayerConfig& layer, size_t index, ModelIssues* issues)
                   absl::StrCat(field, " must be positive integers, got ", PairString(pair)));
     }
   };
+  if (layer.padding == PaddingKind::kCausal && layer.kind != LayerKind::kConv1D) {
+    issues->Add(index, layer.kind,
+                "padding causal is Conv1D's only (as in Keras); use valid or same");
+  }
   switch (layer.kind) {
     case LayerKind::kInput:
       if (layer.shape.empty() || Elements(layer.shape) == 0) {
@@ -425,6 +441,11 @@ AxisWindow KerasAxisWindow(int64_t in, int64_t kernel, int64_t stride, PaddingKi
     const int64_t span = in - kernel;
     const int64_t q = span >= 0 ? span / stride : -((-span + stride - 1) / stride);
     w.out = q + 1;
+    return w;
+  }
+  if (padding == PaddingKind::kCausal) {
+    w.out = (in - 1) / stride + 1;
+    w.pad_before = kernel - 1;
     return w;
   }
   w.out = (in + stride - 1) / stride;

@@ -126,7 +126,10 @@ struct ActivationFunction {
   }
 };
 
-enum class PaddingKind { kValid, kSame };
+// kCausal (Conv1D only, as in Keras): all the padding before, k - 1 steps,
+// so output step t sees input steps <= t.
+enum class PaddingKind { kValid, kSame, kCausal };
+const char* PaddingName(PaddingKind padding);  // "valid", "same", "causal"
 
 // One entry of spec.training.model.layers. Fields a layer kind does not use
 // keep their defaults (the parser rejects them as unknown arguments).
@@ -194,7 +197,8 @@ struct LossConfig {
 // Keras' padding arithmetic along one spatial axis. valid: out =
 // floor((in - k) / s) + 1, no padding; same: out = ceil(in / s), total
 // padding max((out - 1) s + k - in, 0), the odd element at the end (bottom /
-// right), as TensorFlow does. out <= 0 means the window does not fit.
+// right), as TensorFlow does; causal: k - 1 before, none after, out =
+// floor((in - 1) / s) + 1. out <= 0 means the window does not fit.
 struct AxisWindow {
   int64_t out = 0;
   int64_t pad_before = 0;

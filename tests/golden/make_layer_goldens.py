@@ -714,12 +714,39 @@ def dense_on_more_axes_cases():
     return cases
 
 
+def causal_conv1d_cases():
+    """Conv1D with Keras' causal padding (k - 1 zeros before the sequence):
+    several kernel sizes and strides, and a stacked causal model."""
+    cases = []
+    K = keras.layers
+    for k, stride in [(1, 1), (2, 1), (3, 1), (3, 2), (4, 3), (5, 1)]:
+        cases.append(layer_case(
+            f"conv1d_causal_k{k}_s{stride}",
+            {"class": "Conv1D", "filters": 3, "kernelSize": k, "strides": stride,
+             "padding": "causal"},
+            K.Conv1D(3, k, strides=stride, padding="causal", name="conv"), (7, 2)))
+    body = [
+        ({"class": "Conv1D", "filters": 4, "kernelSize": 3, "padding": "causal",
+          "activation": "relu", "name": "conv1d"},
+         K.Conv1D(4, 3, padding="causal", activation="relu", name="conv1d")),
+        ({"class": "Conv1D", "filters": 4, "kernelSize": 2, "padding": "causal",
+          "name": "conv1d_1"}, K.Conv1D(4, 2, padding="causal", name="conv1d_1")),
+        ({"class": "GlobalMaxPooling1D", "name": "global_max_pooling1d"},
+         K.GlobalMaxPooling1D(name="global_max_pooling1d")),
+        ({"class": "Dense", "units": 3, "name": "dense"}, K.Dense(3, name="dense")),
+    ]
+    cases.append(model_case(
+        "causal_conv1d_model", [c for c, _ in body], [l for _, l in body], (9, 2),
+        "SparseCategoricalCrossentropy", True, 3, batch=4))
+    return cases
+
+
 def main():
     keras.utils.set_random_seed(7)
     cases = (layer_cases() + model_cases() + more_activation_cases() + optimizer_cases() +
              schedule_cases() + one_d_cases() + global_max_cases() +
              layer_and_rms_normalization_cases() + embedding_cases() +
-             dense_on_more_axes_cases())
+             dense_on_more_axes_cases() + causal_conv1d_cases())
     with open(OUT, "w") as f:
         json.dump({"generator": "tests/golden/make_layer_goldens.py",
                    "tensorflow": tf.__version__, "keras": keras.__version__,

@@ -145,7 +145,7 @@ Json KerasLayerConfig(const LayerConfig& layer, Precision precision) {
       c["filters"] = layer.filters;
       c["kernel_size"] = KerasSize(layer, layer.kernel_size);
       c["strides"] = KerasSize(layer, layer.EffectiveStrides());
-      c["padding"] = layer.padding == PaddingKind::kSame ? "same" : "valid";
+      c["padding"] = PaddingName(layer.padding);
       c["data_format"] = "channels_last";
       c["dilation_rate"] = KerasSize(layer, {1, 1});
       c["groups"] = 1;
@@ -778,10 +778,15 @@ class LayerReader {
     }
     return *kind;
   }
-  PaddingKind Padding() {
+  // Keras allows causal on Conv1D only.
+  PaddingKind Padding(bool causal_allowed = false) {
     const std::string padding = String("padding", "valid");
     if (padding == "same") return PaddingKind::kSame;
-    if (padding != "valid") Bad("padding", absl::StrCat("'", padding, "' is not supported; use valid or same"));
+    if (padding == "causal" && causal_allowed) return PaddingKind::kCausal;
+    if (padding != "valid") {
+      Bad("padding", absl::StrCat("'", padding, "' is not supported; use valid",
+                                  causal_allowed ? ", same or causal" : " or same"));
+    }
     return PaddingKind::kValid;
   }
   // Keys whose non-default values change what the layer computes.
@@ -851,11 +856,7 @@ void ReadLayer(LayerKind kind, LayerReader& r, LayerConfig* layer) {
       layer->filters = r.Int("filters", 0);
       if (auto k = size("kernel_size")) layer->kernel_size = *k;
       if (auto s = size("strides"); s && *s != unit) layer->strides = *s;
-      if (one_d && r.String("padding", "valid") == "causal") {
-        r.Bad("padding", "is causal; distrain's Conv1D pads valid or same");
-      } else {
-        layer->padding = r.Padding();
-      }
+      layer->padding = r.Padding(/*causal_allowed=*/one_d);
       r.RequireChannelsLast();
       if (auto d = size("dilation_rate"); d && *d != unit) {
         r.Bad("dilation_rate", absl::StrCat("is not ", one_d ? "1" : "[1, 1]",

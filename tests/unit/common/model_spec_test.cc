@@ -714,6 +714,38 @@ model:
   EXPECT_EQ((*shapes)[0], (std::vector<int64_t>{4, 5, 16}));
 }
 
+// Keras' causal padding: k - 1 steps before the sequence, none after, the
+// length kept (divided by the stride, rounded up); Conv1D's only.
+TEST(ModelParseTest, CausalConv1DKeepsTheLengthAndIsConv1DsOnly) {
+  JobConfig config = MustParse(R"(model:
+  layers:
+    - Reshape: {targetShape: [784, 1]}
+    - Conv1D: {filters: 4, kernelSize: 5, padding: causal}
+    - Conv1D: {filters: 4, kernelSize: 3, strides: 2, padding: causal}
+    - GlobalAveragePooling1D: {}
+    - Dense: {units: 10}
+)");
+  const std::vector<LayerConfig>& layers = config.training.model.layers;
+  EXPECT_EQ(layers[1].padding, PaddingKind::kCausal);
+  absl::StatusOr<Shapes> shapes = InferLayerShapes(layers, {784});
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  EXPECT_EQ((*shapes)[1], (std::vector<int64_t>{784, 4}));
+  EXPECT_EQ((*shapes)[2], (std::vector<int64_t>{392, 4}));
+  const AxisWindow w = KerasAxisWindow(10, 4, 3, PaddingKind::kCausal);
+  EXPECT_EQ(w.out, 4);  // floor((10 - 1) / 3) + 1
+  EXPECT_EQ(w.pad_before, 3);
+  EXPECT_EQ(w.pad_after, 0);
+  // A config built in code gets the same rule as the YAML.
+  LayerConfig conv = Layer(LayerKind::kConv2D, "conv2d");
+  conv.filters = 2;
+  conv.kernel_size = {3, 3};
+  conv.padding = PaddingKind::kCausal;
+  absl::StatusOr<Shapes> refused = InferLayerShapes({conv}, {28, 28, 1});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("layers[0] (Conv2D): padding causal is Conv1D's only (as in Keras)"));
+}
+
 TEST(ModelParseTest, ReshapeCsvRowsIntoImages) {
   TempDir dir;
   // Label first, then 16 features: a 4x4 image per row.
@@ -1146,6 +1178,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadModel{"RmsNormalizationCenter", Layers("    - RMSNormalization: {center: true}\n"),
                  {"spec.training.model.layers[0].RMSNormalization.center: RMSNormalization takes "
                   "no argument \"center\""}},
+        BadModel{"CausalPaddingOnConv2D",
+                 Layers(absl::StrCat(kImage, "    - Conv2D: {filters: 4, kernelSize: 3, "
+                                             "padding: causal}\n")),
+                 {"spec.training.model.layers[1].Conv2D.padding: must be one of \"valid\", "
+                  "\"same\", got \"causal\""}},
         BadModel{"EmbeddingWithoutDims", Layers("    - Embedding: {}\n"),
                  {"spec.training.model.layers[0].Embedding.inputDim: required",
                   "spec.training.model.layers[0].Embedding.outputDim: required"}},

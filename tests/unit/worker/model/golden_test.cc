@@ -78,7 +78,9 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
   if (j.contains("poolSize")) c.pool_size = size(j["poolSize"]);
   if (j.contains("strides")) c.strides = size(j["strides"]);
   if (j.contains("padding")) {
-    c.padding = j["padding"] == "same" ? PaddingKind::kSame : PaddingKind::kValid;
+    c.padding = j["padding"] == "same"     ? PaddingKind::kSame
+                : j["padding"] == "causal" ? PaddingKind::kCausal
+                                           : PaddingKind::kValid;
   }
   if (j.contains("activation")) {
     const std::optional<ActivationKind> a = ParseActivationName(j["activation"]);

@@ -253,11 +253,24 @@ TEST(KerasImportTest, OneDimensionalLayersImportExportAndParseBack) {
   ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << block;
   EXPECT_EQ(parsed->training.model.layers, layers) << block;
 
+  // Causal padding: Conv1D's, both ways; a pooling layer has none in Keras.
   Json causal = json;
   causal["config"]["layers"][1]["config"]["padding"] = "causal";
+  auto causal_import = ImportKerasModelJson(causal.dump());
+  ASSERT_TRUE(causal_import.ok()) << causal_import.status();
+  EXPECT_EQ(causal_import->model.layers[1].padding, PaddingKind::kCausal);
+  spec.model = causal_import->model;
+  auto causal_written = KerasConfigJson(spec);
+  ASSERT_TRUE(causal_written.ok()) << causal_written.status();
+  EXPECT_THAT(*causal_written, HasSubstr("\"padding\":\"causal\""));
+  EXPECT_THAT(KerasImportYaml(*causal_import, "model.json"),
+              HasSubstr("- Conv1D: {filters: 8, kernelSize: 5, padding: causal"));
+  causal["config"]["layers"][2]["config"]["padding"] = "causal";
   auto refused = ImportKerasModelJson(causal.dump());
   ASSERT_FALSE(refused.ok());
-  EXPECT_THAT(refused.status().message(), HasSubstr("Conv1D 'conv1d': padding is causal"));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("MaxPooling1D 'max_pooling1d': padding 'causal' is not supported; use "
+                        "valid or same"));
 }
 
 // LayerNormalization and RMSNormalization as Keras 3.15 writes them once

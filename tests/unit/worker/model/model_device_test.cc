@@ -119,7 +119,7 @@ ModelConfig NormalizedModel() {
 }
 
 // Each digit's pixels quantised to 16 levels as token ids: Embedding, then
-// the vectors convolved as a sequence.
+// the vectors convolved as a sequence (causally first: padding before only).
 ModelConfig TokenModel() {
   ModelConfig c;
   c.type = "sequential";
@@ -128,12 +128,16 @@ ModelConfig TokenModel() {
   embedding.output_dim = 8;
   LayerConfig reshape = L(LayerKind::kReshape);
   reshape.shape = {784, 8};
+  LayerConfig causal = L(LayerKind::kConv1D);
+  causal.filters = 8;
+  causal.kernel_size = {3, 1};
+  causal.padding = PaddingKind::kCausal;
   LayerConfig conv = L(LayerKind::kConv1D);
   conv.filters = 16;
   conv.kernel_size = {28, 1};
   conv.strides = std::array<int64_t, 2>{28, 1};
   conv.activation = ActivationKind::kRelu;
-  c.layers = {embedding, reshape, conv, L(LayerKind::kGlobalAveragePooling1D),
+  c.layers = {embedding, reshape, causal, conv, L(LayerKind::kGlobalAveragePooling1D),
               DenseL(10, ActivationKind::kLinear)};
   c.loss.kind = LossKind::kSparseCategoricalCrossentropy;
   c.loss.from_logits = true;
