@@ -479,6 +479,37 @@ print("SHAPES", [list(l.output.shape[1:]) for l in model.layers])
 
 // A model trained in Keras comes in with its weights: distrain predicts what
 // Keras predicts, and a job fine-tunes it from there.
+// Builds the model of an imported .keras file with its weights, predicts the
+// 64 digits <dir>/x.f32 holds and returns the largest difference from Keras'
+// predictions in <dir>/keras-predictions.f32 (-1 on failure); `largest`
+// receives the largest |Keras prediction|.
+float ImportedPredictionGap(const KerasFileImport& file, const std::string& dir,
+                            float* largest = nullptr) {
+  auto model = Model::Create(file.imported.model, file.imported.input_shape, 10, 0);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return -1;
+  auto optimizer = Optimizer::Create(OptimizerConfig{});
+  EXPECT_TRUE(optimizer.ok());
+  if (!optimizer.ok()) return -1;
+  absl::Status restored = RestoreVariableState(file.weights, **model, **optimizer);
+  EXPECT_TRUE(restored.ok()) << restored;
+  if (!restored.ok()) return -1;
+  std::ifstream xs(dir + "/x.f32", std::ios::binary);
+  std::vector<float> x(64 * 784);
+  xs.read(reinterpret_cast<char*>(x.data()), x.size() * sizeof(float));
+  const Tensor& ours = (*model)->Predict(Tensor({64, 784}, x));
+  std::ifstream ps(dir + "/keras-predictions.f32", std::ios::binary);
+  std::vector<float> theirs(64 * 10);
+  ps.read(reinterpret_cast<char*>(theirs.data()), theirs.size() * sizeof(float));
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(ours.data()[i] - theirs[i]));
+    max_abs = std::max(max_abs, std::abs(theirs[i]));
+  }
+  if (largest != nullptr) *largest = max_abs;
+  return max_diff;
+}
+
 // A model written with Keras' Functional API that is a chain (the common
 // tutorial form: inputs = keras.Input(...); x = layer(x); ...) imports as the
 // Sequential it equals, its weights included: distrain's predictions from
@@ -528,26 +559,11 @@ t.tofile(out + "/x.f32")
   EXPECT_EQ(classes, (std::vector<std::string>{"Input", "Rescaling", "Conv2D", "Conv2D",
                                                "LayerNormalization", "MaxPooling2D", "Flatten",
                                                "Dense", "BatchNormalization", "Dense"}));
-  auto model = Model::Create(file->imported.model, file->imported.input_shape, 10, 0);
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto optimizer = Optimizer::Create(OptimizerConfig{});
-  ASSERT_TRUE(optimizer.ok());
-  absl::Status restored = RestoreVariableState(file->weights, **model, **optimizer);
-  ASSERT_TRUE(restored.ok()) << restored;
-  std::ifstream xs(dir + "/x.f32", std::ios::binary);
-  std::vector<float> x(64 * 784);
-  xs.read(reinterpret_cast<char*>(x.data()), x.size() * sizeof(float));
-  const Tensor& ours = (*model)->Predict(Tensor({64, 784}, x));
-  std::ifstream ps(dir + "/keras-predictions.f32", std::ios::binary);
-  std::vector<float> theirs(64 * 10);
-  ps.read(reinterpret_cast<char*>(theirs.data()), theirs.size() * sizeof(float));
-  float max_diff = 0, largest = 0;
-  for (size_t i = 0; i < theirs.size(); ++i) {
-    max_diff = std::max(max_diff, std::abs(ours.data()[i] - theirs[i]));
-    largest = std::max(largest, std::abs(theirs[i]));
-  }
+  float largest = 0;
+  const float max_diff = ImportedPredictionGap(*file, dir, &largest);
   std::cout << "functional import: max |keras - distrain| = " << max_diff << " (outputs up to "
             << largest << ")\n";
+  EXPECT_GE(max_diff, 0);
   EXPECT_LE(max_diff, 1e-5 * std::max(1.0f, largest));
   std::filesystem::remove_all(dir);
 }
@@ -589,24 +605,9 @@ t.tofile(out + "/x.f32")
   // 2. The weights as distrain reads them predict what Keras predicted.
   auto file = ImportKerasFile(dir + "/keras-trained.keras");
   ASSERT_TRUE(file.ok()) << file.status();
-  auto model = Model::Create(file->imported.model, file->imported.input_shape, 10, 0);
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto optimizer = Optimizer::Create(OptimizerConfig{});
-  ASSERT_TRUE(optimizer.ok());
-  absl::Status restored = RestoreVariableState(file->weights, **model, **optimizer);
-  ASSERT_TRUE(restored.ok()) << restored;
-  std::ifstream xs(dir + "/x.f32", std::ios::binary);
-  std::vector<float> x(64 * 784);
-  xs.read(reinterpret_cast<char*>(x.data()), x.size() * sizeof(float));
-  const Tensor& ours = (*model)->Predict(Tensor({64, 784}, x));
-  std::ifstream ps(dir + "/keras-predictions.f32", std::ios::binary);
-  std::vector<float> theirs(64 * 10);
-  ps.read(reinterpret_cast<char*>(theirs.data()), theirs.size() * sizeof(float));
-  float max_diff = 0;
-  for (size_t i = 0; i < theirs.size(); ++i) {
-    max_diff = std::max(max_diff, std::abs(ours.data()[i] - theirs[i]));
-  }
+  const float max_diff = ImportedPredictionGap(*file, dir);
   std::cout << "imported weights: max |keras - distrain| = " << max_diff << "\n";
+  EXPECT_GE(max_diff, 0);
   EXPECT_LE(max_diff, 1e-5);
 
   // 3. The command writes them as a checkpoint; a job resumes from it.
