@@ -707,43 +707,29 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> InferLayerShapes(
   return shapes;
 }
 
-absl::Status CheckModelOutput(const std::vector<LayerConfig>& layers,
-                              const std::vector<int64_t>& example_shape,
-                              const std::vector<std::vector<int64_t>>& shapes, int num_classes,
-                              const LossConfig& loss) {
-  absl::Status s = CheckModelOutput(shapes.empty() ? example_shape : shapes.back(),
-                                    num_classes, loss);
-  if (s.ok() || shapes.size() != layers.size() || shapes.back().size() < 2) return s;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const std::vector<int64_t>& in = i == 0 ? example_shape : shapes[i - 1];
-    if (layers[i].kind != LayerKind::kDense || in.size() < 2) continue;
-    // The advice to end the model with a Dense layer is moot: it has one.
-    std::string problem(s.message());
-    problem.erase(std::min(problem.find("; end the model"), problem.size()));
-    return absl::InvalidArgumentError(absl::StrCat(
-        problem, "; layers[", i, "] (Dense) gets ", ShapeString(in),
-        " and, as in Keras, applies to its last axis only: add Flatten (or a global pooling) "
-        "before it"));
-  }
-  return s;
-}
+namespace {
 
-absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,
-                              const LossConfig& loss) {
+// CheckModelOutput's rule. `multi_axis_advice`, when not empty, replaces the
+// advice ("end the model with ...") for an output of several axes.
+absl::Status CheckOutput(const std::vector<int64_t>& output_shape, int num_classes,
+                         const LossConfig& loss, const std::string& multi_axis_advice) {
   const std::string got = ShapeString(output_shape);
   const char* loss_name = LossKindName(loss.kind);
   const bool rank1 = output_shape.size() == 1;
   const std::string classes =
       num_classes > 0 ? absl::StrCat(num_classes) : std::string("the number of classes");
+  auto advice = [&](const std::string& usual) {
+    return !rank1 && !multi_axis_advice.empty() ? multi_axis_advice : usual;
+  };
   switch (loss.kind) {
     case LossKind::kSparseCategoricalCrossentropy:
     case LossKind::kCategoricalCrossentropy:
       if (!rank1 || (num_classes > 0 && output_shape[0] != num_classes)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.training.model.layers: the model's output is ", got, " but ", loss_name,
-            " needs one value per class, [", classes,
-            "]; end the model with Dense: {units: ", classes, "}",
-            rank1 ? "" : " after a Flatten"));
+            " needs one value per class, [", classes, "]; ",
+            advice(absl::StrCat("end the model with Dense: {units: ", classes, "}",
+                                rank1 ? "" : " after a Flatten"))));
       }
       break;
     case LossKind::kBinaryCrossentropy:
@@ -758,21 +744,49 @@ absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_
       if (!rank1 || output_shape[0] != 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.training.model.layers: the model's output is ", got,
-            " but BinaryCrossentropy needs [1] (the probability, or logit, of class 1); end the "
-            "model with Dense: {units: 1}"));
+            " but BinaryCrossentropy needs [1] (the probability, or logit, of class 1); ",
+            advice("end the model with Dense: {units: 1}")));
       }
       break;
     case LossKind::kMeanSquaredError:
       if (!rank1 || (output_shape[0] != 1 && num_classes > 0 && output_shape[0] != num_classes)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.training.model.layers: the model's output is ", got,
-            " but MeanSquaredError needs [", classes,
-            "] (one-hot targets) or [1] (the label's value); end the model with Dense: {units: ",
-            classes, "} or Dense: {units: 1}"));
+            " but MeanSquaredError needs [", classes, "] (one-hot targets) or [1] (the label's "
+            "value); ",
+            advice(absl::StrCat("end the model with Dense: {units: ", classes,
+                                "} or Dense: {units: 1}"))));
       }
       break;
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckModelOutput(const std::vector<LayerConfig>& layers,
+                              const std::vector<int64_t>& example_shape,
+                              const std::vector<std::vector<int64_t>>& shapes, int num_classes,
+                              const LossConfig& loss) {
+  // An output of several axes usually comes from a Dense layer given an
+  // image or a sequence where a Flatten was meant; the advice to end the
+  // model with a Dense layer would then be moot: it has one.
+  std::string dense_advice;
+  for (size_t i = 0; i < layers.size() && i < shapes.size(); ++i) {
+    const std::vector<int64_t>& in = i == 0 ? example_shape : shapes[i - 1];
+    if (layers[i].kind != LayerKind::kDense || in.size() < 2) continue;
+    dense_advice = absl::StrCat("layers[", i, "] (Dense) gets ", ShapeString(in),
+                                " and, as in Keras, applies to its last axis only: add Flatten "
+                                "(or a global pooling) before it");
+    break;
+  }
+  return CheckOutput(shapes.empty() ? example_shape : shapes.back(), num_classes, loss,
+                     dense_advice);
+}
+
+absl::Status CheckModelOutput(const std::vector<int64_t>& output_shape, int num_classes,
+                              const LossConfig& loss) {
+  return CheckOutput(output_shape, num_classes, loss, "");
 }
 
 std::vector<std::string> ModelWarnings(const std::vector<LayerConfig>& layers,

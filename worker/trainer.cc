@@ -236,8 +236,7 @@ TrainOutcome Trainer::Run(const std::atomic<bool>& stop) {
     if (!eval.ok()) return fail(kExitInvalidData, eval.status());
     eval_data = std::move(*eval);
   }
-  for (const Dataset* data : {static_cast<const Dataset*>(train_data.get()),
-                              static_cast<const Dataset*>(eval_data.get())}) {
+  for (const Dataset* data : {train_data.get(), static_cast<const Dataset*>(eval_data.get())}) {
     if (data == nullptr) continue;
     if (absl::Status ids = CheckTokenIds(*data, tc.model); !ids.ok()) {
       return fail(kExitInvalidData, ids);

@@ -410,7 +410,9 @@ print("RESULT " + json.dumps({
     const std::string path = slot["path"];
     EXPECT_NE(path.find(i < trainable ? "velocity" : "average_gradient"), std::string::npos);
     EXPECT_TRUE(slot["nonzero"].get<bool>()) << "trained slots were exported";
-    if (i < trainable) EXPECT_GE(slot["min"].get<double>(), 0.0);
+    if (i < trainable) {
+      EXPECT_GE(slot["min"].get<double>(), 0.0);
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -80,15 +80,17 @@ double SoftmaxCrossEntropy(int64_t batch, int64_t classes, const float* logits,
 // team — its share of the cores (ops::SetCpuThreadsForThisThread): all of
 // them for OneDevice, one per replica thread for Mirrored, so nothing is
 // oversubscribed — once a pass is long enough to pay for waking the team.
-// Only for element-wise work, where the split cannot change a result; the
-// chunks are whole cache lines, so no two threads write one line. Measured
-// on the guide CNN at batch 256 (2-core Zen 5): ReLU, its gradient and the
-// mixed-precision rounding were a fifth of the busy time, on one core.
+// Only for work whose split cannot change a result: element-wise passes
+// (the chunks are whole cache lines, so no two threads write one line), or
+// independent rows or columns of `elements_per_item` elements each (layer
+// norm, embedding lookups), where the threshold counts their elements.
+// Measured on the guide CNN at batch 256 (2-core Zen 5): ReLU, its gradient
+// and the mixed-precision rounding were a fifth of the busy time, on one core.
 inline constexpr int64_t kParallelElements = int64_t{1} << 16;
 template <typename Fn>
-void ParallelRange(int64_t n, const Fn& fn) {
+void ParallelRange(int64_t n, const Fn& fn, int64_t elements_per_item = 1) {
   const int threads = omp_get_max_threads();
-  if (threads <= 1 || n < kParallelElements) {
+  if (threads <= 1 || n * elements_per_item < kParallelElements) {
     fn(int64_t{0}, n);
     return;
   }

@@ -111,25 +111,9 @@ void ReluRoundToFloat16(int64_t n, const float* x, float* y) {
 // Rows are independent, so the forward pass and dx split the rows across the
 // thread's team; the parameter gradients split the columns instead, each
 // column summed over every row in row order, so no result depends on the
-// team's size.
+// team's size (cpu_math.h's ParallelRange, counting each row's or column's
+// elements).
 namespace {
-
-template <typename Fn>
-void ParallelSpans(int64_t count, int64_t elements_each, const Fn& fn) {
-  const int threads = omp_get_max_threads();
-  if (threads <= 1 || count * elements_each < kParallelElements || count < 2) {
-    fn(int64_t{0}, count);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t parts = omp_get_num_threads();
-    const int64_t chunk = (count + parts - 1) / parts;
-    const int64_t begin = std::min(count, chunk * omp_get_thread_num());
-    const int64_t end = std::min(count, begin + chunk);
-    if (begin < end) fn(begin, end);
-  }
-}
 
 // The statistics of one row, summed in double (Keras' float32 reductions
 // are tree sums; double keeps this side within a rounding of the exact
@@ -154,7 +138,7 @@ elementwise::NormRow RowStatistics(int64_t cols, const float* x, float epsilon, 
 void LayerNormForward(int64_t rows, int64_t cols, const float* x, const float* gamma,
                       const float* beta, float epsilon, bool rms, float* y, float* mean,
                       float* rstd) {
-  ParallelSpans(rows, cols, [&](int64_t first, int64_t end) {
+  ParallelRange(rows, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {
       const float* xr = x + r * cols;
       float* yr = y + r * cols;
@@ -166,14 +150,14 @@ void LayerNormForward(int64_t rows, int64_t cols, const float* x, const float* g
                                         beta ? beta[c] : 0.0f);
       }
     }
-  });
+  }, cols);
 }
 
 void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* dy,
                        const float* gamma, const float* mean, const float* rstd, bool rms,
                        float* dx, float* dgamma, float* dbeta) {
   const double inv_cols = 1.0 / static_cast<double>(cols);
-  ParallelSpans(rows, cols, [&](int64_t first, int64_t end) {
+  ParallelRange(rows, [&](int64_t first, int64_t end) {
     for (int64_t r = first; r < end; ++r) {
       const float* xr = x + r * cols;
       const float* dyr = dy + r * cols;
@@ -193,9 +177,9 @@ void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* 
                                             mean_g, mean_g_xhat);
       }
     }
-  });
+  }, cols);
   if (dgamma == nullptr && dbeta == nullptr) return;
-  ParallelSpans(cols, rows, [&](int64_t first, int64_t end) {
+  ParallelRange(cols, [&](int64_t first, int64_t end) {
     std::vector<double> sum_dy_xhat(static_cast<size_t>(end - first), 0.0);
     std::vector<double> sum_dy(static_cast<size_t>(end - first), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
@@ -212,7 +196,7 @@ void LayerNormBackward(int64_t rows, int64_t cols, const float* x, const float* 
       if (dgamma) dgamma[c] = static_cast<float>(sum_dy_xhat[c - first]);
       if (dbeta) dbeta[c] = static_cast<float>(sum_dy[c - first]);
     }
-  });
+  }, rows);
 }
 
 // ---- Embedding ------------------------------------------------------------------
@@ -228,12 +212,12 @@ int64_t TokenRow(float id, int64_t vocab) {
 
 void EmbeddingForward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
                       const float* table, float* y) {
-  ParallelSpans(n, dim, [&](int64_t first, int64_t end) {
+  ParallelRange(n, [&](int64_t first, int64_t end) {
     for (int64_t i = first; i < end; ++i) {
       std::memcpy(y + i * dim, table + TokenRow(ids[i], vocab) * dim,
                   static_cast<size_t>(dim) * sizeof(float));
     }
-  });
+  }, dim);
 }
 
 void EmbeddingBackward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
@@ -241,13 +225,13 @@ void EmbeddingBackward(int64_t n, int64_t vocab, int64_t dim, const float* ids,
   std::fill(dtable, dtable + vocab * dim, 0.0f);
   // Columns across the team, positions in order within each: no two threads
   // touch one element, and every sum is added in the ids' order.
-  ParallelSpans(dim, n, [&](int64_t first, int64_t end) {
+  ParallelRange(dim, [&](int64_t first, int64_t end) {
     for (int64_t i = 0; i < n; ++i) {
       float* row = dtable + TokenRow(ids[i], vocab) * dim;
       const float* g = dy + i * dim;
       for (int64_t j = first; j < end; ++j) row[j] += g[j];
     }
-  });
+  }, n);
 }
 
 void CopyFloats(int64_t n, const float* src, float* dst) {

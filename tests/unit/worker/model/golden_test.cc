@@ -91,7 +91,7 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
   if (j.contains("targetShape")) c.shape = Shape(j["targetShape"]);
   if (j.contains("rate")) c.rate = j["rate"];
   if (j.contains("momentum")) c.momentum = j["momentum"];
-  if (j.contains("epsilon")) c.epsilon = j["epsilon"];
+  c.epsilon = j.value("epsilon", DefaultEpsilon(c.kind));
   if (j.contains("negativeSlope")) c.negative_slope = j["negativeSlope"].get<double>();
   if (j.contains("maxValue")) c.max_value = j["maxValue"].get<double>();
   if (j.contains("alpha")) c.alpha = j["alpha"];
@@ -103,9 +103,6 @@ LayerConfig ToLayerConfig(const Json& j, const std::string& default_name) {
     c.scale = j["scale"];
   }
   if (j.contains("center")) c.center = j["center"];
-  if (c.kind == LayerKind::kRMSNormalization && !j.contains("epsilon")) {
-    c.epsilon = DefaultEpsilon(c.kind);
-  }
   if (j.contains("offset")) c.offset = j["offset"];
   return c;
 }

@@ -723,8 +723,12 @@ TEST_P(OpsDeviceTest, LayerNormForwardAndBackwardEveryVariant) {
       LayerNormBackward(xd, ToGpu(dy), g_d, ToGpu(mean), ToGpu(rstd), v.rms, &dx_d,
                         v.gamma ? &dgamma_d : nullptr, v.beta ? &dbeta_d : nullptr);
       EXPECT_TRUE(MatchesCpu(dx, dx_d)) << "dx";
-      if (v.gamma) EXPECT_TRUE(MatchesCpu(dgamma, dgamma_d)) << "dgamma";
-      if (v.beta) EXPECT_TRUE(MatchesCpu(dbeta, dbeta_d)) << "dbeta";
+      if (v.gamma) {
+        EXPECT_TRUE(MatchesCpu(dgamma, dgamma_d)) << "dgamma";
+      }
+      if (v.beta) {
+        EXPECT_TRUE(MatchesCpu(dbeta, dbeta_d)) << "dbeta";
+      }
     }
   }
 }

@@ -767,7 +767,9 @@ TEST(LayerNormOpTest, EveryTeamSizeGivesTheSameBitsAndTheFormulasValues) {
           sum_dy_xhat += double{dy[r * cols + c]} * (x[r * cols + c] - mean[r]) * rstd[r];
         }
         EXPECT_NEAR(dgamma[c], sum_dy_xhat, 1e-5 * (1 + std::abs(sum_dy_xhat)));
-        if (!rms) EXPECT_NEAR(dbeta[c], sum_dy, 1e-5 * (1 + std::abs(sum_dy)));
+        if (!rms) {
+          EXPECT_NEAR(dbeta[c], sum_dy, 1e-5 * (1 + std::abs(sum_dy)));
+        }
       }
     }
     omp_set_num_threads(before);
